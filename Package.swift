@@ -1,0 +1,44 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+/// Targets show the layers: C glue at the bottom, a pure domain, the wire
+/// protocol, the I/O edges, and thin executables on top.
+let package = Package(
+    name: "vaultd",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "vaultd", targets: ["vaultd"]),
+        .executable(name: "vaultctl", targets: ["vaultctl"]),
+    ],
+    targets: [
+        // C glue only.
+        .systemLibrary(
+            name: "CSecret",
+            pkgConfig: "libsecret-1",
+            providers: [.apt(["libsecret-1-dev"])]
+        ),
+        .target(name: "CShim"),
+
+        // The domain: accounts, sessions, states, errors, config. No C, no I/O.
+        .target(name: "VaultCore"),
+        // Varlink: framing, messages, the interface text, error names. No C.
+        .target(name: "VaultProtocol", dependencies: ["VaultCore"]),
+        // A blocking Varlink client over a Unix socket (vaultctl and tests).
+        .target(name: "VaultClient", dependencies: ["VaultProtocol"]),
+        // vaultctl's commands, as a library so tests can drive them.
+        .target(name: "VaultCLI", dependencies: ["VaultClient"]),
+        // The I/O edges: secret store, socket server, config files, wiring.
+        .target(name: "VaultDaemon", dependencies: ["VaultCore", "VaultProtocol", "CSecret", "CShim"]),
+
+        .executableTarget(name: "vaultd", dependencies: ["VaultDaemon"]),
+        .executableTarget(name: "vaultctl", dependencies: ["VaultCLI"]),
+
+        .testTarget(name: "VaultCoreTests", dependencies: ["VaultCore"]),
+        .testTarget(name: "VaultProtocolTests", dependencies: ["VaultProtocol"]),
+        .testTarget(
+            name: "VaultIntegrationTests",
+            dependencies: ["VaultClient", "VaultProtocol"]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

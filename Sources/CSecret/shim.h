@@ -1,0 +1,4 @@
+#ifndef VAULTD_CSECRET_SHIM_H
+#define VAULTD_CSECRET_SHIM_H
+#include <libsecret/secret.h>
+#endif

@@ -1,0 +1,138 @@
+/// Who is asking: the Unix credentials of the peer of a connection.
+public struct Caller: Sendable, Equatable {
+    public var uid: UInt32
+    public var gid: UInt32
+    public var pid: Int32
+
+    /// Makes a caller from peer credentials.
+    public init(uid: UInt32, gid: UInt32, pid: Int32) {
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid
+    }
+
+    /// True for root, who may see and log out every session.
+    public var isRoot: Bool { uid == 0 }
+
+    /// True when this caller may see or log out a session owned by `owner`.
+    public func mayManage(ownedBy owner: UInt32) -> Bool { isRoot || uid == owner }
+}
+
+/// The lifecycle of one account, as a value: events go in, actions come out,
+/// and the owner of the state (the session manager) performs them. Keeping it
+/// pure lets every interleaving of logins and logouts be tested without I/O.
+public struct AccountStateMachine: Sendable {
+    /// Where the account is.
+    public enum State: Sendable, Equatable {
+        case loggedOut
+        case loggingIn
+        case loggedIn(SessionRecord)
+        case loggingOut(SessionRecord)
+
+        /// The state as clients see it (OpenIM's three states).
+        public var loginState: LoginState {
+            switch self {
+            case .loggedOut: return .logout
+            case .loggingIn: return .logging
+            case .loggedIn, .loggingOut: return .logged
+            }
+        }
+    }
+
+    /// What to do about a login request.
+    public enum LoginAction: Sendable, Equatable {
+        /// Already logged in: answer with the existing session (CometChat).
+        case returnExisting(SessionRecord)
+        /// A login is in flight: wait for it and answer with its result (OpenIM).
+        case joinInFlight
+        /// A logout is in flight: wait for it to finish, then ask again.
+        case waitThenRetry
+        /// Write the new session to the store, then call `loginSucceeded` or `loginFailed`.
+        case startLogin
+        /// Refuse.
+        case fail(VaultError)
+    }
+
+    /// What to do about a logout request.
+    public enum LogoutAction: Sendable, Equatable {
+        /// Mark the stored record logging-out, finish, delete; then call `logoutFinished`.
+        case startLogout(SessionRecord)
+        /// A logout is in flight: wait for it and answer with its result.
+        case joinInFlight
+        /// A login is in flight: wait for it to finish, then ask again.
+        case waitThenRetry
+        /// Refuse.
+        case fail(VaultError)
+    }
+
+    /// The account this machine tracks.
+    public let account: Account
+    /// The current state.
+    public private(set) var state: State
+
+    /// A machine for `account` in `state` (restored records start `loggedIn`).
+    public init(account: Account, state: State = .loggedOut) {
+        self.account = account
+        self.state = state
+    }
+
+    /// A login was asked for by `caller`.
+    public mutating func loginRequested(by caller: Caller) -> LoginAction {
+        switch state {
+        case .loggedOut:
+            state = .loggingIn
+            return .startLogin
+        case .loggingIn:
+            return .joinInFlight
+        case .loggingOut:
+            return .waitThenRetry
+        case .loggedIn(let record):
+            guard caller.uid == record.ownerUID else {
+                return .fail(
+                    VaultError(
+                        .accessDenied,
+                        "\(account) is logged in by another user (uid \(record.ownerUID)); only that user can use it"))
+            }
+            return .returnExisting(record)
+        }
+    }
+
+    /// The login's record is safely in the store.
+    public mutating func loginSucceeded(_ record: SessionRecord) {
+        precondition(state == .loggingIn, "loginSucceeded in state \(state)")
+        state = .loggedIn(record)
+    }
+
+    /// The login failed; the account is logged out.
+    public mutating func loginFailed() {
+        precondition(state == .loggingIn, "loginFailed in state \(state)")
+        state = .loggedOut
+    }
+
+    /// A logout was asked for by `caller`.
+    public mutating func logoutRequested(by caller: Caller) -> LogoutAction {
+        switch state {
+        case .loggedOut:
+            return .fail(.notLoggedIn(account))
+        case .loggingIn:
+            return .waitThenRetry
+        case .loggingOut:
+            return .joinInFlight
+        case .loggedIn(let record):
+            guard caller.mayManage(ownedBy: record.ownerUID) else {
+                return .fail(VaultError(.accessDenied, "\(account) belongs to uid \(record.ownerUID)"))
+            }
+            state = .loggingOut(record)
+            return .startLogout(record)
+        }
+    }
+
+    /// The logout finished (the record is gone from the store), or failed
+    /// before the record was touched (`succeeded: false` keeps the session).
+    public mutating func logoutFinished(succeeded: Bool) {
+        guard case .loggingOut(let record) = state else {
+            preconditionFailure("logoutFinished in state \(state)")
+        }
+        state = succeeded ? .loggedOut : .loggedIn(record)
+    }
+}

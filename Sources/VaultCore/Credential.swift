@@ -1,0 +1,153 @@
+/// What a client hands over to log in: a ready token, or an OAuth 2.0 token
+/// response as a token endpoint (or Salesforce) returns it.
+public struct LoginCredential: Sendable, Equatable {
+    /// The tokens, as given.
+    public var tokens: TokenSet
+    /// `expires_in` of an OAuth 2.0 response, in seconds from issue.
+    public var expiresIn: Int64?
+
+    /// The longest token accepted, in bytes.
+    public static let maximumTokenLength = 16 * 1024
+
+    /// A credential that is a bare access token.
+    public init(token: String) throws(VaultError) {
+        try LoginCredential.checkToken(token, name: "token")
+        tokens = TokenSet(accessToken: Secret(token))
+    }
+
+    /// A credential read from an OAuth 2.0 token response (RFC 6749 section 5.1),
+    /// with Salesforce's `instance_url` and `issued_at` (milliseconds) understood.
+    /// Members it does not know are ignored, as RFC 6749 asks.
+    public init(tokenResponse json: JSON) throws(VaultError) {
+        guard case .object(let o) = json else {
+            throw VaultError(.invalidParameter, "the token response must be a JSON object, not \(json.typeName)")
+        }
+        if let error = o["error"]?.stringValue {
+            throw VaultError(
+                .invalidCredential,
+                "the token response is an error ('\(error)'), not a token; obtain a new token and log in again")
+        }
+        guard let accessValue = o["access_token"] else {
+            throw VaultError(.invalidCredential, "the token response has no access_token")
+        }
+        guard let access = accessValue.stringValue else {
+            throw VaultError(.invalidParameter, "access_token must be a string, not \(accessValue.typeName)")
+        }
+        try LoginCredential.checkToken(access, name: "access_token")
+        tokens = TokenSet(accessToken: Secret(access))
+        func optionalString(_ key: String) throws(VaultError) -> String? {
+            guard let v = o[key], v != .null else { return nil }
+            guard let s = v.stringValue else {
+                throw VaultError(.invalidParameter, "\(key) must be a string, not \(v.typeName)")
+            }
+            return s
+        }
+        if let refresh = try optionalString("refresh_token") {
+            try LoginCredential.checkToken(refresh, name: "refresh_token")
+            tokens.refreshToken = Secret(refresh)
+        }
+        tokens.tokenType = try optionalString("token_type")
+        tokens.scope = try optionalString("scope")
+        tokens.instanceURL = try optionalString("instance_url")
+        tokens.clientID = try optionalString("client_id")
+        if let v = o["expires_in"], v != .null {
+            guard let seconds = v.integerValue ?? v.stringValue.flatMap({ Int64($0) }), seconds >= 0 else {
+                throw VaultError(.invalidParameter, "expires_in must be a non-negative number of seconds")
+            }
+            expiresIn = seconds
+        }
+        if let v = o["issued_at"], v != .null {
+            guard let raw = v.integerValue ?? v.stringValue.flatMap({ Int64($0) }), raw >= 0 else {
+                throw VaultError(.invalidParameter, "issued_at must be a time in seconds or milliseconds")
+            }
+            // Salesforce sends milliseconds; a value past year 5138 in seconds is surely milliseconds.
+            tokens.issuedAt = UnixTime(seconds: raw > 100_000_000_000 ? raw / 1000 : raw)
+        }
+    }
+
+    /// Reads a credential as `vaultctl login` gets it: a JSON object is a token
+    /// response, anything else is a bare token (surrounding whitespace removed).
+    public init(text: String) throws(VaultError) {
+        let trimmed = LoginCredential.trimmed(text)
+        if trimmed.hasPrefix("{") {
+            let json: JSON
+            do { json = try JSON.parse(trimmed) } catch {
+                throw VaultError(
+                    .invalidParameter, "the credential looks like JSON but is not valid (\(error.description))")
+            }
+            try self.init(tokenResponse: json)
+        } else {
+            try self.init(token: trimmed)
+        }
+    }
+
+    /// When the access token expires: an explicit time wins, then `expires_in`
+    /// counted from `issued_at` (or `now`), then a JWT's `exp` claim.
+    public func expiry(explicit: UnixTime?, now: UnixTime) -> UnixTime? {
+        if let explicit { return explicit }
+        if let expiresIn { return (tokens.issuedAt ?? now).adding(seconds: expiresIn) }
+        return JWT.expiry(of: tokens.accessToken.revealed)
+    }
+
+    static func trimmed(_ text: String) -> String {
+        var scalars = Substring(text).unicodeScalars[...]
+        while let first = scalars.first, first.properties.isWhitespace { scalars.removeFirst() }
+        while let last = scalars.last, last.properties.isWhitespace { scalars.removeLast() }
+        return String(String.UnicodeScalarView(scalars))
+    }
+
+    static func checkToken(_ token: String, name: String) throws(VaultError) {
+        if token.isEmpty {
+            throw VaultError(.invalidCredential, "\(name) is empty; pass the token on stdin or with --token-file")
+        }
+        if token.utf8.count > maximumTokenLength {
+            throw VaultError(.invalidParameter, "\(name) is longer than \(maximumTokenLength) bytes")
+        }
+        if token.unicodeScalars.contains(where: { $0.properties.isWhitespace || $0.value < 0x20 || $0.value == 0x7F }) {
+            throw VaultError(
+                .invalidCredential, "\(name) contains whitespace or control characters (\(Secret.mask(token)))")
+        }
+    }
+}
+
+/// Reads claims from a JSON Web Token without verifying it: vaultd only needs
+/// to know when the token stops working, the server checks the signature.
+public enum JWT {
+    /// The `exp` claim of a JWT, or nil when the token is not a JWT or has none.
+    public static func expiry(of token: String) -> UnixTime? {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let payload = base64URLDecode(parts[1]),
+            let claims = try? JSON.parse(payload), let exp = claims["exp"]
+        else { return nil }
+        if let seconds = exp.integerValue { return UnixTime(seconds: seconds) }
+        if case .number(let d) = exp, d.isFinite, abs(d) < 9.0e15 { return UnixTime(seconds: Int64(d)) }
+        return nil
+    }
+
+    /// Decodes unpadded base64url (RFC 4648 section 5).
+    public static func base64URLDecode(_ text: Substring) -> [UInt8]? {
+        var out: [UInt8] = []
+        out.reserveCapacity(text.utf8.count * 3 / 4)
+        var buffer: UInt32 = 0
+        var bits = 0
+        for c in text.utf8 {
+            let value: UInt8
+            switch c {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"): value = c - UInt8(ascii: "A")
+            case UInt8(ascii: "a")...UInt8(ascii: "z"): value = c - UInt8(ascii: "a") + 26
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): value = c - UInt8(ascii: "0") + 52
+            case UInt8(ascii: "-"), UInt8(ascii: "+"): value = 62
+            case UInt8(ascii: "_"), UInt8(ascii: "/"): value = 63
+            case UInt8(ascii: "="): continue
+            default: return nil
+            }
+            buffer = buffer << 6 | UInt32(value)
+            bits += 6
+            if bits >= 8 {
+                bits -= 8
+                out.append(UInt8((buffer >> UInt32(bits)) & 0xFF))
+            }
+        }
+        return out
+    }
+}

@@ -1,0 +1,37 @@
+import Synchronization
+
+/// A point in wall-clock time, in whole seconds since the Unix epoch. Token
+/// lifetimes (JWT `exp`, OAuth `expires_in`) are whole seconds, so is this.
+public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible {
+    /// Seconds since 1970-01-01T00:00:00Z.
+    public var seconds: Int64
+
+    /// Makes a time from seconds since the epoch.
+    public init(seconds: Int64) { self.seconds = seconds }
+
+    public static func < (lhs: UnixTime, rhs: UnixTime) -> Bool { lhs.seconds < rhs.seconds }
+
+    /// This time moved by `delta` seconds.
+    public func adding(seconds delta: Int64) -> UnixTime { UnixTime(seconds: seconds + delta) }
+
+    public var description: String { "\(seconds)" }
+}
+
+/// The source of "now" for the domain. Injected so that tests can move time by hand.
+public protocol WallClock: Sendable {
+    /// The current time.
+    func now() -> UnixTime
+}
+
+/// A clock a test sets and advances by hand.
+public final class ManualWallClock: WallClock {
+    private let current: Mutex<UnixTime>
+
+    /// Starts the clock at `start`.
+    public init(start: UnixTime) { current = Mutex(start) }
+
+    public func now() -> UnixTime { current.withLock { $0 } }
+
+    /// Moves the clock forward by `seconds`.
+    public func advance(by seconds: Int64) { current.withLock { $0 = $0.adding(seconds: seconds) } }
+}

@@ -1,0 +1,126 @@
+import VaultCore
+
+/// Reads typed parameters out of a call, answering `InvalidParameter` with the
+/// parameter's name when one is missing or of the wrong type.
+public struct ParameterReader {
+    /// The parameters of the call.
+    public let parameters: [String: JSON]
+
+    /// Reads from a call's parameters.
+    public init(_ parameters: [String: JSON]) { self.parameters = parameters }
+
+    /// A parameter is missing or of the wrong type.
+    public struct Invalid: Error, Equatable {
+        /// The parameter's name.
+        public var parameter: String
+    }
+
+    /// A required string.
+    public func string(_ name: String) throws(Invalid) -> String {
+        guard let value = try optionalString(name) else { throw Invalid(parameter: name) }
+        return value
+    }
+
+    /// An optional string; null counts as absent.
+    public func optionalString(_ name: String) throws(Invalid) -> String? {
+        guard let value = parameters[name], value != .null else { return nil }
+        guard let s = value.stringValue else { throw Invalid(parameter: name) }
+        return s
+    }
+
+    /// An optional integer; null counts as absent.
+    public func optionalInt(_ name: String) throws(Invalid) -> Int64? {
+        guard let value = parameters[name], value != .null else { return nil }
+        guard let i = value.integerValue else { throw Invalid(parameter: name) }
+        return i
+    }
+
+    /// An optional object; null counts as absent.
+    public func optionalObject(_ name: String) throws(Invalid) -> JSON? {
+        guard let value = parameters[name], value != .null else { return nil }
+        guard case .object = value else { throw Invalid(parameter: name) }
+        return value
+    }
+
+    /// The account named by `provider` and `user`.
+    public func account() throws(Invalid) -> (provider: String, user: String) {
+        (try string("provider"), try string("user"))
+    }
+}
+
+/// The methods of `io.vaultd.Vault`, by their full names.
+public enum VaultMethod: String, Sendable, CaseIterable {
+    case login = "io.vaultd.Vault.Login"
+    case logout = "io.vaultd.Vault.Logout"
+    case getSession = "io.vaultd.Vault.GetSession"
+    case listSessions = "io.vaultd.Vault.ListSessions"
+    case getToken = "io.vaultd.Vault.GetToken"
+}
+
+/// The methods of `org.varlink.service`.
+public enum ServiceMethod: String, Sendable, CaseIterable {
+    case getInfo = "org.varlink.service.GetInfo"
+    case getInterfaceDescription = "org.varlink.service.GetInterfaceDescription"
+}
+
+/// Parameters of `Login`.
+public struct LoginRequest: Sendable {
+    public var provider: String
+    public var user: String
+    public var token: String?
+    public var tokenResponse: JSON?
+    public var profile: JSON?
+    public var expiresAt: Int64?
+
+    /// Reads the call's parameters.
+    public init(_ p: ParameterReader) throws(ParameterReader.Invalid) {
+        (provider, user) = try p.account()
+        token = try p.optionalString("token")
+        tokenResponse = try p.optionalObject("tokenResponse")
+        profile = try p.optionalObject("profile")
+        expiresAt = try p.optionalInt("expiresAt")
+    }
+}
+
+/// Parameters of `GetToken`.
+public struct GetTokenRequest: Sendable {
+    public var provider: String
+    public var user: String
+    public var minValidSeconds: Int64
+
+    /// Reads the call's parameters.
+    public init(_ p: ParameterReader) throws(ParameterReader.Invalid) {
+        (provider, user) = try p.account()
+        minValidSeconds = try p.optionalInt("minValidSeconds") ?? 0
+        if minValidSeconds < 0 { throw ParameterReader.Invalid(parameter: "minValidSeconds") }
+    }
+}
+
+extension SessionRecord {
+    /// The session as clients see it: state, metadata, the token masked.
+    public func wireJSON(state: LoginState) -> JSON {
+        var o: [String: JSON] = [
+            "provider": .string(account.provider),
+            "user": .string(account.user),
+            "state": .string(state.rawValue),
+            "profile": user.json(),
+            "createdAt": .int(createdAt.seconds),
+            "ownerUid": .int(Int64(ownerUID)),
+            "hasRefreshToken": .bool(tokens.refreshToken != nil),
+            "token": .string(tokens.accessToken.masked),
+        ]
+        o["expiresAt"] = expiresAt.map { .int($0.seconds) }
+        o["tokenType"] = tokens.tokenType.map(JSON.string)
+        o["scope"] = tokens.scope.map(JSON.string)
+        o["instanceUrl"] = tokens.instanceURL.map(JSON.string)
+        return .object(o)
+    }
+}
+
+/// A session view for an account with no stored record (a login in flight).
+public func pendingSessionJSON(_ account: Account, state: LoginState) -> JSON {
+    [
+        "provider": .string(account.provider), "user": .string(account.user), "state": .string(state.rawValue),
+        "hasRefreshToken": false,
+    ]
+}

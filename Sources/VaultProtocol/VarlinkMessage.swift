@@ -1,0 +1,149 @@
+import VaultCore
+
+/// A method call as a Varlink client sends it.
+public struct VarlinkCall: Sendable, Equatable {
+    /// Fully qualified method name, `interface.Method`.
+    public var method: String
+    /// The input parameters: always an object, empty when none were sent.
+    public var parameters: [String: JSON]
+    /// The client accepts several replies (`continues: true` until the last).
+    public var more: Bool
+    /// The client wants no reply at all.
+    public var oneway: Bool
+
+    /// Makes a call.
+    public init(method: String, parameters: [String: JSON] = [:], more: Bool = false, oneway: Bool = false) {
+        self.method = method
+        self.parameters = parameters
+        self.more = more
+        self.oneway = oneway
+    }
+
+    /// The interface part of the method name.
+    public var interface: String {
+        guard let dot = method.lastIndex(of: ".") else { return "" }
+        return String(method[..<dot])
+    }
+
+    /// The call as a JSON message (without the NUL terminator).
+    public func encoded() -> [UInt8] {
+        var o: [String: JSON] = ["method": .string(method)]
+        if !parameters.isEmpty { o["parameters"] = .object(parameters) }
+        if more { o["more"] = true }
+        if oneway { o["oneway"] = true }
+        return JSON.object(o).serialized()
+    }
+
+    /// Why a message is not a call.
+    public enum DecodingFailure: Error, Equatable, Sendable {
+        /// Not JSON at all: the stream cannot be trusted any more.
+        case invalidJSON(String)
+        /// JSON, but not a call; the named field is wrong.
+        case invalidField(String)
+    }
+
+    /// Reads a call from one message.
+    public init(message: ArraySlice<UInt8>) throws(DecodingFailure) {
+        let json: JSON
+        do { json = try JSON.parse(message) } catch { throw .invalidJSON(error.description) }
+        guard case .object(let o) = json else { throw .invalidField("message") }
+        guard let method = o["method"]?.stringValue else { throw .invalidField("method") }
+        self.method = method
+        switch o["parameters"] {
+        case nil, .null?: parameters = [:]
+        case .object(let p)?: parameters = p
+        default: throw .invalidField("parameters")
+        }
+        more = o["more"]?.boolValue ?? false
+        oneway = o["oneway"]?.boolValue ?? false
+    }
+}
+
+/// A reply as a Varlink service sends it: parameters or an error, and whether
+/// more replies follow.
+public struct VarlinkReply: Sendable, Equatable {
+    /// The output parameters, or the error's parameters.
+    public var parameters: [String: JSON]
+    /// The error name, nil for a successful reply.
+    public var error: String?
+    /// More replies follow (only for calls with `more`).
+    public var continues: Bool
+
+    /// A successful reply.
+    public init(parameters: [String: JSON] = [:], continues: Bool = false) {
+        self.parameters = parameters
+        self.error = nil
+        self.continues = continues
+    }
+
+    /// An error reply.
+    public init(error: String, parameters: [String: JSON] = [:]) {
+        self.parameters = parameters
+        self.error = error
+        self.continues = false
+    }
+
+    /// The reply as a JSON message (without the NUL terminator).
+    public func encoded() -> [UInt8] {
+        var o: [String: JSON] = ["parameters": .object(parameters)]
+        if let error { o["error"] = .string(error) }
+        if continues { o["continues"] = true }
+        return JSON.object(o).serialized()
+    }
+
+    /// Reads a reply from one message.
+    public init(message: ArraySlice<UInt8>) throws(VarlinkCall.DecodingFailure) {
+        let json: JSON
+        do { json = try JSON.parse(message) } catch { throw .invalidJSON(error.description) }
+        guard case .object(let o) = json else { throw .invalidField("message") }
+        switch o["parameters"] {
+        case nil, .null?: parameters = [:]
+        case .object(let p)?: parameters = p
+        default: throw .invalidField("parameters")
+        }
+        error = o["error"]?.stringValue
+        continues = o["continues"]?.boolValue ?? false
+    }
+}
+
+/// The errors of `org.varlink.service` that every service may answer.
+public enum VarlinkServiceError {
+    /// The interface name of the service errors.
+    public static let interface = "org.varlink.service"
+
+    /// The method does not exist.
+    public static func methodNotFound(_ method: String) -> VarlinkReply {
+        VarlinkReply(error: "org.varlink.service.MethodNotFound", parameters: ["method": .string(method)])
+    }
+
+    /// The interface does not exist.
+    public static func interfaceNotFound(_ interface: String) -> VarlinkReply {
+        VarlinkReply(error: "org.varlink.service.InterfaceNotFound", parameters: ["interface": .string(interface)])
+    }
+
+    /// A parameter is missing or has the wrong type.
+    public static func invalidParameter(_ parameter: String) -> VarlinkReply {
+        VarlinkReply(error: "org.varlink.service.InvalidParameter", parameters: ["parameter": .string(parameter)])
+    }
+}
+
+extension VaultError {
+    /// The full Varlink error name of this error's code.
+    public var varlinkName: String { "\(VaultInterface.name).\(code.varlinkErrorName)" }
+
+    /// The error as a Varlink reply: its name, the seed-style code and the message.
+    public var varlinkReply: VarlinkReply {
+        VarlinkReply(
+            error: varlinkName, parameters: ["code": .string(code.seedCode), "message": .string(message)])
+    }
+
+    /// Reads a vaultd error back from a Varlink error reply, when it is one.
+    public init?(reply: VarlinkReply) {
+        guard let name = reply.error, name.hasPrefix(VaultInterface.name + "."),
+            let code = VaultError.Code.allCases.first(where: {
+                "\(VaultInterface.name).\($0.varlinkErrorName)" == name
+            })
+        else { return nil }
+        self.init(code, reply.parameters["message"]?.stringValue ?? name)
+    }
+}

@@ -1,0 +1,127 @@
+/// The interface `io.vaultd.Vault` in Varlink's interface definition language,
+/// as `GetInterfaceDescription` returns it. `docs/io.vaultd.Vault.varlink` is the
+/// same text as a file; a test keeps the two identical.
+public enum VaultInterface {
+    /// The interface name.
+    public static let name = "io.vaultd.Vault"
+
+    /// The interface definition.
+    public static let description = """
+        # vaultd keeps the sessions of chat and messaging services (CometChat, OpenIM,
+        # Salesforce and the like) in the Linux secret store and shares them with every
+        # local process of their owner. An account is a provider (a section of
+        # vaultd.conf) and a user id at that provider.
+        interface io.vaultd.Vault
+
+        # The login state of an account, as OpenIM names them.
+        type LoginState (logout, logging, logged)
+
+        # The user a session belongs to: the fields of CometChat's User object.
+        # Times are Unix seconds.
+        type UserProfile (
+          uid: string,
+          name: ?string,
+          avatar: ?string,
+          role: ?string,
+          metadata: ?object,
+          status: ?string,
+          statusMessage: ?string,
+          lastActiveAt: ?int,
+          deactivatedAt: ?int
+        )
+
+        # A session as clients see it. Never holds a secret: token is masked.
+        type Session (
+          provider: string,
+          user: string,
+          state: LoginState,
+          profile: ?UserProfile,
+          createdAt: ?int,
+          expiresAt: ?int,
+          ownerUid: ?int,
+          tokenType: ?string,
+          scope: ?string,
+          instanceUrl: ?string,
+          hasRefreshToken: bool,
+          token: ?string
+        )
+
+        # Logs an account in with a ready token (CometChat authToken, OpenIM token) or
+        # an OAuth 2.0 token response as the token endpoint sent it (access_token,
+        # refresh_token, expires_in, token_type, scope, instance_url, issued_at).
+        # Exactly one of token and tokenResponse. expiresAt (Unix seconds) overrides
+        # expires_in and a JWT's exp. An account that is already logged in answers
+        # with its existing session and created false; a login that joins one in
+        # flight gets that login's result.
+        method Login(
+          provider: string,
+          user: string,
+          token: ?string,
+          tokenResponse: ?object,
+          profile: ?UserProfile,
+          expiresAt: ?int
+        ) -> (session: Session, created: bool)
+
+        # Logs an account out and deletes its stored session.
+        method Logout(provider: string, user: string) -> ()
+
+        # The session of one account (getLoggedInUser).
+        method GetSession(provider: string, user: string) -> (session: Session)
+
+        # Every session the caller may see, ordered by provider then user.
+        method ListSessions() -> (sessions: []Session)
+
+        # The current access token of an account the caller owns. minValidSeconds
+        # asks for a token valid at least that long from now.
+        method GetToken(
+          provider: string,
+          user: string,
+          minValidSeconds: ?int
+        ) -> (token: string, tokenType: ?string, expiresAt: ?int, instanceUrl: ?string)
+
+        # The account is not logged in (ERR_NOT_LOGGED_IN).
+        error NotLoggedIn (code: string, message: string)
+
+        # A login of the account is already in progress.
+        error LoginInProgress (code: string, message: string)
+
+        # The provider is not defined in vaultd.conf.
+        error UnknownProvider (code: string, message: string)
+
+        # The token is missing, empty or malformed (AUTH_ERR_AUTH_TOKEN_NOT_FOUND).
+        error InvalidCredential (code: string, message: string)
+
+        # The token has expired, or would before minValidSeconds.
+        error TokenExpired (code: string, message: string)
+
+        # The user is deactivated at the provider (ERR_USER_DEACTIVATED).
+        error UserDeactivated (code: string, message: string)
+
+        # The user id is unknown at the provider (ERR_UID_NOT_FOUND).
+        error UidNotFound (code: string, message: string)
+
+        # The caller may not use this account.
+        error AccessDenied (code: string, message: string)
+
+        # The secret store cannot be reached.
+        error StoreUnavailable (code: string, message: string)
+
+        # The secret store's collection is locked.
+        error StoreLocked (code: string, message: string)
+
+        # The secret store refused or failed a read or write.
+        error StoreFailed (code: string, message: string)
+
+        # A parameter has a bad value.
+        error InvalidParameter (code: string, message: string)
+
+        # The provider could not be reached (ERR_NETWORK_ERROR).
+        error NetworkError (code: string, message: string)
+
+        # The configuration is invalid.
+        error InvalidConfig (code: string, message: string)
+
+        # vaultd failed in a way it did not expect.
+        error InternalError (code: string, message: string)
+        """
+}
