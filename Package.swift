@@ -23,12 +23,14 @@ let package = Package(
         .target(name: "VaultCore"),
         // Varlink: framing, messages, the interface text, error names. No C.
         .target(name: "VaultProtocol", dependencies: ["VaultCore"]),
+        // Typed system-call helpers shared by the client and the daemon.
+        .target(name: "VaultSystem"),
         // A blocking Varlink client over a Unix socket (vaultctl and tests).
-        .target(name: "VaultClient", dependencies: ["VaultProtocol"]),
+        .target(name: "VaultClient", dependencies: ["VaultProtocol", "VaultSystem"]),
         // vaultctl's commands, as a library so tests can drive them.
         .target(name: "VaultCLI", dependencies: ["VaultClient"]),
         // The I/O edges: secret store, socket server, config files, wiring.
-        .target(name: "VaultDaemon", dependencies: ["VaultCore", "VaultProtocol", "CSecret", "CShim"]),
+        .target(name: "VaultDaemon", dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CSecret", "CShim"]),
 
         .executableTarget(name: "vaultd", dependencies: ["VaultDaemon"]),
         .executableTarget(name: "vaultctl", dependencies: ["VaultCLI"]),

@@ -1,0 +1,210 @@
+import CShim
+import Dispatch
+import Glibc
+import VaultCore
+import VaultProtocol
+import VaultSystem
+
+/// The wall clock of the running daemon.
+public struct SystemWallClock: WallClock {
+    /// The system clock.
+    public init() {}
+
+    public func now() -> UnixTime {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return UnixTime(seconds: Int64(ts.tv_sec))
+    }
+}
+
+/// vaultd's command line.
+public struct DaemonOptions: Sendable {
+    public var configPath: String?
+    public var socketPath: String?
+    public var logLevel: Logger.Level = .info
+    public var checkConfigOnly = false
+
+    /// The usage text of `vaultd --help`.
+    public static let usage = """
+        Usage: vaultd [OPTIONS]
+
+        Keeps chat and messaging sessions in the Linux secret store and serves
+        them to local clients over a Varlink Unix socket (see vaultctl).
+
+        Options:
+          --config PATH       configuration file (default: $XDG_CONFIG_HOME/vaultd/vaultd.conf,
+                              /etc/vaultd/vaultd.conf for root; a built-in one when missing)
+          --socket PATH       listening socket (default: $VAULTD_SOCKET, else
+                              $XDG_RUNTIME_DIR/vaultd/socket, else /run/vaultd/socket for root)
+          --log-level LEVEL   error, warning, notice, info (default) or debug
+          --check-config      validate the configuration and exit
+          --help              show this text
+          --version           show the version
+
+        Tokens are kept in the Secret Service (gnome-keyring, KeePassXC) on the
+        session bus in $DBUS_SESSION_BUS_ADDRESS; vaultd refuses to start when it
+        is unreachable or its default collection is locked.
+        """
+
+    /// What parsing the command line asks for.
+    public enum Parsed {
+        case run(DaemonOptions)
+        case help
+        case version
+    }
+
+    /// Parses `arguments` (without the program name).
+    public static func parse(_ arguments: [String]) throws(VaultError) -> Parsed {
+        var options = DaemonOptions()
+        var index = 0
+        func value(_ name: String) throws(VaultError) -> String {
+            index += 1
+            guard index < arguments.count else { throw VaultError(.invalidParameter, "\(name) needs a value") }
+            return arguments[index]
+        }
+        while index < arguments.count {
+            let argument = arguments[index]
+            switch argument {
+            case "--help", "-h": return .help
+            case "--version": return .version
+            case "--config": options.configPath = try value(argument)
+            case "--socket": options.socketPath = try value(argument)
+            case "--check-config": options.checkConfigOnly = true
+            case "--log-level":
+                let name = try value(argument)
+                guard let level = Logger.Level.allCases.first(where: { $0.name == name }) else {
+                    throw VaultError(
+                        .invalidParameter,
+                        "unknown log level '\(name)' (one of: error, warning, notice, info, debug)")
+                }
+                options.logLevel = level
+            default:
+                throw VaultError(.invalidParameter, "unknown argument '\(argument)'; see vaultd --help")
+            }
+            index += 1
+        }
+        return .run(options)
+    }
+}
+
+/// Builds the pieces of vaultd and runs them: config, secret store, restored
+/// sessions, then the socket. Returns the process exit code.
+public enum Daemon {
+    /// Runs vaultd with the process's arguments; returns the exit status.
+    public static func main(arguments: [String]) -> Int32 {
+        // Before any thread exists: signals are read from a signalfd, so they
+        // must be blocked in every thread that will be created.
+        let signalFD = vaultd_signalfd_termination()
+        signal(SIGPIPE, SIG_IGN)
+        _ = vaultd_disable_core_dumps()
+
+        let parsed: DaemonOptions.Parsed
+        do { parsed = try DaemonOptions.parse(arguments) } catch {
+            printError("vaultd: \(error.message)")
+            return 2
+        }
+        switch parsed {
+        case .help:
+            print(DaemonOptions.usage)
+            return 0
+        case .version:
+            print("vaultd \(VaultMethods.version)")
+            return 0
+        case .run(let options):
+            let log = Logger(level: options.logLevel)
+            do {
+                return try run(options, signalFD: signalFD, log: log)
+            } catch {
+                log.error(error.message, ["code": error.code.seedCode])
+                return 1
+            }
+        }
+    }
+
+    static func run(_ options: DaemonOptions, signalFD: Int32, log: Logger) throws(VaultError) -> Int32 {
+        let config = try loadConfig(options.configPath, log: log)
+        if options.checkConfigOnly {
+            print("configuration is valid: \(config.providers.count) provider(s)")
+            return 0
+        }
+        guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
+        let socketPath = options.socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
+
+        let store = try LibsecretStore.open(timeoutSeconds: config.storeTimeoutSeconds)
+        let clock = SystemWallClock()
+        let manager = SessionManager(store: store, config: config, clock: clock, log: log)
+        let restored = try blocking { () async throws(VaultError) in try await manager.restore() }
+
+        let listenFD = try Listener.bind(socketPath)
+        defer {
+            unlink(socketPath)
+            close(listenFD)
+        }
+        let service = VaultMethods.service(manager: manager, clock: clock)
+        let server: VarlinkServer
+        do {
+            server = try VarlinkServer(listenFD: listenFD, signalFD: signalFD, service: service, log: log)
+        } catch {
+            throw VaultError(.internalError, "cannot start serving: \(error)")
+        }
+        log.notice(
+            "ready",
+            [
+                "socket": socketPath, "sessions": String(restored.restored),
+                "finishedLogouts": String(restored.finishedLogouts), "store": store.location,
+                "providers": config.providers.keys.sorted().joined(separator: ","),
+            ])
+        let signal = server.run()
+        log.notice("stopped", ["signal": String(signal)])
+        return 0
+    }
+
+    /// Reads the configuration: the given file (which must exist), else the
+    /// default file when present, else the built-in default.
+    static func loadConfig(_ explicitPath: String?, log: Logger) throws(VaultError) -> VaultConfig {
+        let path = explicitPath ?? defaultConfigPath()
+        if explicitPath == nil, !Files.exists(path) {
+            log.info("no configuration file; using the built-in one (provider 'demo')", ["path": path])
+            return try ConfigParser.parse(VaultConfig.builtInText, file: "(built-in)")
+        }
+        let bytes: [UInt8]
+        do { bytes = try Files.read(path) } catch {
+            throw VaultError(.invalidConfig, "cannot read the configuration: \(error)")
+        }
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw VaultError(.invalidConfig, "\(path) is not UTF-8 text")
+        }
+        return try ConfigParser.parse(text, file: path)
+    }
+
+    static func defaultConfigPath() -> String {
+        if getuid() == 0 { return "/etc/vaultd/vaultd.conf" }
+        if let xdg = Environment.get("XDG_CONFIG_HOME"), xdg.hasPrefix("/") { return xdg + "/vaultd/vaultd.conf" }
+        return (Files.homeDirectory() ?? "/") + "/.config/vaultd/vaultd.conf"
+    }
+
+    /// Runs async start-up work from the main thread (which is not part of
+    /// Swift's cooperative pool) and waits for it.
+    static func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws(VaultError) -> T) throws(VaultError)
+        -> T
+    {
+        let box = ResultBox<T>()
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            do throws(VaultError) { box.result = .success(try await body()) } catch { box.result = .failure(error) }
+            done.signal()
+        }
+        done.wait()
+        return try box.result!.get()
+    }
+
+    static func printError(_ text: String) {
+        var bytes = Array((text + "\n").utf8)
+        _ = bytes.withUnsafeMutableBytes { write(2, $0.baseAddress, $0.count) }
+    }
+}
+
+/// Carries a result from a task to the thread that waits on a semaphore.
+private final class ResultBox<T: Sendable>: @unchecked Sendable {
+    var result: Result<T, VaultError>?
+}

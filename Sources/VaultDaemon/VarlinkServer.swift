@@ -1,0 +1,346 @@
+import CShim
+import Glibc
+import Synchronization
+import VaultCore
+import VaultProtocol
+import VaultSystem
+
+/// Serves a `VarlinkService` on a listening Unix socket with one epoll loop on
+/// the calling thread: non-blocking sockets, one read per readiness, replies
+/// written as far as the peer takes them and the rest queued. Calls on one
+/// connection are answered in order (a deferred call holds back the next);
+/// one slow or stuck client never delays another.
+public final class VarlinkServer: @unchecked Sendable {
+    /// The largest message accepted from a client.
+    public static let maximumMessageSize = 1 << 20
+    /// Queued reply bytes past which a connection's input is no longer read.
+    static let outputHighWater = 1 << 20
+
+    private let service: VarlinkService
+    private let log: Logger
+    private let listenFD: Int32
+    private let epollFD: Int32
+    private let wakeFD: Int32
+    private let signalFD: Int32
+    private var connections: [UInt64: Connection] = [:]
+    private var nextID: UInt64 = 16
+    private var stopping = false
+    /// Replies of deferred calls, handed from worker tasks to the loop thread.
+    private let completions = Mutex<[(UInt64, VarlinkReply?)]>([])
+
+    private static let sendFlags = Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)
+    private static let listenerToken: UInt64 = 1
+    private static let wakeToken: UInt64 = 2
+    private static let signalToken: UInt64 = 3
+
+    /// Prepares to serve `service` on `listenFD`; `signalFD` delivers the
+    /// signals that stop the loop.
+    public init(listenFD: Int32, signalFD: Int32, service: VarlinkService, log: Logger) throws(SystemError) {
+        self.listenFD = listenFD
+        self.signalFD = signalFD
+        self.service = service
+        self.log = log
+        epollFD = vaultd_epoll_create()
+        guard epollFD >= 0 else { throw SystemError("epoll_create1") }
+        wakeFD = vaultd_eventfd()
+        guard wakeFD >= 0 else { throw SystemError("eventfd") }
+        let flags = fcntl(listenFD, F_GETFL)
+        _ = fcntl(listenFD, F_SETFL, flags | O_NONBLOCK)
+        guard vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, VarlinkServer.listenerToken) == 0,
+            vaultd_epoll_add(epollFD, wakeFD, VAULTD_EPOLLIN, VarlinkServer.wakeToken) == 0,
+            vaultd_epoll_add(epollFD, signalFD, VAULTD_EPOLLIN, VarlinkServer.signalToken) == 0
+        else { throw SystemError("epoll_ctl") }
+    }
+
+    deinit {
+        Glibc.close(epollFD)
+        Glibc.close(wakeFD)
+    }
+
+    /// Serves until SIGTERM or SIGINT, then waits (at most `drainSeconds`) for
+    /// deferred calls in flight to be answered, and returns the signal.
+    @discardableResult
+    public func run(drainSeconds: Int = 10) -> Int32 {
+        var events = [vaultd_event](repeating: vaultd_event(), count: 256)
+        var stopSignal: Int32 = 0
+        var drainDeadline: UInt64 = 0
+        while true {
+            if stopping {
+                let busy = connections.values.contains { $0.busy }
+                if !busy || Monotonic.milliseconds() >= drainDeadline { break }
+            }
+            let timeout: Int32 = stopping ? 100 : -1
+            let count: Int32 = events.withUnsafeMutableBufferPointer {
+                (buffer: inout UnsafeMutableBufferPointer<vaultd_event>) -> Int32 in
+                vaultd_epoll_wait(epollFD, buffer.baseAddress, Int32(buffer.count), timeout)
+            }
+            if count < 0 {
+                if errno == EINTR { continue }
+                log.error("epoll_wait failed", ["errno": String(errno)])
+                break
+            }
+            for i in 0..<Int(count) {
+                let event = events[i]
+                switch event.data {
+                case VarlinkServer.listenerToken: acceptAll()
+                case VarlinkServer.wakeToken: drainCompletions()
+                case VarlinkServer.signalToken:
+                    let signal = vaultd_signalfd_read(signalFD)
+                    if signal == SIGTERM || signal == SIGINT {
+                        stopSignal = signal
+                        beginStopping()
+                        drainDeadline = Monotonic.milliseconds() + UInt64(drainSeconds) * 1000
+                    } else if signal > 0 {
+                        log.info("signal ignored", ["signal": String(signal)])
+                    }
+                default:
+                    guard let connection = connections[event.data] else { continue }
+                    serve(connection, events: event.events)
+                }
+            }
+        }
+        for connection in connections.values { disconnect(connection) }
+        return stopSignal
+    }
+
+    /// Hands the reply of a deferred call back to the loop. Thread-safe.
+    func complete(_ id: UInt64, _ reply: VarlinkReply?) {
+        completions.withLock { $0.append((id, reply)) }
+        var one: UInt64 = 1
+        _ = write(wakeFD, &one, 8)
+    }
+
+    // MARK: Connections
+
+    private func beginStopping() {
+        stopping = true
+        _ = vaultd_epoll_del(epollFD, listenFD)
+        log.notice("stopping: no new connections, answering calls in flight")
+        // Idle connections are closed now; busy ones after their reply.
+        for connection in connections.values where !connection.busy { disconnect(connection) }
+    }
+
+    private func acceptAll() {
+        for _ in 0..<64 {
+            let fd = vaultd_accept_nonblocking(listenFD)
+            if fd < 0 {
+                if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED { return }
+                log.warning("accept failed", ["error": SystemError("accept4").description])
+                return
+            }
+            var pid: pid_t = 0
+            var uid: uid_t = 0
+            var gid: gid_t = 0
+            guard vaultd_peer_credentials(fd, &pid, &uid, &gid) == 0 else {
+                log.warning("peer credentials unavailable; connection refused")
+                Glibc.close(fd)
+                continue
+            }
+            let id = nextID
+            nextID += 1
+            let connection = Connection(
+                id: id, fd: fd, caller: Caller(uid: uid, gid: gid, pid: pid),
+                maximumMessageSize: VarlinkServer.maximumMessageSize)
+            connections[id] = connection
+            connection.interest = VAULTD_EPOLLIN
+            if vaultd_epoll_add(epollFD, fd, VAULTD_EPOLLIN, id) != 0 {
+                disconnect(connection)
+            }
+        }
+    }
+
+    private func serve(_ connection: Connection, events: UInt32) {
+        let failed = events & (VAULTD_EPOLLHUP | VAULTD_EPOLLERR) != 0
+        if failed && connection.busy {
+            // The peer is gone while its call is in flight. epoll reports a hang-up
+            // whatever the interest, so stop watching; the reply is dropped when it comes.
+            connection.peerClosedInput = true
+            _ = vaultd_epoll_del(epollFD, connection.fd)
+            connection.interest = Connection.detached
+            return
+        }
+        if events & VAULTD_EPOLLOUT != 0 {
+            flush(connection)
+            if connection.closed { return }
+        }
+        if events & VAULTD_EPOLLIN != 0 || failed, connection.wantsInput {
+            readOnce(connection)
+            if connection.closed { return }
+        }
+        process(connection)
+    }
+
+    private func readOnce(_ connection: Connection) {
+        let fd = connection.fd
+        let n: Int = withUnsafeTemporaryAllocation(byteCount: 65536, alignment: 16) {
+            (buffer: UnsafeMutableRawBufferPointer) -> Int in
+            let n: Int = recv(fd, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
+            if n > 0 { connection.decoder.append(UnsafeRawBufferPointer(rebasing: buffer[0..<n])) }
+            return n
+        }
+        if n == 0 {
+            connection.peerClosedInput = true
+        } else if n < 0, errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR {
+            disconnect(connection)
+        }
+    }
+
+    /// Answers the complete messages buffered on `connection`, one at a time,
+    /// until a deferred call or a full output queue holds it back.
+    private func process(_ connection: Connection) {
+        while !connection.closed, !connection.busy, connection.pendingOutput < VarlinkServer.outputHighWater {
+            let message: ArraySlice<UInt8>
+            do throws(VarlinkFrameDecoder.Failure) {
+                guard let next = try connection.decoder.next() else { break }
+                message = next
+            } catch {
+                log.warning(
+                    "message over \(VarlinkServer.maximumMessageSize) bytes; connection closed",
+                    ["pid": String(connection.caller.pid)])
+                disconnect(connection)
+                return
+            }
+            let call: VarlinkCall
+            do throws(VarlinkCall.DecodingFailure) {
+                call = try VarlinkCall(message: message)
+            } catch {
+                switch error {
+                case .invalidJSON(let reason):
+                    log.warning(
+                        "invalid JSON; connection closed", ["pid": String(connection.caller.pid), "reason": reason])
+                    disconnect(connection)
+                    return
+                case .invalidField(let field):
+                    queue(VarlinkServiceError.invalidParameter(field), on: connection)
+                    continue
+                }
+            }
+            if stopping {
+                queue(
+                    VaultError(.internalError, "vaultd is stopping; retry when it is back").varlinkReply,
+                    on: connection)
+                continue
+            }
+            switch service.handle(call, caller: connection.caller) {
+            case .reply(let reply):
+                if !call.oneway { queue(reply, on: connection) }
+            case .deferred(let work):
+                connection.busy = true
+                let id = connection.id
+                let oneway = call.oneway
+                Task { [self] in
+                    let reply = await work()
+                    self.complete(id, oneway ? nil : reply)
+                }
+            }
+        }
+        flush(connection)
+        if connection.closed { return }
+        let idle = !connection.busy && connection.pendingOutput == 0
+        if idle && (connection.peerClosedInput || stopping) {
+            disconnect(connection)
+            return
+        }
+        updateInterest(connection)
+    }
+
+    private func drainCompletions() {
+        var counter: UInt64 = 0
+        _ = read(wakeFD, &counter, 8)
+        let done: [(UInt64, VarlinkReply?)] = completions.withLock { list in
+            let taken = list
+            list.removeAll(keepingCapacity: true)
+            return taken
+        }
+        for (id, reply) in done {
+            guard let connection = connections[id] else { continue }
+            connection.busy = false
+            if let reply { queue(reply, on: connection) }
+            process(connection)
+        }
+    }
+
+    private func queue(_ reply: VarlinkReply, on connection: Connection) {
+        connection.output.append(contentsOf: reply.encoded())
+        connection.output.append(0)
+    }
+
+    private func flush(_ connection: Connection) {
+        while connection.pendingOutput > 0 {
+            let fd = connection.fd
+            let offset = connection.outputOffset
+            let length = connection.pendingOutput
+            let n: Int = connection.output.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) -> Int in
+                send(fd, bytes.baseAddress! + offset, length, VarlinkServer.sendFlags)
+            }
+            if n < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK { break }
+                disconnect(connection)
+                return
+            }
+            connection.outputOffset += n
+        }
+        if connection.pendingOutput == 0 {
+            connection.output.removeAll(keepingCapacity: connection.output.capacity <= 65536)
+            connection.outputOffset = 0
+        }
+    }
+
+    private func updateInterest(_ connection: Connection) {
+        var wanted: UInt32 = 0
+        if connection.wantsInput && connection.pendingOutput < VarlinkServer.outputHighWater {
+            wanted |= VAULTD_EPOLLIN
+        }
+        if connection.pendingOutput > 0 { wanted |= VAULTD_EPOLLOUT }
+        if connection.interest != Connection.detached, wanted != connection.interest {
+            connection.interest = wanted
+            _ = vaultd_epoll_mod(epollFD, connection.fd, wanted, connection.id)
+        }
+    }
+
+    private func disconnect(_ connection: Connection) {
+        guard !connection.closed else { return }
+        connection.closed = true
+        if connection.interest != Connection.detached { _ = vaultd_epoll_del(epollFD, connection.fd) }
+        Glibc.close(connection.fd)
+        connections[connection.id] = nil
+    }
+}
+
+/// One client connection; touched only by the loop thread.
+final class Connection {
+    let id: UInt64
+    let fd: Int32
+    let caller: Caller
+    var decoder: VarlinkFrameDecoder
+    var output: [UInt8] = []
+    var outputOffset = 0
+    /// A deferred call is in flight; later calls wait behind it.
+    var busy = false
+    var peerClosedInput = false
+    var closed = false
+    var interest: UInt32 = 0
+    /// The `interest` of a connection no longer registered with epoll.
+    static let detached = UInt32.max
+
+    init(id: UInt64, fd: Int32, caller: Caller, maximumMessageSize: Int) {
+        self.id = id
+        self.fd = fd
+        self.caller = caller
+        self.decoder = VarlinkFrameDecoder(maximumSize: maximumMessageSize)
+    }
+
+    var pendingOutput: Int { output.count - outputOffset }
+    /// More input is useful: the peer has not closed, and no call is held back.
+    var wantsInput: Bool { !peerClosedInput && !busy }
+}
+
+/// Milliseconds of CLOCK_MONOTONIC, for deadlines that wall-clock jumps cannot move.
+enum Monotonic {
+    static func milliseconds() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return UInt64(ts.tv_sec) * 1000 + UInt64(ts.tv_nsec) / 1_000_000
+    }
+}

@@ -1,0 +1,45 @@
+import Glibc
+
+/// Whole-file reads and the few file-system calls vaultd and vaultctl need.
+public enum Files {
+    /// Reads all of `path`, refusing more than `limit` bytes.
+    public static func read(_ path: String, limit: Int = 1 << 20) throws(SystemError) -> [UInt8] {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw SystemError("open \(path)") }
+        defer { close(fd) }
+        return try readAll(fd, limit: limit, name: path)
+    }
+
+    /// Reads `fd` to its end, refusing more than `limit` bytes.
+    public static func readAll(_ fd: Int32, limit: Int, name: String) throws(SystemError) -> [UInt8] {
+        var out: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw SystemError("read \(name)")
+            }
+            if n == 0 { break }
+            out.append(contentsOf: chunk[0..<n])
+            if out.count > limit { throw SystemError("\(name) is larger than \(limit) bytes", errno: EFBIG) }
+        }
+        chunk.withUnsafeMutableBytes { raw in
+            for i in raw.indices { raw[i] = 0 }
+        }
+        return out
+    }
+
+    /// True when `path` exists (any kind of file).
+    public static func exists(_ path: String) -> Bool {
+        var st = stat()
+        return lstat(path, &st) == 0
+    }
+
+    /// The user's home directory: `$HOME`, else the password database.
+    public static func homeDirectory() -> String? {
+        if let home = getenv("HOME") { return String(cString: home) }
+        guard let entry = getpwuid(getuid()), let dir = entry.pointee.pw_dir else { return nil }
+        return String(cString: dir)
+    }
+}

@@ -1,0 +1,4 @@
+import Glibc
+import VaultDaemon
+
+exit(Daemon.main(arguments: Array(CommandLine.arguments.dropFirst())))
