@@ -216,7 +216,8 @@ final class Cancellable: @unchecked Sendable {
         pointer = g_cancellable_new()
         let box = Unmanaged.passRetained(self)
         DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(Int(timeoutSeconds))) {
-            g_cancellable_cancel(box.takeRetainedValue().pointer)
+            let cancellable = box.takeRetainedValue()
+            withExtendedLifetime(cancellable) { g_cancellable_cancel(cancellable.pointer) }
         }
     }
 

@@ -1,0 +1,353 @@
+import Glibc
+import VaultClient
+import VaultCore
+import VaultProtocol
+import VaultSystem
+
+/// vaultctl: the command-line client of vaultd. Exit codes: 0 ok, 1 an error
+/// from vaultd, 2 bad usage, 3 vaultd not reachable.
+public struct VaultCtl {
+    /// Process exit codes.
+    public enum ExitCode: Int32 {
+        case ok = 0
+        case daemonError = 1
+        case usage = 2
+        case unreachable = 3
+    }
+
+    /// The version printed by `--version`.
+    public static let version = "0.1.0"
+
+    var json = false
+    var socketPath: String?
+    var output: Output
+
+    /// A client that writes through `output`.
+    public init(output: Output = .standard) { self.output = output }
+
+    /// Runs `arguments` (without the program name) and returns the exit code.
+    public static func main(_ arguments: [String]) -> Int32 {
+        var ctl = VaultCtl()
+        return ctl.run(arguments).rawValue
+    }
+
+    mutating func run(_ arguments: [String]) -> ExitCode {
+        var rest: [String] = []
+        var index = 0
+        var wantsHelp = false
+        while index < arguments.count {
+            let argument = arguments[index]
+            switch argument {
+            case "--json": json = true
+            case "--socket":
+                index += 1
+                guard index < arguments.count else { return usage("--socket needs a path") }
+                socketPath = arguments[index]
+            case "--help", "-h": wantsHelp = true
+            case "--version":
+                output.out("vaultctl \(VaultCtl.version)")
+                return .ok
+            default: rest.append(argument)
+            }
+            index += 1
+        }
+        guard let name = rest.first else {
+            if wantsHelp {
+                output.out(Help.tool)
+                return .ok
+            }
+            return usage("no command given")
+        }
+        if name == "help" {
+            guard rest.count > 1 else {
+                output.out(Help.tool)
+                return .ok
+            }
+            guard let text = Help.commands[rest[1]] else { return usage("unknown command '\(rest[1])'") }
+            output.out(text)
+            return .ok
+        }
+        guard let help = Help.commands[name] else { return usage("unknown command '\(name)'") }
+        if wantsHelp {
+            output.out(help)
+            return .ok
+        }
+        let operands = Array(rest.dropFirst())
+        switch name {
+        case "login": return login(operands)
+        case "logout": return logout(operands)
+        case "status": return status(operands)
+        case "list": return operands.isEmpty ? list() : usage("list takes no arguments", command: name)
+        case "token": return token(operands)
+        default: return usage("unknown command '\(name)'")
+        }
+    }
+
+    // MARK: Commands
+
+    mutating func login(_ operands: [String]) -> ExitCode {
+        var positional: [String] = []
+        var tokenFile: String?
+        var expiresAt: Int64?
+        var index = 0
+        while index < operands.count {
+            switch operands[index] {
+            case "--token-file":
+                index += 1
+                guard index < operands.count else { return usage("--token-file needs a path", command: "login") }
+                tokenFile = operands[index]
+            case "--expires-at":
+                index += 1
+                guard index < operands.count, let value = Int64(operands[index]) else {
+                    return usage("--expires-at needs Unix seconds", command: "login")
+                }
+                expiresAt = value
+            case let option where option.hasPrefix("--"):
+                return usage("unknown option '\(option)'", command: "login")
+            default: positional.append(operands[index])
+            }
+            index += 1
+        }
+        guard positional.count == 2 else {
+            return usage("login needs PROVIDER and USER (the token comes on stdin)", command: "login")
+        }
+        let text: String
+        switch readCredential(tokenFile) {
+        case .success(let read): text = read
+        case .failure(let message):
+            output.err("vaultctl: \(message)")
+            return .usage
+        }
+        let credential: LoginCredential
+        do { credential = try LoginCredential(text: text) } catch {
+            output.err("vaultctl: \(error.message) (\(error.code.seedCode))")
+            return .usage
+        }
+        // Send what was read, as read: the daemon applies the same rules.
+        var parameters: [String: JSON] = ["provider": .string(positional[0]), "user": .string(positional[1])]
+        let trimmed = LoginCredential.trimmedForWire(text)
+        if trimmed.hasPrefix("{"), let response = try? JSON.parse(trimmed) {
+            parameters["tokenResponse"] = response
+        } else {
+            parameters["token"] = .string(credential.tokens.accessToken.revealed)
+        }
+        if let expiresAt { parameters["expiresAt"] = .int(expiresAt) }
+        return call(VaultMethod.login.rawValue, parameters) { reply in
+            let session = reply.parameters["session"] ?? .null
+            let created = reply.parameters["created"]?.boolValue ?? false
+            let what = created ? "logged in" : "already logged in"
+            output.out("\(what): \(describe(session))")
+        }
+    }
+
+    mutating func logout(_ operands: [String]) -> ExitCode {
+        guard operands.count == 2 else { return usage("logout needs PROVIDER and USER", command: "logout") }
+        return call(VaultMethod.logout.rawValue, account(operands)) { _ in
+            output.out("logged out: \(operands[1]) @ \(operands[0])")
+        }
+    }
+
+    mutating func status(_ operands: [String]) -> ExitCode {
+        if operands.isEmpty { return list() }
+        guard operands.count == 2 else { return usage("status takes PROVIDER USER or nothing", command: "status") }
+        return call(VaultMethod.getSession.rawValue, account(operands)) { reply in
+            let session = reply.parameters["session"] ?? .null
+            var lines: [(String, String)] = [
+                ("Provider", session["provider"]?.stringValue ?? "-"),
+                ("User", session["user"]?.stringValue ?? "-"),
+                ("State", session["state"]?.stringValue ?? "-"),
+                ("Expires", Format.time(session["expiresAt"]?.integerValue)),
+                ("Created", Format.time(session["createdAt"]?.integerValue)),
+                ("Owner uid", session["ownerUid"]?.integerValue.map { String($0) } ?? "-"),
+                ("Token", session["token"]?.stringValue ?? "-"),
+                ("Refresh token", (session["hasRefreshToken"]?.boolValue ?? false) ? "yes" : "no"),
+            ]
+            if let url = session["instanceUrl"]?.stringValue { lines.append(("Instance URL", url)) }
+            if let name = session["profile"]?["name"]?.stringValue { lines.append(("Name", name)) }
+            for (key, value) in lines { output.out(Format.pad(key + ":", 15) + value) }
+        }
+    }
+
+    mutating func list() -> ExitCode {
+        call(VaultMethod.listSessions.rawValue, [:]) { reply in
+            let sessions = reply.parameters["sessions"]?.arrayValue ?? []
+            if sessions.isEmpty {
+                output.out("no sessions")
+                return
+            }
+            var rows = [["PROVIDER", "USER", "STATE", "EXPIRES", "OWNER"]]
+            for s in sessions {
+                rows.append([
+                    s["provider"]?.stringValue ?? "-", s["user"]?.stringValue ?? "-", s["state"]?.stringValue ?? "-",
+                    Format.time(s["expiresAt"]?.integerValue),
+                    s["ownerUid"]?.integerValue.map { String($0) } ?? "-",
+                ])
+            }
+            for line in Format.table(rows) { output.out(line) }
+        }
+    }
+
+    mutating func token(_ operands: [String]) -> ExitCode {
+        var positional: [String] = []
+        var minValid: Int64?
+        var index = 0
+        while index < operands.count {
+            if operands[index] == "--min-valid" {
+                index += 1
+                guard index < operands.count, let value = Int64(operands[index]), value >= 0 else {
+                    return usage("--min-valid needs a number of seconds", command: "token")
+                }
+                minValid = value
+            } else if operands[index].hasPrefix("--") {
+                return usage("unknown option '\(operands[index])'", command: "token")
+            } else {
+                positional.append(operands[index])
+            }
+            index += 1
+        }
+        guard positional.count == 2 else { return usage("token needs PROVIDER and USER", command: "token") }
+        var parameters = account(positional)
+        if let minValid { parameters["minValidSeconds"] = .int(minValid) }
+        return call(VaultMethod.getToken.rawValue, parameters) { reply in
+            output.out(reply.parameters["token"]?.stringValue ?? "")
+        }
+    }
+
+    // MARK: Plumbing
+
+    func account(_ operands: [String]) -> [String: JSON] {
+        ["provider": .string(operands[0]), "user": .string(operands[1])]
+    }
+
+    /// Calls vaultd; on success prints the reply (as JSON with --json, else via `human`).
+    func call(_ method: String, _ parameters: [String: JSON], human: (VarlinkReply) -> Void) -> ExitCode {
+        let path = socketPath ?? SocketPath.default(environment: Environment.variables(), uid: getuid())
+        let reply: VarlinkReply
+        do {
+            let client = try VarlinkClient(path: path)
+            reply = try client.call(method, parameters)
+        } catch {
+            switch error {
+            case .unreachable(let path, let reason):
+                output.err(
+                    "vaultctl: vaultd is not reachable at \(path) (\(reason)); start it with 'scripts/run' or 'systemctl --user start vaultd.socket', or pass --socket PATH"
+                )
+                return .unreachable
+            case .connection(let message):
+                output.err("vaultctl: \(message)")
+                return .unreachable
+            }
+        }
+        if let name = reply.error {
+            let code = reply.parameters["code"]?.stringValue ?? name
+            let message = reply.parameters["message"]?.stringValue ?? describeVarlinkError(reply)
+            if json {
+                output.err(JSON.object(["error": .string(name), "code": .string(code), "message": .string(message)]).text)
+            } else {
+                output.err("vaultctl: \(message) (\(code))")
+            }
+            return .daemonError
+        }
+        if json {
+            output.out(JSON.object(reply.parameters).text)
+        } else {
+            human(reply)
+        }
+        return .ok
+    }
+
+    func describeVarlinkError(_ reply: VarlinkReply) -> String {
+        if let parameter = reply.parameters["parameter"]?.stringValue { return "invalid parameter '\(parameter)'" }
+        return reply.error ?? "unknown error"
+    }
+
+    func describe(_ session: JSON) -> String {
+        let user = session["user"]?.stringValue ?? "?"
+        let provider = session["provider"]?.stringValue ?? "?"
+        let expires = session["expiresAt"]?.integerValue.map { ", expires \(Format.time($0))" } ?? ""
+        return "\(user) @ \(provider)\(expires)"
+    }
+
+    func usage(_ message: String, command: String? = nil) -> ExitCode {
+        let hint = command.map { "vaultctl \($0) --help" } ?? "vaultctl --help"
+        output.err("vaultctl: \(message); see '\(hint)'")
+        return .usage
+    }
+
+    enum ReadResult {
+        case success(String)
+        case failure(String)
+    }
+
+    /// Reads the credential from `file`, or from stdin (without echo on a terminal).
+    func readCredential(_ file: String?) -> ReadResult {
+        var bytes: [UInt8]
+        do {
+            if let file {
+                bytes = try Files.read(file, limit: 1 << 20)
+            } else {
+                if isatty(0) != 0 {
+                    output.err("Paste the token or token response, then press Enter and Ctrl-D:")
+                    bytes = try Terminal.withoutEcho { () throws(SystemError) -> [UInt8] in
+                        try Files.readAll(0, limit: 1 << 20, name: "stdin")
+                    }
+                } else {
+                    bytes = try Files.readAll(0, limit: 1 << 20, name: "stdin")
+                }
+            }
+        } catch {
+            return .failure("cannot read the token: \(error)")
+        }
+        defer { bytes.withUnsafeMutableBytes { raw in for i in raw.indices { raw[i] = 0 } } }
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            return .failure("the token is not UTF-8 text")
+        }
+        if text.allSatisfy({ $0.isWhitespace }) {
+            return .failure("no token given: pipe it on stdin or pass --token-file FILE (never as an argument)")
+        }
+        return .success(text)
+    }
+}
+
+extension LoginCredential {
+    /// The text without surrounding whitespace, as the daemon reads it.
+    static func trimmedForWire(_ text: String) -> String {
+        var s = Substring(text)
+        while let first = s.first, first.isWhitespace { s.removeFirst() }
+        while let last = s.last, last.isWhitespace { s.removeLast() }
+        return String(s)
+    }
+}
+
+/// Where vaultctl writes: stdout and stderr, or a capture in tests.
+public struct Output: Sendable {
+    let out: @Sendable (String) -> Void
+    let err: @Sendable (String) -> Void
+
+    /// Writes lines through the given functions.
+    public init(out: @escaping @Sendable (String) -> Void, err: @escaping @Sendable (String) -> Void) {
+        self.out = out
+        self.err = err
+    }
+
+    /// The process's stdout and stderr.
+    public static let standard = Output(out: { write(1, $0 + "\n") }, err: { write(2, $0 + "\n") })
+
+    private static func write(_ fd: Int32, _ text: String) {
+        var bytes = Array(text.utf8)
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeMutableBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
+            if n <= 0 {
+                if n < 0 && errno == EINTR { continue }
+                return
+            }
+            offset += n
+        }
+    }
+}
+
+extension Environment {
+    /// The process environment, without Foundation.
+    static func variables() -> [String: String] { Environment.all() }
+}

@@ -1,0 +1,4 @@
+import Glibc
+import VaultCLI
+
+exit(VaultCtl.main(Array(CommandLine.arguments.dropFirst())))
