@@ -1,0 +1,186 @@
+import Foundation
+import Synchronization
+import Testing
+import VaultClient
+import VaultCore
+import VaultProtocol
+
+/// vaultd as its users meet it: the real binary, the real keyring on the
+/// session bus, the real socket, vaultctl and an independent Python client.
+@Suite("vaultd against the real keyring", .serialized)
+struct DaemonTests {
+    static let token = "tok_live_8f3k2m9q7w1e5r4t6y0u"
+
+    @Test("Should keep a session through a restart, in the keyring, and delete it at logout")
+    func loginRestartLogout() throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("alice")
+        let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token + "\n")
+        #expect(login.status == 0, "\(login.stderr)")
+        #expect(login.stdout.contains("logged in: \(user) @ demo"))
+
+        let status = try vaultctl(fixture.socketPath, ["--json", "status", "demo", user])
+        #expect(status.status == 0)
+        let session = try JSON.parse(status.stdout)["session"]
+        #expect(session?["state"]?.stringValue == "logged")
+        #expect(session?["token"]?.stringValue == Secret.mask(DaemonTests.token))
+
+        #expect(fixture.daemon?.stop() == 0)
+        try fixture.start()
+        let after = try vaultctl(fixture.socketPath, ["--json", "status", "demo", user])
+        #expect(after.status == 0, "\(after.stderr)")
+        #expect(try JSON.parse(after.stdout)["session"]?["state"]?.stringValue == "logged")
+        let token = try vaultctl(fixture.socketPath, ["token", "demo", user])
+        #expect(token.stdout == DaemonTests.token + "\n")
+
+        let stored = try secretToolSearch(provider: "demo", user: user)
+        #expect(stored.contains("label = vaultd: \(user) @ demo"))
+
+        let logout = try vaultctl(fixture.socketPath, ["logout", "demo", user])
+        #expect(logout.status == 0, "\(logout.stderr)")
+        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        let gone = try vaultctl(fixture.socketPath, ["status", "demo", user])
+        #expect(gone.status == 1)
+        #expect(gone.stderr.contains("ERR_NOT_LOGGED_IN"))
+    }
+
+    @Test("Should lose no acknowledged session when vaultd is killed")
+    func acknowledgedLoginSurvivesSIGKILL() throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("kill")
+        let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token)
+        #expect(login.status == 0)
+        fixture.daemon?.stop(signal: SIGKILL)
+        try fixture.start()
+        let token = try vaultctl(fixture.socketPath, ["token", "demo", user])
+        #expect(token.stdout == DaemonTests.token + "\n")
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
+    }
+
+    @Test("Should answer a logout of a logged-out account with ERR_NOT_LOGGED_IN")
+    func logoutWhenLoggedOut() throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("nobody")
+        let result = try vaultctl(fixture.socketPath, ["logout", "demo", user])
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("(ERR_NOT_LOGGED_IN)"))
+        let reply = try fixture.client().call(
+            VaultMethod.logout.rawValue, ["provider": "demo", "user": .string(user)])
+        #expect(reply.error == "io.vaultd.Vault.NotLoggedIn")
+        #expect(reply.parameters["code"]?.stringValue == "ERR_NOT_LOGGED_IN")
+    }
+
+    @Test("Should make one session of concurrent logins of one account")
+    func concurrentLoginsJoin() throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("race")
+        let count = 16
+        let replies = Mutex<[VarlinkReply]>([])
+        let socket = fixture.socketPath
+        DispatchQueue.concurrentPerform(iterations: count) { i in
+            let reply = try? VarlinkClient(path: socket).call(
+                VaultMethod.login.rawValue,
+                ["provider": "demo", "user": .string(user), "token": .string("token-\(i)-abcdefghijklmnopqrstuvwxyz")])
+            if let reply { replies.withLock { $0.append(reply) } }
+        }
+        let all = replies.withLock { $0 }
+        #expect(all.count == count)
+        #expect(all.allSatisfy { $0.error == nil })
+        let masked = Set(all.compactMap { $0.parameters["session"]?["token"]?.stringValue })
+        #expect(masked.count == 1, "every login answered with the same session")
+        let list = try fixture.client().call(VaultMethod.listSessions.rawValue)
+        let mine = list.parameters["sessions"]?.arrayValue?.filter { $0["user"]?.stringValue == user } ?? []
+        #expect(mine.count == 1)
+        let stored = try secretToolSearch(provider: "demo", user: user)
+        #expect(stored.components(separatedBy: "label = ").count - 1 == 1)
+        let token = try fixture.client().call(
+            VaultMethod.getToken.rawValue, ["provider": "demo", "user": .string(user)])
+        #expect(token.parameters["token"]?.stringValue.map { Secret.mask($0) } == masked.first)
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
+    }
+
+    @Test("Should never write a token to vaultd's output")
+    func tokenNeverLogged() throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("secret")
+        let secret = "sk_never_in_logs_93jf83hf93hf9"
+        #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: secret).status == 0)
+        #expect(try vaultctl(fixture.socketPath, ["token", "demo", user]).stdout.contains(secret))
+        // A rejected token (inner whitespace) is reported masked, never raw.
+        let badSecret = "bad secret with spaces 1234567890"
+        let bad = try fixture.client().call(
+            VaultMethod.login.rawValue, ["provider": "demo", "user": "other", "token": .string(badSecret)])
+        #expect(bad.error == "io.vaultd.Vault.InvalidCredential")
+        #expect(bad.parameters["message"]?.stringValue?.contains(badSecret) == false)
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
+        let daemon = try #require(fixture.daemon)
+        daemon.stop()
+        #expect(daemon.allOutput.contains("logged in"))
+        #expect(!daemon.allOutput.contains(secret))
+        #expect(!daemon.allOutput.contains(badSecret))
+    }
+
+    @Test("Should read an OAuth 2.0 token response from stdin")
+    func oauthTokenResponse() throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("sf")
+        let response = """
+            {"access_token":"00Dxx0000001gPL!AR8AQJXg5oj8jXSgxJfA0lBog","refresh_token":"5Aep861TSESvWeug_xvFHRBTTbf",\
+            "instance_url":"https://example.my.salesforce.com","issued_at":"\(Int(Date().timeIntervalSince1970) * 1000)",\
+            "expires_in":7200,"token_type":"Bearer","scope":"api refresh_token"}
+            """
+        let login = try vaultctl(fixture.socketPath, ["--json", "login", "demo", user], input: response)
+        #expect(login.status == 0, "\(login.stderr)")
+        let session = try JSON.parse(login.stdout)["session"]
+        #expect(session?["hasRefreshToken"]?.boolValue == true)
+        #expect(session?["instanceUrl"]?.stringValue == "https://example.my.salesforce.com")
+        let expiresAt = try #require(session?["expiresAt"]?.integerValue)
+        let now = Int64(Date().timeIntervalSince1970)
+        #expect(abs(expiresAt - (now + 7200)) <= 5)
+        let token = try vaultctl(fixture.socketPath, ["token", "demo", user])
+        #expect(token.stdout == "00Dxx0000001gPL!AR8AQJXg5oj8jXSgxJfA0lBog\n")
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
+    }
+
+    @Test("Should refuse an expired token and a token valid for less than asked")
+    func expiry() throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("exp")
+        let now = Int64(Date().timeIntervalSince1970)
+        let expired = try vaultctl(
+            fixture.socketPath, ["login", "demo", user, "--expires-at", String(now - 10)], input: DaemonTests.token)
+        #expect(expired.status == 1)
+        #expect(expired.stderr.contains("ERR_TOKEN_EXPIRED"))
+        let ok = try vaultctl(
+            fixture.socketPath, ["login", "demo", user, "--expires-at", String(now + 600)], input: DaemonTests.token)
+        #expect(ok.status == 0)
+        #expect(try vaultctl(fixture.socketPath, ["token", "demo", user, "--min-valid", "60"]).status == 0)
+        let short = try vaultctl(fixture.socketPath, ["token", "demo", user, "--min-valid", "3600"])
+        #expect(short.status == 1)
+        #expect(short.stderr.contains("ERR_TOKEN_EXPIRED"))
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
+    }
+
+    @Test("Should finish at start-up a logout that a crash interrupted")
+    func halfLoggedOutRecordIsFinished() throws {
+        let fixture = try DaemonFixture(start: false)
+        let user = uniqueName("half")
+        var record = SessionRecord(
+            account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
+            tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
+            expiresAt: nil, ownerUID: getuid())
+        record.phase = .loggingOut
+        let store = try runCommand(
+            URL(fileURLWithPath: "/usr/bin/secret-tool"),
+            [
+                "store", "--label=vaultd: \(user) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
+                "user", user, "owner_uid", String(getuid()),
+            ], input: record.storedJSON().text)
+        #expect(store.status == 0, "\(store.stderr)")
+        #expect(try secretToolSearch(provider: "demo", user: user).contains("label ="))
+        let daemon = try fixture.start()
+        #expect(daemon.output.text.contains("finished a logout that was interrupted"))
+        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        #expect(try vaultctl(fixture.socketPath, ["status", "demo", user]).status == 1)
+    }
+}

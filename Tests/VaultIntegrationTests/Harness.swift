@@ -1,0 +1,234 @@
+import Foundation
+import Synchronization
+import Testing
+import VaultClient
+import VaultCore
+import VaultProtocol
+
+/// Where the binaries under test are: `VAULTD_BIN_DIR` (set by scripts/test),
+/// else the debug build of this checkout.
+enum Binaries {
+    static let directory: URL = {
+        if let dir = ProcessInfo.processInfo.environment["VAULTD_BIN_DIR"] { return URL(fileURLWithPath: dir) }
+        return packageRoot.appendingPathComponent(".build/debug")
+    }()
+
+    static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent()
+
+    static var vaultd: URL { directory.appendingPathComponent("vaultd") }
+    static var vaultctl: URL { directory.appendingPathComponent("vaultctl") }
+}
+
+/// Collects a pipe's output on a background reader and lets a test wait,
+/// bounded in time, until some text shows up.
+final class OutputCollector: @unchecked Sendable {
+    private let lock = NSCondition()
+    private var data = Data()
+    private var closed = false
+
+    init(_ pipe: Pipe) {
+        let handle = pipe.fileHandleForReading
+        Thread.detachNewThread { [self] in
+            while true {
+                let chunk = handle.availableData
+                lock.lock()
+                if chunk.isEmpty { closed = true } else { data.append(chunk) }
+                lock.broadcast()
+                lock.unlock()
+                if chunk.isEmpty { return }
+            }
+        }
+    }
+
+    var text: String {
+        lock.lock()
+        defer { lock.unlock() }
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    /// Waits until the output contains `needle` or the stream ends; false on timeout or end.
+    func wait(for needle: String, seconds: Double = 20) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        lock.lock()
+        defer { lock.unlock() }
+        while true {
+            if String(decoding: data, as: UTF8.self).contains(needle) { return true }
+            if closed { return false }
+            if !lock.wait(until: deadline) { return false }
+        }
+    }
+
+    /// Waits until the stream ends (the process closed it).
+    func waitForEnd(seconds: Double = 20) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        lock.lock()
+        defer { lock.unlock() }
+        while !closed {
+            if !lock.wait(until: deadline) { return false }
+        }
+        return true
+    }
+}
+
+/// A temporary directory removed at the end of a test.
+final class TemporaryDirectory {
+    let url: URL
+
+    init() throws {
+        url = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("vaultd-test-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+
+    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
+
+    deinit { try? FileManager.default.removeItem(at: url) }
+}
+
+/// A real vaultd process on a private socket, against the keyring of the
+/// session bus in the environment (scripts/test starts a private one).
+final class RunningDaemon {
+    let process = Process()
+    let socketPath: String
+    let output: OutputCollector
+    private let stdout: OutputCollector
+
+    /// Starts vaultd and waits (bounded) for its `ready` line.
+    init(
+        socketPath: String, configPath: String?, environment: [String: String] = [:], waitForReady: Bool = true,
+        extraArguments: [String] = []
+    ) throws {
+        self.socketPath = socketPath
+        process.executableURL = Binaries.vaultd
+        var arguments = ["--socket", socketPath, "--log-level", "debug"]
+        if let configPath { arguments += ["--config", configPath] }
+        process.arguments = arguments + extraArguments
+        var env = ProcessInfo.processInfo.environment
+        for (key, value) in environment { env[key] = value }
+        process.environment = env
+        let errPipe = Pipe()
+        let outPipe = Pipe()
+        process.standardError = errPipe
+        process.standardOutput = outPipe
+        process.standardInput = FileHandle.nullDevice
+        output = OutputCollector(errPipe)
+        stdout = OutputCollector(outPipe)
+        try process.run()
+        if waitForReady {
+            guard output.wait(for: "notice: ready") else {
+                process.terminate()
+                throw HarnessError("vaultd did not become ready:\n\(output.text)")
+            }
+        }
+    }
+
+    /// Everything vaultd wrote, stdout and stderr.
+    var allOutput: String { stdout.text + output.text }
+
+    /// Sends SIGTERM and waits (bounded) for the exit; returns the exit status.
+    @discardableResult
+    func stop(signal: Int32 = SIGTERM) -> Int32 {
+        if process.isRunning { kill(process.processIdentifier, signal) }
+        return waitForExit()
+    }
+
+    /// Waits (bounded) for the process to exit on its own; returns its status.
+    func waitForExit(seconds: Double = 20) -> Int32 {
+        _ = output.waitForEnd(seconds: seconds)
+        let deadline = Date().addingTimeInterval(seconds)
+        while process.isRunning && Date() < deadline { usleep(10_000) }
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        return process.terminationStatus
+    }
+
+    deinit { if process.isRunning { stop(signal: SIGKILL) } }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The result of running a command to its end.
+struct CommandResult {
+    var status: Int32
+    var stdout: String
+    var stderr: String
+}
+
+/// Runs `executable` with `arguments` and `input` on stdin, bounded in time.
+func runCommand(
+    _ executable: URL, _ arguments: [String], input: String? = nil, environment: [String: String] = [:],
+    seconds: Double = 30
+) throws -> CommandResult {
+    let process = Process()
+    process.executableURL = executable
+    process.arguments = arguments
+    var env = ProcessInfo.processInfo.environment
+    for (key, value) in environment { env[key] = value }
+    process.environment = env
+    let outPipe = Pipe()
+    let errPipe = Pipe()
+    let inPipe = Pipe()
+    process.standardOutput = outPipe
+    process.standardError = errPipe
+    process.standardInput = inPipe
+    let out = OutputCollector(outPipe)
+    let err = OutputCollector(errPipe)
+    try process.run()
+    if let input { inPipe.fileHandleForWriting.write(Data(input.utf8)) }
+    try inPipe.fileHandleForWriting.close()
+    guard out.waitForEnd(seconds: seconds), err.waitForEnd(seconds: seconds) else {
+        process.terminate()
+        throw HarnessError("\(executable.lastPathComponent) \(arguments) did not finish in \(seconds)s")
+    }
+    process.waitUntilExit()
+    return CommandResult(status: process.terminationStatus, stdout: out.text, stderr: err.text)
+}
+
+/// Runs vaultctl against `socket`.
+func vaultctl(_ socket: String, _ arguments: [String], input: String? = nil) throws -> CommandResult {
+    try runCommand(Binaries.vaultctl, ["--socket", socket] + arguments, input: input)
+}
+
+/// `secret-tool search --all` for vaultd's items of one account: the raw output.
+func secretToolSearch(provider: String, user: String) throws -> String {
+    let result = try runCommand(
+        URL(fileURLWithPath: "/usr/bin/secret-tool"),
+        ["search", "--all", "xdg:schema", "io.vaultd.Session", "provider", provider, "user", user])
+    return result.stdout + result.stderr
+}
+
+/// A test's own daemon with a config holding the given static providers.
+final class DaemonFixture {
+    let directory: TemporaryDirectory
+    let socketPath: String
+    let configPath: String
+    var daemon: RunningDaemon?
+
+    init(providers: [String] = ["demo"], start: Bool = true) throws {
+        directory = try TemporaryDirectory()
+        socketPath = directory.path("vaultd.sock")
+        configPath = directory.path("vaultd.conf")
+        let text = providers.map { "[Provider \($0)]\nType=static\n" }.joined(separator: "\n")
+        try text.write(toFile: configPath, atomically: true, encoding: .utf8)
+        if start { try self.start() }
+    }
+
+    @discardableResult
+    func start() throws -> RunningDaemon {
+        let d = try RunningDaemon(socketPath: socketPath, configPath: configPath)
+        daemon = d
+        return d
+    }
+
+    func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath) }
+
+    deinit { daemon?.stop() }
+}
+
+/// A unique name per test run, so tests never see each other's sessions.
+func uniqueName(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8).lowercased())" }
