@@ -39,7 +39,7 @@ let package = Package(
         .testTarget(name: "VaultProtocolTests", dependencies: ["VaultProtocol"]),
         .testTarget(
             name: "VaultIntegrationTests",
-            dependencies: ["VaultClient", "VaultProtocol"]
+            dependencies: ["VaultClient", "VaultProtocol", "VaultSystem"]
         ),
     ],
     swiftLanguageModes: [.v6]
