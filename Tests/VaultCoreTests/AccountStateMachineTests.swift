@@ -1,0 +1,203 @@
+import Testing
+import VaultCore
+
+private let owner = Fixtures.caller(uid: 1000)
+private let otherUser = Fixtures.caller(uid: 1001)
+private let root = Fixtures.caller(uid: 0)
+
+/// A machine for the fixture account in `state`.
+private func machine(_ state: AccountStateMachine.State = .loggedOut) -> AccountStateMachine {
+    AccountStateMachine(account: Fixtures.account, state: state)
+}
+
+/// The error of a `.fail` login action, or nil.
+private func failure(_ action: AccountStateMachine.LoginAction) -> VaultError? {
+    if case .fail(let error) = action { return error }
+    return nil
+}
+
+/// The error of a `.fail` logout action, or nil.
+private func failure(_ action: AccountStateMachine.LogoutAction) -> VaultError? {
+    if case .fail(let error) = action { return error }
+    return nil
+}
+
+@Suite("AccountStateMachine: login")
+struct AccountStateMachineLoginTests {
+    @Test func newMachine_isLoggedOut() {
+        let m = AccountStateMachine(account: Fixtures.account)
+        #expect(m.state == .loggedOut)
+        #expect(m.state.loginState == .logout)
+        #expect(m.account == Fixtures.account)
+    }
+
+    @Test func loginRequested_whenLoggedOut_startsLoginAndIsLoggingIn() {
+        var m = machine()
+        #expect(m.loginRequested(by: owner) == .startLogin)
+        #expect(m.state == .loggingIn)
+        #expect(m.state.loginState == .logging)
+    }
+
+    @Test func loginRequested_whileLoggingIn_joinsInFlight() {
+        var m = machine()
+        _ = m.loginRequested(by: owner)
+        #expect(m.loginRequested(by: owner) == .joinInFlight)
+        #expect(m.loginRequested(by: otherUser) == .joinInFlight)
+        #expect(m.state == .loggingIn)
+    }
+
+    @Test func loginSucceeded_isLoggedInWithTheRecord() {
+        var m = machine()
+        _ = m.loginRequested(by: owner)
+        let record = Fixtures.record(owner: 1000)
+        m.loginSucceeded(record)
+        #expect(m.state == .loggedIn(record))
+        #expect(m.state.loginState == .logged)
+    }
+
+    @Test func loginFailed_isLoggedOutAndMayStartAgain() {
+        var m = machine()
+        _ = m.loginRequested(by: owner)
+        m.loginFailed()
+        #expect(m.state == .loggedOut)
+        #expect(m.loginRequested(by: owner) == .startLogin)
+    }
+
+    @Test func loginRequested_whenLoggedInBySameUid_returnsExisting() {
+        let record = Fixtures.record(owner: 1000)
+        var m = machine(.loggedIn(record))
+        #expect(m.loginRequested(by: owner) == .returnExisting(record))
+        #expect(m.state == .loggedIn(record))
+    }
+
+    @Test func loginRequested_whenLoggedInByAnotherUid_isAccessDenied() throws {
+        let record = Fixtures.record(owner: 1000)
+        var m = machine(.loggedIn(record))
+        let error = try #require(failure(m.loginRequested(by: otherUser)))
+        #expect(error.code == .accessDenied)
+        #expect(error.message.contains("uid 1000"))
+        #expect(m.state == .loggedIn(record))
+    }
+
+    @Test func loginRequested_whileLoggingOut_waitsThenRetries() {
+        let record = Fixtures.record(owner: 1000)
+        var m = machine(.loggingOut(record))
+        #expect(m.loginRequested(by: owner) == .waitThenRetry)
+        #expect(m.state == .loggingOut(record))
+    }
+
+    @Test func loginSucceeded_whenNotLoggingIn_traps() async {
+        await #expect(processExitsWith: .failure) {
+            var m = AccountStateMachine(account: Account(provider: "p", user: "u"))
+            m.loginSucceeded(
+                SessionRecord(
+                    account: m.account, user: UserProfile(uid: "u"), tokens: TokenSet(accessToken: Secret("t")),
+                    createdAt: UnixTime(seconds: 0), expiresAt: nil, ownerUID: 0))
+        }
+    }
+}
+
+@Suite("AccountStateMachine: logout")
+struct AccountStateMachineLogoutTests {
+    @Test func logoutRequested_whenLoggedOut_failsNotLoggedIn() throws {
+        var m = machine()
+        let error = try #require(failure(m.logoutRequested(by: owner)))
+        #expect(error.code == .notLoggedIn)
+        #expect(error.code.seedCode == "ERR_NOT_LOGGED_IN")
+        #expect(error.message.contains("alice @ demo"))
+        #expect(m.state == .loggedOut)
+    }
+
+    @Test func logoutRequested_whileLoggingIn_waitsThenRetries() {
+        var m = machine(.loggingIn)
+        #expect(m.logoutRequested(by: owner) == .waitThenRetry)
+        #expect(m.state == .loggingIn)
+    }
+
+    @Test func logoutRequested_whenLoggedIn_startsLogoutAndIsLoggingOut() {
+        let record = Fixtures.record(owner: 1000)
+        var m = machine(.loggedIn(record))
+        #expect(m.logoutRequested(by: owner) == .startLogout(record))
+        #expect(m.state == .loggingOut(record))
+        #expect(m.state.loginState == .logged)
+    }
+
+    @Test func logoutRequested_whileLoggingOut_joinsInFlight() {
+        let record = Fixtures.record(owner: 1000)
+        var m = machine(.loggedIn(record))
+        _ = m.logoutRequested(by: owner)
+        #expect(m.logoutRequested(by: owner) == .joinInFlight)
+        #expect(m.state == .loggingOut(record))
+    }
+
+    @Test func logoutRequested_byRootForAnotherUidsSession_startsLogout() {
+        let record = Fixtures.record(owner: 1000)
+        var m = machine(.loggedIn(record))
+        #expect(m.logoutRequested(by: root) == .startLogout(record))
+        #expect(m.state == .loggingOut(record))
+    }
+
+    @Test func logoutRequested_byAnotherNonRootUid_isAccessDenied() throws {
+        let record = Fixtures.record(owner: 1000)
+        var m = machine(.loggedIn(record))
+        let error = try #require(failure(m.logoutRequested(by: otherUser)))
+        #expect(error.code == .accessDenied)
+        #expect(error.message.contains("uid 1000"))
+        #expect(m.state == .loggedIn(record))
+    }
+
+    @Test func logoutFinished_succeeded_isLoggedOut() {
+        var m = machine(.loggedIn(Fixtures.record()))
+        _ = m.logoutRequested(by: owner)
+        m.logoutFinished(succeeded: true)
+        #expect(m.state == .loggedOut)
+        #expect(m.state.loginState == .logout)
+    }
+
+    @Test func logoutFinished_failed_returnsToLoggedInWithTheSameRecord() {
+        let record = Fixtures.record(owner: 1000)
+        var m = machine(.loggedIn(record))
+        _ = m.logoutRequested(by: owner)
+        m.logoutFinished(succeeded: false)
+        #expect(m.state == .loggedIn(record))
+        #expect(m.loginRequested(by: owner) == .returnExisting(record))
+    }
+
+    @Test func logoutFinished_whenNotLoggingOut_traps() async {
+        await #expect(processExitsWith: .failure) {
+            var m = AccountStateMachine(account: Account(provider: "p", user: "u"))
+            m.logoutFinished(succeeded: true)
+        }
+    }
+}
+
+@Suite("AccountStateMachine: a whole life")
+struct AccountStateMachineLifecycleTests {
+    @Test func loginThenLogoutThenLoginAgain_followsTheStates() {
+        var m = machine()
+        var states: [LoginState] = [m.state.loginState]
+        #expect(m.loginRequested(by: owner) == .startLogin)
+        states.append(m.state.loginState)
+        let record = Fixtures.record(owner: 1000)
+        m.loginSucceeded(record)
+        states.append(m.state.loginState)
+        #expect(m.logoutRequested(by: owner) == .startLogout(record))
+        states.append(m.state.loginState)
+        m.logoutFinished(succeeded: true)
+        states.append(m.state.loginState)
+        #expect(m.loginRequested(by: otherUser) == .startLogin)
+        states.append(m.state.loginState)
+        #expect(states == [.logout, .logging, .logged, .logged, .logout, .logging])
+    }
+}
+
+@Suite("Caller")
+struct CallerTests {
+    @Test func mayManage_ownSessionOrAsRoot() {
+        #expect(owner.mayManage(ownedBy: 1000))
+        #expect(!otherUser.mayManage(ownedBy: 1000))
+        #expect(root.mayManage(ownedBy: 1000))
+        #expect(root.isRoot)
+        #expect(!owner.isRoot)
+    }
+}
