@@ -242,7 +242,8 @@ public struct VaultCtl {
             let code = reply.parameters["code"]?.stringValue ?? name
             let message = reply.parameters["message"]?.stringValue ?? describeVarlinkError(reply)
             if json {
-                output.err(JSON.object(["error": .string(name), "code": .string(code), "message": .string(message)]).text)
+                output.err(
+                    JSON.object(["error": .string(name), "code": .string(code), "message": .string(message)]).text)
             } else {
                 output.err("vaultctl: \(message) (\(code))")
             }

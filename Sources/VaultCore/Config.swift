@@ -76,9 +76,10 @@ public enum ConfigParser {
         }
 
         var lineNumber = 0
-        for rawLine in text.split(separator: "\n", omittingEmptySubsequences: false) {
+        // Split on LF bytes: Swift reads CR LF as one Character, which is not "\n".
+        for rawLine in text.utf8.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
             lineNumber += 1
-            let line = LoginCredential.trimmed(String(rawLine))
+            let line = LoginCredential.trimmed(String(decoding: rawLine, as: UTF8.self))
             if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
             if line.hasPrefix("[") {
                 guard line.hasSuffix("]") else { throw fail(lineNumber, "section header without closing ']'") }
@@ -154,7 +155,9 @@ public enum DurationParser {
             guard let multiplier = units.first(where: { $0.0 == unit })?.1 else { return nil }
             let (product, overflow) = number.multipliedReportingOverflow(by: multiplier)
             guard !overflow else { return nil }
-            total += product
+            let (sum, sumOverflow) = total.addingReportingOverflow(product)
+            guard !sumOverflow else { return nil }
+            total = sum
             sawAny = true
         }
         return sawAny ? total : nil

@@ -1,6 +1,8 @@
 /// A secret value (a token). Printing it, interpolating it or dumping it shows
 /// only the masked form, so a secret cannot slip into a log line or an error.
-public struct Secret: Sendable, Equatable, CustomStringConvertible, CustomDebugStringConvertible {
+public struct Secret: Sendable, Equatable, CustomStringConvertible, CustomDebugStringConvertible,
+    CustomReflectable
+{
     /// The secret itself. Read it only where it must leave the process: the
     /// secret store, a GetToken reply, a provider request.
     public let revealed: String
@@ -13,6 +15,9 @@ public struct Secret: Sendable, Equatable, CustomStringConvertible, CustomDebugS
 
     public var description: String { masked }
     public var debugDescription: String { "Secret(\(masked))" }
+
+    /// `dump` and debuggers see the masked form only.
+    public var customMirror: Mirror { Mirror(self, children: ["masked": masked]) }
 
     /// Masks a secret: the first and last five characters around ten stars when
     /// it is long enough for that to hide most of it, else stars only.

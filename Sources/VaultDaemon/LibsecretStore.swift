@@ -25,7 +25,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     /// Connects to the Secret Service on the session bus and checks that the
     /// default collection exists and is unlocked. Blocks: call it at start-up.
     public static func open(timeoutSeconds: Int64) throws(VaultError) -> LibsecretStore {
-        let bus = Environment.get("DBUS_SESSION_BUS_ADDRESS").map { "session bus \($0)" }
+        let bus =
+            Environment.get("DBUS_SESSION_BUS_ADDRESS").map { "session bus \($0)" }
             ?? "session bus (DBUS_SESSION_BUS_ADDRESS not set)"
         let cancellable = Cancellable(timeoutSeconds: timeoutSeconds)
         var error: UnsafeMutablePointer<GError>? = nil
@@ -35,7 +36,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             let reason = GLibError.take(&error) ?? "no answer"
             throw VaultError(
                 .storeUnavailable,
-                "no Secret Service reachable on the \(bus): \(reason); start gnome-keyring or KeePassXC with its Secret Service integration, or run scripts/run, which starts a private keyring")
+                "no Secret Service reachable on the \(bus): \(reason); start gnome-keyring or KeePassXC with its Secret Service integration, or run scripts/run, which starts a private keyring"
+            )
         }
         let servicePointer = OpaquePointer(service)
         var collectionError: UnsafeMutablePointer<GError>? = nil
@@ -45,13 +47,15 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             g_object_unref(UnsafeMutableRawPointer(servicePointer))
             throw VaultError(
                 .storeUnavailable,
-                "the Secret Service on the \(bus) did not answer: \(reason); check that gnome-keyring (or KeePassXC) is running")
+                "the Secret Service on the \(bus) did not answer: \(reason); check that gnome-keyring (or KeePassXC) is running"
+            )
         }
         guard let collection else {
             g_object_unref(UnsafeMutableRawPointer(servicePointer))
             throw VaultError(
                 .storeUnavailable,
-                "the Secret Service on the \(bus) has no default collection; create one (e.g. with seahorse) or run scripts/run")
+                "the Secret Service on the \(bus) has no default collection; create one (e.g. with seahorse) or run scripts/run"
+            )
         }
         let locked = secret_collection_get_locked(collection) != 0
         let label = secret_collection_get_label(collection).map { String(cString: $0) } ?? "default"
@@ -60,7 +64,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             g_object_unref(UnsafeMutableRawPointer(servicePointer))
             throw VaultError(
                 .storeLocked,
-                "the default collection '\(label)' on the \(bus) is locked, and a locked collection hides every session; unlock it (log in to the desktop, or 'gnome-keyring-daemon --unlock') and start vaultd again")
+                "the default collection '\(label)' on the \(bus) is locked, and a locked collection hides every session; unlock it (log in to the desktop, or 'gnome-keyring-daemon --unlock') and start vaultd again"
+            )
         }
         return LibsecretStore(
             service: servicePointer, location: "collection '\(label)' on the \(bus)", timeoutSeconds: timeoutSeconds)
@@ -107,7 +112,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         if reason.contains("cancel") || reason.contains("Cancel") {
             return VaultError(
                 .storeUnavailable,
-                "\(what) in the Secret Service took longer than \(timeoutSeconds)s and was abandoned (\(location)); check that the keyring is running and unlocked")
+                "\(what) in the Secret Service took longer than \(timeoutSeconds)s and was abandoned (\(location)); check that the keyring is running and unlocked"
+            )
         }
         return VaultError(.storeFailed, "\(what) in the Secret Service failed (\(location)): \(reason)")
     }

@@ -12,7 +12,8 @@ public enum Listener {
             guard mkdir(directory, 0o700) == 0 || errno == EEXIST else {
                 throw VaultError(
                     .internalError,
-                    "cannot create the socket directory \(directory): \(SystemError("mkdir").description); create it or pass --socket PATH")
+                    "cannot create the socket directory \(directory): \(SystemError("mkdir").description); create it or pass --socket PATH"
+                )
             }
         }
         var st = stat()
@@ -41,7 +42,8 @@ public enum Listener {
             guard listen(fd, 512) == 0 else { throw SystemError("listen \(path)") }
         } catch {
             close(fd)
-            throw VaultError(.internalError, "cannot listen on \(path): \(error.description); pass another --socket PATH")
+            throw VaultError(
+                .internalError, "cannot listen on \(path): \(error.description); pass another --socket PATH")
         }
         return fd
     }

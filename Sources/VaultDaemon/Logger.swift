@@ -52,7 +52,8 @@ public final class Logger: Sendable {
     public func debug(_ message: String, _ fields: [String: String] = [:]) { log(.debug, message, fields) }
 
     static func quoted(_ value: String) -> String {
-        let plain = !value.isEmpty
+        let plain =
+            !value.isEmpty
             && value.unicodeScalars.allSatisfy { $0.value > 0x20 && $0.value < 0x7F && $0 != "\"" && $0 != "\\" }
         if plain { return value }
         var out = "\""

@@ -88,7 +88,10 @@ public enum VaultMethods {
                 if let expiresAt = record.expiresAt {
                     let now = clock.now()
                     if expiresAt <= now.adding(seconds: r.minValidSeconds) {
-                        let what = expiresAt <= now ? "expired at \(expiresAt)" : "expires at \(expiresAt), before the \(r.minValidSeconds)s asked for"
+                        let what =
+                            expiresAt <= now
+                            ? "expired at \(expiresAt)"
+                            : "expires at \(expiresAt), before the \(r.minValidSeconds)s asked for"
                         return .reply(
                             VaultError(.tokenExpired, "the token of \(account) \(what); log in again").varlinkReply)
                     }

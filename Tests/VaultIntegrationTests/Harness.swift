@@ -76,7 +76,8 @@ final class TemporaryDirectory {
     let url: URL
 
     init() throws {
-        url = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("vaultd-test-\(UUID().uuidString.prefix(8))")
+        url = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent(
+            "vaultd-test-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
     }
 

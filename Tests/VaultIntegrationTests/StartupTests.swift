@@ -27,21 +27,21 @@ struct StartupTests {
         let dir = try TemporaryDirectory()
         let script = Binaries.packageRoot.appendingPathComponent("scripts/lib/keyring.sh").path
         // A keyring of its own, locked over D-Bus, so the shared one stays unlocked.
-        let setup = try runCommand(
-            URL(fileURLWithPath: "/bin/bash"),
-            [
-                "-c",
-                """
-                set -e
-                source '\(script)'
-                keyring_start '\(dir.path("keyring"))' >/dev/null
-                dbus-send --session --print-reply --dest=org.freedesktop.secrets /org/freedesktop/secrets \
-                  org.freedesktop.Secret.Service.Lock array:objpath:/org/freedesktop/secrets/aliases/default >/dev/null
-                echo "$DBUS_SESSION_BUS_ADDRESS"
-                echo "$VAULTD_KEYRING_BUS_PID"
-                """,
-            ], environment: ["VAULTD_KEYRING_PASSWORD": "test-password"])
-        #expect(setup.status == 0, "\(setup.stderr)")
+        // system() waits for the script alone; the daemons it forks hold no pipe of ours.
+        let outputFile = dir.path("setup.out")
+        let command = """
+            VAULTD_KEYRING_PASSWORD=test-password bash -c 'set -e
+            source "\(script)"
+            keyring_start "\(dir.path("keyring"))" >/dev/null
+            dbus-send --session --print-reply --dest=org.freedesktop.secrets /org/freedesktop/secrets \
+              org.freedesktop.Secret.Service.Lock array:objpath:/org/freedesktop/secrets/aliases/default >/dev/null
+            echo "$DBUS_SESSION_BUS_ADDRESS"
+            echo "$VAULTD_KEYRING_BUS_PID"' >"\(outputFile)" 2>&1 </dev/null
+            """
+        let status = system(command)
+        let setup = CommandResult(
+            status: status, stdout: (try? String(contentsOfFile: outputFile, encoding: .utf8)) ?? "", stderr: "")
+        #expect(setup.status == 0, "\(setup.stdout)")
         let lines = setup.stdout.split(separator: "\n").map(String.init)
         let bus = try #require(lines.first)
         defer { if let pid = Int32(lines.last ?? "") { kill(pid, SIGTERM) } }

@@ -12,8 +12,10 @@ keyring_start() {
     mkdir -p "$dir/data" "$dir/runtime"
     chmod 700 "$dir" "$dir/runtime"
     local out
+    # The forked bus must not keep the caller's stdin or stderr open: a caller
+    # that reads those to their end would wait for the bus to exit.
     out=$(dbus-daemon --session --fork --nopidfile --print-address=1 --print-pid=1 \
-        --address="unix:path=$dir/runtime/bus") || return 1
+        --address="unix:path=$dir/runtime/bus" </dev/null 2>"$dir/dbus.log") || return 1
     VAULTD_KEYRING_BUS_PID=$(printf '%s\n' "$out" | sed -n 2p)
     export DBUS_SESSION_BUS_ADDRESS
     DBUS_SESSION_BUS_ADDRESS=$(printf '%s\n' "$out" | sed -n 1p)
