@@ -1,22 +1,6 @@
 import Glibc
 import VaultSystem
 
-/// Reads the environment without Foundation.
-enum Environment {
-    static func all() -> [String: String] {
-        var result: [String: String] = [:]
-        var pointer = environ
-        while let entry = pointer.pointee {
-            let text = String(cString: entry)
-            if let equals = text.firstIndex(of: "=") {
-                result[String(text[..<equals])] = String(text[text.index(after: equals)...])
-            }
-            pointer += 1
-        }
-        return result
-    }
-}
-
 /// Human formatting of times and tables.
 enum Format {
     /// A Unix time as `2026-11-29 14:05:00 UTC`, or `-` when absent.

@@ -221,7 +221,7 @@ public struct VaultCtl {
 
     /// Calls vaultd; on success prints the reply (as JSON with --json, else via `human`).
     func call(_ method: String, _ parameters: [String: JSON], human: (VarlinkReply) -> Void) -> ExitCode {
-        let path = socketPath ?? SocketPath.default(environment: Environment.variables(), uid: getuid())
+        let path = socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
         let reply: VarlinkReply
         do {
             let client = try VarlinkClient(path: path)
@@ -346,9 +346,4 @@ public struct Output: Sendable {
             offset += n
         }
     }
-}
-
-extension Environment {
-    /// The process environment, without Foundation.
-    static func variables() -> [String: String] { Environment.all() }
 }

@@ -151,3 +151,31 @@ public enum JWT {
         return out
     }
 }
+
+/// A login as a client asks for it: the account, the credential in one of its
+/// two shapes, and optional metadata.
+public struct LoginRequest: Sendable {
+    public var provider: String
+    public var user: String
+    /// A ready token (CometChat authToken, OpenIM token).
+    public var token: String?
+    /// An OAuth 2.0 token response, as the token endpoint sent it.
+    public var tokenResponse: JSON?
+    /// The user's profile (CometChat User fields).
+    public var profile: JSON?
+    /// When the token expires, overriding `expires_in` and a JWT's `exp`.
+    public var expiresAt: Int64?
+
+    /// Makes a request.
+    public init(
+        provider: String, user: String, token: String? = nil, tokenResponse: JSON? = nil, profile: JSON? = nil,
+        expiresAt: Int64? = nil
+    ) {
+        self.provider = provider
+        self.user = user
+        self.token = token
+        self.tokenResponse = tokenResponse
+        self.profile = profile
+        self.expiresAt = expiresAt
+    }
+}

@@ -3,6 +3,7 @@ import CShim
 import Dispatch
 import Glibc
 import VaultCore
+import VaultSystem
 
 /// Session records in the Secret Service (gnome-keyring, KeePassXC) through
 /// libsecret: one item per session, its secret the record's JSON.

@@ -60,7 +60,7 @@ public actor SessionManager {
 
     /// Logs `request` in for `caller`; answers the existing session when the
     /// account is already logged in (created false).
-    public func login(_ request: LoginInput, caller: Caller) async throws(VaultError) -> (SessionRecord, Bool) {
+    public func login(_ request: LoginRequest, caller: Caller) async throws(VaultError) -> (SessionRecord, Bool) {
         let account = try Account.validate(provider: request.provider, user: request.user)
         guard config.providers[account.provider] != nil else { throw .unknownProvider(account.provider) }
         // Bounded: each pass waits for one in-flight operation to end.
@@ -118,7 +118,7 @@ public actor SessionManager {
         throw VaultError(.loginInProgress, "\(account) kept changing while logging in; try again")
     }
 
-    private func makeRecord(_ request: LoginInput, account: Account, caller: Caller) throws(VaultError)
+    private func makeRecord(_ request: LoginRequest, account: Account, caller: Caller) throws(VaultError)
         -> SessionRecord
     {
         let credential: LoginCredential
@@ -224,28 +224,5 @@ public actor SessionManager {
         }
         if let code { f["code"] = code.seedCode }
         return f
-    }
-}
-
-/// A login request as the session manager takes it.
-public struct LoginInput: Sendable {
-    public var provider: String
-    public var user: String
-    public var token: String?
-    public var tokenResponse: JSON?
-    public var profile: JSON?
-    public var expiresAt: Int64?
-
-    /// Makes a request.
-    public init(
-        provider: String, user: String, token: String? = nil, tokenResponse: JSON? = nil, profile: JSON? = nil,
-        expiresAt: Int64? = nil
-    ) {
-        self.provider = provider
-        self.user = user
-        self.token = token
-        self.tokenResponse = tokenResponse
-        self.profile = profile
-        self.expiresAt = expiresAt
     }
 }

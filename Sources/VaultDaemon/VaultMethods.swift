@@ -17,10 +17,7 @@ public enum VaultMethods {
 
         service.methods[VaultMethod.login.rawValue] = { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let r = try LoginRequest(p)
-                let input = LoginInput(
-                    provider: r.provider, user: r.user, token: r.token, tokenResponse: r.tokenResponse,
-                    profile: r.profile, expiresAt: r.expiresAt)
+                let input = try LoginRequest(p)
                 return .deferred {
                     do throws(VaultError) {
                         let (record, created) = try await manager.login(input, caller: caller)

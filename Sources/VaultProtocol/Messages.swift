@@ -63,22 +63,14 @@ public enum ServiceMethod: String, Sendable, CaseIterable {
     case getInterfaceDescription = "org.varlink.service.GetInterfaceDescription"
 }
 
-/// Parameters of `Login`.
-public struct LoginRequest: Sendable {
-    public var provider: String
-    public var user: String
-    public var token: String?
-    public var tokenResponse: JSON?
-    public var profile: JSON?
-    public var expiresAt: Int64?
-
-    /// Reads the call's parameters.
+extension LoginRequest {
+    /// Reads the parameters of a `Login` call.
     public init(_ p: ParameterReader) throws(ParameterReader.Invalid) {
-        (provider, user) = try p.account()
-        token = try p.optionalString("token")
-        tokenResponse = try p.optionalObject("tokenResponse")
-        profile = try p.optionalObject("profile")
-        expiresAt = try p.optionalInt("expiresAt")
+        let (provider, user) = try p.account()
+        self.init(
+            provider: provider, user: user, token: try p.optionalString("token"),
+            tokenResponse: try p.optionalObject("tokenResponse"), profile: try p.optionalObject("profile"),
+            expiresAt: try p.optionalInt("expiresAt"))
     }
 }
 
