@@ -17,6 +17,11 @@ let package = Package(
             pkgConfig: "libsecret-1",
             providers: [.apt(["libsecret-1-dev"])]
         ),
+        .systemLibrary(
+            name: "CSystemd",
+            pkgConfig: "libsystemd",
+            providers: [.apt(["libsystemd-dev"])]
+        ),
         .target(name: "CShim"),
 
         // The domain: accounts, sessions, states, errors, config. No C, no I/O.
@@ -30,7 +35,9 @@ let package = Package(
         // vaultctl's commands, as a library so tests can drive them.
         .target(name: "VaultCLI", dependencies: ["VaultClient"]),
         // The I/O edges: secret store, socket server, config files, wiring.
-        .target(name: "VaultDaemon", dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CSecret", "CShim"]),
+        .target(
+            name: "VaultDaemon",
+            dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CSecret", "CSystemd", "CShim"]),
 
         .executableTarget(name: "vaultd", dependencies: ["VaultDaemon"]),
         .executableTarget(name: "vaultctl", dependencies: ["VaultCLI"]),

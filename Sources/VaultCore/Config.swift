@@ -44,35 +44,83 @@ public struct VaultConfig: Sendable, Equatable {
 }
 
 /// Reads vaultd's INI-style configuration, in the syntax of systemd's unit files:
-/// `[Section]` headers, `Key=value` lines, `#` and `;` comments. Every error
-/// names the file, the line and the key.
+/// `[Section]` headers, `Key=value` lines, `#` and `;` comments. A main file may
+/// be followed by drop-ins, applied in order: a later file's key overrides an
+/// earlier one's. Every error names the file, the line and the key.
 public enum ConfigParser {
-    /// Parses `text`, read from `file` (used in error messages only).
+    /// The keys each kind of section accepts.
+    static let vaultKeys = ["StoreTimeout"]
+    static let providerKeys = ["Type", "Description"]
+
+    /// Parses one file's `text`, read from `file` (used in error messages only).
     public static func parse(_ text: String, file: String) throws(VaultError) -> VaultConfig {
+        try parse(layers: [(text: text, file: file)])
+    }
+
+    /// Parses a main file and its drop-ins, in the order given.
+    public static func parse(layers: [(text: String, file: String)]) throws(VaultError) -> VaultConfig {
+        var merged = MergedSections()
+        for layer in layers { try scan(layer.text, file: layer.file, into: &merged) }
         var config = VaultConfig()
+        if let timeout = merged.vault["StoreTimeout"] {
+            guard let seconds = DurationParser.seconds(timeout.value), seconds > 0 else {
+                throw timeout.error("key 'StoreTimeout': bad duration '\(timeout.value)' (e.g. 30 or 30s or 1min)")
+            }
+            config.storeTimeoutSeconds = seconds
+        }
+        for name in merged.providerOrder {
+            let section = merged.providers[name]!
+            guard let type = section.entries["Type"] else {
+                throw VaultError(
+                    .invalidConfig,
+                    "\(section.file):\(section.line): [Provider \(name)] has no Type= (one of: \(typeNames))")
+            }
+            guard let providerType = ProviderType(rawValue: type.value) else {
+                throw type.error("key 'Type': unknown provider type '\(type.value)' (one of: \(typeNames))")
+            }
+            config.providers[name] = ProviderConfig(
+                name: name, type: providerType, description: section.entries["Description"]?.value)
+        }
+        return config
+    }
+
+    /// One `Key=value`, with where it was written.
+    struct Entry {
+        var value: String
+        var file: String
+        var line: Int
+
+        func error(_ message: String) -> VaultError { VaultError(.invalidConfig, "\(file):\(line): \(message)") }
+    }
+
+    /// A provider section as merged so far, with where it was first defined.
+    struct ProviderSection {
+        var file: String
+        var line: Int
+        var entries: [String: Entry] = [:]
+    }
+
+    /// The sections of every file read so far.
+    struct MergedSections {
+        var vault: [String: Entry] = [:]
+        var providers: [String: ProviderSection] = [:]
+        var providerOrder: [String] = []
+    }
+
+    /// Reads the sections of one file into `merged`, checking section names and
+    /// keys; values are checked once every file is merged.
+    static func scan(_ text: String, file: String, into merged: inout MergedSections) throws(VaultError) {
         enum Section {
             case none
             case vault
-            case provider(name: String, line: Int)
+            case provider(String)
         }
         var section = Section.none
-        var pending: [String: (value: String, line: Int)] = [:]
+        var seenProviders: Set<String> = []
+        var seenKeys: Set<String> = []
 
         func fail(_ line: Int, _ message: String) -> VaultError {
             VaultError(.invalidConfig, "\(file):\(line): \(message)")
-        }
-
-        func finishSection() throws(VaultError) {
-            defer { pending = [:] }
-            guard case .provider(let name, let headerLine) = section else { return }
-            guard let type = pending["Type"] else {
-                throw fail(headerLine, "[Provider \(name)] has no Type= (one of: \(typeNames))")
-            }
-            guard let providerType = ProviderType(rawValue: type.value) else {
-                throw fail(type.line, "key 'Type': unknown provider type '\(type.value)' (one of: \(typeNames))")
-            }
-            config.providers[name] = ProviderConfig(
-                name: name, type: providerType, description: pending["Description"]?.value)
         }
 
         var lineNumber = 0
@@ -83,7 +131,7 @@ public enum ConfigParser {
             if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
             if line.hasPrefix("[") {
                 guard line.hasSuffix("]") else { throw fail(lineNumber, "section header without closing ']'") }
-                try finishSection()
+                seenKeys = []
                 let header = String(line.dropFirst().dropLast())
                 if header == "Vault" {
                     section = .vault
@@ -95,10 +143,14 @@ public enum ConfigParser {
                     if name.contains(where: { $0 == " " }) {
                         throw fail(lineNumber, "provider name '\(name)' must not contain spaces")
                     }
-                    if config.providers[name] != nil {
+                    guard seenProviders.insert(name).inserted else {
                         throw fail(lineNumber, "provider '\(name)' is defined twice")
                     }
-                    section = .provider(name: name, line: lineNumber)
+                    if merged.providers[name] == nil {
+                        merged.providers[name] = ProviderSection(file: file, line: lineNumber)
+                        merged.providerOrder.append(name)
+                    }
+                    section = .provider(name)
                 } else {
                     throw fail(lineNumber, "unknown section [\(header)] (expected [Vault] or [Provider NAME])")
                 }
@@ -108,30 +160,31 @@ public enum ConfigParser {
                 throw fail(lineNumber, "expected Key=value, got '\(line)'")
             }
             let key = LoginCredential.trimmed(String(line[..<equals]))
-            let value = LoginCredential.trimmed(String(line[line.index(after: equals)...]))
+            let entry = Entry(
+                value: LoginCredential.trimmed(String(line[line.index(after: equals)...])), file: file, line: lineNumber
+            )
             switch section {
             case .none:
                 throw fail(lineNumber, "key '\(key)' outside of any section")
             case .vault:
-                switch key {
-                case "StoreTimeout":
-                    guard let seconds = DurationParser.seconds(value), seconds > 0 else {
-                        throw fail(lineNumber, "key 'StoreTimeout': bad duration '\(value)' (e.g. 30 or 30s or 1min)")
-                    }
-                    config.storeTimeoutSeconds = seconds
-                default:
-                    throw fail(lineNumber, "unknown key '\(key)' in [Vault] (known: StoreTimeout)")
+                guard vaultKeys.contains(key) else {
+                    throw fail(
+                        lineNumber, "unknown key '\(key)' in [Vault] (known: \(vaultKeys.joined(separator: ", ")))")
                 }
-            case .provider(let name, _):
-                guard ["Type", "Description"].contains(key) else {
-                    throw fail(lineNumber, "unknown key '\(key)' in [Provider \(name)] (known: Type, Description)")
+                guard seenKeys.insert(key).inserted else { throw fail(lineNumber, "key '\(key)' set twice in [Vault]") }
+                merged.vault[key] = entry
+            case .provider(let name):
+                guard providerKeys.contains(key) else {
+                    throw fail(
+                        lineNumber,
+                        "unknown key '\(key)' in [Provider \(name)] (known: \(providerKeys.joined(separator: ", ")))")
                 }
-                if pending[key] != nil { throw fail(lineNumber, "key '\(key)' set twice in [Provider \(name)]") }
-                pending[key] = (value, lineNumber)
+                guard seenKeys.insert(key).inserted else {
+                    throw fail(lineNumber, "key '\(key)' set twice in [Provider \(name)]")
+                }
+                merged.providers[name]!.entries[key] = entry
             }
         }
-        try finishSection()
-        return config
     }
 
     static var typeNames: String { ProviderType.allCases.map(\.rawValue).joined(separator: ", ") }

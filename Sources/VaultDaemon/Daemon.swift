@@ -111,7 +111,7 @@ public enum Daemon {
             print("vaultd \(VaultMethods.version)")
             return 0
         case .run(let options):
-            let log = Logger(level: options.logLevel)
+            let log = Logger(level: options.logLevel, target: Logger.automaticTarget())
             do {
                 return try run(options, signalFD: signalFD, log: log)
             } catch {
@@ -128,45 +128,109 @@ public enum Daemon {
             return 0
         }
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
-        let socketPath = options.socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
+        let notifier = ServiceNotifier()
 
         let store = try LibsecretStore.open(timeoutSeconds: config.storeTimeoutSeconds)
         let clock = SystemWallClock()
-        let manager = SessionManager(store: store, config: config, clock: clock, log: log)
+        let manager = SessionManager(
+            store: store, config: config, clock: clock, log: log,
+            tableDidChange: { table in notifier.status(ServiceNotifier.statusLine(table)) })
         let restored = try blocking { () async throws(VaultError) in try await manager.restore() }
 
-        let listenFD = try Listener.bind(socketPath)
+        let listenFD: Int32
+        let socketDescription: String
+        var ownsSocketFile = false
+        if let activated = try SocketActivation.listeningSocket() {
+            listenFD = activated
+            socketDescription = "passed by systemd"
+        } else {
+            let path = options.socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
+            listenFD = try Listener.bind(path)
+            socketDescription = path
+            ownsSocketFile = true
+        }
         defer {
-            unlink(socketPath)
+            if ownsSocketFile { unlink(socketDescription) }
             close(listenFD)
         }
         let service = VaultMethods.service(manager: manager, clock: clock)
+        let hooks = ServerHooks(
+            watchdogIntervalMilliseconds: notifier.watchdogIntervalMilliseconds,
+            watchdogProbe: { await manager.ping() },
+            watchdog: { notifier.watchdog() },
+            stopping: { notifier.stopping() },
+            reload: { reload(options, manager: manager, notifier: notifier, log: log) })
         let server: VarlinkServer
         do {
-            server = try VarlinkServer(listenFD: listenFD, signalFD: signalFD, service: service, log: log)
+            server = try VarlinkServer(
+                listenFD: listenFD, signalFD: signalFD, service: service, log: log, hooks: hooks)
         } catch {
             throw VaultError(.internalError, "cannot start serving: \(error)")
         }
         log.notice(
             "ready",
             [
-                "socket": socketPath, "sessions": String(restored.restored),
+                "socket": socketDescription, "sessions": String(restored.restored),
                 "finishedLogouts": String(restored.finishedLogouts), "store": store.location,
                 "providers": config.providers.keys.sorted().joined(separator: ","),
             ])
+        notifier.ready(status: ServiceNotifier.statusLine(manager.table))
         let signal = server.run()
         log.notice("stopped", ["signal": String(signal)])
         return 0
+    }
+
+    /// SIGHUP: reads and validates the whole configuration again, then puts it
+    /// in force at once; a broken one is refused and the old one stays.
+    static func reload(_ options: DaemonOptions, manager: SessionManager, notifier: ServiceNotifier, log: Logger) {
+        notifier.reloading()
+        let config: VaultConfig
+        do {
+            config = try loadConfig(options.configPath, log: log)
+        } catch {
+            log.error(
+                "reload refused, the previous configuration stays in force: \(error.message)",
+                ["code": error.code.seedCode, "event": "reload"])
+            notifier.ready(status: ServiceNotifier.statusLine(manager.table) + "; last reload failed")
+            return
+        }
+        Task {
+            let change = await manager.apply(config)
+            log.notice(
+                "configuration reloaded",
+                [
+                    "event": "reload", "providers": config.providers.keys.sorted().joined(separator: ","),
+                    "added": change.added.joined(separator: ","), "removed": change.removed.joined(separator: ","),
+                    "orphanedSessions": String(change.orphaned.count),
+                ])
+            notifier.ready(status: ServiceNotifier.statusLine(manager.table))
+        }
     }
 
     /// Reads the configuration: the given file (which must exist), else the
     /// default file when present, else the built-in default.
     static func loadConfig(_ explicitPath: String?, log: Logger) throws(VaultError) -> VaultConfig {
         let path = explicitPath ?? defaultConfigPath()
+        var layers: [(text: String, file: String)] = []
         if explicitPath == nil, !Files.exists(path) {
             log.info("no configuration file; using the built-in one (provider 'demo')", ["path": path])
-            return try ConfigParser.parse(VaultConfig.builtInText, file: "(built-in)")
+            layers.append((VaultConfig.builtInText, "(built-in)"))
+        } else {
+            layers.append((try readConfigFile(path), path))
         }
+        let dropInDirectory = path + ".d"
+        let names: [String]
+        do { names = try Files.list(dropInDirectory) } catch {
+            throw VaultError(.invalidConfig, "cannot read the drop-in directory: \(error)")
+        }
+        for name in names where name.hasSuffix(".conf") {
+            let file = dropInDirectory + "/" + name
+            layers.append((try readConfigFile(file), file))
+        }
+        return try ConfigParser.parse(layers: layers)
+    }
+
+    static func readConfigFile(_ path: String) throws(VaultError) -> String {
         let bytes: [UInt8]
         do { bytes = try Files.read(path) } catch {
             throw VaultError(.invalidConfig, "cannot read the configuration: \(error)")
@@ -174,7 +238,7 @@ public enum Daemon {
         guard let text = String(validating: bytes, as: UTF8.self) else {
             throw VaultError(.invalidConfig, "\(path) is not UTF-8 text")
         }
-        return try ConfigParser.parse(text, file: path)
+        return text
     }
 
     static func defaultConfigPath() -> String {

@@ -20,12 +20,35 @@ public actor SessionManager {
     private var logouts: [Account: Task<Result<Void, VaultError>, Never>] = [:]
 
     /// A manager over `store`, reading time from `clock`.
-    public init(store: any SessionStore, config: VaultConfig, clock: any WallClock, log: Logger) {
+    public init(
+        store: any SessionStore, config: VaultConfig, clock: any WallClock, log: Logger,
+        tableDidChange: @escaping @Sendable (SessionTable) -> Void = { _ in }
+    ) {
         self.store = store
         self.config = config
         self.clock = clock
         self.log = log
-        self.table = SessionTable()
+        self.table = SessionTable(didChange: tableDidChange)
+    }
+
+    /// Returns at once when the manager is not stuck: the watchdog's probe.
+    public func ping() {}
+
+    /// Puts a new, fully validated configuration in force. Sessions of providers
+    /// that are gone are kept (and reported): their tokens stay readable, new
+    /// logins to those providers are refused.
+    public func apply(_ newConfig: VaultConfig) -> (added: [String], removed: [String], orphaned: [Account]) {
+        let old = Set(config.providers.keys)
+        let new = Set(newConfig.providers.keys)
+        config = newConfig
+        let removed = old.subtracting(new).sorted()
+        let orphaned = machines.keys.filter { removed.contains($0.provider) }.sorted()
+        for account in orphaned {
+            log.warning(
+                "the provider of a session was removed from the configuration; the session is kept",
+                fields(account, event: "reload"))
+        }
+        return (new.subtracting(old).sorted(), removed, orphaned)
     }
 
     // MARK: Start-up

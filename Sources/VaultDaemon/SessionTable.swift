@@ -15,9 +15,12 @@ public struct SessionView: Sendable {
 /// the serving thread, without D-Bus and without waiting on the actor.
 public final class SessionTable: Sendable {
     private let views = Mutex<[Account: SessionView]>([:])
+    private let didChange: @Sendable (SessionTable) -> Void
 
-    /// An empty table.
-    public init() {}
+    /// An empty table; `didChange` runs after every change (e.g. to update STATUS=).
+    public init(didChange: @escaping @Sendable (SessionTable) -> Void = { _ in }) {
+        self.didChange = didChange
+    }
 
     /// The view of `account`, or nil when it has no session.
     public func view(of account: Account) -> SessionView? {
@@ -35,5 +38,6 @@ public final class SessionTable: Sendable {
     /// Publishes the state of `account` (nil removes it). Only the session manager calls this.
     func publish(_ account: Account, _ view: SessionView?) {
         views.withLock { $0[account] = view }
+        didChange(self)
     }
 }

@@ -18,6 +18,7 @@ public final class VarlinkServer: @unchecked Sendable {
 
     private let service: VarlinkService
     private let log: Logger
+    private let hooks: ServerHooks
     private let listenFD: Int32
     private let epollFD: Int32
     private let wakeFD: Int32
@@ -35,7 +36,10 @@ public final class VarlinkServer: @unchecked Sendable {
 
     /// Prepares to serve `service` on `listenFD`; `signalFD` delivers the
     /// signals that stop the loop.
-    public init(listenFD: Int32, signalFD: Int32, service: VarlinkService, log: Logger) throws(SystemError) {
+    public init(
+        listenFD: Int32, signalFD: Int32, service: VarlinkService, log: Logger, hooks: ServerHooks = ServerHooks()
+    ) throws(SystemError) {
+        self.hooks = hooks
         self.listenFD = listenFD
         self.signalFD = signalFD
         self.service = service
@@ -64,12 +68,23 @@ public final class VarlinkServer: @unchecked Sendable {
         var events = [vaultd_event](repeating: vaultd_event(), count: 256)
         var stopSignal: Int32 = 0
         var drainDeadline: UInt64 = 0
+        var nextWatchdog = hooks.watchdogIntervalMilliseconds.map { Monotonic.milliseconds() + UInt64($0) }
         while true {
             if stopping {
                 let busy = connections.values.contains { $0.busy }
                 if !busy || Monotonic.milliseconds() >= drainDeadline { break }
             }
-            let timeout: Int32 = stopping ? 100 : -1
+            var timeout: Int32 = stopping ? 100 : -1
+            if let due = nextWatchdog, let interval = hooks.watchdogIntervalMilliseconds {
+                let now = Monotonic.milliseconds()
+                if now >= due {
+                    startWatchdogProbe()
+                    nextWatchdog = now + UInt64(interval)
+                }
+                let due = nextWatchdog ?? now
+                let wait = Int32(clamping: due > now ? due - now : 0)
+                timeout = timeout < 0 ? wait : min(timeout, wait)
+            }
             let count: Int32 = events.withUnsafeMutableBufferPointer {
                 (buffer: inout UnsafeMutableBufferPointer<vaultd_event>) -> Int32 in
                 vaultd_epoll_wait(epollFD, buffer.baseAddress, Int32(buffer.count), timeout)
@@ -88,8 +103,11 @@ public final class VarlinkServer: @unchecked Sendable {
                     let signal = vaultd_signalfd_read(signalFD)
                     if signal == SIGTERM || signal == SIGINT {
                         stopSignal = signal
+                        hooks.stopping()
                         beginStopping()
                         drainDeadline = Monotonic.milliseconds() + UInt64(drainSeconds) * 1000
+                    } else if signal == SIGHUP {
+                        hooks.reload()
                     } else if signal > 0 {
                         log.info("signal ignored", ["signal": String(signal)])
                     }
@@ -108,6 +126,24 @@ public final class VarlinkServer: @unchecked Sendable {
         completions.withLock { $0.append((id, reply)) }
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)
+    }
+
+    // MARK: Watchdog
+
+    private static let watchdogProbeID: UInt64 = 0
+    private var watchdogProbeInFlight = false
+
+    /// Proves the daemon serves before telling the watchdog: a probe runs through
+    /// the cooperative pool and the session manager, and its completion comes back
+    /// through this loop; only then is WATCHDOG=1 sent. A stuck part means no ping.
+    private func startWatchdogProbe() {
+        guard !watchdogProbeInFlight else { return }
+        watchdogProbeInFlight = true
+        let probe = hooks.watchdogProbe
+        Task { [self] in
+            await probe()
+            self.complete(VarlinkServer.watchdogProbeID, nil)
+        }
     }
 
     // MARK: Connections
@@ -253,6 +289,11 @@ public final class VarlinkServer: @unchecked Sendable {
             return taken
         }
         for (id, reply) in done {
+            if id == VarlinkServer.watchdogProbeID {
+                watchdogProbeInFlight = false
+                hooks.watchdog()
+                continue
+            }
             guard let connection = connections[id] else { continue }
             connection.busy = false
             if let reply { queue(reply, on: connection) }
@@ -305,6 +346,33 @@ public final class VarlinkServer: @unchecked Sendable {
         if connection.interest != Connection.detached { _ = vaultd_epoll_del(epollFD, connection.fd) }
         Glibc.close(connection.fd)
         connections[connection.id] = nil
+    }
+}
+
+/// What the serving loop tells the rest of the daemon, and asks of it.
+public struct ServerHooks: Sendable {
+    /// How often to prove liveness to the watchdog, in milliseconds; nil for never.
+    public var watchdogIntervalMilliseconds: Int?
+    /// Must return promptly when the daemon is healthy.
+    public var watchdogProbe: @Sendable () async -> Void
+    /// Called on the loop thread after a probe returned.
+    public var watchdog: @Sendable () -> Void
+    /// Called on the loop thread when SIGTERM or SIGINT arrives.
+    public var stopping: @Sendable () -> Void
+    /// Called on the loop thread when SIGHUP arrives.
+    public var reload: @Sendable () -> Void
+
+    /// Hooks that do nothing.
+    public init(
+        watchdogIntervalMilliseconds: Int? = nil, watchdogProbe: @escaping @Sendable () async -> Void = {},
+        watchdog: @escaping @Sendable () -> Void = {}, stopping: @escaping @Sendable () -> Void = {},
+        reload: @escaping @Sendable () -> Void = {}
+    ) {
+        self.watchdogIntervalMilliseconds = watchdogIntervalMilliseconds
+        self.watchdogProbe = watchdogProbe
+        self.watchdog = watchdog
+        self.stopping = stopping
+        self.reload = reload
     }
 }
 

@@ -43,3 +43,23 @@ public enum Files {
         return String(cString: dir)
     }
 }
+
+extension Files {
+    /// The names in `directory` (without `.` and `..`), sorted bytewise; empty
+    /// when the directory does not exist.
+    public static func list(_ directory: String) throws(SystemError) -> [String] {
+        guard let dir = opendir(directory) else {
+            if errno == ENOENT || errno == ENOTDIR { return [] }
+            throw SystemError("opendir \(directory)")
+        }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }
+    }
+}

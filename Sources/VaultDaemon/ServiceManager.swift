@@ -1,0 +1,84 @@
+import CSystemd
+import Glibc
+import VaultCore
+import VaultSystem
+
+/// The service manager protocol of systemd (sd_notify): READY, STATUS,
+/// STOPPING, RELOADING and WATCHDOG. Every call is a no-op when vaultd was not
+/// started by a service manager (no NOTIFY_SOCKET).
+public struct ServiceNotifier: Sendable {
+    /// True when a service manager listens.
+    public let isActive: Bool
+    /// How often to send WATCHDOG=1 (half of WatchdogSec), in milliseconds, when enabled.
+    public let watchdogIntervalMilliseconds: Int?
+
+    /// Reads NOTIFY_SOCKET and WATCHDOG_USEC/WATCHDOG_PID from the environment.
+    public init() {
+        isActive = Environment.get("NOTIFY_SOCKET") != nil
+        var usec: UInt64 = 0
+        if sd_watchdog_enabled(0, &usec) > 0, usec > 0 {
+            watchdogIntervalMilliseconds = max(1, Int(usec / 2000))
+        } else {
+            watchdogIntervalMilliseconds = nil
+        }
+    }
+
+    /// Start-up is complete: the store answered, sessions are restored, the socket listens.
+    public func ready(status: String) { send("READY=1\nSTATUS=\(status)") }
+
+    /// The one-line status shown by `systemctl status`.
+    public func status(_ status: String) { send("STATUS=\(status)") }
+
+    /// The daemon is shutting down.
+    public func stopping() { send("STOPPING=1\nSTATUS=stopping") }
+
+    /// A reload began; READY=1 follows when it is done.
+    public func reloading() {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        let usec = UInt64(ts.tv_sec) * 1_000_000 + UInt64(ts.tv_nsec) / 1000
+        send("RELOADING=1\nMONOTONIC_USEC=\(usec)\nSTATUS=reloading configuration")
+    }
+
+    /// The daemon still serves.
+    public func watchdog() { send("WATCHDOG=1") }
+
+    private func send(_ state: String) {
+        guard isActive else { return }
+        _ = sd_notify(0, state)
+    }
+
+    /// The STATUS line for the sessions in `table`.
+    public static func statusLine(_ table: SessionTable) -> String {
+        let all = table.all()
+        let logging = all.filter { $0.1.state == .logging }.count
+        let sessions = all.count - logging
+        return "\(sessions) session\(sessions == 1 ? "" : "s"), \(logging) logging in"
+    }
+}
+
+/// The listening socket handed over by systemd (socket activation).
+public enum SocketActivation {
+    /// The one listening socket passed by systemd, nil when none was passed.
+    /// More than one, or one that is not a listening Unix stream socket, is an error.
+    public static func listeningSocket() throws(VaultError) -> Int32? {
+        // sd_listen_fds checks LISTEN_PID against our pid and clears the variables.
+        let count = sd_listen_fds(1)
+        if count < 0 {
+            throw VaultError(.internalError, "cannot read the sockets passed by systemd (errno \(-count))")
+        }
+        if count == 0 { return nil }
+        guard count == 1 else {
+            throw VaultError(
+                .invalidConfig,
+                "systemd passed \(count) sockets, vaultd takes exactly one: give vaultd.socket a single ListenStream=")
+        }
+        let fd = SD_LISTEN_FDS_START
+        guard sd_is_socket_unix(fd, Int32(SOCK_STREAM.rawValue), 1, nil, 0) > 0 else {
+            throw VaultError(
+                .invalidConfig, "the socket passed by systemd is not a listening Unix stream socket; fix vaultd.socket")
+        }
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        return fd
+    }
+}
