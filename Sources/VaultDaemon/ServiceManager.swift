@@ -1,16 +1,25 @@
 import CSystemd
+import Dispatch
 import Glibc
+import Synchronization
 import VaultCore
 import VaultSystem
 
 /// The service manager protocol of systemd (sd_notify): READY, STATUS,
 /// STOPPING, RELOADING and WATCHDOG. Every call is a no-op when vaultd was not
 /// started by a service manager (no NOTIFY_SOCKET).
-public struct ServiceNotifier: Sendable {
+///
+/// A datagram to a manager that does not read blocks once its queue is full,
+/// so messages are sent from one serial queue of their own, in order, never
+/// from the serving loop or the session manager; STATUS updates that pile up
+/// meanwhile are coalesced into the latest.
+public final class ServiceNotifier: Sendable {
     /// True when a service manager listens.
     public let isActive: Bool
     /// How often to send WATCHDOG=1 (half of WatchdogSec), in milliseconds, when enabled.
     public let watchdogIntervalMilliseconds: Int?
+    private let queue = DispatchQueue(label: "io.vaultd.notify")
+    private let pendingStatus = Mutex<String?>(nil)
 
     /// Reads NOTIFY_SOCKET and WATCHDOG_USEC/WATCHDOG_PID from the environment.
     public init() {
@@ -26,8 +35,24 @@ public struct ServiceNotifier: Sendable {
     /// Start-up is complete: the store answered, sessions are restored, the socket listens.
     public func ready(status: String) { send("READY=1\nSTATUS=\(status)") }
 
-    /// The one-line status shown by `systemctl status`.
-    public func status(_ status: String) { send("STATUS=\(status)") }
+    /// The one-line status shown by `systemctl status`; updates are coalesced.
+    public func status(_ status: String) {
+        guard isActive else { return }
+        let scheduled = pendingStatus.withLock { pending -> Bool in
+            defer { pending = status }
+            return pending != nil
+        }
+        if scheduled { return }
+        queue.async {
+            guard
+                let latest = self.pendingStatus.withLock({ pending -> String? in
+                    defer { pending = nil }
+                    return pending
+                })
+            else { return }
+            _ = sd_notify(0, "STATUS=\(latest)")
+        }
+    }
 
     /// The daemon is shutting down.
     public func stopping() { send("STOPPING=1\nSTATUS=stopping") }
@@ -45,7 +70,7 @@ public struct ServiceNotifier: Sendable {
 
     private func send(_ state: String) {
         guard isActive else { return }
-        _ = sd_notify(0, state)
+        queue.async { _ = sd_notify(0, state) }
     }
 
     /// The STATUS line for the sessions in `table`.

@@ -261,6 +261,7 @@ public final class VarlinkServer: @unchecked Sendable {
             case .reply(let reply):
                 if !call.oneway { queue(reply, on: connection) }
             case .deferred(let work):
+                log.debug("call in flight", ["method": call.method, "pid": String(connection.caller.pid)])
                 connection.busy = true
                 let id = connection.id
                 let oneway = call.oneway

@@ -136,13 +136,9 @@ final class RunningDaemon {
     /// Waits (bounded) for the process to exit on its own; returns its status.
     func waitForExit(seconds: Double = 20) -> Int32 {
         _ = output.waitForEnd(seconds: seconds)
-        let deadline = Date().addingTimeInterval(seconds)
-        while process.isRunning && Date() < deadline { usleep(10_000) }
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-        return process.terminationStatus
+        if let status = try? reap(process, seconds: seconds) { return status }
+        kill(process.processIdentifier, SIGKILL)
+        return (try? reap(process, seconds: seconds)) ?? -1
     }
 
     deinit { if process.isRunning { stop(signal: SIGKILL) } }
@@ -186,8 +182,7 @@ func runCommand(
         process.terminate()
         throw HarnessError("\(executable.lastPathComponent) \(arguments) did not finish in \(seconds)s")
     }
-    process.waitUntilExit()
-    return CommandResult(status: process.terminationStatus, stdout: out.text, stderr: err.text)
+    return CommandResult(status: try reap(process, seconds: seconds), stdout: out.text, stderr: err.text)
 }
 
 /// Runs vaultctl against `socket`.
@@ -233,3 +228,27 @@ final class DaemonFixture {
 
 /// A unique name per test run, so tests never see each other's sessions.
 func uniqueName(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8).lowercased())" }
+
+/// Waits, bounded, for a child to exit and returns its exit status (128+N for
+/// signal N). Foundation's own reaping has been seen to leave a child a zombie
+/// while a socket-activated or daemonizing child runs beside it, so a child
+/// Foundation has not reaped yet is reaped here with waitpid.
+func reap(_ process: Process, seconds: Double = 20) throws -> Int32 {
+    let deadline = Date().addingTimeInterval(seconds)
+    let pid = process.processIdentifier
+    while Date() < deadline {
+        if !process.isRunning { return process.terminationStatus }
+        var status: Int32 = 0
+        let result = waitpid(pid, &status, WNOHANG)
+        if result == pid {
+            let signal = status & 0x7f
+            return signal == 0 ? (status >> 8) & 0xff : 128 + signal
+        }
+        if result < 0 && errno == ECHILD {
+            // Foundation reaped it between our two looks.
+            if !process.isRunning { return process.terminationStatus }
+        }
+        usleep(2_000)
+    }
+    throw HarnessError("process \(pid) did not exit within \(seconds)s")
+}

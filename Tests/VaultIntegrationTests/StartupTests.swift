@@ -122,7 +122,7 @@ struct StartupTests {
         try process.run()
         defer {
             kill(process.processIdentifier, SIGTERM)
-            process.waitUntilExit()
+            _ = try? reap(process)
         }
         #expect(collector.wait(for: "notice: ready"), "\(collector.text)")
         #expect(collector.text.contains("socket=\(runtime)/vaultd/socket"))

@@ -1,0 +1,250 @@
+import Foundation
+import Glibc
+import Testing
+import VaultClient
+import VaultCore
+import VaultProtocol
+import VaultSystem
+
+/// The service manager's side of sd_notify: a datagram socket that a thread
+/// reads at once, as systemd does, so the daemon never waits on it.
+final class NotifyListener: @unchecked Sendable {
+    let path: String
+    private let fd: Int32
+    private let condition = NSCondition()
+    private var received: [String] = []
+    private var consumed = 0
+    private var closed = false
+
+    init(path: String) throws {
+        self.path = path
+        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
+            guard bind(fd, address, length) == 0 else { throw SystemError("bind") }
+        }
+        var timeout = timeval(tv_sec: 0, tv_usec: 200_000)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        Thread.detachNewThread { [self] in
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while true {
+                condition.lock()
+                let stop = closed
+                condition.unlock()
+                if stop { return }
+                let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                guard n > 0 else { continue }
+                condition.lock()
+                received.append(String(decoding: buffer[0..<n], as: UTF8.self))
+                condition.broadcast()
+                condition.unlock()
+            }
+        }
+    }
+
+    deinit {
+        condition.lock()
+        closed = true
+        condition.unlock()
+    }
+
+    /// Every message received so far.
+    var messages: [String] {
+        condition.lock()
+        defer { condition.unlock() }
+        return received
+    }
+
+    /// The next message not yet consumed that contains `needle`, waiting at most
+    /// `seconds`; messages before it are consumed too.
+    func wait(for needle: String, seconds: Double = 20) -> String? {
+        let deadline = Date().addingTimeInterval(seconds)
+        condition.lock()
+        defer { condition.unlock() }
+        while true {
+            while consumed < received.count {
+                let message = received[consumed]
+                consumed += 1
+                if message.contains(needle) { return message }
+            }
+            if !condition.wait(until: deadline) { return nil }
+        }
+    }
+}
+
+/// vaultd under a service manager: sd_notify, socket activation, the watchdog,
+/// SIGTERM and SIGHUP.
+@Suite("vaultd under systemd", .serialized)
+struct ServiceManagerTests {
+    @Test("Should take its socket from systemd-socket-activate and say READY only with sessions restored")
+    func socketActivationAndReady() throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("act")
+        #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token).status == 0)
+        fixture.daemon?.stop()
+
+        let dir = try TemporaryDirectory()
+        let notify = try NotifyListener(path: dir.path("notify"))
+        let socketPath = dir.path("activated.sock")
+        let bus = ProcessInfo.processInfo.environment["DBUS_SESSION_BUS_ADDRESS"] ?? ""
+        let activator = Process()
+        activator.executableURL = URL(fileURLWithPath: "/usr/bin/systemd-socket-activate")
+        activator.arguments = [
+            "-l", socketPath, "-E", "NOTIFY_SOCKET=\(notify.path)", "-E", "DBUS_SESSION_BUS_ADDRESS=\(bus)",
+            Binaries.vaultd.path, "--config", fixture.configPath,
+        ]
+        let err = Pipe()
+        activator.standardError = err
+        activator.standardOutput = FileHandle.nullDevice
+        let output = OutputCollector(err)
+        try activator.run()
+        defer {
+            if activator.isRunning { kill(activator.processIdentifier, SIGKILL) }
+        }
+        #expect(output.wait(for: "Listening on"), "\(output.text)")
+
+        // The first connection starts vaultd; the call waits in the socket until it serves.
+        let reply = try VarlinkClient(path: socketPath).call(
+            VaultMethod.getSession.rawValue, ["provider": "demo", "user": .string(user)])
+        #expect(reply.parameters["session"]?["state"]?.stringValue == "logged")
+        let ready = try #require(notify.wait(for: "READY=1"))
+        let restored = notify.messages.joined(separator: "\n")
+        #expect(ready.contains("STATUS="))
+        #expect(!ready.contains("STATUS=0 sessions"), "sessions are restored before READY: \(restored)")
+        #expect(output.wait(for: "socket=\"passed by systemd\""), "\(output.text)")
+
+        // STATUS follows the sessions.
+        #expect(try vaultctl(socketPath, ["logout", "demo", user]).status == 0)
+        #expect(notify.wait(for: "STATUS=") != nil)
+
+        kill(activator.processIdentifier, SIGTERM)
+        #expect(notify.wait(for: "STOPPING=1") != nil)
+        #expect(output.waitForEnd())
+        #expect(try reap(activator) == 0)
+    }
+
+    @Test("Should send WATCHDOG=1 at half of WATCHDOG_USEC")
+    func watchdog() throws {
+        let dir = try TemporaryDirectory()
+        let notify = try NotifyListener(path: dir.path("notify"))
+        let daemon = try RunningDaemon(
+            socketPath: dir.path("s"), configPath: nil,
+            environment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "2000000"])
+        defer { daemon.stop() }
+        var times: [Date] = []
+        for _ in 0..<3 {
+            guard notify.wait(for: "WATCHDOG=1", seconds: 5) != nil else { break }
+            times.append(Date())
+        }
+        #expect(times.count == 3, "three pings: \(notify.messages)")
+        for (a, b) in zip(times, times.dropFirst()) {
+            // Sent every second; systemd would act after two.
+            #expect(b.timeIntervalSince(a) < 2.0)
+        }
+    }
+
+    @Test("Should send STOPPING on SIGTERM, answer the calls in flight, keep every acknowledged login, exit 0")
+    func stopWithCallsInFlight() throws {
+        let fixture = try DaemonFixture(start: false)
+        let notify = try NotifyListener(path: fixture.directory.path("notify"))
+        let daemon = try RunningDaemon(
+            socketPath: fixture.socketPath, configPath: fixture.configPath,
+            environment: ["NOTIFY_SOCKET": notify.path])
+        let users = (0..<20).map { uniqueName("stop\($0)") }
+        let connections = try users.map { _ in try RawConnection(fixture.socketPath) }
+        for (connection, user) in zip(connections, users) {
+            try connection.send(
+                JSON.object([
+                    "method": .string(VaultMethod.login.rawValue),
+                    "parameters": ["provider": "demo", "user": .string(user), "token": .string(DaemonTests.token)],
+                ]).text)
+        }
+        #expect(daemon.output.wait(for: "call in flight"))
+        kill(daemon.process.processIdentifier, SIGTERM)
+        var acknowledged: [String] = []
+        for (connection, user) in zip(connections, users) {
+            if let reply = try? connection.receive(), reply.error == nil { acknowledged.append(user) }
+        }
+        #expect(daemon.waitForExit() == 0)
+        #expect(notify.wait(for: "STOPPING=1") != nil)
+        #expect(!acknowledged.isEmpty, "the call in flight was answered")
+
+        try fixture.start()
+        for user in acknowledged {
+            let status = try vaultctl(fixture.socketPath, ["--json", "status", "demo", user])
+            #expect(status.status == 0, "acknowledged login of \(user) survived the stop")
+            _ = try vaultctl(fixture.socketPath, ["logout", "demo", user])
+        }
+        for user in users where !acknowledged.contains(user) {
+            _ = try vaultctl(fixture.socketPath, ["logout", "demo", user])
+        }
+    }
+
+    @Test("Should apply a good configuration on SIGHUP and keep sessions of removed providers")
+    func reloadGoodConfig() throws {
+        let fixture = try DaemonFixture(start: false)
+        let notify = try NotifyListener(path: fixture.directory.path("notify"))
+        let daemon = try RunningDaemon(
+            socketPath: fixture.socketPath, configPath: fixture.configPath,
+            environment: ["NOTIFY_SOCKET": notify.path])
+        defer { daemon.stop() }
+        let user = uniqueName("reload")
+        #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token).status == 0)
+
+        try "[Provider second]\nType=static\n".write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        kill(daemon.process.processIdentifier, SIGHUP)
+        #expect(notify.wait(for: "RELOADING=1") != nil)
+        #expect(notify.wait(for: "READY=1") != nil)
+        #expect(daemon.output.wait(for: "configuration reloaded"))
+
+        let second = try vaultctl(fixture.socketPath, ["login", "second", user], input: DaemonTests.token)
+        #expect(second.status == 0, "\(second.stderr)")
+        let gone = try vaultctl(fixture.socketPath, ["login", "demo", uniqueName("new")], input: DaemonTests.token)
+        #expect(gone.stderr.contains("ERR_PROVIDER_NOT_FOUND"))
+        let kept = try vaultctl(fixture.socketPath, ["token", "demo", user])
+        #expect(kept.stdout == DaemonTests.token + "\n", "the removed provider's session is kept")
+        #expect(daemon.output.text.contains("the provider of a session was removed"))
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
+        #expect(try vaultctl(fixture.socketPath, ["logout", "second", user]).status == 0)
+    }
+
+    @Test("Should refuse a broken configuration on SIGHUP and keep the old one")
+    func reloadBrokenConfig() throws {
+        let fixture = try DaemonFixture(start: false)
+        let notify = try NotifyListener(path: fixture.directory.path("notify"))
+        let daemon = try RunningDaemon(
+            socketPath: fixture.socketPath, configPath: fixture.configPath,
+            environment: ["NOTIFY_SOCKET": notify.path])
+        defer { daemon.stop() }
+        try "[Provider demo]\nType=static\nBogus=1\n".write(
+            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        #expect(notify.wait(for: "READY=1") != nil)
+        kill(daemon.process.processIdentifier, SIGHUP)
+        #expect(notify.wait(for: "RELOADING=1") != nil)
+        let ready = try #require(notify.wait(for: "READY=1"))
+        #expect(ready.contains("last reload failed"))
+        #expect(daemon.output.wait(for: "reload refused"))
+        #expect(daemon.output.text.contains("\(fixture.configPath):3: unknown key 'Bogus'"))
+        let user = uniqueName("still")
+        #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token).status == 0)
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
+    }
+
+    @Test("Should read drop-ins from vaultd.conf.d in lexical order, later wins")
+    func dropIns() throws {
+        let dir = try TemporaryDirectory()
+        let config = dir.path("vaultd.conf")
+        try "[Provider demo]\nType=static\n".write(toFile: config, atomically: true, encoding: .utf8)
+        try FileManager.default.createDirectory(atPath: config + ".d", withIntermediateDirectories: true)
+        try "[Provider extra]\nType=static\n[Vault]\nStoreTimeout=5s\n".write(
+            toFile: config + ".d/10-extra.conf", atomically: true, encoding: .utf8)
+        try "[Vault]\nStoreTimeout=7s\n".write(toFile: config + ".d/20-later.conf", atomically: true, encoding: .utf8)
+        try "[Provider ignored]\n".write(toFile: config + ".d/README", atomically: true, encoding: .utf8)
+        let check = try runCommand(Binaries.vaultd, ["--check-config", "--config", config])
+        #expect(check.status == 0, "\(check.stderr)")
+        #expect(check.stdout.contains("2 provider(s)"))
+        try "[Provider extra]\nWrong=1\n".write(toFile: config + ".d/30-bad.conf", atomically: true, encoding: .utf8)
+        let bad = try runCommand(Binaries.vaultd, ["--check-config", "--config", config])
+        #expect(bad.status == 1)
+        #expect(bad.stderr.contains("\(config).d/30-bad.conf:2: unknown key 'Wrong'"))
+    }
+}
