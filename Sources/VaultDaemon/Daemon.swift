@@ -41,6 +41,12 @@ public struct DaemonOptions: Sendable {
           --help              show this text
           --version           show the version
 
+        Drop-ins: *.conf files in the directory named after the configuration
+        file plus ".d" (vaultd.conf.d/) are read after it, in lexical order.
+        SIGHUP reloads the configuration; SIGTERM stops vaultd cleanly. Under
+        systemd, vaultd takes its socket from vaultd.socket, reports READY,
+        STATUS, RELOADING, STOPPING and WATCHDOG, and logs to the journal.
+
         Tokens are kept in the Secret Service (gnome-keyring, KeePassXC) on the
         session bus in $DBUS_SESSION_BUS_ADDRESS; vaultd refuses to start when it
         is unreachable or its default collection is locked.
