@@ -17,6 +17,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case invalidParameter
         case networkError
         case invalidConfig
+        case subscriberTooSlow
         case internalError
 
         /// The seeds' error code for this kind, as the SDKs report it.
@@ -36,6 +37,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .invalidParameter: return "ERR_INVALID_PARAMETER"
             case .networkError: return "ERR_NETWORK_ERROR"
             case .invalidConfig: return "ERR_INVALID_CONFIG"
+            case .subscriberTooSlow: return "ERR_SUBSCRIBER_TOO_SLOW"
             case .internalError: return "ERR_INTERNAL"
             }
         }
@@ -57,6 +59,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .invalidParameter: return "InvalidParameter"
             case .networkError: return "NetworkError"
             case .invalidConfig: return "InvalidConfig"
+            case .subscriberTooSlow: return "SubscriberTooSlow"
             case .internalError: return "InternalError"
             }
         }

@@ -55,6 +55,8 @@ public enum VaultMethod: String, Sendable, CaseIterable {
     case getSession = "io.vaultd.Vault.GetSession"
     case listSessions = "io.vaultd.Vault.ListSessions"
     case getToken = "io.vaultd.Vault.GetToken"
+    case subscribe = "io.vaultd.Vault.Subscribe"
+    case forceLogout = "io.vaultd.Vault.ForceLogout"
 }
 
 /// The methods of `org.varlink.service`.

@@ -79,6 +79,39 @@ public enum VaultInterface {
           minValidSeconds: ?int
         ) -> (token: string, tokenType: ?string, expiresAt: ?int, instanceUrl: ?string)
 
+        # Something that happened to an account, as the chat SDKs' callbacks report
+        # it. kind is one of loginSuccess, loginFailed, logoutSuccess, logoutFailed,
+        # tokenRefreshed, tokenExpired, tokenInvalid, kickedOffline, connectionChanged.
+        # reason says why (kickedOffline: kicked, revoked, admin, switched, ...), code
+        # is the error code of a failure. Never holds a secret.
+        type Event (
+          kind: string,
+          provider: string,
+          user: string,
+          time: int,
+          reason: ?string,
+          code: ?string,
+          expiresAt: ?int
+        )
+
+        # Streams what happens to the sessions the caller may see; call it with more.
+        # The first reply is a snapshot (sessions, no event); then one reply per event
+        # (event, no sessions), in the order of the changes, for as long as the
+        # connection stays open. provider, user and kinds narrow what is sent. A
+        # subscriber that does not read is dropped with SubscriberTooSlow once its
+        # queue is full.
+        method Subscribe(
+          provider: ?string,
+          user: ?string,
+          kinds: ?[]string
+        ) -> (sessions: ?[]Session, event: ?Event)
+
+        # Logs an account out at once because its chat server kicked it offline
+        # (OpenIM onKickedOffline) or an administrator says so. Subscribers get
+        # kickedOffline with the reason (default: kicked). The owner, root and members
+        # of the configured admin group may call it.
+        method ForceLogout(provider: string, user: string, reason: ?string) -> ()
+
         # The account is not logged in (ERR_NOT_LOGGED_IN).
         error NotLoggedIn (code: string, message: string)
 
@@ -120,6 +153,9 @@ public enum VaultInterface {
 
         # The configuration is invalid.
         error InvalidConfig (code: string, message: string)
+
+        # The subscriber did not read its events fast enough and was dropped.
+        error SubscriberTooSlow (code: string, message: string)
 
         # vaultd failed in a way it did not expect.
         error InternalError (code: string, message: string)
