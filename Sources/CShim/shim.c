@@ -80,6 +80,12 @@ int vaultd_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
     return 0;
 }
 
+int vaultd_peer_groups(int fd, gid_t *groups, int max) {
+    socklen_t len = (socklen_t)(sizeof(gid_t) * (size_t)max);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0) return -1;
+    return (int)(len / sizeof(gid_t));
+}
+
 int vaultd_disable_core_dumps(void) {
     struct rlimit none = {0, 0};
     if (setrlimit(RLIMIT_CORE, &none) != 0) return -1;

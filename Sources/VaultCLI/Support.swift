@@ -56,6 +56,8 @@ enum Help {
           status [PROVIDER USER]                 one session in detail, or all of them
           list                                   every session you may see
           token PROVIDER USER                    print the access token (for $(vaultctl token ...))
+          watch [PROVIDER USER] [--kind K]...    print session events as they happen
+          kick PROVIDER USER [--reason R]        force a logout (the chat server kicked the client)
           help [COMMAND]                         show help
 
         Options:
@@ -101,6 +103,23 @@ enum Help {
 
         Prints the access token and nothing else, for $(vaultctl token P U).
         With --min-valid, fails unless the token stays valid that long.
+        """,
+        "watch": """
+        Usage: vaultctl watch [PROVIDER USER] [--kind KIND]...
+
+        Prints events as they happen, one line each, until interrupted: login,
+        logout, kicks and (with refreshing providers) token changes, for the
+        sessions you may see. --json prints one JSON object per line: first
+        {"sessions":[...]}, then one {"event":{...}} per event. Kinds:
+        loginSuccess, loginFailed, logoutSuccess, logoutFailed, tokenRefreshed,
+        tokenExpired, tokenInvalid, kickedOffline, connectionChanged.
+        """,
+        "kick": """
+        Usage: vaultctl kick PROVIDER USER [--reason REASON]
+
+        Logs the account out at once, as when its chat server kicked the client
+        offline; subscribers get kickedOffline with REASON (default: kicked).
+        The owner, root and members of the configured AdminGroup may do this.
         """,
         "help": """
         Usage: vaultctl help [COMMAND]

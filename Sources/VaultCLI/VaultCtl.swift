@@ -79,6 +79,8 @@ public struct VaultCtl {
         case "status": return status(operands)
         case "list": return operands.isEmpty ? list() : usage("list takes no arguments", command: name)
         case "token": return token(operands)
+        case "watch": return watch(operands)
+        case "kick": return kick(operands)
         default: return usage("unknown command '\(name)'")
         }
     }
@@ -213,6 +215,84 @@ public struct VaultCtl {
         }
     }
 
+    mutating func kick(_ operands: [String]) -> ExitCode {
+        var positional: [String] = []
+        var reason: String?
+        var index = 0
+        while index < operands.count {
+            if operands[index] == "--reason" {
+                index += 1
+                guard index < operands.count else { return usage("--reason needs a value", command: "kick") }
+                reason = operands[index]
+            } else if operands[index].hasPrefix("--") {
+                return usage("unknown option '\(operands[index])'", command: "kick")
+            } else {
+                positional.append(operands[index])
+            }
+            index += 1
+        }
+        guard positional.count == 2 else { return usage("kick needs PROVIDER and USER", command: "kick") }
+        var parameters = account(positional)
+        if let reason { parameters["reason"] = .string(reason) }
+        return call(VaultMethod.forceLogout.rawValue, parameters) { _ in
+            output.out("kicked offline: \(positional[1]) @ \(positional[0])")
+        }
+    }
+
+    /// Prints events as they come, one line each, until vaultd closes the stream.
+    mutating func watch(_ operands: [String]) -> ExitCode {
+        var positional: [String] = []
+        var kinds: [JSON] = []
+        var index = 0
+        while index < operands.count {
+            if operands[index] == "--kind" {
+                index += 1
+                guard index < operands.count else { return usage("--kind needs an event kind", command: "watch") }
+                kinds.append(.string(operands[index]))
+            } else if operands[index].hasPrefix("--") {
+                return usage("unknown option '\(operands[index])'", command: "watch")
+            } else {
+                positional.append(operands[index])
+            }
+            index += 1
+        }
+        guard positional.isEmpty || positional.count == 2 else {
+            return usage("watch takes PROVIDER USER or nothing", command: "watch")
+        }
+        var parameters: [String: JSON] = positional.isEmpty ? [:] : account(positional)
+        if !kinds.isEmpty { parameters["kinds"] = .array(kinds) }
+        let path = socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
+        do {
+            let client = try VarlinkClient(path: path)
+            var reply = try client.call(VaultMethod.subscribe.rawValue, parameters, more: true)
+            // Bounded by the connection: the loop ends when vaultd ends the stream.
+            while true {
+                if let failure = daemonError(reply) { return failure }
+                if json {
+                    output.out(JSON.object(reply.parameters).text)
+                } else if let event = reply.parameters["event"] {
+                    output.out(describeEvent(event))
+                } else if let sessions = reply.parameters["sessions"]?.arrayValue {
+                    output.out("watching \(sessions.count) session\(sessions.count == 1 ? "" : "s"); events follow")
+                }
+                guard reply.continues else { return .ok }
+                reply = try client.receive()
+            }
+        } catch {
+            return reportUnreachable(error)
+        }
+    }
+
+    func describeEvent(_ event: JSON) -> String {
+        var line =
+            "\(Format.time(event["time"]?.integerValue))  \(Format.pad(event["kind"]?.stringValue ?? "?", 17))"
+            + "\(event["user"]?.stringValue ?? "?") @ \(event["provider"]?.stringValue ?? "?")"
+        if let reason = event["reason"]?.stringValue { line += "  reason=\(reason)" }
+        if let code = event["code"]?.stringValue { line += "  code=\(code)" }
+        if let expires = event["expiresAt"]?.integerValue { line += "  expires=\(Format.time(expires))" }
+        return line
+    }
+
     // MARK: Plumbing
 
     func account(_ operands: [String]) -> [String: JSON] {
@@ -227,17 +307,31 @@ public struct VaultCtl {
             let client = try VarlinkClient(path: path)
             reply = try client.call(method, parameters)
         } catch {
-            switch error {
-            case .unreachable(let path, let reason):
-                output.err(
-                    "vaultctl: vaultd is not reachable at \(path) (\(reason)); start it with 'scripts/run' or 'systemctl --user start vaultd.socket', or pass --socket PATH"
-                )
-                return .unreachable
-            case .connection(let message):
-                output.err("vaultctl: \(message)")
-                return .unreachable
-            }
+            return reportUnreachable(error)
         }
+        if let failure = daemonError(reply) { return failure }
+        if json {
+            output.out(JSON.object(reply.parameters).text)
+        } else {
+            human(reply)
+        }
+        return .ok
+    }
+
+    func reportUnreachable(_ error: ClientError) -> ExitCode {
+        switch error {
+        case .unreachable(let path, let reason):
+            output.err(
+                "vaultctl: vaultd is not reachable at \(path) (\(reason)); start it with 'scripts/run' or 'systemctl --user start vaultd.socket', or pass --socket PATH"
+            )
+        case .connection(let message):
+            output.err("vaultctl: \(message)")
+        }
+        return .unreachable
+    }
+
+    /// Reports an error reply on stderr; nil for a successful reply.
+    func daemonError(_ reply: VarlinkReply) -> ExitCode? {
         if let name = reply.error {
             let code = reply.parameters["code"]?.stringValue ?? name
             let message = reply.parameters["message"]?.stringValue ?? describeVarlinkError(reply)
@@ -249,12 +343,7 @@ public struct VaultCtl {
             }
             return .daemonError
         }
-        if json {
-            output.out(JSON.object(reply.parameters).text)
-        } else {
-            human(reply)
-        }
-        return .ok
+        return nil
     }
 
     func describeVarlinkError(_ reply: VarlinkReply) -> String {

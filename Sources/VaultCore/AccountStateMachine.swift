@@ -3,18 +3,27 @@ public struct Caller: Sendable, Equatable {
     public var uid: UInt32
     public var gid: UInt32
     public var pid: Int32
+    /// Supplementary groups (SO_PEERGROUPS).
+    public var groups: [UInt32]
+    /// The peer's executable, for the audit log, when it could be read.
+    public var executable: String?
 
     /// Makes a caller from peer credentials.
-    public init(uid: UInt32, gid: UInt32, pid: Int32) {
+    public init(uid: UInt32, gid: UInt32, pid: Int32, groups: [UInt32] = [], executable: String? = nil) {
         self.uid = uid
         self.gid = gid
         self.pid = pid
+        self.groups = groups
+        self.executable = executable
     }
 
-    /// True for root, who may see and log out every session.
+    /// True for root.
     public var isRoot: Bool { uid == 0 }
 
-    /// True when this caller may see or log out a session owned by `owner`.
+    /// The primary and the supplementary groups.
+    public var allGroups: Set<UInt32> { Set(groups).union([gid]) }
+
+    /// True when this caller owns a session of `owner`, or is root.
     public func mayManage(ownedBy owner: UInt32) -> Bool { isRoot || uid == owner }
 }
 
@@ -110,7 +119,7 @@ public struct AccountStateMachine: Sendable {
     }
 
     /// A logout was asked for by `caller`.
-    public mutating func logoutRequested(by caller: Caller) -> LogoutAction {
+    public mutating func logoutRequested(by caller: Caller, isAdmin: Bool = false) -> LogoutAction {
         switch state {
         case .loggedOut:
             return .fail(.notLoggedIn(account))
@@ -119,7 +128,7 @@ public struct AccountStateMachine: Sendable {
         case .loggingOut:
             return .joinInFlight
         case .loggedIn(let record):
-            guard caller.mayManage(ownedBy: record.ownerUID) else {
+            guard caller.mayManage(ownedBy: record.ownerUID) || isAdmin else {
                 return .fail(VaultError(.accessDenied, "\(account) belongs to uid \(record.ownerUID)"))
             }
             state = .loggingOut(record)

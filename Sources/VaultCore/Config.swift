@@ -12,12 +12,16 @@ public struct ProviderConfig: Sendable, Equatable {
     public var type: ProviderType
     /// A free-text description shown by `vaultctl`.
     public var description: String?
+    /// At most one logged-in user: logging in another switches accounts, after
+    /// the old session's logout finished (OpenIM's account switching).
+    public var singleAccount: Bool
 
     /// Makes a provider entry.
-    public init(name: String, type: ProviderType, description: String? = nil) {
+    public init(name: String, type: ProviderType, description: String? = nil, singleAccount: Bool = false) {
         self.name = name
         self.type = type
         self.description = description
+        self.singleAccount = singleAccount
     }
 }
 
@@ -27,11 +31,27 @@ public struct VaultConfig: Sendable, Equatable {
     public var providers: [String: ProviderConfig]
     /// How long one secret store call may take before it is abandoned, in seconds.
     public var storeTimeoutSeconds: Int64
+    /// The group (name or gid) whose members may see every session and force any logout.
+    public var adminGroup: String?
+    /// The mode of the socket vaultd binds (not of one systemd passes).
+    public var socketMode: UInt32
+    /// Per account: users and groups (names or ids) that may read its token besides its owner.
+    public var tokenReaders: [Account: (users: [String], groups: [String])]
 
     /// A configuration with the given providers and default settings.
     public init(providers: [String: ProviderConfig] = [:], storeTimeoutSeconds: Int64 = 30) {
         self.providers = providers
         self.storeTimeoutSeconds = storeTimeoutSeconds
+        self.adminGroup = nil
+        self.socketMode = 0o600
+        self.tokenReaders = [:]
+    }
+
+    public static func == (lhs: VaultConfig, rhs: VaultConfig) -> Bool {
+        lhs.providers == rhs.providers && lhs.storeTimeoutSeconds == rhs.storeTimeoutSeconds
+            && lhs.adminGroup == rhs.adminGroup && lhs.socketMode == rhs.socketMode
+            && lhs.tokenReaders.mapValues { $0.users + ["|"] + $0.groups }
+                == rhs.tokenReaders.mapValues { $0.users + ["|"] + $0.groups }
     }
 
     /// The configuration used when no file exists: one static provider, `demo`.
@@ -49,8 +69,9 @@ public struct VaultConfig: Sendable, Equatable {
 /// earlier one's. Every error names the file, the line and the key.
 public enum ConfigParser {
     /// The keys each kind of section accepts.
-    static let vaultKeys = ["StoreTimeout"]
-    static let providerKeys = ["Type", "Description"]
+    static let vaultKeys = ["StoreTimeout", "AdminGroup", "SocketMode"]
+    static let providerKeys = ["Type", "Description", "SingleAccount"]
+    static let accountKeys = ["TokenReadUsers", "TokenReadGroups"]
 
     /// Parses one file's `text`, read from `file` (used in error messages only).
     public static func parse(_ text: String, file: String) throws(VaultError) -> VaultConfig {
@@ -68,6 +89,23 @@ public enum ConfigParser {
             }
             config.storeTimeoutSeconds = seconds
         }
+        if let group = merged.vault["AdminGroup"] {
+            guard !group.value.isEmpty, !group.value.contains(" ") else {
+                throw group.error("key 'AdminGroup': expected one group name or gid, got '\(group.value)'")
+            }
+            config.adminGroup = group.value
+        }
+        if let mode = merged.vault["SocketMode"] {
+            guard let value = UInt32(mode.value, radix: 8), value <= 0o777, value & 0o600 == 0o600 else {
+                throw mode.error("key 'SocketMode': expected an octal mode such as 0600 or 0666, got '\(mode.value)'")
+            }
+            config.socketMode = value
+        }
+        for (account, entries) in merged.accounts {
+            let users = entries["TokenReadUsers"].map { $0.value.split(separator: " ").map(String.init) } ?? []
+            let groups = entries["TokenReadGroups"].map { $0.value.split(separator: " ").map(String.init) } ?? []
+            config.tokenReaders[account] = (users, groups)
+        }
         for name in merged.providerOrder {
             let section = merged.providers[name]!
             guard let type = section.entries["Type"] else {
@@ -78,8 +116,16 @@ public enum ConfigParser {
             guard let providerType = ProviderType(rawValue: type.value) else {
                 throw type.error("key 'Type': unknown provider type '\(type.value)' (one of: \(typeNames))")
             }
+            var singleAccount = false
+            if let entry = section.entries["SingleAccount"] {
+                guard let value = ConfigParser.boolean(entry.value) else {
+                    throw entry.error("key 'SingleAccount': expected yes or no, got '\(entry.value)'")
+                }
+                singleAccount = value
+            }
             config.providers[name] = ProviderConfig(
-                name: name, type: providerType, description: section.entries["Description"]?.value)
+                name: name, type: providerType, description: section.entries["Description"]?.value,
+                singleAccount: singleAccount)
         }
         return config
     }
@@ -100,8 +146,18 @@ public enum ConfigParser {
         var entries: [String: Entry] = [:]
     }
 
+    /// A boolean as systemd writes one.
+    static func boolean(_ text: String) -> Bool? {
+        switch text.lowercased() {
+        case "yes", "true", "on", "1": return true
+        case "no", "false", "off", "0": return false
+        default: return nil
+        }
+    }
+
     /// The sections of every file read so far.
     struct MergedSections {
+        var accounts: [Account: [String: Entry]] = [:]
         var vault: [String: Entry] = [:]
         var providers: [String: ProviderSection] = [:]
         var providerOrder: [String] = []
@@ -114,6 +170,7 @@ public enum ConfigParser {
             case none
             case vault
             case provider(String)
+            case account(Account)
         }
         var section = Section.none
         var seenProviders: Set<String> = []
@@ -151,8 +208,19 @@ public enum ConfigParser {
                         merged.providerOrder.append(name)
                     }
                     section = .provider(name)
+                } else if header.hasPrefix("Account ") {
+                    let words = header.split(separator: " ").map(String.init)
+                    guard words.count == 3, let account = try? Account.validate(provider: words[1], user: words[2])
+                    else { throw fail(lineNumber, "expected [Account PROVIDER USER], got [\(header)]") }
+                    guard seenProviders.insert("account \(words[1]) \(words[2])").inserted else {
+                        throw fail(lineNumber, "account '\(words[2]) @ \(words[1])' is defined twice")
+                    }
+                    if merged.accounts[account] == nil { merged.accounts[account] = [:] }
+                    section = .account(account)
                 } else {
-                    throw fail(lineNumber, "unknown section [\(header)] (expected [Vault] or [Provider NAME])")
+                    throw fail(
+                        lineNumber,
+                        "unknown section [\(header)] (expected [Vault], [Provider NAME] or [Account PROVIDER USER])")
                 }
                 continue
             }
@@ -183,6 +251,17 @@ public enum ConfigParser {
                     throw fail(lineNumber, "key '\(key)' set twice in [Provider \(name)]")
                 }
                 merged.providers[name]!.entries[key] = entry
+            case .account(let account):
+                guard accountKeys.contains(key) else {
+                    throw fail(
+                        lineNumber,
+                        "unknown key '\(key)' in [Account \(account.provider) \(account.user)] (known: \(accountKeys.joined(separator: ", ")))"
+                    )
+                }
+                guard seenKeys.insert(key).inserted else {
+                    throw fail(lineNumber, "key '\(key)' set twice in [Account \(account.provider) \(account.user)]")
+                }
+                merged.accounts[account]![key] = entry
             }
         }
     }

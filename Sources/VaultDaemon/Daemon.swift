@@ -1,6 +1,7 @@
 import CShim
 import Dispatch
 import Glibc
+import Synchronization
 import VaultCore
 import VaultProtocol
 import VaultSystem
@@ -138,9 +139,12 @@ public enum Daemon {
 
         let store = try LibsecretStore.open(timeoutSeconds: config.storeTimeoutSeconds)
         let clock = SystemWallClock()
+        let policy = try PolicyResolver.resolve(config)
+        let relay = EventRelay()
         let manager = SessionManager(
-            store: store, config: config, clock: clock, log: log,
-            tableDidChange: { table in notifier.status(ServiceNotifier.statusLine(table)) })
+            store: store, config: config, clock: clock, log: log, policy: policy,
+            tableDidChange: { table in notifier.status(ServiceNotifier.statusLine(table)) },
+            events: { event in relay.publish(event) })
         let restored = try blocking { () async throws(VaultError) in try await manager.restore() }
 
         let listenFD: Int32
@@ -151,7 +155,7 @@ public enum Daemon {
             socketDescription = "passed by systemd"
         } else {
             let path = options.socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
-            listenFD = try Listener.bind(path)
+            listenFD = try Listener.bind(path, mode: config.socketMode)
             socketDescription = path
             ownsSocketFile = true
         }
@@ -173,6 +177,7 @@ public enum Daemon {
         } catch {
             throw VaultError(.internalError, "cannot start serving: \(error)")
         }
+        relay.attach(server)
         log.notice(
             "ready",
             [
@@ -191,8 +196,10 @@ public enum Daemon {
     static func reload(_ options: DaemonOptions, manager: SessionManager, notifier: ServiceNotifier, log: Logger) {
         notifier.reloading()
         let config: VaultConfig
-        do {
+        let policy: AccessPolicy
+        do throws(VaultError) {
             config = try loadConfig(options.configPath, log: log)
+            policy = try PolicyResolver.resolve(config)
         } catch {
             log.error(
                 "reload refused, the previous configuration stays in force: \(error.message)",
@@ -201,7 +208,7 @@ public enum Daemon {
             return
         }
         Task {
-            let change = await manager.apply(config)
+            let change = await manager.apply(config, policy: policy)
             log.notice(
                 "configuration reloaded",
                 [
@@ -272,6 +279,16 @@ public enum Daemon {
         var bytes = Array((text + "\n").utf8)
         _ = bytes.withUnsafeMutableBytes { write(2, $0.baseAddress, $0.count) }
     }
+}
+
+/// Hands the session manager's events to the server, which exists only once
+/// the sessions are restored (events before that have no subscriber anyway).
+final class EventRelay: Sendable {
+    private let server = Mutex<VarlinkServer?>(nil)
+
+    func attach(_ server: VarlinkServer) { self.server.withLock { $0 = server } }
+
+    func publish(_ event: VaultEvent) { server.withLock { $0 }?.publish(event) }
 }
 
 /// Carries a result from a task to the thread that waits on a semaphore.

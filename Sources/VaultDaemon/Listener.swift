@@ -2,14 +2,15 @@ import Glibc
 import VaultCore
 import VaultSystem
 
-/// Creates vaultd's listening socket: the directory 0700 when vaultd makes it,
-/// the socket 0600, a stale socket file replaced, a live daemon left alone.
+/// Creates vaultd's listening socket: the directory 0700 when vaultd makes it
+/// (0755 when the socket is meant for every user), the socket 0600 unless
+/// configured otherwise, a stale socket file replaced, a live daemon left alone.
 public enum Listener {
     /// Binds and listens on `path`; errors say what to do.
-    public static func bind(_ path: String) throws(VaultError) -> Int32 {
+    public static func bind(_ path: String, mode: UInt32 = 0o600) throws(VaultError) -> Int32 {
         let directory = parentDirectory(of: path)
         if !Files.exists(directory) {
-            guard mkdir(directory, 0o700) == 0 || errno == EEXIST else {
+            guard mkdir(directory, mode & 0o066 == 0 ? 0o700 : 0o755) == 0 || errno == EEXIST else {
                 throw VaultError(
                     .internalError,
                     "cannot create the socket directory \(directory): \(SystemError("mkdir").description); create it or pass --socket PATH"
@@ -38,7 +39,7 @@ public enum Listener {
             try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
                 guard Glibc.bind(fd, address, length) == 0 else { throw SystemError("bind \(path)") }
             }
-            guard chmod(path, 0o600) == 0 else { throw SystemError("chmod \(path)") }
+            guard chmod(path, mode_t(mode)) == 0 else { throw SystemError("chmod \(path)") }
             guard listen(fd, 512) == 0 else { throw SystemError("listen \(path)") }
         } catch {
             close(fd)

@@ -20,15 +20,37 @@ public actor SessionManager {
     private var logouts: [Account: Task<Result<Void, VaultError>, Never>] = [:]
 
     /// A manager over `store`, reading time from `clock`.
+    /// The access policy in force, shared with the serving thread.
+    public nonisolated let policy: PolicyBox
+    private let events: @Sendable (VaultEvent) -> Void
+
     public init(
         store: any SessionStore, config: VaultConfig, clock: any WallClock, log: Logger,
-        tableDidChange: @escaping @Sendable (SessionTable) -> Void = { _ in }
+        policy: AccessPolicy = AccessPolicy(),
+        tableDidChange: @escaping @Sendable (SessionTable) -> Void = { _ in },
+        events: @escaping @Sendable (VaultEvent) -> Void = { _ in }
     ) {
         self.store = store
         self.config = config
         self.clock = clock
         self.log = log
+        self.policy = PolicyBox(policy)
+        self.events = events
         self.table = SessionTable(didChange: tableDidChange)
+    }
+
+    private func emit(
+        _ kind: EventKind, _ account: Account, owner: UInt32, reason: String? = nil, code: VaultError.Code? = nil
+    ) {
+        events(
+            VaultEvent(
+                kind: kind, account: account, ownerUID: owner, time: clock.now(), reason: reason,
+                code: code?.seedCode))
+    }
+
+    /// One audit line: who did what to which account, and the result. Never a secret.
+    public nonisolated func audit(_ action: String, _ account: Account, caller: Caller, result: String) {
+        Audit.log(log, action, account, caller: caller, result: result)
     }
 
     /// Returns at once when the manager is not stuck: the watchdog's probe.
@@ -37,10 +59,13 @@ public actor SessionManager {
     /// Puts a new, fully validated configuration in force. Sessions of providers
     /// that are gone are kept (and reported): their tokens stay readable, new
     /// logins to those providers are refused.
-    public func apply(_ newConfig: VaultConfig) -> (added: [String], removed: [String], orphaned: [Account]) {
+    public func apply(_ newConfig: VaultConfig, policy newPolicy: AccessPolicy) -> (
+        added: [String], removed: [String], orphaned: [Account]
+    ) {
         let old = Set(config.providers.keys)
         let new = Set(newConfig.providers.keys)
         config = newConfig
+        policy.replace(newPolicy)
         let removed = old.subtracting(new).sorted()
         let orphaned = machines.keys.filter { removed.contains($0.provider) }.sorted()
         for account in orphaned {
@@ -103,12 +128,36 @@ public actor SessionManager {
                 if let task = logouts[account] { _ = await task.value }
                 continue
             case .startLogin:
+                if config.providers[account.provider]?.singleAccount == true,
+                    let other = machines.first(where: { $0.key.provider == account.provider && $0.key != account })
+                {
+                    // Account switching (OpenIM): the old session is logged out first.
+                    machines[account]?.loginFailed()
+                    cleanUp(account)
+                    if case .loggedIn(let record) = other.value.state,
+                        !policy.policy.maySee(caller, ownerUID: record.ownerUID)
+                    {
+                        throw VaultError(
+                            .accessDenied,
+                            "provider '\(account.provider)' allows one account and \(other.key) belongs to uid \(record.ownerUID); it must log out first"
+                        )
+                    }
+                    log.info("switching accounts", fields(other.key, event: "switch", caller: caller))
+                    do throws(VaultError) {
+                        try await logout(other.key, caller: caller, reason: "switched")
+                    } catch  where error.code == .notLoggedIn {
+                        // Gone meanwhile: nothing to switch from.
+                    }
+                    continue
+                }
                 let record: SessionRecord
                 do throws(VaultError) {
                     record = try makeRecord(request, account: account, caller: caller)
                 } catch {
                     machines[account]?.loginFailed()
                     cleanUp(account)
+                    emit(.loginFailed, account, owner: caller.uid, code: error.code)
+                    audit("Login", account, caller: caller, result: error.code.seedCode)
                     throw error
                 }
                 table.publish(account, SessionView(state: .logging, record: nil))
@@ -128,12 +177,16 @@ public actor SessionManager {
                     machines[account]?.loginSucceeded(record)
                     table.publish(account, SessionView(state: .logged, record: record))
                     log.info("logged in", fields(account, event: "loginSuccess", caller: caller))
+                    emit(.loginSuccess, account, owner: record.ownerUID)
+                    audit("Login", account, caller: caller, result: "ok")
                     return (record, true)
                 case .failure(let error):
                     machines[account]?.loginFailed()
                     cleanUp(account)
                     log.error(
                         "login failed", fields(account, event: "loginFailed", caller: caller, code: error.code))
+                    emit(.loginFailed, account, owner: caller.uid, code: error.code)
+                    audit("Login", account, caller: caller, result: error.code.seedCode)
                     throw error
                 }
             }
@@ -180,14 +233,20 @@ public actor SessionManager {
 
     /// Logs `account` out for `caller`: marks the stored record logging-out,
     /// then deletes it, so a crash in between finishes the logout at start-up.
-    public func logout(_ account: Account, caller: Caller) async throws(VaultError) {
+    ///
+    /// With a `reason` it is a forced logout (the chat server kicked the client
+    /// offline, or an administrator): subscribers get `kickedOffline` instead of
+    /// `logoutSuccess`.
+    public func logout(_ account: Account, caller: Caller, reason: String? = nil) async throws(VaultError) {
+        let action = reason == nil ? "Logout" : "ForceLogout"
         for _ in 0..<64 {
             var machine = machines[account] ?? AccountStateMachine(account: account)
-            let action = machine.logoutRequested(by: caller)
+            let step = machine.logoutRequested(by: caller, isAdmin: policy.policy.isAdmin(caller))
             machines[account] = machine
-            switch action {
+            switch step {
             case .fail(let error):
                 cleanUp(account)
+                audit(action, account, caller: caller, result: error.code.seedCode)
                 throw error
             case .joinInFlight:
                 guard let task = logouts[account] else { continue }
@@ -215,12 +274,23 @@ public actor SessionManager {
                     machines[account]?.logoutFinished(succeeded: true)
                     cleanUp(account)
                     table.publish(account, nil)
-                    log.info("logged out", fields(account, event: "logoutSuccess", caller: caller))
+                    var logFields = fields(
+                        account, event: reason == nil ? "logoutSuccess" : "kickedOffline", caller: caller)
+                    logFields["reason"] = reason
+                    log.info("logged out", logFields)
+                    if let reason {
+                        emit(.kickedOffline, account, owner: record.ownerUID, reason: reason)
+                    } else {
+                        emit(.logoutSuccess, account, owner: record.ownerUID)
+                    }
+                    audit(action, account, caller: caller, result: "ok")
                     return
                 case .failure(let error):
                     machines[account]?.logoutFinished(succeeded: false)
                     log.error(
                         "logout failed", fields(account, event: "logoutFailed", caller: caller, code: error.code))
+                    emit(.logoutFailed, account, owner: record.ownerUID, reason: reason, code: error.code)
+                    audit(action, account, caller: caller, result: error.code.seedCode)
                     throw error
                 }
             }
@@ -237,7 +307,9 @@ public actor SessionManager {
         }
     }
 
-    private func fields(_ account: Account, event: String, caller: Caller? = nil, code: VaultError.Code? = nil)
+    private nonisolated func fields(
+        _ account: Account, event: String, caller: Caller? = nil, code: VaultError.Code? = nil
+    )
         -> [String: String]
     {
         var f = ["provider": account.provider, "user": account.user, "event": event]
@@ -247,5 +319,19 @@ public actor SessionManager {
         }
         if let code { f["code"] = code.seedCode }
         return f
+    }
+}
+
+/// The audit trail: one structured line per token handout, login, logout and
+/// kick, naming who (uid, pid, executable), what, which account and the result.
+public enum Audit {
+    /// Writes one audit line.
+    public static func log(_ log: Logger, _ action: String, _ account: Account, caller: Caller, result: String) {
+        log.notice(
+            "audit",
+            [
+                "action": action, "provider": account.provider, "user": account.user, "uid": String(caller.uid),
+                "pid": String(caller.pid), "exe": caller.executable ?? "?", "result": result,
+            ])
     }
 }

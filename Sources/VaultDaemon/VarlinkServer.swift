@@ -28,6 +28,12 @@ public final class VarlinkServer: @unchecked Sendable {
     private var stopping = false
     /// Replies of deferred calls, handed from worker tasks to the loop thread.
     private let completions = Mutex<[(UInt64, VarlinkReply?)]>([])
+    /// Events to stream to subscribers, in the order they were published.
+    private let pendingEvents = Mutex<[VaultEvent]>([])
+    /// Subscribed connections and what each wants to see; loop thread only.
+    private var subscriptions: [UInt64: @Sendable (VaultEvent) -> Bool] = [:]
+    /// Unsent bytes past which a subscriber is dropped.
+    static let subscriberQueueLimit = 1 << 20
 
     private static let sendFlags = Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)
     private static let listenerToken: UInt64 = 1
@@ -121,6 +127,14 @@ public final class VarlinkServer: @unchecked Sendable {
         return stopSignal
     }
 
+    /// Streams `event` to every subscriber whose filter passes it. Thread-safe;
+    /// events reach each subscriber in the order they were published.
+    public func publish(_ event: VaultEvent) {
+        pendingEvents.withLock { $0.append(event) }
+        var one: UInt64 = 1
+        _ = write(wakeFD, &one, 8)
+    }
+
     /// Hands the reply of a deferred call back to the loop. Thread-safe.
     func complete(_ id: UInt64, _ reply: VarlinkReply?) {
         completions.withLock { $0.append((id, reply)) }
@@ -152,7 +166,14 @@ public final class VarlinkServer: @unchecked Sendable {
         stopping = true
         _ = vaultd_epoll_del(epollFD, listenFD)
         log.notice("stopping: no new connections, answering calls in flight")
-        // Idle connections are closed now; busy ones after their reply.
+        // Subscribers get a last word; idle connections are closed now; busy ones after their reply.
+        for connection in connections.values where connection.subscribed {
+            queue(
+                VaultError(.internalError, "vaultd is stopping; subscribe again when it is back").varlinkReply,
+                on: connection)
+            flush(connection)
+            disconnect(connection)
+        }
         for connection in connections.values where !connection.busy { disconnect(connection) }
     }
 
@@ -174,8 +195,13 @@ public final class VarlinkServer: @unchecked Sendable {
             }
             let id = nextID
             nextID += 1
+            var groups = [gid_t](repeating: 0, count: 256)
+            let groupCount = max(0, vaultd_peer_groups(fd, &groups, Int32(groups.count)))
+            let caller = Caller(
+                uid: uid, gid: gid, pid: pid, groups: Array(groups.prefix(Int(groupCount))),
+                executable: VarlinkServer.executable(of: pid))
             let connection = Connection(
-                id: id, fd: fd, caller: Caller(uid: uid, gid: gid, pid: pid),
+                id: id, fd: fd, caller: caller,
                 maximumMessageSize: VarlinkServer.maximumMessageSize)
             connections[id] = connection
             connection.interest = VAULTD_EPOLLIN
@@ -185,8 +211,37 @@ public final class VarlinkServer: @unchecked Sendable {
         }
     }
 
+    /// The peer's executable from /proc, for the audit log.
+    static func executable(of pid: pid_t) -> String? {
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let n = readlink("/proc/\(pid)/exe", &buffer, buffer.count - 1)
+        guard n > 0 else { return nil }
+        return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
     private func serve(_ connection: Connection, events: UInt32) {
         let failed = events & (VAULTD_EPOLLHUP | VAULTD_EPOLLERR) != 0
+        if failed && connection.subscribed {
+            disconnect(connection)
+            return
+        }
+        if connection.subscribed {
+            if events & VAULTD_EPOLLOUT != 0 { flush(connection) }
+            if connection.closed { return }
+            if events & VAULTD_EPOLLIN != 0 {
+                // A subscriber sends nothing more; reading only tells whether it left.
+                let n: Int = withUnsafeTemporaryAllocation(byteCount: 4096, alignment: 16) {
+                    (buffer: UnsafeMutableRawBufferPointer) -> Int in
+                    recv(connection.fd, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
+                }
+                if n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    disconnect(connection)
+                    return
+                }
+            }
+            updateInterest(connection)
+            return
+        }
         if failed && connection.busy {
             // The peer is gone while its call is in flight. epoll reports a hang-up
             // whatever the interest, so stop watching; the reply is dropped when it comes.
@@ -260,6 +315,17 @@ public final class VarlinkServer: @unchecked Sendable {
             switch service.handle(call, caller: connection.caller) {
             case .reply(let reply):
                 if !call.oneway { queue(reply, on: connection) }
+            case .subscribe(let snapshot, let filter):
+                guard call.more else {
+                    queue(VarlinkReply(error: "org.varlink.service.ExpectedMore"), on: connection)
+                    continue
+                }
+                var first = snapshot
+                first.continues = true
+                queue(first, on: connection)
+                connection.subscribed = true
+                connection.busy = true
+                subscriptions[connection.id] = filter
             case .deferred(let work):
                 log.debug("call in flight", ["method": call.method, "pid": String(connection.caller.pid)])
                 connection.busy = true
@@ -289,6 +355,12 @@ public final class VarlinkServer: @unchecked Sendable {
             list.removeAll(keepingCapacity: true)
             return taken
         }
+        let events: [VaultEvent] = pendingEvents.withLock { list in
+            let taken = list
+            list.removeAll(keepingCapacity: true)
+            return taken
+        }
+        if !events.isEmpty { deliver(events) }
         for (id, reply) in done {
             if id == VarlinkServer.watchdogProbeID {
                 watchdogProbeInFlight = false
@@ -299,6 +371,45 @@ public final class VarlinkServer: @unchecked Sendable {
             connection.busy = false
             if let reply { queue(reply, on: connection) }
             process(connection)
+        }
+    }
+
+    /// Appends each event, encoded once, to the subscribers that want it, and
+    /// drops a subscriber whose unsent bytes pass the limit, with a final error.
+    private func deliver(_ events: [VaultEvent]) {
+        var touched: Set<UInt64> = []
+        for event in events {
+            var message: [UInt8]?
+            for (id, filter) in subscriptions where filter(event) {
+                guard let connection = connections[id] else { continue }
+                if message == nil {
+                    message = VarlinkReply(parameters: ["event": event.json()], continues: true).encoded() + [0]
+                }
+                connection.output.append(contentsOf: message!)
+                touched.insert(id)
+            }
+        }
+        for id in touched {
+            guard let connection = connections[id] else { continue }
+            flush(connection)
+            if connection.closed { continue }
+            if connection.pendingOutput > VarlinkServer.subscriberQueueLimit {
+                log.warning(
+                    "a subscriber did not read its events and was dropped",
+                    ["pid": String(connection.caller.pid), "uid": String(connection.caller.uid)])
+                // The final error goes out if the peer ever reads; the rest is dropped.
+                connection.output.removeAll()
+                connection.outputOffset = 0
+                queue(
+                    VaultError(
+                        .subscriberTooSlow,
+                        "this subscriber did not read its events and was dropped; read events as they come and subscribe again"
+                    ).varlinkReply, on: connection)
+                flush(connection)
+                disconnect(connection)
+                continue
+            }
+            updateInterest(connection)
         }
     }
 
@@ -334,6 +445,7 @@ public final class VarlinkServer: @unchecked Sendable {
         if connection.wantsInput && connection.pendingOutput < VarlinkServer.outputHighWater {
             wanted |= VAULTD_EPOLLIN
         }
+        if connection.subscribed { wanted |= VAULTD_EPOLLIN }
         if connection.pendingOutput > 0 { wanted |= VAULTD_EPOLLOUT }
         if connection.interest != Connection.detached, wanted != connection.interest {
             connection.interest = wanted
@@ -344,6 +456,7 @@ public final class VarlinkServer: @unchecked Sendable {
     private func disconnect(_ connection: Connection) {
         guard !connection.closed else { return }
         connection.closed = true
+        subscriptions[connection.id] = nil
         if connection.interest != Connection.detached { _ = vaultd_epoll_del(epollFD, connection.fd) }
         Glibc.close(connection.fd)
         connections[connection.id] = nil
@@ -388,6 +501,8 @@ final class Connection {
     /// A deferred call is in flight; later calls wait behind it.
     var busy = false
     var peerClosedInput = false
+    /// A Subscribe stream runs on this connection.
+    var subscribed = false
     var closed = false
     var interest: UInt32 = 0
     /// The `interest` of a connection no longer registered with epoll.

@@ -6,6 +6,9 @@ import VaultProtocol
 public enum HandlerOutcome: Sendable {
     case reply(VarlinkReply)
     case deferred(@Sendable () async -> VarlinkReply)
+    /// Start a stream: send `snapshot` (continues), then every published event
+    /// that `filter` passes, until the client goes away.
+    case subscribe(snapshot: VarlinkReply, filter: @Sendable (VaultEvent) -> Bool)
 }
 
 /// A method handler: the call and who made it in, an outcome out.

@@ -45,6 +45,8 @@ public enum VaultMethods {
             }
         }
 
+        let policy = manager.policy
+
         service.methods[VaultMethod.getSession.rawValue] = { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                 let (provider, user) = try p.account()
@@ -55,32 +57,32 @@ public enum VaultMethods {
                 guard let record = view.record else {
                     return .reply(VarlinkReply(parameters: ["session": pendingSessionJSON(account, state: view.state)]))
                 }
-                guard caller.mayManage(ownedBy: record.ownerUID) else {
-                    return .reply(VaultError.notLoggedIn(account).varlinkReply)
+                guard policy.policy.maySee(caller, ownerUID: record.ownerUID) else {
+                    return .reply(accessDenied(account, record).varlinkReply)
                 }
                 return .reply(VarlinkReply(parameters: ["session": record.wireJSON(state: view.state)]))
             }
         }
 
         service.methods[VaultMethod.listSessions.rawValue] = { call, caller in
-            let sessions = table.all().compactMap { (account, view) -> JSON? in
-                guard let record = view.record else { return pendingSessionJSON(account, state: view.state) }
-                guard caller.mayManage(ownedBy: record.ownerUID) else { return nil }
-                return record.wireJSON(state: view.state)
-            }
-            return .reply(VarlinkReply(parameters: ["sessions": .array(sessions)]))
+            .reply(VarlinkReply(parameters: ["sessions": .array(visibleSessions(table, policy.policy, caller))]))
         }
 
         service.methods[VaultMethod.getToken.rawValue] = { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                 let r = try GetTokenRequest(p)
                 let account = Account(provider: r.provider, user: r.user)
-                guard let record = table.view(of: account)?.record else {
-                    return .reply(VaultError.notLoggedIn(account).varlinkReply)
+                func refuse(_ error: VaultError) -> HandlerOutcome {
+                    manager.audit("GetToken", account, caller: caller, result: error.code.seedCode)
+                    return .reply(error.varlinkReply)
                 }
-                guard caller.uid == record.ownerUID else {
-                    return .reply(
-                        VaultError(.accessDenied, "the token of \(account) is handed only to its owner").varlinkReply)
+                guard let record = table.view(of: account)?.record else { return refuse(.notLoggedIn(account)) }
+                guard policy.policy.mayReadToken(caller, account: account, ownerUID: record.ownerUID) else {
+                    return refuse(
+                        VaultError(
+                            .accessDenied,
+                            "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
+                        ))
                 }
                 if let expiresAt = record.expiresAt {
                     let now = clock.now()
@@ -89,10 +91,10 @@ public enum VaultMethods {
                             expiresAt <= now
                             ? "expired at \(expiresAt)"
                             : "expires at \(expiresAt), before the \(r.minValidSeconds)s asked for"
-                        return .reply(
-                            VaultError(.tokenExpired, "the token of \(account) \(what); log in again").varlinkReply)
+                        return refuse(VaultError(.tokenExpired, "the token of \(account) \(what); log in again"))
                     }
                 }
+                manager.audit("GetToken", account, caller: caller, result: "ok")
                 var out: [String: JSON] = ["token": .string(record.tokens.accessToken.revealed)]
                 out["tokenType"] = record.tokens.tokenType.map(JSON.string)
                 out["expiresAt"] = record.expiresAt.map { .int($0.seconds) }
@@ -100,7 +102,63 @@ public enum VaultMethods {
                 return .reply(VarlinkReply(parameters: out))
             }
         }
+
+        service.methods[VaultMethod.forceLogout.rawValue] = { call, caller in
+            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                let (provider, user) = try p.account()
+                let reason = try p.optionalString("reason") ?? "kicked"
+                return .deferred {
+                    do throws(VaultError) {
+                        try await manager.logout(
+                            Account(provider: provider, user: user), caller: caller, reason: reason)
+                        return VarlinkReply()
+                    } catch {
+                        return error.varlinkReply
+                    }
+                }
+            }
+        }
+
+        service.methods[VaultMethod.subscribe.rawValue] = { call, caller in
+            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                var filter = EventFilter(provider: try p.optionalString("provider"), user: try p.optionalString("user"))
+                if let kinds = p.parameters["kinds"], kinds != .null {
+                    guard let names = kinds.arrayValue else { throw ParameterReader.Invalid(parameter: "kinds") }
+                    for name in names {
+                        guard let kind = name.stringValue.flatMap(EventKind.init(rawValue:)) else {
+                            throw ParameterReader.Invalid(parameter: "kinds")
+                        }
+                        filter.kinds.insert(kind)
+                    }
+                }
+                let sessions = visibleSessions(table, policy.policy, caller).filter {
+                    filter.matches(
+                        Account(provider: $0["provider"]?.stringValue ?? "", user: $0["user"]?.stringValue ?? ""))
+                }
+                let subscriptionFilter = filter
+                return .subscribe(
+                    snapshot: VarlinkReply(parameters: ["sessions": .array(sessions)]),
+                    filter: { event in
+                        subscriptionFilter.matches(event) && policy.policy.maySee(caller, ownerUID: event.ownerUID)
+                    })
+            }
+        }
         return service
+    }
+
+    /// The sessions `caller` may see, as clients see them.
+    static func visibleSessions(_ table: SessionTable, _ policy: AccessPolicy, _ caller: Caller) -> [JSON] {
+        table.all().compactMap { (account, view) -> JSON? in
+            guard let record = view.record else {
+                return caller.isRoot ? pendingSessionJSON(account, state: view.state) : nil
+            }
+            guard policy.maySee(caller, ownerUID: record.ownerUID) else { return nil }
+            return record.wireJSON(state: view.state)
+        }
+    }
+
+    static func accessDenied(_ account: Account, _ record: SessionRecord) -> VaultError {
+        VaultError(.accessDenied, "\(account) belongs to another user (uid \(record.ownerUID))")
     }
 
     /// Runs `body` with the call's parameters; a missing or mistyped parameter

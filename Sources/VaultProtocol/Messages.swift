@@ -13,6 +13,9 @@ public struct ParameterReader {
     public struct Invalid: Error, Equatable {
         /// The parameter's name.
         public var parameter: String
+
+        /// The parameter `parameter` is missing or of the wrong type.
+        public init(parameter: String) { self.parameter = parameter }
     }
 
     /// A required string.

@@ -42,6 +42,10 @@ int vaultd_signalfd_read(int fd);
 /* SO_PEERCRED of a connected Unix socket. */
 int vaultd_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 
+/* SO_PEERGROUPS: the peer's supplementary groups at connect time. Returns
+ * their count (at most max) or -1. */
+int vaultd_peer_groups(int fd, gid_t *groups, int max);
+
 /* PR_SET_DUMPABLE 0 and RLIMIT_CORE 0: secrets never reach a core dump. */
 int vaultd_disable_core_dumps(void);
 
