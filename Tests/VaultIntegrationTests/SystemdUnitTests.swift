@@ -1,0 +1,251 @@
+import Foundation
+import Testing
+import VaultClient
+import VaultCore
+import VaultProtocol
+
+/// The systemd units (systemd/), scripts/install and the system instance's
+/// own keyring (scripts/vaultd-system-keyring).
+@Suite(.serialized)
+struct SystemdUnitTests {
+    private static let analyze = URL(fileURLWithPath: "/usr/bin/systemd-analyze")
+    private static let root = Binaries.packageRoot
+
+    @Test("Should install everything under DESTDIR and pass systemd-analyze verify on all four units")
+    func verifyUnits() throws {
+        let dir = try TemporaryDirectory()
+        let destdir = dir.path("root")
+        try install(into: destdir)
+        for path in [
+            "usr/local/bin/vaultd", "usr/local/bin/vaultctl", "usr/local/libexec/vaultd/vaultd-system-keyring",
+            "usr/local/libexec/vaultd/keyring.sh", "etc/vaultd/vaultd.conf", "usr/local/share/doc/vaultd/vaultd.txt",
+            "usr/local/share/doc/vaultd/vaultctl.txt",
+        ] {
+            #expect(FileManager.default.fileExists(atPath: "\(destdir)/\(path)"), "installed \(path)")
+        }
+        let help = try String(contentsOfFile: "\(destdir)/usr/local/share/doc/vaultd/vaultd.txt", encoding: .utf8)
+        #expect(help.contains("--config"))
+
+        // System units: the installed copies, unchanged, verified with
+        // --root=DESTDIR, so their ExecStart= paths (/usr/local/...) must
+        // exist in DESTDIR. The root also needs systemd's own units (the
+        // targets they name) and /bin/kill (ExecReload=).
+        let base = "\(destdir)/usr/lib/systemd"
+        try FileManager.default.createDirectory(atPath: base, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: "/usr/lib/systemd/system", toPath: "\(base)/system")
+        try FileManager.default.createDirectory(atPath: "\(destdir)/usr/bin", withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: "/usr/bin/kill", toPath: "\(destdir)/usr/bin/kill")
+        try FileManager.default.createSymbolicLink(atPath: "\(destdir)/bin", withDestinationPath: "usr/bin")
+        let systemUnits = ["vaultd.service", "vaultd.socket"].map { "\(destdir)/usr/local/lib/systemd/system/\($0)" }
+        let system = try runCommand(Self.analyze, ["verify", "--root=\(destdir)"] + systemUnits)
+        #expect(system.status == 0, "system units: \(system.stderr)")
+        #expect(system.stderr.isEmpty, "system units: \(system.stderr)")
+
+        // --root does check the ExecStart= paths inside the root: without the
+        // wrapper, verification fails.
+        try FileManager.default.removeItem(atPath: "\(destdir)/usr/local/libexec/vaultd/vaultd-system-keyring")
+        let missing = try runCommand(Self.analyze, ["verify", "--root=\(destdir)"] + systemUnits)
+        #expect(missing.status != 0)
+        #expect(missing.stderr.contains("vaultd-system-keyring is not executable"), "\(missing.stderr)")
+
+        // User units: systemd 252 has no --root for --user, so the installed
+        // copies are verified in the user scope with only DESTDIR put in
+        // front of /usr/local/ (ExecStart= names the installed vaultd).
+        let userDir = dir.path("user")
+        let runtime = dir.path("runtime")
+        try FileManager.default.createDirectory(atPath: userDir, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true)
+        var userUnits: [String] = []
+        for name in ["vaultd.service", "vaultd.socket"] {
+            let text = try String(
+                contentsOfFile: "\(destdir)/usr/local/lib/systemd/user/\(name)", encoding: .utf8)
+            if name == "vaultd.service" { #expect(text.contains("\nExecStart=/usr/local/bin/vaultd\n")) }
+            let path = "\(userDir)/\(name)"
+            try text.replacingOccurrences(of: "/usr/local/", with: "\(destdir)/usr/local/")
+                .write(toFile: path, atomically: true, encoding: .utf8)
+            userUnits.append(path)
+        }
+        let user = try runCommand(
+            Self.analyze, ["--user", "verify"] + userUnits, environment: ["XDG_RUNTIME_DIR": runtime])
+        #expect(user.status == 0, "user units: \(user.stderr)")
+        #expect(user.stderr.isEmpty, "user units: \(user.stderr)")
+    }
+
+    @Test("Should rate the system service 2.0 or lower in systemd-analyze security, as its comment records")
+    func securityExposure() throws {
+        let unit = Self.root.appendingPathComponent("systemd/system/vaultd.service").path
+        let result = try runCommand(Self.analyze, ["security", "--offline=true", "--no-pager", unit])
+        #expect(result.status == 0, "\(result.stderr)")
+        let score = try #require(Self.exposure(in: result.stdout), "no overall exposure in:\n\(result.stdout)")
+        #expect(score <= 2.0, "\(result.stdout)")
+        // The score written at the top of the unit is the one measured.
+        let text = try String(contentsOfFile: unit, encoding: .utf8)
+        let recorded = try #require(Self.exposure(in: text), "the unit records no score")
+        #expect(recorded == score, "the unit records \(recorded), systemd-analyze says \(score)")
+    }
+
+    @Test("Should keep the system instance's sessions in its own keyring under STATE_DIRECTORY across restarts")
+    func systemKeyringPersists() throws {
+        let dir = try TemporaryDirectory()
+        defer { Self.killProcesses(mentioning: dir.url.path) }
+        let credentials = dir.path("credentials")
+        let state = dir.path("state")
+        for path in [credentials, state, dir.path("runtime")] {
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        }
+        try "system-keyring-password-1234\n".write(
+            toFile: "\(credentials)/keyring-password", atomically: true, encoding: .utf8)
+        let socket = dir.path("s")
+        let user = uniqueName("sys")
+        let token = "sys_token_abcdefghijklmnopqrstuvwxyz"
+
+        let first = try SystemInstance(directory: dir, socket: socket)
+        let login = try VarlinkClient(path: socket).call(
+            VaultMethod.login.rawValue, ["provider": "demo", "user": .string(user), "token": .string(token)])
+        #expect(login.error == nil, "\(login)")
+        #expect(login.parameters["session"]?["state"]?.stringValue == "logged")
+        #expect(first.stop() == 0, "\(first.output.text)")
+        #expect(FileManager.default.fileExists(atPath: "\(state)/keyring/keyrings/login.keyring"))
+        // Outside systemd nothing stops the bus and the keyring daemon with
+        // vaultd (under systemd, the cgroup does): stop them here, so the
+        // second run has to open the keyring again from STATE_DIRECTORY.
+        Self.killProcesses(mentioning: dir.url.path)
+
+        let second = try SystemInstance(directory: dir, socket: socket)
+        let session = try VarlinkClient(path: socket).call(
+            VaultMethod.getSession.rawValue, ["provider": "demo", "user": .string(user)])
+        #expect(session.error == nil, "\(session)")
+        #expect(session.parameters["session"]?["state"]?.stringValue == "logged")
+        let stored = try VarlinkClient(path: socket).call(
+            VaultMethod.getToken.rawValue, ["provider": "demo", "user": .string(user)])
+        #expect(stored.parameters["token"]?.stringValue == token)
+        #expect(second.stop() == 0, "\(second.output.text)")
+        #expect(!second.output.text.contains(token))
+        #expect(!first.output.text.contains("system-keyring-password"))
+    }
+
+    @Test("Should refuse to start, in one line, without the keyring password credential")
+    func missingPasswordCredential() throws {
+        let dir = try TemporaryDirectory()
+        defer { Self.killProcesses(mentioning: dir.url.path) }
+        for name in ["credentials", "state", "runtime"] {
+            try FileManager.default.createDirectory(atPath: dir.path(name), withIntermediateDirectories: true)
+        }
+        let result = try runCommand(
+            Self.wrapper, [Binaries.vaultd.path, "--socket", dir.path("s")],
+            environment: SystemInstance.environment(dir), seconds: 20)
+        #expect(result.status != 0)
+        let lines = result.stderr.split(separator: "\n")
+        #expect(lines.count == 1, "\(result.stderr)")
+        #expect(result.stderr.contains("keyring-password"), "\(result.stderr)")
+        #expect(Self.processes(mentioning: dir.url.path).isEmpty, "no bus or keyring was started")
+        #expect(!FileManager.default.fileExists(atPath: dir.path("s")))
+    }
+
+    static let wrapper = root.appendingPathComponent("scripts/vaultd-system-keyring")
+
+    /// Runs scripts/install into `destdir` with the binaries already built.
+    private func install(into destdir: String) throws {
+        let result = try runCommand(
+            Self.root.appendingPathComponent("scripts/install"), [],
+            environment: ["DESTDIR": destdir, "PREFIX": "/usr/local", "VAULTD_BIN_DIR": Binaries.directory.path],
+            seconds: 60)
+        #expect(result.status == 0, "scripts/install: \(result.stderr)")
+        #expect(result.stdout.contains("systemctl --user enable --now vaultd.socket"))
+    }
+
+    /// The number in "Overall exposure level for vaultd.service: 1.1".
+    private static func exposure(in text: String) -> Double? {
+        let marker = "Overall exposure level for vaultd.service: "
+        guard let range = text.range(of: marker) else { return nil }
+        let number = text[range.upperBound...].prefix { $0.isNumber || $0 == "." }
+        return Double(number)
+    }
+
+    /// Live processes whose environment mentions `marker` (a test's own
+    /// temporary directory): vaultd, and the bus and keyring daemon the
+    /// wrapper started, which detach from it.
+    static func processes(mentioning marker: String) -> [pid_t] {
+        let me = getpid()
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        return entries.compactMap { pid_t($0) }.filter { pid in
+            guard pid != me, let environ = FileManager.default.contents(atPath: "/proc/\(pid)/environ") else {
+                return false
+            }
+            return String(decoding: environ, as: UTF8.self).contains(marker)
+        }
+    }
+
+    /// Stops (SIGTERM, then SIGKILL after 2 s) every process `processes(mentioning:)` finds.
+    /// (Started from a test, the daemons may inherit a signal mask that blocks SIGTERM.)
+    static func killProcesses(mentioning marker: String) {
+        var pids = processes(mentioning: marker)
+        for pid in pids { kill(pid, SIGTERM) }
+        let deadline = Date().addingTimeInterval(2)
+        while !pids.isEmpty && Date() < deadline {
+            usleep(20_000)
+            pids = processes(mentioning: marker)
+        }
+        for pid in pids { kill(pid, SIGKILL) }
+        let killed = Date().addingTimeInterval(5)
+        while !processes(mentioning: marker).isEmpty && Date() < killed { usleep(20_000) }
+    }
+}
+
+/// scripts/vaultd-system-keyring running vaultd as the system unit would,
+/// with the systemd-provided directories in a test's temporary directory.
+private final class SystemInstance {
+    let process = Process()
+    let output: OutputCollector
+    private let stdout: OutputCollector
+
+    static func environment(_ dir: TemporaryDirectory) -> [String: String] {
+        [
+            "CREDENTIALS_DIRECTORY": dir.path("credentials"), "STATE_DIRECTORY": dir.path("state"),
+            "RUNTIME_DIRECTORY": dir.path("runtime"),
+        ]
+    }
+
+    /// Starts the wrapper and waits (bounded) for vaultd's ready line.
+    init(directory: TemporaryDirectory, socket: String) throws {
+        process.executableURL = SystemdUnitTests.wrapper
+        process.arguments = [
+            Binaries.vaultd.path, "--socket", socket, "--log-level", "debug", "--config",
+            Binaries.packageRoot.appendingPathComponent("config/vaultd.conf").path,
+        ]
+        var env = ProcessInfo.processInfo.environment
+        // Its own bus, not the test's keyring.
+        env["DBUS_SESSION_BUS_ADDRESS"] = nil
+        env["VAULTD_KEYRING_PASSWORD"] = nil
+        for (key, value) in Self.environment(directory) { env[key] = value }
+        process.environment = env
+        let errPipe = Pipe()
+        let outPipe = Pipe()
+        process.standardError = errPipe
+        process.standardOutput = outPipe
+        process.standardInput = FileHandle.nullDevice
+        output = OutputCollector(errPipe)
+        stdout = OutputCollector(outPipe)
+        try process.run()
+        guard output.wait(for: "notice: ready", seconds: 30) else {
+            kill(process.processIdentifier, SIGKILL)
+            throw HarnessError("vaultd-system-keyring did not become ready:\n\(output.text)")
+        }
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit; returns the exit status.
+    func stop() -> Int32 {
+        if process.isRunning { kill(process.processIdentifier, SIGTERM) }
+        _ = output.waitForEnd(seconds: 20)
+        let deadline = Date().addingTimeInterval(20)
+        while process.isRunning && Date() < deadline { usleep(10_000) }
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            let killed = Date().addingTimeInterval(5)
+            while process.isRunning && Date() < killed { usleep(10_000) }
+        }
+        return process.isRunning ? -1 : process.terminationStatus
+    }
+
+    deinit { if process.isRunning { _ = stop() } }
+}
