@@ -187,6 +187,7 @@ public enum Daemon {
             ])
         notifier.ready(status: ServiceNotifier.statusLine(manager.table))
         let signal = server.run()
+        notifier.flush()
         log.notice("stopped", ["signal": String(signal)])
         return 0
     }

@@ -54,8 +54,15 @@ public final class ServiceNotifier: Sendable {
         }
     }
 
-    /// The daemon is shutting down.
-    public func stopping() { send("STOPPING=1\nSTATUS=stopping") }
+    /// The daemon is shutting down. Sent before this returns, so that it is
+    /// not lost when the process exits right after.
+    public func stopping() {
+        guard isActive else { return }
+        queue.sync { _ = sd_notify(0, "STOPPING=1\nSTATUS=stopping") }
+    }
+
+    /// Waits until every message handed over so far is sent.
+    public func flush() { queue.sync {} }
 
     /// A reload began; READY=1 follows when it is done.
     public func reloading() {
