@@ -44,7 +44,8 @@ struct StartupTests {
         #expect(setup.status == 0, "\(setup.stdout)")
         let lines = setup.stdout.split(separator: "\n").map(String.init)
         let bus = try #require(lines.first)
-        defer { if let pid = Int32(lines.last ?? "") { kill(pid, SIGTERM) } }
+        // SIGKILL: the bus inherits this test runner's blocked SIGTERM.
+        defer { if let pid = Int32(lines.last ?? "") { kill(pid, SIGKILL) } }
         let daemon = try RunningDaemon(
             socketPath: dir.path("s"), configPath: nil, environment: ["DBUS_SESSION_BUS_ADDRESS": bus],
             waitForReady: false)

@@ -46,8 +46,10 @@ keyring_start() {
 
 keyring_stop() {
     if [ -n "${VAULTD_KEYRING_BUS_PID:-}" ]; then
-        # gnome-keyring-daemon exits when its bus goes away.
-        kill "$VAULTD_KEYRING_BUS_PID" 2>/dev/null || true
+        # gnome-keyring-daemon exits when its bus goes away. SIGKILL, because a
+        # bus started from a process that blocks SIGTERM (a test runner does)
+        # inherits that mask and would ignore it.
+        kill -KILL "$VAULTD_KEYRING_BUS_PID" 2>/dev/null || true
         VAULTD_KEYRING_BUS_PID=
     fi
 }
