@@ -129,7 +129,9 @@ public actor SessionManager {
                 continue
             case .startLogin:
                 if config.providers[account.provider]?.singleAccount == true,
-                    let other = machines.first(where: { $0.key.provider == account.provider && $0.key != account })
+                    let other = machines.first(where: {
+                        $0.key.provider == account.provider && $0.key != account && $0.value.state != .loggedOut
+                    })
                 {
                     // Account switching (OpenIM): the old session is logged out first.
                     machines[account]?.loginFailed()
