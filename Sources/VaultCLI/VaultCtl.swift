@@ -27,6 +27,12 @@ public struct VaultCtl {
 
     /// Runs `arguments` (without the program name) and returns the exit code.
     public static func main(_ arguments: [String]) -> Int32 {
+        // A parent may have left SIGINT/SIGTERM blocked; `watch` must stop on them.
+        var signals = sigset_t()
+        sigemptyset(&signals)
+        sigaddset(&signals, SIGINT)
+        sigaddset(&signals, SIGTERM)
+        sigprocmask(SIG_UNBLOCK, &signals, nil)
         var ctl = VaultCtl()
         return ctl.run(arguments).rawValue
     }

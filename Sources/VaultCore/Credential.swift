@@ -6,6 +6,9 @@ public struct LoginCredential: Sendable, Equatable {
     /// `expires_in` of an OAuth 2.0 response, in seconds from issue.
     public var expiresIn: Int64?
 
+    /// The longest `expires_in` accepted: 100 years.
+    public static let longestLifetime: Int64 = 100 * 366 * 86400
+
     /// The longest token accepted, in bytes.
     public static let maximumTokenLength = 16 * 1024
 
@@ -51,13 +54,19 @@ public struct LoginCredential: Sendable, Equatable {
         tokens.instanceURL = try optionalString("instance_url")
         tokens.clientID = try optionalString("client_id")
         if let v = o["expires_in"], v != .null {
-            guard let seconds = v.integerValue ?? v.stringValue.flatMap({ Int64($0) }), seconds >= 0 else {
-                throw VaultError(.invalidParameter, "expires_in must be a non-negative number of seconds")
+            guard let seconds = v.integerValue ?? v.stringValue.flatMap({ Int64($0) }), seconds >= 0,
+                seconds <= LoginCredential.longestLifetime
+            else {
+                throw VaultError(
+                    .invalidParameter,
+                    "expires_in must be a number of seconds from 0 to \(LoginCredential.longestLifetime) (100 years)")
             }
             expiresIn = seconds
         }
         if let v = o["issued_at"], v != .null {
-            guard let raw = v.integerValue ?? v.stringValue.flatMap({ Int64($0) }), raw >= 0 else {
+            guard let raw = v.integerValue ?? v.stringValue.flatMap({ Int64($0) }), raw >= 0,
+                raw <= UnixTime.latestExpiry.seconds * 1000
+            else {
                 throw VaultError(.invalidParameter, "issued_at must be a time in seconds or milliseconds")
             }
             // Salesforce sends milliseconds; a value past year 5138 in seconds is surely milliseconds.
@@ -119,9 +128,15 @@ public enum JWT {
         guard parts.count == 3, let payload = base64URLDecode(parts[1]),
             let claims = try? JSON.parse(payload), let exp = claims["exp"]
         else { return nil }
-        if let seconds = exp.integerValue { return UnixTime(seconds: seconds) }
-        if case .number(let d) = exp, d.isFinite, abs(d) < 9.0e15 { return UnixTime(seconds: Int64(d)) }
-        return nil
+        var seconds: Int64?
+        if let integer = exp.integerValue {
+            seconds = integer
+        } else if case .number(let d) = exp, d.isFinite, abs(d) < 9.0e15 {
+            seconds = Int64(d)
+        }
+        // An exp past year 9999 is not a real expiry: treat the token as having none.
+        guard let seconds, seconds <= UnixTime.latestExpiry.seconds else { return nil }
+        return UnixTime(seconds: seconds)
     }
 
     /// Decodes unpadded base64url (RFC 4648 section 5).

@@ -12,7 +12,15 @@ public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible 
     public static func < (lhs: UnixTime, rhs: UnixTime) -> Bool { lhs.seconds < rhs.seconds }
 
     /// This time moved by `delta` seconds.
-    public func adding(seconds delta: Int64) -> UnixTime { UnixTime(seconds: seconds + delta) }
+    /// Saturates at the ends of the range instead of trapping: a time that far
+    /// out means "never" either way.
+    public func adding(seconds delta: Int64) -> UnixTime {
+        let (sum, overflow) = seconds.addingReportingOverflow(delta)
+        return UnixTime(seconds: overflow ? (delta > 0 ? .max : .min) : sum)
+    }
+
+    /// The latest time vaultd accepts as an expiry: 9999-12-31T23:59:59Z.
+    public static let latestExpiry = UnixTime(seconds: 253_402_300_799)
 
     public var description: String { "\(seconds)" }
 }

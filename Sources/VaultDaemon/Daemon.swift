@@ -137,7 +137,7 @@ public enum Daemon {
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
         let notifier = ServiceNotifier()
 
-        let store = try LibsecretStore.open(timeoutSeconds: config.storeTimeoutSeconds)
+        let store = try openStore(timeoutSeconds: config.storeTimeoutSeconds)
         let clock = SystemWallClock()
         let policy = try PolicyResolver.resolve(config)
         let relay = EventRelay()
@@ -190,6 +190,20 @@ public enum Daemon {
         notifier.flush()
         log.notice("stopped", ["signal": String(signal)])
         return 0
+    }
+
+    /// Connects to the Secret Service. Loading the collections reads every item;
+    /// one deleted meanwhile by another client fails that ("No such secret
+    /// item"), so that case is tried again, twice.
+    static func openStore(timeoutSeconds: Int64) throws(VaultError) -> LibsecretStore {
+        for _ in 0..<2 {
+            do throws(VaultError) {
+                return try LibsecretStore.open(timeoutSeconds: timeoutSeconds)
+            } catch  where error.message.contains("No such secret item") {
+                continue
+            }
+        }
+        return try LibsecretStore.open(timeoutSeconds: timeoutSeconds)
     }
 
     /// SIGHUP: reads and validates the whole configuration again, then puts it

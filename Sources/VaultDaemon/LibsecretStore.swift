@@ -120,6 +120,19 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     }
 
     public func loadAll() async throws(VaultError) -> StoreContents {
+        // An item deleted by someone else between the search and the read of its
+        // secret fails the whole search ("No such secret item"): search again.
+        for _ in 0..<2 {
+            do throws(VaultError) {
+                return try await loadAllOnce()
+            } catch  where error.message.contains("No such secret item") {
+                continue
+            }
+        }
+        return try await loadAllOnce()
+    }
+
+    private func loadAllOnce() async throws(VaultError) -> StoreContents {
         try await perform("reading sessions") { cancellable throws(VaultError) in
             let attributes = GHashTableBox()
             var error: UnsafeMutablePointer<GError>? = nil

@@ -18,6 +18,8 @@ public actor SessionManager {
     /// The store work in flight per account, which later requests join or wait for.
     private var logins: [Account: Task<Result<SessionRecord, VaultError>, Never>] = [:]
     private var logouts: [Account: Task<Result<Void, VaultError>, Never>] = [:]
+    /// Who started each login in flight: only that uid may join it.
+    private var loginOwners: [Account: UInt32] = [:]
 
     /// A manager over `store`, reading time from `clock`.
     /// The access policy in force, shared with the serving thread.
@@ -118,12 +120,19 @@ public actor SessionManager {
             machines[account] = machine
             switch action {
             case .returnExisting(let record):
+                audit("Login", account, caller: caller, result: "ok")
                 return (record, false)
             case .fail(let error):
                 throw error
             case .joinInFlight:
                 guard let task = logins[account] else { continue }
-                return (try await task.value.get(), true)
+                guard loginOwners[account] == caller.uid else {
+                    audit("Login", account, caller: caller, result: VaultError.Code.accessDenied.seedCode)
+                    throw VaultError(.accessDenied, "another user is logging \(account) in")
+                }
+                let record = try await task.value.get()
+                audit("Login", account, caller: caller, result: "ok")
+                return (record, true)
             case .waitThenRetry:
                 if let task = logouts[account] { _ = await task.value }
                 continue
@@ -163,37 +172,44 @@ public actor SessionManager {
                     throw error
                 }
                 table.publish(account, SessionView(state: .logging, record: nil))
-                let task = Task { [store] () -> Result<SessionRecord, VaultError> in
-                    do throws(VaultError) {
-                        try await store.save(record)
-                        return .success(record)
-                    } catch {
-                        return .failure(error)
-                    }
+                // The task ends only after the state changed, so that whoever
+                // awaits it (a joiner, a waiting logout) sees the new state.
+                let task = Task { () -> Result<SessionRecord, VaultError> in
+                    await self.commitLogin(record, caller: caller)
                 }
                 logins[account] = task
-                let result = await task.value
-                logins[account] = nil
-                switch result {
-                case .success(let record):
-                    machines[account]?.loginSucceeded(record)
-                    table.publish(account, SessionView(state: .logged, record: record))
-                    log.info("logged in", fields(account, event: "loginSuccess", caller: caller))
-                    emit(.loginSuccess, account, owner: record.ownerUID)
-                    audit("Login", account, caller: caller, result: "ok")
-                    return (record, true)
-                case .failure(let error):
-                    machines[account]?.loginFailed()
-                    cleanUp(account)
-                    log.error(
-                        "login failed", fields(account, event: "loginFailed", caller: caller, code: error.code))
-                    emit(.loginFailed, account, owner: caller.uid, code: error.code)
-                    audit("Login", account, caller: caller, result: error.code.seedCode)
-                    throw error
-                }
+                loginOwners[account] = caller.uid
+                return (try await task.value.get(), true)
             }
         }
         throw VaultError(.loginInProgress, "\(account) kept changing while logging in; try again")
+    }
+
+    /// Writes a new session to the store and publishes the outcome.
+    private func commitLogin(_ record: SessionRecord, caller: Caller) async -> Result<SessionRecord, VaultError> {
+        let account = record.account
+        defer {
+            logins[account] = nil
+            loginOwners[account] = nil
+        }
+        do throws(VaultError) {
+            try await store.save(record)
+        } catch {
+            // A write abandoned at the timeout may still land in the keyring: remove it.
+            try? await store.delete(account)
+            machines[account]?.loginFailed()
+            cleanUp(account)
+            log.error("login failed", fields(account, event: "loginFailed", caller: caller, code: error.code))
+            emit(.loginFailed, account, owner: caller.uid, code: error.code)
+            audit("Login", account, caller: caller, result: error.code.seedCode)
+            return .failure(error)
+        }
+        machines[account]?.loginSucceeded(record)
+        table.publish(account, SessionView(state: .logged, record: record))
+        log.info("logged in", fields(account, event: "loginSuccess", caller: caller))
+        emit(.loginSuccess, account, owner: record.ownerUID)
+        audit("Login", account, caller: caller, result: "ok")
+        return .success(record)
     }
 
     private func makeRecord(_ request: LoginRequest, account: Account, caller: Caller) throws(VaultError)
@@ -211,6 +227,9 @@ public actor SessionManager {
         }
         let now = clock.now()
         let expiresAt = credential.expiry(explicit: request.expiresAt.map(UnixTime.init(seconds:)), now: now)
+        if let expiresAt, expiresAt > UnixTime.latestExpiry {
+            throw VaultError(.invalidParameter, "the expiry of the token for \(account) is past the year 9999")
+        }
         if let expiresAt, expiresAt <= now {
             throw VaultError(
                 .tokenExpired,
@@ -257,47 +276,52 @@ public actor SessionManager {
                 if let task = logins[account] { _ = await task.value }
                 continue
             case .startLogout(let record):
-                let task = Task { [store] () -> Result<Void, VaultError> in
-                    var marked = record
-                    marked.phase = .loggingOut
-                    do throws(VaultError) {
-                        try await store.save(marked)
-                        try await store.delete(account)
-                        return .success(())
-                    } catch {
-                        return .failure(error)
-                    }
+                // Nobody gets the token from here on, even before the store answered.
+                table.publish(account, SessionView(state: .logout, record: nil))
+                let task = Task { () -> Result<Void, VaultError> in
+                    await self.commitLogout(record, caller: caller, reason: reason)
                 }
                 logouts[account] = task
-                let result = await task.value
-                logouts[account] = nil
-                switch result {
-                case .success:
-                    machines[account]?.logoutFinished(succeeded: true)
-                    cleanUp(account)
-                    table.publish(account, nil)
-                    var logFields = fields(
-                        account, event: reason == nil ? "logoutSuccess" : "kickedOffline", caller: caller)
-                    logFields["reason"] = reason
-                    log.info("logged out", logFields)
-                    if let reason {
-                        emit(.kickedOffline, account, owner: record.ownerUID, reason: reason)
-                    } else {
-                        emit(.logoutSuccess, account, owner: record.ownerUID)
-                    }
-                    audit(action, account, caller: caller, result: "ok")
-                    return
-                case .failure(let error):
-                    machines[account]?.logoutFinished(succeeded: false)
-                    log.error(
-                        "logout failed", fields(account, event: "logoutFailed", caller: caller, code: error.code))
-                    emit(.logoutFailed, account, owner: record.ownerUID, reason: reason, code: error.code)
-                    audit(action, account, caller: caller, result: error.code.seedCode)
-                    throw error
-                }
+                return try await task.value.get()
             }
         }
         throw VaultError(.loginInProgress, "\(account) kept changing while logging out; try again")
+    }
+
+    /// Marks the stored record logging-out, deletes it, and publishes the outcome;
+    /// the task that runs this ends only after the state changed.
+    private func commitLogout(_ record: SessionRecord, caller: Caller, reason: String?) async -> Result<
+        Void, VaultError
+    > {
+        let account = record.account
+        let action = reason == nil ? "Logout" : "ForceLogout"
+        defer { logouts[account] = nil }
+        var marked = record
+        marked.phase = .loggingOut
+        do throws(VaultError) {
+            try await store.save(marked)
+            try await store.delete(account)
+        } catch {
+            machines[account]?.logoutFinished(succeeded: false)
+            table.publish(account, SessionView(state: .logged, record: record))
+            log.error("logout failed", fields(account, event: "logoutFailed", caller: caller, code: error.code))
+            emit(.logoutFailed, account, owner: record.ownerUID, reason: reason, code: error.code)
+            audit(action, account, caller: caller, result: error.code.seedCode)
+            return .failure(error)
+        }
+        machines[account]?.logoutFinished(succeeded: true)
+        cleanUp(account)
+        table.publish(account, nil)
+        var logFields = fields(account, event: reason == nil ? "logoutSuccess" : "kickedOffline", caller: caller)
+        logFields["reason"] = reason
+        log.info("logged out", logFields)
+        if let reason {
+            emit(.kickedOffline, account, owner: record.ownerUID, reason: reason)
+        } else {
+            emit(.logoutSuccess, account, owner: record.ownerUID)
+        }
+        audit(action, account, caller: caller, result: "ok")
+        return .success(())
     }
 
     /// Forgets the machine of an account that is logged out, so the table of

@@ -26,6 +26,10 @@ public final class VarlinkServer: @unchecked Sendable {
     private var connections: [UInt64: Connection] = [:]
     private var nextID: UInt64 = 16
     private var stopping = false
+    /// Dropped subscribers whose final error is still being sent.
+    private var dropping: Set<UInt64> = []
+    /// Accepting is paused (out of descriptors) until this monotonic time.
+    private var acceptPausedUntil: UInt64?
     /// Replies of deferred calls, handed from worker tasks to the loop thread.
     private let completions = Mutex<[(UInt64, VarlinkReply?)]>([])
     /// Events to stream to subscribers, in the order they were published.
@@ -81,6 +85,26 @@ public final class VarlinkServer: @unchecked Sendable {
                 if !busy || Monotonic.milliseconds() >= drainDeadline { break }
             }
             var timeout: Int32 = stopping ? 100 : -1
+            if !dropping.isEmpty {
+                let now = Monotonic.milliseconds()
+                for id in dropping {
+                    guard let connection = connections[id] else { continue }
+                    if now >= connection.dropDeadline { disconnect(connection) }
+                }
+                dropping = dropping.filter { connections[$0] != nil }
+                if !dropping.isEmpty { timeout = timeout < 0 ? 1000 : min(timeout, 1000) }
+            }
+            if let until = acceptPausedUntil {
+                let now = Monotonic.milliseconds()
+                if now >= until {
+                    acceptPausedUntil = nil
+                    if !stopping {
+                        _ = vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, VarlinkServer.listenerToken)
+                    }
+                } else {
+                    timeout = Int32(clamping: until - now)
+                }
+            }
             if let due = nextWatchdog, let interval = hooks.watchdogIntervalMilliseconds {
                 let now = Monotonic.milliseconds()
                 if now >= due {
@@ -107,7 +131,7 @@ public final class VarlinkServer: @unchecked Sendable {
                 case VarlinkServer.wakeToken: drainCompletions()
                 case VarlinkServer.signalToken:
                     let signal = vaultd_signalfd_read(signalFD)
-                    if signal == SIGTERM || signal == SIGINT {
+                    if (signal == SIGTERM || signal == SIGINT) && !stopping {
                         stopSignal = signal
                         hooks.stopping()
                         beginStopping()
@@ -182,7 +206,16 @@ public final class VarlinkServer: @unchecked Sendable {
             let fd = vaultd_accept_nonblocking(listenFD)
             if fd < 0 {
                 if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED { return }
-                log.warning("accept failed", ["error": SystemError("accept4").description])
+                let error = SystemError("accept4")
+                if errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM {
+                    // Out of descriptors: the listener would stay readable and spin the
+                    // loop; stop watching it for a second and let connections drain.
+                    _ = vaultd_epoll_del(epollFD, listenFD)
+                    acceptPausedUntil = Monotonic.milliseconds() + 1000
+                    log.warning("too many open connections; accepting paused for 1s", ["error": error.description])
+                    return
+                }
+                log.warning("accept failed", ["error": error.description])
                 return
             }
             var pid: pid_t = 0
@@ -228,13 +261,20 @@ public final class VarlinkServer: @unchecked Sendable {
         if connection.subscribed {
             if events & VAULTD_EPOLLOUT != 0 { flush(connection) }
             if connection.closed { return }
+            if dropping.contains(connection.id) && connection.pendingOutput == 0 {
+                disconnect(connection)
+                return
+            }
             if events & VAULTD_EPOLLIN != 0 {
                 // A subscriber sends nothing more; reading only tells whether it left.
                 let n: Int = withUnsafeTemporaryAllocation(byteCount: 4096, alignment: 16) {
                     (buffer: UnsafeMutableRawBufferPointer) -> Int in
                     recv(connection.fd, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
                 }
-                if n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                if n == 0 {
+                    // Half-closed: it sends nothing more but may still read its stream.
+                    connection.peerClosedInput = true
+                } else if n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
                     disconnect(connection)
                     return
                 }
@@ -397,17 +437,22 @@ public final class VarlinkServer: @unchecked Sendable {
                 log.warning(
                     "a subscriber did not read its events and was dropped",
                     ["pid": String(connection.caller.pid), "uid": String(connection.caller.uid)])
-                // The final error goes out if the peer ever reads; the rest is dropped.
-                connection.output.removeAll()
-                connection.outputOffset = 0
+                // Keep the message being sent whole, drop the queued ones, then the
+                // final error; the connection closes once that is out, or at a deadline.
+                let rest = connection.output[connection.outputOffset...]
+                let end = rest.firstIndex(of: 0).map { $0 + 1 } ?? connection.output.count
+                connection.output.removeSubrange(end...)
                 queue(
                     VaultError(
                         .subscriberTooSlow,
                         "this subscriber did not read its events and was dropped; read events as they come and subscribe again"
                     ).varlinkReply, on: connection)
+                subscriptions[id] = nil
+                connection.dropDeadline = Monotonic.milliseconds() + 5000
+                dropping.insert(id)
                 flush(connection)
-                disconnect(connection)
-                continue
+                if connection.pendingOutput == 0 { disconnect(connection) }
+                if connection.closed { continue }
             }
             updateInterest(connection)
         }
@@ -445,7 +490,7 @@ public final class VarlinkServer: @unchecked Sendable {
         if connection.wantsInput && connection.pendingOutput < VarlinkServer.outputHighWater {
             wanted |= VAULTD_EPOLLIN
         }
-        if connection.subscribed { wanted |= VAULTD_EPOLLIN }
+        if connection.subscribed && !connection.peerClosedInput { wanted |= VAULTD_EPOLLIN }
         if connection.pendingOutput > 0 { wanted |= VAULTD_EPOLLOUT }
         if connection.interest != Connection.detached, wanted != connection.interest {
             connection.interest = wanted
@@ -457,6 +502,7 @@ public final class VarlinkServer: @unchecked Sendable {
         guard !connection.closed else { return }
         connection.closed = true
         subscriptions[connection.id] = nil
+        dropping.remove(connection.id)
         if connection.interest != Connection.detached { _ = vaultd_epoll_del(epollFD, connection.fd) }
         Glibc.close(connection.fd)
         connections[connection.id] = nil
@@ -503,6 +549,8 @@ final class Connection {
     var peerClosedInput = false
     /// A Subscribe stream runs on this connection.
     var subscribed = false
+    /// When a dropped subscriber is closed even if its final error is unsent.
+    var dropDeadline: UInt64 = 0
     var closed = false
     var interest: UInt32 = 0
     /// The `interest` of a connection no longer registered with epoll.

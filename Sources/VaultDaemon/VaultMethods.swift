@@ -55,6 +55,8 @@ public enum VaultMethods {
                     return .reply(VaultError.notLoggedIn(account).varlinkReply)
                 }
                 guard let record = view.record else {
+                    // A login or logout in flight: its owner is not known here, so only root sees it.
+                    guard caller.isRoot else { return .reply(VaultError.notLoggedIn(account).varlinkReply) }
                     return .reply(VarlinkReply(parameters: ["session": pendingSessionJSON(account, state: view.state)]))
                 }
                 guard policy.policy.maySee(caller, ownerUID: record.ownerUID) else {
@@ -107,6 +109,10 @@ public enum VaultMethods {
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                 let (provider, user) = try p.account()
                 let reason = try p.optionalString("reason") ?? "kicked"
+                // The reason goes into every subscriber's event and the log: keep it short and plain.
+                guard reason.utf8.count <= 64, !reason.isEmpty,
+                    reason.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F })
+                else { throw ParameterReader.Invalid(parameter: "reason") }
                 return .deferred {
                     do throws(VaultError) {
                         try await manager.logout(

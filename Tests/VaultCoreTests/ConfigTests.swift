@@ -79,7 +79,9 @@ struct ConfigParserTests {
     @Test("Should refuse an unknown key in a provider section, naming file, line and key")
     func unknownProviderKey() throws {
         let error = try configError("[Provider a]", "Type=static", "Colour=blue")
-        #expect(error.message == "\(file):3: unknown key 'Colour' in [Provider a] (known: Type, Description, SingleAccount)")
+        #expect(
+            error.message
+                == "\(file):3: unknown key 'Colour' in [Provider a] (known: Type, Description, SingleAccount)")
     }
 
     @Test("Should refuse an unknown key in [Vault], naming file, line and key")
