@@ -210,30 +210,38 @@ public enum Daemon {
     /// in force at once; a broken one is refused and the old one stays.
     static func reload(_ options: DaemonOptions, manager: SessionManager, notifier: ServiceNotifier, log: Logger) {
         notifier.reloading()
-        let config: VaultConfig
-        let policy: AccessPolicy
-        do throws(VaultError) {
-            config = try loadConfig(options.configPath, log: log)
-            policy = try PolicyResolver.resolve(config)
-        } catch {
-            log.error(
-                "reload refused, the previous configuration stays in force: \(error.message)",
-                ["code": error.code.seedCode, "event": "reload"])
-            notifier.ready(status: ServiceNotifier.statusLine(manager.table) + "; last reload failed")
-            return
-        }
-        Task {
-            let change = await manager.apply(config, policy: policy)
+        // Off the serving thread (reading files and resolving names can block),
+        // and one reload after the other, so the last SIGHUP's file wins.
+        reloadQueue.async {
+            let config: VaultConfig
+            let policy: AccessPolicy
+            do throws(VaultError) {
+                config = try loadConfig(options.configPath, log: log)
+                policy = try PolicyResolver.resolve(config)
+            } catch {
+                log.error(
+                    "reload refused, the previous configuration stays in force: \(error.message)",
+                    ["code": error.code.seedCode, "event": "reload"])
+                notifier.ready(status: ServiceNotifier.statusLine(manager.table) + "; last reload failed")
+                return
+            }
+            let change = try? blocking { () async throws(VaultError) in
+                await manager.apply(config, policy: policy)
+            }
             log.notice(
                 "configuration reloaded",
                 [
                     "event": "reload", "providers": config.providers.keys.sorted().joined(separator: ","),
-                    "added": change.added.joined(separator: ","), "removed": change.removed.joined(separator: ","),
-                    "orphanedSessions": String(change.orphaned.count),
+                    "added": (change?.added ?? []).joined(separator: ","),
+                    "removed": (change?.removed ?? []).joined(separator: ","),
+                    "orphanedSessions": String(change?.orphaned.count ?? 0),
                 ])
             notifier.ready(status: ServiceNotifier.statusLine(manager.table))
         }
     }
+
+    /// Where reloads run, one at a time.
+    static let reloadQueue = DispatchQueue(label: "io.vaultd.reload")
 
     /// Reads the configuration: the given file (which must exist), else the
     /// default file when present, else the built-in default.
