@@ -104,6 +104,7 @@ public enum Daemon {
         let signalFD = vaultd_signalfd_termination()
         signal(SIGPIPE, SIG_IGN)
         _ = vaultd_disable_core_dumps()
+        raiseDescriptorLimit()
 
         let parsed: DaemonOptions.Parsed
         do { parsed = try DaemonOptions.parse(arguments) } catch {
@@ -190,6 +191,18 @@ public enum Daemon {
         notifier.flush()
         log.notice("stopped", ["signal": String(signal)])
         return 0
+    }
+
+    /// One descriptor per client: raise the soft limit (often 1024) towards the
+    /// hard one, as systemd's own daemons do, so a thousand subscribers fit.
+    static func raiseDescriptorLimit() {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
+        let wanted = min(limit.rlim_max, 65536)
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted
+            _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+        }
     }
 
     /// Connects to the Secret Service. Loading the collections reads every item;

@@ -26,6 +26,12 @@ public final class VarlinkServer: @unchecked Sendable {
     private var connections: [UInt64: Connection] = [:]
     private var nextID: UInt64 = 16
     private var stopping = false
+    /// Open connections in all, and per non-root uid, past which new ones are refused.
+    public static let maximumConnections = 8192
+    public static let maximumConnectionsPerUID = 2048
+    private var connectionsPerUID: [UInt32: Int] = [:]
+    private var nextRefusalLog: UInt64 = 0
+
     /// Dropped subscribers whose final error is still being sent.
     private var dropping: Set<UInt64> = []
     /// Accepting is paused (out of descriptors) until this monotonic time.
@@ -226,6 +232,20 @@ public final class VarlinkServer: @unchecked Sendable {
                 Glibc.close(fd)
                 continue
             }
+            if connections.count >= VarlinkServer.maximumConnections
+                || (uid != 0 && (connectionsPerUID[uid] ?? 0) >= VarlinkServer.maximumConnectionsPerUID)
+            {
+                // Refused at once, so that one user cannot use up the daemon's descriptors.
+                if Monotonic.milliseconds() >= nextRefusalLog {
+                    log.warning(
+                        "connection limit reached; connection refused",
+                        ["uid": String(uid), "pid": String(pid), "open": String(connections.count)])
+                    nextRefusalLog = Monotonic.milliseconds() + 10_000
+                }
+                Glibc.close(fd)
+                continue
+            }
+            connectionsPerUID[uid, default: 0] += 1
             let id = nextID
             nextID += 1
             var groups = [gid_t](repeating: 0, count: 256)
@@ -501,6 +521,8 @@ public final class VarlinkServer: @unchecked Sendable {
     private func disconnect(_ connection: Connection) {
         guard !connection.closed else { return }
         connection.closed = true
+        connectionsPerUID[connection.caller.uid, default: 1] -= 1
+        if connectionsPerUID[connection.caller.uid] == 0 { connectionsPerUID[connection.caller.uid] = nil }
         subscriptions[connection.id] = nil
         dropping.remove(connection.id)
         if connection.interest != Connection.detached { _ = vaultd_epoll_del(epollFD, connection.fd) }
