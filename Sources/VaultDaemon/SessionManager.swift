@@ -1,3 +1,4 @@
+import Glibc
 import VaultCore
 
 /// The one owner of session state. Every change to a session goes through
@@ -20,6 +21,9 @@ public actor SessionManager {
     private var logouts: [Account: Task<Result<Void, VaultError>, Never>] = [:]
     /// Who started each login in flight: only that uid may join it.
     private var loginOwners: [Account: UInt32] = [:]
+    /// When each session's token stops being valid; the nearest one arms `expiryTimer`.
+    private var expiries = DeadlineQueue<Account>()
+    private var expiryTimer: Task<Void, Never>?
 
     /// A manager over `store`, reading time from `clock`.
     /// The access policy in force, shared with the serving thread.
@@ -102,7 +106,9 @@ public actor SessionManager {
             }
             machines[record.account] = AccountStateMachine(account: record.account, state: .loggedIn(record))
             table.publish(record.account, SessionView(state: .logged, record: record))
+            if let expiresAt = record.expiresAt { expiries.schedule(record.account, at: expiresAt) }
         }
+        rearmExpiryTimer()
         return (table.count, finished)
     }
 
@@ -206,6 +212,10 @@ public actor SessionManager {
         }
         machines[account]?.loginSucceeded(record)
         table.publish(account, SessionView(state: .logged, record: record))
+        if let expiresAt = record.expiresAt {
+            expiries.schedule(account, at: expiresAt)
+            rearmExpiryTimer()
+        }
         log.info("logged in", fields(account, event: "loginSuccess", caller: caller))
         emit(.loginSuccess, account, owner: record.ownerUID)
         audit("Login", account, caller: caller, result: "ok")
@@ -258,8 +268,10 @@ public actor SessionManager {
     /// With a `reason` it is a forced logout (the chat server kicked the client
     /// offline, or an administrator): subscribers get `kickedOffline` instead of
     /// `logoutSuccess`.
-    public func logout(_ account: Account, caller: Caller, reason: String? = nil) async throws(VaultError) {
-        let action = reason == nil ? "Logout" : "ForceLogout"
+    public func logout(_ account: Account, caller: Caller, reason: String? = nil, kind: EventKind? = nil)
+        async throws(VaultError)
+    {
+        let action = LogoutKind(reason: reason, kind: kind).auditAction
         for _ in 0..<64 {
             var machine = machines[account] ?? AccountStateMachine(account: account)
             let step = machine.logoutRequested(by: caller, isAdmin: policy.policy.isAdmin(caller))
@@ -279,7 +291,7 @@ public actor SessionManager {
                 // Nobody gets the token from here on, even before the store answered.
                 table.publish(account, SessionView(state: .logout, record: nil))
                 let task = Task { () -> Result<Void, VaultError> in
-                    await self.commitLogout(record, caller: caller, reason: reason)
+                    await self.commitLogout(record, caller: caller, reason: reason, kind: kind)
                 }
                 logouts[account] = task
                 return try await task.value.get()
@@ -290,11 +302,12 @@ public actor SessionManager {
 
     /// Marks the stored record logging-out, deletes it, and publishes the outcome;
     /// the task that runs this ends only after the state changed.
-    private func commitLogout(_ record: SessionRecord, caller: Caller, reason: String?) async -> Result<
-        Void, VaultError
-    > {
+    private func commitLogout(_ record: SessionRecord, caller: Caller, reason: String?, kind: EventKind?) async
+        -> Result<Void, VaultError>
+    {
         let account = record.account
-        let action = reason == nil ? "Logout" : "ForceLogout"
+        let what = LogoutKind(reason: reason, kind: kind)
+        let action = what.auditAction
         defer { logouts[account] = nil }
         var marked = record
         marked.phase = .loggingOut
@@ -312,16 +325,53 @@ public actor SessionManager {
         machines[account]?.logoutFinished(succeeded: true)
         cleanUp(account)
         table.publish(account, nil)
-        var logFields = fields(account, event: reason == nil ? "logoutSuccess" : "kickedOffline", caller: caller)
+        if expiries.deadline(of: account) != nil {
+            expiries.cancel(account)
+            rearmExpiryTimer()
+        }
+        var logFields = fields(account, event: what.event.rawValue, caller: caller)
         logFields["reason"] = reason
         log.info("logged out", logFields)
-        if let reason {
-            emit(.kickedOffline, account, owner: record.ownerUID, reason: reason)
-        } else {
-            emit(.logoutSuccess, account, owner: record.ownerUID)
-        }
+        emit(what.event, account, owner: record.ownerUID, reason: reason)
         audit(action, account, caller: caller, result: "ok")
         return .success(())
+    }
+
+    // MARK: Expiry
+
+    /// Sleeps until the nearest expiry, then ends the sessions that are due. One
+    /// timer for all sessions; re-armed whenever the nearest deadline may change.
+    private func rearmExpiryTimer() {
+        expiryTimer?.cancel()
+        guard let next = expiries.next else {
+            expiryTimer = nil
+            return
+        }
+        let delay = max(0, next.deadline.seconds - clock.now().seconds)
+        expiryTimer = Task {
+            if delay > 0 {
+                // Whole seconds, as the deadlines are: waking late by under a second is fine.
+                try? await Task.sleep(for: .seconds(delay))
+            }
+            if Task.isCancelled { return }
+            await self.expireDueSessions()
+        }
+    }
+
+    /// Ends every session whose token has expired (a static provider cannot
+    /// refresh it): the session goes to logout with reason tokenExpired.
+    func expireDueSessions() async {
+        let now = clock.now()
+        for account in expiries.popDue(at: now) {
+            guard case .loggedIn(let record)? = machines[account]?.state, record.isExpired(at: now) else { continue }
+            do throws(VaultError) {
+                try await logout(account, caller: Caller.vaultd, reason: "tokenExpired", kind: .tokenExpired)
+            } catch {
+                log.error(
+                    "an expired session could not be ended", fields(account, event: "tokenExpired", code: error.code))
+            }
+        }
+        rearmExpiryTimer()
     }
 
     /// Forgets the machine of an account that is logged out, so the table of
@@ -360,4 +410,24 @@ public enum Audit {
                 "pid": String(caller.pid), "exe": caller.executable ?? "?", "result": result,
             ])
     }
+}
+
+/// What a logout is, for its event and audit line.
+struct LogoutKind {
+    var event: EventKind
+    var auditAction: String
+
+    init(reason: String?, kind: EventKind?) {
+        event = kind ?? (reason == nil ? .logoutSuccess : .kickedOffline)
+        switch event {
+        case .logoutSuccess: auditAction = "Logout"
+        case .tokenExpired: auditAction = "Expire"
+        default: auditAction = "ForceLogout"
+        }
+    }
+}
+
+extension Caller {
+    /// vaultd itself, acting on its own schedule.
+    static let vaultd = Caller(uid: 0, gid: 0, pid: getpid(), executable: "vaultd")
 }

@@ -1,0 +1,88 @@
+/// Deadlines, at most one per key, ordered by time: an indexed binary heap, so
+/// that adding, moving or removing a key costs O(log n) and the nearest
+/// deadline is known in O(1). The daemon sleeps until `next` instead of
+/// scanning its sessions (as ssh-agent's reaper returns its next deadline).
+public struct DeadlineQueue<Key: Hashable & Sendable>: Sendable {
+    private var heap: [(deadline: UnixTime, key: Key)] = []
+    private var positions: [Key: Int] = [:]
+
+    /// An empty queue.
+    public init() {}
+
+    /// The number of keys scheduled.
+    public var count: Int { heap.count }
+
+    /// The nearest deadline and its key.
+    public var next: (key: Key, deadline: UnixTime)? { heap.first.map { ($0.key, $0.deadline) } }
+
+    /// The deadline of `key`, if scheduled.
+    public func deadline(of key: Key) -> UnixTime? { positions[key].map { heap[$0].deadline } }
+
+    /// Schedules `key` at `deadline`, moving it if it was scheduled already.
+    public mutating func schedule(_ key: Key, at deadline: UnixTime) {
+        if let index = positions[key] {
+            let old = heap[index].deadline
+            heap[index].deadline = deadline
+            if deadline < old { siftUp(index) } else { siftDown(index) }
+            return
+        }
+        heap.append((deadline, key))
+        positions[key] = heap.count - 1
+        siftUp(heap.count - 1)
+    }
+
+    /// Removes `key`; nothing happens when it is not scheduled.
+    public mutating func cancel(_ key: Key) {
+        guard let index = positions.removeValue(forKey: key) else { return }
+        let last = heap.count - 1
+        if index != last {
+            heap.swapAt(index, last)
+            positions[heap[index].key] = index
+        }
+        heap.removeLast()
+        if index < heap.count {
+            siftDown(index)
+            siftUp(index)
+        }
+    }
+
+    /// Removes and returns every key whose deadline is at or before `now`, nearest first.
+    public mutating func popDue(at now: UnixTime) -> [Key] {
+        var due: [Key] = []
+        while let first = heap.first, first.deadline <= now {
+            due.append(first.key)
+            cancel(first.key)
+        }
+        return due
+    }
+
+    private mutating func siftUp(_ start: Int) {
+        var child = start
+        while child > 0 {
+            let parent = (child - 1) / 2
+            guard heap[child].deadline < heap[parent].deadline else { return }
+            swapEntries(child, parent)
+            child = parent
+        }
+    }
+
+    private mutating func siftDown(_ start: Int) {
+        var parent = start
+        while true {
+            let left = 2 * parent + 1
+            let right = left + 1
+            var smallest = parent
+            if left < heap.count, heap[left].deadline < heap[smallest].deadline { smallest = left }
+            if right < heap.count, heap[right].deadline < heap[smallest].deadline { smallest = right }
+            guard smallest != parent else { return }
+            swapEntries(parent, smallest)
+            parent = smallest
+        }
+    }
+
+    private mutating func swapEntries(_ a: Int, _ b: Int) {
+        heap.swapAt(a, b)
+        positions[heap[a].key] = a
+        positions[heap[b].key] = b
+    }
+}

@@ -1,0 +1,63 @@
+import Foundation
+import Glibc
+import Testing
+import VaultClient
+import VaultCore
+import VaultProtocol
+
+/// A static provider cannot refresh: when the token's expiry passes, vaultd
+/// ends the session itself, once, for every client.
+@Suite("Expiry of static sessions", .serialized)
+struct ExpiryTests {
+    @Test("Should end a session when its token expires and tell subscribers tokenExpired")
+    func expiresOnSchedule() throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("expiring")
+        let watcher = try RawConnection(fixture.socketPath)
+        try watcher.send(
+            JSON.object([
+                "method": .string(VaultMethod.subscribe.rawValue), "more": true,
+                "parameters": ["provider": "demo", "user": .string(user)],
+            ]).text)
+        #expect(try watcher.receive()?.parameters["sessions"] != nil)
+
+        let expiresAt = Int64(Date().timeIntervalSince1970) + 2
+        let login = try vaultctl(
+            fixture.socketPath, ["login", "demo", user, "--expires-at", String(expiresAt)], input: DaemonTests.token)
+        #expect(login.status == 0, "\(login.stderr)")
+        #expect(try watcher.receive()?.parameters["event"]?["kind"]?.stringValue == "loginSuccess")
+
+        // The next event comes when the daemon's timer fires: bounded by the socket's 10 s receive timeout.
+        let expired = try #require(try watcher.receive()?.parameters["event"])
+        #expect(expired["kind"]?.stringValue == "tokenExpired")
+        #expect(expired["reason"]?.stringValue == "tokenExpired")
+        #expect((expired["time"]?.integerValue ?? 0) >= expiresAt)
+
+        let token = try vaultctl(fixture.socketPath, ["token", "demo", user])
+        #expect(token.stderr.contains("ERR_NOT_LOGGED_IN"))
+        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        let daemon = try #require(fixture.daemon)
+        #expect(daemon.output.wait(for: "action=Expire"))
+    }
+
+    @Test("Should end at start-up a stored session whose token expired while vaultd was down")
+    func expiredWhileDown() throws {
+        let fixture = try DaemonFixture(start: false)
+        let user = uniqueName("stale")
+        let record = SessionRecord(
+            account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
+            tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
+            expiresAt: UnixTime(seconds: Int64(Date().timeIntervalSince1970) - 60), ownerUID: getuid())
+        let store = try runCommand(
+            URL(fileURLWithPath: "/usr/bin/secret-tool"),
+            [
+                "store", "--label=vaultd: \(user) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
+                "user", user, "owner_uid", String(getuid()),
+            ], input: record.storedJSON().text)
+        #expect(store.status == 0, "\(store.stderr)")
+        let daemon = try fixture.start()
+        #expect(daemon.output.wait(for: "event=tokenExpired"), "\(daemon.output.text)")
+        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        #expect(try vaultctl(fixture.socketPath, ["status", "demo", user]).stderr.contains("ERR_NOT_LOGGED_IN"))
+    }
+}
