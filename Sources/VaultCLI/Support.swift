@@ -56,6 +56,7 @@ enum Help {
           status [PROVIDER USER]                 one session in detail, or all of them
           list                                   every session you may see
           token PROVIDER USER                    print the access token (for $(vaultctl token ...))
+          refresh PROVIDER USER                  refresh the tokens now (oauth2 providers)
           watch [PROVIDER USER] [--kind K]...    print session events as they happen
           kick PROVIDER USER [--reason R]        force a logout (the chat server kicked the client)
           help [COMMAND]                         show help
@@ -113,6 +114,14 @@ enum Help {
         {"sessions":[...]}, then one {"event":{...}} per event. Kinds:
         loginSuccess, loginFailed, logoutSuccess, logoutFailed, tokenRefreshed,
         tokenExpired, tokenInvalid, kickedOffline, connectionChanged.
+        """,
+        "refresh": """
+        Usage: vaultctl refresh PROVIDER USER
+
+        Refreshes the account's tokens now at its provider's token endpoint,
+        joining a refresh already under way, and shows the session afterwards.
+        vaultd refreshes by itself ahead of expiry; this is for when you know
+        the token went bad early.
         """,
         "kick": """
         Usage: vaultctl kick PROVIDER USER [--reason REASON]

@@ -87,6 +87,11 @@ public struct VaultCtl {
         case "token": return token(operands)
         case "watch": return watch(operands)
         case "kick": return kick(operands)
+        case "refresh":
+            guard operands.count == 2 else { return usage("refresh needs PROVIDER and USER", command: "refresh") }
+            return call(VaultMethod.refresh.rawValue, account(operands)) { reply in
+                output.out("refreshed: \(describe(reply.parameters["session"] ?? .null))")
+            }
         default: return usage("unknown command '\(name)'")
         }
     }
@@ -171,6 +176,15 @@ public struct VaultCtl {
                 ("Refresh token", (session["hasRefreshToken"]?.boolValue ?? false) ? "yes" : "no"),
             ]
             if let url = session["instanceUrl"]?.stringValue { lines.append(("Instance URL", url)) }
+            if let connection = session["connection"]?.stringValue { lines.append(("Connection", connection)) }
+            if let at = session["refreshAt"]?.integerValue { lines.append(("Refresh at", Format.time(at))) }
+            if let at = session["lastRefreshAt"]?.integerValue { lines.append(("Last refresh", Format.time(at))) }
+            if let failures = session["consecutiveFailures"]?.integerValue, failures > 0 {
+                lines.append(("Failures", String(failures)))
+            }
+            if let error = session["lastError"]?.stringValue { lines.append(("Last error", error)) }
+            if let at = session["nextRetryAt"]?.integerValue { lines.append(("Next retry", Format.time(at))) }
+            if session["unsaved"]?.boolValue == true { lines.append(("Unsaved", "yes (the store write is retried)")) }
             if let name = session["profile"]?["name"]?.stringValue { lines.append(("Name", name)) }
             for (key, value) in lines { output.out(Format.pad(key + ":", 15) + value) }
         }

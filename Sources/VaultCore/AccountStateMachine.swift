@@ -136,6 +136,12 @@ public struct AccountStateMachine: Sendable {
         }
     }
 
+    /// A refresh replaced the tokens of the logged-in session. Ignored in any
+    /// other state (the session ended while the refresh was in flight).
+    public mutating func refreshed(_ record: SessionRecord) {
+        if case .loggedIn = state { state = .loggedIn(record) }
+    }
+
     /// The logout finished (the record is gone from the store), or failed
     /// before the record was touched (`succeeded: false` keeps the session).
     public mutating func logoutFinished(succeeded: Bool) {

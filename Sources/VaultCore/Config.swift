@@ -1,7 +1,34 @@
-/// How a provider keeps its tokens fresh. Only `static` exists yet: the token is
-/// used as given and the session ends when it expires.
+/// How a provider keeps its tokens fresh.
 public enum ProviderType: String, Sendable, CaseIterable {
+    /// The token is used as given; the session ends when it expires.
     case `static`
+    /// An OAuth 2.0 token endpoint (RFC 6749) refreshes the access token.
+    case oauth2
+}
+
+/// The settings of an `oauth2` provider.
+public struct OAuth2Settings: Sendable, Equatable {
+    /// The token endpoint (`grant_type=refresh_token`, `client_credentials`).
+    public var tokenURL: String
+    /// The client id sent with every request.
+    public var clientID: String
+    /// The RFC 7009 revocation endpoint, used at logout.
+    public var revocationURL: String?
+    /// The scope asked for, space separated.
+    public var scope: String?
+    /// The token lifetime assumed when the server sends no `expires_in` (Salesforce), in seconds.
+    public var defaultLifetime: Int64
+    /// After this long a session is ended whatever its tokens say, in seconds.
+    public var maxSessionLifetime: Int64?
+    /// A file holding the client secret (systemd credentials), never the secret itself.
+    public var clientSecretFile: String?
+
+    /// Settings with the required fields and defaults for the rest.
+    public init(tokenURL: String, clientID: String) {
+        self.tokenURL = tokenURL
+        self.clientID = clientID
+        self.defaultLifetime = 3600
+    }
 }
 
 /// One `[Provider NAME]` section of the configuration.
@@ -15,13 +42,19 @@ public struct ProviderConfig: Sendable, Equatable {
     /// At most one logged-in user: logging in another switches accounts, after
     /// the old session's logout finished (OpenIM's account switching).
     public var singleAccount: Bool
+    /// The token endpoint and friends, for `oauth2`.
+    public var oauth2: OAuth2Settings?
 
     /// Makes a provider entry.
-    public init(name: String, type: ProviderType, description: String? = nil, singleAccount: Bool = false) {
+    public init(
+        name: String, type: ProviderType, description: String? = nil, singleAccount: Bool = false,
+        oauth2: OAuth2Settings? = nil
+    ) {
         self.name = name
         self.type = type
         self.description = description
         self.singleAccount = singleAccount
+        self.oauth2 = oauth2
     }
 }
 
@@ -70,7 +103,13 @@ public struct VaultConfig: Sendable, Equatable {
 public enum ConfigParser {
     /// The keys each kind of section accepts.
     static let vaultKeys = ["StoreTimeout", "AdminGroup", "SocketMode"]
-    static let providerKeys = ["Type", "Description", "SingleAccount"]
+    static let providerKeys = [
+        "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
+        "MaxSessionLifetime", "ClientSecretFile",
+    ]
+    static let oauth2Keys: Set<String> = [
+        "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime", "ClientSecretFile",
+    ]
     static let accountKeys = ["TokenReadUsers", "TokenReadGroups"]
 
     /// Parses one file's `text`, read from `file` (used in error messages only).
@@ -123,11 +162,49 @@ public enum ConfigParser {
                 }
                 singleAccount = value
             }
+            var oauth2: OAuth2Settings?
+            if providerType == .oauth2 {
+                oauth2 = try oauth2Settings(name, section)
+            } else if let stray = section.entries.first(where: { oauth2Keys.contains($0.key) }) {
+                throw stray.value.error("key '\(stray.key)' is for Type=oauth2, not Type=\(providerType.rawValue)")
+            }
             config.providers[name] = ProviderConfig(
                 name: name, type: providerType, description: section.entries["Description"]?.value,
-                singleAccount: singleAccount)
+                singleAccount: singleAccount, oauth2: oauth2)
         }
         return config
+    }
+
+    static func oauth2Settings(_ name: String, _ section: ProviderSection) throws(VaultError) -> OAuth2Settings {
+        func required(_ key: String) throws(VaultError) -> Entry {
+            guard let entry = section.entries[key], !entry.value.isEmpty else {
+                throw VaultError(
+                    .invalidConfig, "\(section.file):\(section.line): [Provider \(name)] with Type=oauth2 needs \(key)="
+                )
+            }
+            return entry
+        }
+        func url(_ entry: Entry, _ key: String) throws(VaultError) -> String {
+            let value = entry.value
+            guard value.hasPrefix("https://") || value.hasPrefix("http://"), value.count > 8, !value.contains(" ")
+            else { throw entry.error("key '\(key)': expected an http:// or https:// URL, got '\(value)'") }
+            return value
+        }
+        func duration(_ key: String) throws(VaultError) -> Int64? {
+            guard let entry = section.entries[key] else { return nil }
+            guard let seconds = DurationParser.seconds(entry.value), seconds > 0 else {
+                throw entry.error("key '\(key)': bad duration '\(entry.value)' (e.g. 7200 or 2h)")
+            }
+            return seconds
+        }
+        let tokenURL = try required("TokenURL")
+        var settings = OAuth2Settings(tokenURL: try url(tokenURL, "TokenURL"), clientID: try required("ClientID").value)
+        if let entry = section.entries["RevocationURL"] { settings.revocationURL = try url(entry, "RevocationURL") }
+        settings.scope = section.entries["Scope"]?.value
+        if let lifetime = try duration("DefaultLifetime") { settings.defaultLifetime = lifetime }
+        settings.maxSessionLifetime = try duration("MaxSessionLifetime")
+        settings.clientSecretFile = section.entries["ClientSecretFile"]?.value
+        return settings
     }
 
     /// One `Key=value`, with where it was written.

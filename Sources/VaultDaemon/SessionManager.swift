@@ -1,5 +1,6 @@
 import Glibc
 import VaultCore
+import VaultSystem
 
 /// The one owner of session state. Every change to a session goes through
 /// here: operations on one account are serialized (a login joins the login in
@@ -22,7 +23,13 @@ public actor SessionManager {
     /// Who started each login in flight: only that uid may join it.
     private var loginOwners: [Account: UInt32] = [:]
     /// When each session's token stops being valid; the nearest one arms `expiryTimer`.
-    private var expiries = DeadlineQueue<Account>()
+    private var expiries = DeadlineQueue<TimedWork>()
+    /// Refresh bookkeeping per account (shown by status, never stored).
+    private var refreshStatus: [Account: RefreshStatus] = [:]
+    /// The refresh in flight per account: every caller and the scheduler share it.
+    private var refreshes: [Account: Task<Result<SessionRecord, VaultError>, Never>] = [:]
+    /// Token endpoint clients, per oauth2 provider.
+    private var clients: [String: OAuth2Client] = [:]
     private var expiryTimer: Task<Void, Never>?
 
     /// A manager over `store`, reading time from `clock`.
@@ -71,6 +78,7 @@ public actor SessionManager {
         let old = Set(config.providers.keys)
         let new = Set(newConfig.providers.keys)
         config = newConfig
+        clients = [:]
         policy.replace(newPolicy)
         let removed = old.subtracting(new).sorted()
         let orphaned = machines.keys.filter { removed.contains($0.provider) }.sorted()
@@ -106,7 +114,7 @@ public actor SessionManager {
             }
             machines[record.account] = AccountStateMachine(account: record.account, state: .loggedIn(record))
             table.publish(record.account, SessionView(state: .logged, record: record))
-            if let expiresAt = record.expiresAt { expiries.schedule(record.account, at: expiresAt) }
+            schedule(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt)
         }
         rearmExpiryTimer()
         return (table.count, finished)
@@ -212,10 +220,8 @@ public actor SessionManager {
         }
         machines[account]?.loginSucceeded(record)
         table.publish(account, SessionView(state: .logged, record: record))
-        if let expiresAt = record.expiresAt {
-            expiries.schedule(account, at: expiresAt)
-            rearmExpiryTimer()
-        }
+        schedule(record, refreshedAt: clock.now())
+        rearmExpiryTimer()
         log.info("logged in", fields(account, event: "loginSuccess", caller: caller))
         emit(.loginSuccess, account, owner: record.ownerUID)
         audit("Login", account, caller: caller, result: "ok")
@@ -236,7 +242,11 @@ public actor SessionManager {
             throw VaultError(.invalidParameter, "pass either token or tokenResponse, not both")
         }
         let now = clock.now()
-        let expiresAt = credential.expiry(explicit: request.expiresAt.map(UnixTime.init(seconds:)), now: now)
+        var expiresAt = credential.expiry(explicit: request.expiresAt.map(UnixTime.init(seconds:)), now: now)
+        if expiresAt == nil, let settings = config.providers[account.provider]?.oauth2 {
+            // Salesforce sends no expires_in: assume the provider's DefaultLifetime.
+            expiresAt = (credential.tokens.issuedAt ?? now).adding(seconds: settings.defaultLifetime)
+        }
         if let expiresAt, expiresAt > UnixTime.latestExpiry {
             throw VaultError(.invalidParameter, "the expiry of the token for \(account) is past the year 9999")
         }
@@ -325,10 +335,10 @@ public actor SessionManager {
         machines[account]?.logoutFinished(succeeded: true)
         cleanUp(account)
         table.publish(account, nil)
-        if expiries.deadline(of: account) != nil {
-            expiries.cancel(account)
-            rearmExpiryTimer()
-        }
+        for purpose in TimedWork.Purpose.allCases { expiries.cancel(TimedWork(account: account, purpose: purpose)) }
+        refreshStatus[account] = nil
+        rearmExpiryTimer()
+        revokeAtProvider(record)
         var logFields = fields(account, event: what.event.rawValue, caller: caller)
         logFields["reason"] = reason
         log.info("logged out", logFields)
@@ -358,20 +368,230 @@ public actor SessionManager {
         }
     }
 
-    /// Ends every session whose token has expired (a static provider cannot
-    /// refresh it): the session goes to logout with reason tokenExpired.
+    /// Does what is due: ends sessions whose token expired (or whose maximum
+    /// lifetime passed), starts refreshes, retries unsaved writes.
     func expireDueSessions() async {
         let now = clock.now()
-        for account in expiries.popDue(at: now) {
-            guard case .loggedIn(let record)? = machines[account]?.state, record.isExpired(at: now) else { continue }
-            do throws(VaultError) {
-                try await logout(account, caller: Caller.vaultd, reason: "tokenExpired", kind: .tokenExpired)
-            } catch {
-                log.error(
-                    "an expired session could not be ended", fields(account, event: "tokenExpired", code: error.code))
+        for work in expiries.popDue(at: now) {
+            let account = work.account
+            guard case .loggedIn(let record)? = machines[account]?.state else { continue }
+            switch work.purpose {
+            case .expire:
+                guard record.isExpired(at: now) else { continue }
+                await end(account, reason: "tokenExpired", kind: .tokenExpired)
+            case .maxLifetime:
+                await end(account, reason: "maxSessionLifetime", kind: .tokenInvalid)
+            case .refresh:
+                Task { _ = try? await self.refresh(account, caller: nil) }
+            case .saveRetry:
+                do throws(VaultError) {
+                    try await store.save(record)
+                    refreshStatus[account, default: RefreshStatus()].unsaved = false
+                    publishView(account)
+                } catch {
+                    expiries.schedule(work, at: now.adding(seconds: 5))
+                }
             }
         }
         rearmExpiryTimer()
+    }
+
+    private func end(_ account: Account, reason: String, kind: EventKind) async {
+        do throws(VaultError) {
+            try await logout(account, caller: Caller.vaultd, reason: reason, kind: kind)
+        } catch {
+            log.error("a session could not be ended", fields(account, event: kind.rawValue, code: error.code))
+        }
+    }
+
+    /// Schedules the hard expiry, the refresh and the maximum lifetime of a session.
+    private func schedule(_ record: SessionRecord, refreshedAt: UnixTime) {
+        let account = record.account
+        if let expiresAt = record.expiresAt {
+            expiries.schedule(TimedWork(account: account, purpose: .expire), at: expiresAt)
+        }
+        guard let provider = config.providers[account.provider], provider.type == .oauth2 else { return }
+        if let expiresAt = record.expiresAt, record.tokens.refreshToken != nil {
+            let at = RefreshPolicy.refreshAt(
+                issuedAt: refreshedAt, expiresAt: expiresAt, jitter: RefreshPolicy.jitter(for: account))
+            expiries.schedule(TimedWork(account: account, purpose: .refresh), at: at)
+            refreshStatus[account, default: RefreshStatus()].refreshAt = at
+        }
+        if let maximum = provider.oauth2?.maxSessionLifetime {
+            expiries.schedule(
+                TimedWork(account: account, purpose: .maxLifetime), at: record.createdAt.adding(seconds: maximum))
+        }
+    }
+
+    // MARK: Refresh
+
+    /// Refreshes the tokens of `account` now, or joins the refresh in flight.
+    /// `caller` nil is vaultd's own scheduler.
+    public func refresh(_ account: Account, caller: Caller?) async throws(VaultError) -> SessionRecord {
+        guard case .loggedIn(let record)? = machines[account]?.state else { throw .notLoggedIn(account) }
+        if let caller, !policy.policy.maySee(caller, ownerUID: record.ownerUID) {
+            throw VaultError(.accessDenied, "\(account) belongs to another user (uid \(record.ownerUID))")
+        }
+        if let task = refreshes[account] { return try await task.value.get() }
+        guard let client = client(for: account.provider) else {
+            throw VaultError(
+                .tokenExpired, "provider '\(account.provider)' cannot refresh tokens; log \(account) in again")
+        }
+        guard let refreshToken = record.tokens.refreshToken else {
+            throw VaultError(.tokenExpired, "\(account) has no refresh token; log in again")
+        }
+        let task = Task { () -> Result<SessionRecord, VaultError> in
+            await self.performRefresh(account, client: client, refreshToken: refreshToken)
+        }
+        refreshes[account] = task
+        return try await task.value.get()
+    }
+
+    /// A token valid at least `minValidSeconds` for `caller`, refreshing first when needed.
+    public func freshToken(_ account: Account, minValidSeconds: Int64, caller: Caller) async throws(VaultError)
+        -> SessionRecord
+    {
+        guard case .loggedIn(var record)? = machines[account]?.state else { throw .notLoggedIn(account) }
+        guard policy.policy.mayReadToken(caller, account: account, ownerUID: record.ownerUID) else {
+            throw VaultError(.accessDenied, "the token of \(account) is handed only to its owner")
+        }
+        if let expiresAt = record.expiresAt, expiresAt <= clock.now().adding(seconds: minValidSeconds) {
+            record = try await refresh(account, caller: nil)
+        }
+        if let expiresAt = record.expiresAt, expiresAt <= clock.now().adding(seconds: minValidSeconds) {
+            throw VaultError(
+                .tokenExpired,
+                "the token of \(account) expires at \(expiresAt), before the \(minValidSeconds)s asked for")
+        }
+        return record
+    }
+
+    private func performRefresh(_ account: Account, client: OAuth2Client, refreshToken: Secret) async -> Result<
+        SessionRecord, VaultError
+    > {
+        defer { refreshes[account] = nil }
+        setConnection(account, .connecting, reason: nil)
+        let outcome = await client.refresh(using: refreshToken)
+        // The session may have ended, or been replaced, while the request was out.
+        guard case .loggedIn(let current)? = machines[account]?.state, current.tokens.refreshToken == refreshToken
+        else { return .failure(.notLoggedIn(account)) }
+        let now = clock.now()
+        switch outcome {
+        case .refreshed(var tokens, let expiresIn):
+            // RFC 6749 6: the server may keep the refresh token; then the old one stays valid.
+            if tokens.refreshToken == nil { tokens.refreshToken = current.tokens.refreshToken }
+            tokens.instanceURL = tokens.instanceURL ?? current.tokens.instanceURL
+            tokens.clientID = tokens.clientID ?? current.tokens.clientID
+            tokens.issuedAt = now
+            var updated = current
+            updated.tokens = tokens
+            let lifetime = expiresIn ?? config.providers[account.provider]?.oauth2?.defaultLifetime ?? 3600
+            updated.expiresAt = now.adding(seconds: lifetime)
+            // Write-through before anyone gets the new access token: a rotated
+            // refresh token that is not stored would be lost at a crash.
+            var status = refreshStatus[account] ?? RefreshStatus()
+            do throws(VaultError) {
+                try await store.save(updated)
+                status.unsaved = false
+            } catch {
+                status.unsaved = true
+                expiries.schedule(TimedWork(account: account, purpose: .saveRetry), at: now.adding(seconds: 5))
+                log.error(
+                    "refreshed tokens could not be stored; kept in memory and retried",
+                    fields(account, event: "tokenRefreshed", code: error.code))
+            }
+            guard case .loggedIn? = machines[account]?.state else { return .failure(.notLoggedIn(account)) }
+            machines[account]?.refreshed(updated)
+            status.lastRefreshAt = now
+            status.consecutiveFailures = 0
+            status.lastError = nil
+            status.nextRetryAt = nil
+            refreshStatus[account] = status
+            schedule(updated, refreshedAt: now)
+            rearmExpiryTimer()
+            publishView(account)
+            log.info("token refreshed", fields(account, event: "tokenRefreshed"))
+            events(
+                VaultEvent(
+                    kind: .tokenRefreshed, account: account, ownerUID: updated.ownerUID, time: now,
+                    expiresAt: updated.expiresAt))
+            setConnection(account, .connected, reason: nil)
+            return .success(updated)
+        case .transient(let reason, let retryAfter):
+            var status = refreshStatus[account] ?? RefreshStatus()
+            status.consecutiveFailures += 1
+            status.lastError = reason
+            let wait = RefreshPolicy.backoff(
+                attempt: status.consecutiveFailures, random: Double.random(in: 0..<1), retryAfter: retryAfter)
+            status.nextRetryAt = now.adding(seconds: wait)
+            refreshStatus[account] = status
+            expiries.schedule(TimedWork(account: account, purpose: .refresh), at: now.adding(seconds: wait))
+            rearmExpiryTimer()
+            log.warning(
+                "refresh failed; the current token is still served and the refresh retried",
+                fields(account, event: "connectFailed").merging(["reason": reason, "retryIn": String(wait)]) { a, _ in a
+                })
+            setConnection(account, .connectFailed, reason: reason)
+            return .failure(VaultError(.networkError, "refreshing \(account) failed: \(reason); retrying in \(wait)s"))
+        case .permanent(let code, let reason):
+            refreshStatus[account, default: RefreshStatus()].lastError = reason
+            log.error(
+                "refresh refused; the session is logged out",
+                fields(account, event: "tokenInvalid").merging(
+                    ["reason": code]) { a, _ in a })
+            refreshes[account] = nil
+            await end(account, reason: "tokenInvalid", kind: .tokenInvalid)
+            return .failure(
+                VaultError(.invalidCredential, "the provider refused to refresh \(account) (\(code)); log in again"))
+        }
+    }
+
+    private func setConnection(_ account: Account, _ state: ConnectionState, reason: String?) {
+        guard
+            let record = machines[account].flatMap({ machine -> SessionRecord? in
+                if case .loggedIn(let record) = machine.state { return record }
+                return nil
+            })
+        else { return }
+        refreshStatus[account, default: RefreshStatus()].connection = state
+        publishView(account)
+        events(
+            VaultEvent(
+                kind: .connectionChanged, account: account, ownerUID: record.ownerUID, time: clock.now(),
+                reason: reason.map { "\(state.rawValue): \($0)" } ?? state.rawValue))
+    }
+
+    private func publishView(_ account: Account) {
+        guard case .loggedIn(let record)? = machines[account]?.state else { return }
+        table.publish(account, SessionView(state: .logged, record: record, refresh: refreshStatus[account]))
+    }
+
+    private func client(for provider: String) -> OAuth2Client? {
+        if let client = clients[provider] { return client }
+        guard let settings = config.providers[provider]?.oauth2 else { return nil }
+        let client = OAuth2Client(settings: settings, clientSecret: ClientSecrets.read(settings, log: log))
+        clients[provider] = client
+        return client
+    }
+
+    /// RFC 7009 at logout: a failure does not block the logout; it is retried a
+    /// few times with backoff, then given up and logged.
+    private func revokeAtProvider(_ record: SessionRecord) {
+        guard let refreshToken = record.tokens.refreshToken, let client = client(for: record.account.provider),
+            client.settings.revocationURL != nil
+        else { return }
+        let account = record.account
+        let log = self.log
+        Task.detached {
+            for attempt in 1...5 {
+                if await client.revoke(refreshToken) { return }
+                let wait = RefreshPolicy.backoff(attempt: attempt, random: Double.random(in: 0..<1))
+                try? await Task.sleep(for: .seconds(wait))
+            }
+            log.warning(
+                "the refresh token could not be revoked at the provider",
+                ["provider": account.provider, "user": account.user, "event": "revokeFailed"])
+        }
     }
 
     /// Forgets the machine of an account that is logged out, so the table of
@@ -430,4 +650,35 @@ struct LogoutKind {
 extension Caller {
     /// vaultd itself, acting on its own schedule.
     static let vaultd = Caller(uid: 0, gid: 0, pid: getpid(), executable: "vaultd")
+}
+
+/// Something the daemon must do at a time: one deadline per account and purpose.
+struct TimedWork: Hashable, Sendable {
+    enum Purpose: CaseIterable, Sendable {
+        case expire
+        case refresh
+        case maxLifetime
+        case saveRetry
+    }
+
+    var account: Account
+    var purpose: Purpose
+}
+
+/// Client secrets come from files (systemd credentials), never the config text.
+enum ClientSecrets {
+    static func read(_ settings: OAuth2Settings, log: Logger) -> Secret? {
+        guard var path = settings.clientSecretFile else { return nil }
+        if !path.hasPrefix("/"), let credentials = Environment.get("CREDENTIALS_DIRECTORY") {
+            path = credentials + "/" + path
+        }
+        guard var bytes = try? Files.read(path, limit: 64 * 1024),
+            let text = String(validating: bytes, as: UTF8.self)
+        else {
+            log.error("the client secret file cannot be read", ["path": path])
+            return nil
+        }
+        bytes.withUnsafeMutableBytes { raw in for i in raw.indices { raw[i] = 0 } }
+        return Secret(LoginCredential.trimmedForSecret(text))
+    }
 }

@@ -8,6 +8,15 @@ public struct SessionView: Sendable {
     public var state: LoginState
     /// The stored record; nil while the first login is in flight.
     public var record: SessionRecord?
+    /// Refresh bookkeeping, for providers that refresh.
+    public var refresh: RefreshStatus?
+
+    /// A view.
+    public init(state: LoginState, record: SessionRecord?, refresh: RefreshStatus? = nil) {
+        self.state = state
+        self.record = record
+        self.refresh = refresh
+    }
 }
 
 /// A read-mostly copy of every account's state, published by the session

@@ -62,7 +62,8 @@ public enum VaultMethods {
                 guard policy.policy.maySee(caller, ownerUID: record.ownerUID) else {
                     return .reply(accessDenied(account, record).varlinkReply)
                 }
-                return .reply(VarlinkReply(parameters: ["session": record.wireJSON(state: view.state)]))
+                return .reply(
+                    VarlinkReply(parameters: ["session": record.wireJSON(state: view.state, refresh: view.refresh)]))
             }
         }
 
@@ -86,6 +87,22 @@ public enum VaultMethods {
                             "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
                         ))
                 }
+                if let expiresAt = record.expiresAt, record.tokens.refreshToken != nil,
+                    expiresAt <= clock.now().adding(seconds: r.minValidSeconds)
+                {
+                    // Not valid long enough, but refreshable: wait for the (shared) refresh.
+                    return .deferred {
+                        do throws(VaultError) {
+                            let fresh = try await manager.freshToken(
+                                account, minValidSeconds: r.minValidSeconds, caller: caller)
+                            manager.audit("GetToken", account, caller: caller, result: "ok")
+                            return VarlinkReply(parameters: tokenReply(fresh))
+                        } catch {
+                            manager.audit("GetToken", account, caller: caller, result: error.code.seedCode)
+                            return error.varlinkReply
+                        }
+                    }
+                }
                 if let expiresAt = record.expiresAt {
                     let now = clock.now()
                     if expiresAt <= now.adding(seconds: r.minValidSeconds) {
@@ -97,11 +114,27 @@ public enum VaultMethods {
                     }
                 }
                 manager.audit("GetToken", account, caller: caller, result: "ok")
-                var out: [String: JSON] = ["token": .string(record.tokens.accessToken.revealed)]
-                out["tokenType"] = record.tokens.tokenType.map(JSON.string)
-                out["expiresAt"] = record.expiresAt.map { .int($0.seconds) }
-                out["instanceUrl"] = record.tokens.instanceURL.map(JSON.string)
-                return .reply(VarlinkReply(parameters: out))
+                return .reply(VarlinkReply(parameters: tokenReply(record)))
+            }
+        }
+
+        service.methods[VaultMethod.refresh.rawValue] = { call, caller in
+            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                let (provider, user) = try p.account()
+                let account = Account(provider: provider, user: user)
+                return .deferred {
+                    do throws(VaultError) {
+                        _ = try await manager.refresh(account, caller: caller)
+                        guard let view = table.view(of: account), let record = view.record else {
+                            return VaultError.notLoggedIn(account).varlinkReply
+                        }
+                        return VarlinkReply(parameters: [
+                            "session": record.wireJSON(state: view.state, refresh: view.refresh)
+                        ])
+                    } catch {
+                        return error.varlinkReply
+                    }
+                }
             }
         }
 
@@ -152,6 +185,15 @@ public enum VaultMethods {
         return service
     }
 
+    /// The parameters of a GetToken reply.
+    static func tokenReply(_ record: SessionRecord) -> [String: JSON] {
+        var out: [String: JSON] = ["token": .string(record.tokens.accessToken.revealed)]
+        out["tokenType"] = record.tokens.tokenType.map(JSON.string)
+        out["expiresAt"] = record.expiresAt.map { .int($0.seconds) }
+        out["instanceUrl"] = record.tokens.instanceURL.map(JSON.string)
+        return out
+    }
+
     /// The sessions `caller` may see, as clients see them.
     static func visibleSessions(_ table: SessionTable, _ policy: AccessPolicy, _ caller: Caller) -> [JSON] {
         table.all().compactMap { (account, view) -> JSON? in
@@ -159,7 +201,7 @@ public enum VaultMethods {
                 return caller.isRoot ? pendingSessionJSON(account, state: view.state) : nil
             }
             guard policy.maySee(caller, ownerUID: record.ownerUID) else { return nil }
-            return record.wireJSON(state: view.state)
+            return record.wireJSON(state: view.state, refresh: view.refresh)
         }
     }
 

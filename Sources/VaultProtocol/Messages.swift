@@ -60,6 +60,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
     case getToken = "io.vaultd.Vault.GetToken"
     case subscribe = "io.vaultd.Vault.Subscribe"
     case forceLogout = "io.vaultd.Vault.ForceLogout"
+    case refresh = "io.vaultd.Vault.Refresh"
 }
 
 /// The methods of `org.varlink.service`.
@@ -95,7 +96,7 @@ public struct GetTokenRequest: Sendable {
 
 extension SessionRecord {
     /// The session as clients see it: state, metadata, the token masked.
-    public func wireJSON(state: LoginState) -> JSON {
+    public func wireJSON(state: LoginState, refresh: RefreshStatus? = nil) -> JSON {
         var o: [String: JSON] = [
             "provider": .string(account.provider),
             "user": .string(account.user),
@@ -110,6 +111,7 @@ extension SessionRecord {
         o["tokenType"] = tokens.tokenType.map(JSON.string)
         o["scope"] = tokens.scope.map(JSON.string)
         o["instanceUrl"] = tokens.instanceURL.map(JSON.string)
+        if let refresh { o.merge(refresh.json()) { _, new in new } }
         return .object(o)
     }
 }

@@ -30,7 +30,11 @@ public enum VaultInterface {
           deactivatedAt: ?int
         )
 
-        # A session as clients see it. Never holds a secret: token is masked.
+        # A session as clients see it. Never holds a secret: token is masked. For
+        # providers that refresh: when the next refresh is due (refreshAt), the last
+        # one (lastRefreshAt), failures since the last success, the last error, when
+        # the next retry is (nextRetryAt), and the connection state (connecting,
+        # connected, connectFailed).
         type Session (
           provider: string,
           user: string,
@@ -43,7 +47,13 @@ public enum VaultInterface {
           scope: ?string,
           instanceUrl: ?string,
           hasRefreshToken: bool,
-          token: ?string
+          token: ?string,
+          refreshAt: ?int,
+          lastRefreshAt: ?int,
+          consecutiveFailures: ?int,
+          lastError: ?string,
+          nextRetryAt: ?int,
+          connection: ?string
         )
 
         # Logs an account in with a ready token (CometChat authToken, OpenIM token) or
@@ -111,6 +121,10 @@ public enum VaultInterface {
         # kickedOffline with the reason (default: kicked). The owner, root and members
         # of the configured admin group may call it.
         method ForceLogout(provider: string, user: string, reason: ?string) -> ()
+
+        # Refreshes the account's tokens now (for providers that can), joining a
+        # refresh already in flight; answers with the session afterwards.
+        method Refresh(provider: string, user: string) -> (session: Session)
 
         # The account is not logged in (ERR_NOT_LOGGED_IN).
         error NotLoggedIn (code: string, message: string)

@@ -1,0 +1,75 @@
+/// When to refresh and how long to wait after a failure: pure arithmetic, so
+/// that the schedule can be tested with a hand-moved clock.
+public enum RefreshPolicy {
+    /// The refresh deadline: between 80% and 90% of the token's lifetime after
+    /// it was issued, at a point fixed per account (`jitter` in 0..<1), so that
+    /// a thousand sessions issued together do not refresh together.
+    public static func refreshAt(issuedAt: UnixTime, expiresAt: UnixTime, jitter: Double) -> UnixTime {
+        let lifetime = max(0, expiresAt.seconds - issuedAt.seconds)
+        let fraction = 0.8 + 0.1 * min(max(jitter, 0), 0.999)
+        return issuedAt.adding(seconds: Int64((Double(lifetime) * fraction).rounded(.down)))
+    }
+
+    /// A stable number in 0..<1 for an account (FNV-1a of its names).
+    public static func jitter(for account: Account) -> Double {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in account.provider.utf8 + [0] + account.user.utf8 {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x100_0000_01b3
+        }
+        return Double(hash % 1_000_000) / 1_000_000
+    }
+
+    /// The wait before retry number `attempt` (1 for the first retry): full
+    /// jitter between 1 s and min(5 min, 2^attempt s), and never less than
+    /// the server's Retry-After. `random` is in 0..<1.
+    public static func backoff(attempt: Int, random: Double, retryAfter: Int64? = nil) -> Int64 {
+        let ceiling = min(300, Int64(1) << min(max(attempt, 1), 9))
+        let wait = max(1, Int64((Double(ceiling) * min(max(random, 0), 0.999)).rounded(.up)))
+        return max(wait, retryAfter ?? 0)
+    }
+}
+
+/// How a refresh ended, as the provider reports it.
+public enum RefreshOutcome: Sendable, Equatable {
+    /// New tokens; `expiresIn` when the server said.
+    case refreshed(TokenSet, expiresIn: Int64?)
+    /// Worth trying again later: network, timeout, HTTP 5xx or 429, garbage.
+    case transient(reason: String, retryAfter: Int64?)
+    /// The grant is gone (invalid_grant, invalid_client, 401): log the session out.
+    case permanent(code: String, reason: String)
+}
+
+/// The connection state of a session, as OpenIM names it.
+public enum ConnectionState: String, Sendable {
+    case connecting
+    case connected
+    case connectFailed
+}
+
+/// What a session's refresh machinery knows: shown by status, never stored.
+public struct RefreshStatus: Sendable, Equatable {
+    public var refreshAt: UnixTime?
+    public var lastRefreshAt: UnixTime?
+    public var consecutiveFailures: Int = 0
+    public var lastError: String?
+    public var nextRetryAt: UnixTime?
+    public var connection: ConnectionState?
+    /// The latest tokens are in memory only: the store write failed and is retried.
+    public var unsaved = false
+
+    /// An empty status.
+    public init() {}
+
+    /// The fields as clients see them.
+    public func json() -> [String: JSON] {
+        var o: [String: JSON] = ["consecutiveFailures": .int(Int64(consecutiveFailures))]
+        o["refreshAt"] = refreshAt.map { .int($0.seconds) }
+        o["lastRefreshAt"] = lastRefreshAt.map { .int($0.seconds) }
+        o["lastError"] = lastError.map(JSON.string)
+        o["nextRetryAt"] = nextRetryAt.map { .int($0.seconds) }
+        o["connection"] = connection.map { .string($0.rawValue) }
+        if unsaved { o["unsaved"] = true }
+        return o
+    }
+}
