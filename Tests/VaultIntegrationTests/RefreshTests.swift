@@ -1,0 +1,218 @@
+import Foundation
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+import Glibc
+import Synchronization
+import Testing
+import VaultClient
+import VaultCore
+import VaultProtocol
+
+/// The test OAuth 2.0 server (Tests/servers/token_server.py), a real process on loopback.
+final class TokenServer {
+    let process = Process()
+    let url: String
+    private let output: OutputCollector
+
+    init(_ arguments: [String] = []) throws {
+        let script = Binaries.packageRoot.appendingPathComponent("Tests/servers/token_server.py").path
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", script, "--port", "0"] + arguments
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        output = OutputCollector(out)
+        try process.run()
+        guard output.wait(for: "LISTENING http://127.0.0.1:", seconds: 20),
+            let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("LISTENING ") })
+        else { throw HarnessError("token server did not start: \(output.text)") }
+        url = String(line.dropFirst("LISTENING ".count))
+    }
+
+    deinit {
+        kill(process.processIdentifier, SIGKILL)
+        _ = try? reap(process)
+    }
+
+    /// POSTs `body` to `path` and returns the JSON answer.
+    @discardableResult
+    func post(_ path: String, form: String? = nil, json: JSON? = nil) async throws -> JSON {
+        var request = URLRequest(url: URL(string: url + path)!)
+        request.httpMethod = "POST"
+        if let form {
+            request.httpBody = Data(form.utf8)
+            request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type")
+        } else if let json {
+            request.httpBody = Data(json.serialized())
+            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        }
+        let (data, _) = try await URLSession.shared.data(for: request)
+        return (try? JSON.parse(Array(data))) ?? .null
+    }
+
+    func stats() async throws -> JSON {
+        let (data, _) = try await URLSession.shared.data(from: URL(string: url + "/control/stats")!)
+        return try JSON.parse(Array(data))
+    }
+
+    /// True when `token` works at the protected resource.
+    func accepts(_ token: String) async throws -> Bool {
+        var request = URLRequest(url: URL(string: url + "/resource")!)
+        request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
+        let (_, response) = try await URLSession.shared.data(for: request)
+        return (response as? HTTPURLResponse)?.statusCode == 200
+    }
+
+    /// A fresh grant, as the token endpoint answers client_credentials: the text `curl … | vaultctl login` pipes.
+    func grant() async throws -> String {
+        try await post("/token", form: "grant_type=client_credentials&client_id=vaultd-test").text
+    }
+}
+
+/// Refresh against a real token endpoint: ahead of expiry, once for all
+/// clients, with backoff on transient failures and logout on permanent ones.
+@Suite("Token refresh", .serialized)
+struct RefreshTests {
+    func start(_ server: TokenServer, revocation: Bool = false) throws -> (DaemonFixture, RunningDaemon) {
+        let fixture = try DaemonFixture(start: false)
+        var text = "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=vaultd-test\n"
+        if revocation { text += "RevocationURL=\(server.url)/revoke\n" }
+        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        return (fixture, try fixture.start())
+    }
+
+    func subscribe(_ socket: String, _ user: String) throws -> RawConnection {
+        let watcher = try RawConnection(socket)
+        try watcher.send(
+            JSON.object([
+                "method": .string(VaultMethod.subscribe.rawValue), "more": true,
+                "parameters": ["provider": "oauth", "user": .string(user)],
+            ]).text)
+        _ = try watcher.receive()
+        return watcher
+    }
+
+    /// The next event of `kind`, skipping others; bounded by the socket timeout and a count.
+    func next(_ kind: String, on watcher: RawConnection) throws -> JSON? {
+        for _ in 0..<20 {
+            guard let event = try watcher.receive()?.parameters["event"] else { return nil }
+            if event["kind"]?.stringValue == kind { return event }
+        }
+        return nil
+    }
+
+    @Test("Should refresh before expiry without any client asking, with a working token")
+    func refreshesAheadOfExpiry() async throws {
+        let server = try TokenServer(["--lifetime", "4"])
+        let (fixture, _) = try start(server)
+        let user = uniqueName("auto")
+        let watcher = try subscribe(fixture.socketPath, user)
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        let first = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
+        let refreshed = try #require(try next("tokenRefreshed", on: watcher))
+        #expect(refreshed["expiresAt"]?.integerValue != nil)
+        let second = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
+        #expect(first != second)
+        #expect(try await server.accepts(second.trimmingCharacters(in: .whitespacesAndNewlines)))
+        let stats = try await server.stats()
+        #expect(stats["refresh_requests"]?.integerValue ?? 0 >= 1)
+        #expect(stats["refresh_after_expiry"]?.integerValue == 0, "refreshed ahead of expiry")
+        #expect(stats["reused_refresh_tokens"]?.integerValue == 0)
+        let status = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)
+        #expect(status["session"]?["connection"]?.stringValue == "connected")
+        #expect(status["session"]?["lastRefreshAt"]?.integerValue != nil)
+        _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+    }
+
+    @Test("Should send one token request for 50 concurrent GetToken calls that need a refresh")
+    func singleFlight() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, _) = try start(server)
+        let user = uniqueName("flight")
+        let soon = Int64(Date().timeIntervalSince1970) + 120
+        #expect(
+            try vaultctl(
+                fixture.socketPath, ["login", "oauth", user, "--expires-at", String(soon)],
+                input: try await server.grant()
+            ).status == 0)
+        _ = try await server.post("/control/reset")
+        let tokens = Mutex<[String]>([])
+        let socket = fixture.socketPath
+        DispatchQueue.concurrentPerform(iterations: 50) { _ in
+            let reply = try? VarlinkClient(path: socket).call(
+                VaultMethod.getToken.rawValue,
+                ["provider": "oauth", "user": .string(user), "minValidSeconds": 300])
+            if let token = reply?.parameters["token"]?.stringValue { tokens.withLock { $0.append(token) } }
+        }
+        let all = tokens.withLock { $0 }
+        #expect(all.count == 50)
+        #expect(Set(all).count == 1, "everyone got the one refreshed token")
+        let stats = try await server.stats()
+        #expect(stats["refresh_requests"]?.integerValue == 1)
+        #expect(stats["reused_refresh_tokens"]?.integerValue == 0)
+        _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+    }
+
+    @Test("Should back off after a transient failure, keep serving the token, and recover")
+    func transientFailure() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, _) = try start(server)
+        let user = uniqueName("flaky")
+        let watcher = try subscribe(fixture.socketPath, user)
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try await server.post("/control/mode", json: ["mode": "error429", "count": 1, "retry_after": 2])
+        let failed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
+        #expect(failed.status == 1)
+        #expect(failed.stderr.contains("ERR_NETWORK_ERROR"))
+        let status = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)
+        let session = try #require(status["session"])
+        #expect(session["connection"]?.stringValue == "connectFailed")
+        #expect(session["consecutiveFailures"]?.integerValue == 1)
+        let retryAt = try #require(session["nextRetryAt"]?.integerValue)
+        #expect(retryAt >= Int64(Date().timeIntervalSince1970) + 1, "Retry-After: 2 is honoured")
+        #expect(
+            try vaultctl(fixture.socketPath, ["token", "oauth", user]).status == 0, "the old token is still served")
+        // The scheduled retry succeeds by itself.
+        #expect(try next("tokenRefreshed", on: watcher) != nil)
+        let after = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)
+        #expect(after["session"]?["consecutiveFailures"]?.integerValue == 0)
+        _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+    }
+
+    @Test("Should log the session out when the token endpoint answers invalid_grant")
+    func permanentFailure() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, _) = try start(server)
+        let user = uniqueName("revoked")
+        let watcher = try subscribe(fixture.socketPath, user)
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
+        let refused = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
+        #expect(refused.status == 1)
+        let event = try #require(try next("tokenInvalid", on: watcher))
+        #expect(event["reason"]?.stringValue == "tokenInvalid")
+        #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stderr.contains("ERR_NOT_LOGGED_IN"))
+        #expect(try secretToolSearch(provider: "oauth", user: user).contains("label =") == false)
+    }
+
+    @Test("Should revoke the refresh token at the provider at logout")
+    func revocationAtLogout() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, _) = try start(server, revocation: true)
+        let user = uniqueName("bye")
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
+        // Revocation runs after the logout is acknowledged: wait for it, bounded.
+        var revoked: [JSON] = []
+        for _ in 0..<100 where revoked.isEmpty {
+            revoked = try await server.stats()["revocations"]?.arrayValue ?? []
+            if revoked.isEmpty { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(revoked.first?["kind"]?.stringValue == "refresh_token")
+    }
+}
