@@ -66,6 +66,8 @@ public struct VaultConfig: Sendable, Equatable {
     public var storeTimeoutSeconds: Int64
     /// The group (name or gid) whose members may see every session and force any logout.
     public var adminGroup: String?
+    /// The `scope` attribute of this instance's items: instances sharing a keyring keep apart.
+    public var storeScope: String
     /// The mode of the socket vaultd binds (not of one systemd passes).
     public var socketMode: UInt32
     /// Per account: users and groups (names or ids) that may read its token besides its owner.
@@ -76,6 +78,7 @@ public struct VaultConfig: Sendable, Equatable {
         self.providers = providers
         self.storeTimeoutSeconds = storeTimeoutSeconds
         self.adminGroup = nil
+        self.storeScope = "default"
         self.socketMode = 0o600
         self.tokenReaders = [:]
     }
@@ -83,6 +86,7 @@ public struct VaultConfig: Sendable, Equatable {
     public static func == (lhs: VaultConfig, rhs: VaultConfig) -> Bool {
         lhs.providers == rhs.providers && lhs.storeTimeoutSeconds == rhs.storeTimeoutSeconds
             && lhs.adminGroup == rhs.adminGroup && lhs.socketMode == rhs.socketMode
+            && lhs.storeScope == rhs.storeScope
             && lhs.tokenReaders.mapValues { $0.users + ["|"] + $0.groups }
                 == rhs.tokenReaders.mapValues { $0.users + ["|"] + $0.groups }
     }
@@ -102,7 +106,7 @@ public struct VaultConfig: Sendable, Equatable {
 /// earlier one's. Every error names the file, the line and the key.
 public enum ConfigParser {
     /// The keys each kind of section accepts.
-    static let vaultKeys = ["StoreTimeout", "AdminGroup", "SocketMode"]
+    static let vaultKeys = ["StoreTimeout", "StoreScope", "AdminGroup", "SocketMode"]
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
         "MaxSessionLifetime", "ClientSecretFile",
@@ -133,6 +137,14 @@ public enum ConfigParser {
                 throw group.error("key 'AdminGroup': expected one group name or gid, got '\(group.value)'")
             }
             config.adminGroup = group.value
+        }
+        if let scope = merged.vault["StoreScope"] {
+            guard !scope.value.isEmpty, scope.value.utf8.count <= 64,
+                scope.value.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." })
+            else {
+                throw scope.error("key 'StoreScope': expected letters, digits, '-', '_' or '.', got '\(scope.value)'")
+            }
+            config.storeScope = scope.value
         }
         if let mode = merged.vault["SocketMode"] {
             guard let value = UInt32(mode.value, radix: 8), value <= 0o777, value & 0o600 == 0o600 else {

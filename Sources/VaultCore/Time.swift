@@ -29,6 +29,14 @@ public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible 
 public protocol WallClock: Sendable {
     /// The current time.
     func now() -> UnixTime
+    /// The current time in seconds with a fraction, for timers that must not
+    /// wake up to a second late.
+    func preciseNow() -> Double
+}
+
+extension WallClock {
+    /// Whole seconds, for clocks that know no better.
+    public func preciseNow() -> Double { Double(now().seconds) }
 }
 
 /// A clock a test sets and advances by hand.

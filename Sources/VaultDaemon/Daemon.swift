@@ -16,6 +16,12 @@ public struct SystemWallClock: WallClock {
         clock_gettime(CLOCK_REALTIME, &ts)
         return UnixTime(seconds: Int64(ts.tv_sec))
     }
+
+    public func preciseNow() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
 }
 
 /// vaultd's command line.
@@ -138,7 +144,12 @@ public enum Daemon {
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
         let notifier = ServiceNotifier()
 
-        let store = try openStore(timeoutSeconds: config.storeTimeoutSeconds)
+        // VAULTD_STORE_SCOPE overrides StoreScope=, like VAULTD_SOCKET overrides the socket.
+        var scope = config.storeScope
+        if let override = Environment.get("VAULTD_STORE_SCOPE"), !override.isEmpty {
+            scope = try ConfigParser.parse("[Vault]\nStoreScope=\(override)\n", file: "$VAULTD_STORE_SCOPE").storeScope
+        }
+        let store = try openStore(timeoutSeconds: config.storeTimeoutSeconds, scope: scope)
         let clock = SystemWallClock()
         let policy = try PolicyResolver.resolve(config)
         let relay = EventRelay()
@@ -208,15 +219,15 @@ public enum Daemon {
     /// Connects to the Secret Service. Loading the collections reads every item;
     /// one deleted meanwhile by another client fails that ("No such secret
     /// item"), so that case is tried again, twice.
-    static func openStore(timeoutSeconds: Int64) throws(VaultError) -> LibsecretStore {
+    static func openStore(timeoutSeconds: Int64, scope: String) throws(VaultError) -> LibsecretStore {
         for _ in 0..<2 {
             do throws(VaultError) {
-                return try LibsecretStore.open(timeoutSeconds: timeoutSeconds)
+                return try LibsecretStore.open(timeoutSeconds: timeoutSeconds, scope: scope)
             } catch  where error.message.contains("No such secret item") {
                 continue
             }
         }
-        return try LibsecretStore.open(timeoutSeconds: timeoutSeconds)
+        return try LibsecretStore.open(timeoutSeconds: timeoutSeconds, scope: scope)
     }
 
     /// SIGHUP: reads and validates the whole configuration again, then puts it

@@ -19,13 +19,15 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     public let location: String
     private let queue = DispatchQueue(label: "io.vaultd.secret-store")
     private let timeoutSeconds: Int64
+    /// Keeps the sessions of several vaultd instances on one keyring apart (StoreScope=).
+    private let scope: String
     // Touched only on `queue` after init.
     private let service: OpaquePointer
     private let schema: UnsafeMutablePointer<SecretSchema>
 
     /// Connects to the Secret Service on the session bus and checks that the
     /// default collection exists and is unlocked. Blocks: call it at start-up.
-    public static func open(timeoutSeconds: Int64) throws(VaultError) -> LibsecretStore {
+    public static func open(timeoutSeconds: Int64, scope: String = "default") throws(VaultError) -> LibsecretStore {
         let bus =
             Environment.get("DBUS_SESSION_BUS_ADDRESS").map { "session bus \($0)" }
             ?? "session bus (DBUS_SESSION_BUS_ADDRESS not set)"
@@ -69,15 +71,17 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             )
         }
         return LibsecretStore(
-            service: servicePointer, location: "collection '\(label)' on the \(bus)", timeoutSeconds: timeoutSeconds)
+            service: servicePointer, location: "collection '\(label)' on the \(bus)", timeoutSeconds: timeoutSeconds,
+            scope: scope)
     }
 
-    private init(service: OpaquePointer, location: String, timeoutSeconds: Int64) {
+    private init(service: OpaquePointer, location: String, timeoutSeconds: Int64, scope: String) {
+        self.scope = scope
         self.service = service
         self.location = location
         self.timeoutSeconds = timeoutSeconds
         let types = GHashTableBox()
-        for name in ["provider", "user", "owner_uid"] {
+        for name in ["provider", "user", "owner_uid", "scope"] {
             g_hash_table_insert(types.table, g_strdup(name), nil)  // nil = SECRET_SCHEMA_ATTRIBUTE_STRING
         }
         schema = secret_schema_newv(LibsecretStore.schemaName, SECRET_SCHEMA_NONE, types.table)
@@ -135,6 +139,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     private func loadAllOnce() async throws(VaultError) -> StoreContents {
         try await perform("reading sessions") { cancellable throws(VaultError) in
             let attributes = GHashTableBox()
+            g_hash_table_insert(attributes.table, g_strdup("scope"), g_strdup(self.scope))
             var error: UnsafeMutablePointer<GError>? = nil
             let flags = SecretSearchFlags(rawValue: SECRET_SEARCH_ALL.rawValue | SECRET_SEARCH_LOAD_SECRETS.rawValue)
             let list = secret_service_search_sync(
@@ -174,7 +179,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
 
     public func save(_ record: SessionRecord) async throws(VaultError) {
         try await perform("writing \(record.account)") { cancellable throws(VaultError) in
-            let attributes = LibsecretStore.attributes(record.account, owner: record.ownerUID)
+            let attributes = self.attributes(record.account, owner: record.ownerUID)
             var document = record.storedJSON().serialized()
             defer { document.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
             let value = document.withUnsafeBytes { bytes in
@@ -193,7 +198,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
 
     public func delete(_ account: Account) async throws(VaultError) {
         try await perform("deleting \(account)") { cancellable throws(VaultError) in
-            let attributes = LibsecretStore.attributes(account, owner: nil)
+            let attributes = self.attributes(account, owner: nil)
             var error: UnsafeMutablePointer<GError>? = nil
             _ = secret_service_clear_sync(
                 self.servicePointer, self.schema, attributes.table, cancellable.pointer, &error)
@@ -201,11 +206,12 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         }
     }
 
-    private static func attributes(_ account: Account, owner: UInt32?) -> GHashTableBox {
+    private func attributes(_ account: Account, owner: UInt32?) -> GHashTableBox {
         let table = GHashTableBox()
         g_hash_table_insert(table.table, g_strdup("provider"), g_strdup(account.provider))
         g_hash_table_insert(table.table, g_strdup("user"), g_strdup(account.user))
         if let owner { g_hash_table_insert(table.table, g_strdup("owner_uid"), g_strdup(String(owner))) }
+        g_hash_table_insert(table.table, g_strdup("scope"), g_strdup(scope))
         return table
     }
 

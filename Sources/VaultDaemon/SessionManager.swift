@@ -357,11 +357,10 @@ public actor SessionManager {
             expiryTimer = nil
             return
         }
-        let delay = max(0, next.deadline.seconds - clock.now().seconds)
+        let delay = Double(next.deadline.seconds) - clock.preciseNow()
         expiryTimer = Task {
             if delay > 0 {
-                // Whole seconds, as the deadlines are: waking late by under a second is fine.
-                try? await Task.sleep(for: .seconds(delay))
+                try? await Task.sleep(for: .milliseconds(Int64((delay * 1000).rounded(.up))))
             }
             if Task.isCancelled { return }
             await self.expireDueSessions()

@@ -174,7 +174,7 @@ struct DaemonTests {
             URL(fileURLWithPath: "/usr/bin/secret-tool"),
             [
                 "store", "--label=vaultd: \(user) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
-                "user", user, "owner_uid", String(getuid()),
+                "user", user, "owner_uid", String(getuid()), "scope", fixture.scope,
             ], input: record.storedJSON().text)
         #expect(store.status == 0, "\(store.stderr)")
         #expect(try secretToolSearch(provider: "demo", user: user).contains("label ="))

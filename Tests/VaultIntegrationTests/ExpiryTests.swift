@@ -52,7 +52,7 @@ struct ExpiryTests {
             URL(fileURLWithPath: "/usr/bin/secret-tool"),
             [
                 "store", "--label=vaultd: \(user) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
-                "user", user, "owner_uid", String(getuid()),
+                "user", user, "owner_uid", String(getuid()), "scope", fixture.scope,
             ], input: record.storedJSON().text)
         #expect(store.status == 0, "\(store.stderr)")
         let daemon = try fixture.start()

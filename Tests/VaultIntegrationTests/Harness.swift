@@ -105,6 +105,9 @@ final class RunningDaemon {
         if let configPath { arguments += ["--config", configPath] }
         process.arguments = arguments + extraArguments
         var env = ProcessInfo.processInfo.environment
+        // Suites run in parallel on one keyring: each daemon keeps to its own
+        // store scope, the same for every start on one socket.
+        env["VAULTD_STORE_SCOPE"] = RunningDaemon.scope(for: socketPath)
         for (key, value) in environment { env[key] = value }
         process.environment = env
         let errPipe = Pipe()
@@ -121,6 +124,16 @@ final class RunningDaemon {
                 throw HarnessError("vaultd did not become ready:\n\(output.text)")
             }
         }
+    }
+
+    /// The store scope of the daemons started on `socketPath`.
+    static func scope(for socketPath: String) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in socketPath.utf8 {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x100_0000_01b3
+        }
+        return "test-" + String(hash, radix: 16)
     }
 
     /// Everything vaultd wrote, stdout and stderr.
@@ -222,6 +235,9 @@ final class DaemonFixture {
     }
 
     func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath) }
+
+    /// The store scope of this fixture's daemons.
+    var scope: String { RunningDaemon.scope(for: socketPath) }
 
     deinit { daemon?.stop() }
 }

@@ -1,13 +1,14 @@
 import Foundation
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 import Glibc
 import Synchronization
 import Testing
 import VaultClient
 import VaultCore
 import VaultProtocol
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
 
 /// The test OAuth 2.0 server (Tests/servers/token_server.py), a real process on loopback.
 final class TokenServer {
@@ -104,7 +105,7 @@ struct RefreshTests {
 
     @Test("Should refresh before expiry without any client asking, with a working token")
     func refreshesAheadOfExpiry() async throws {
-        let server = try TokenServer(["--lifetime", "4"])
+        let server = try TokenServer(["--lifetime", "6"])
         let (fixture, _) = try start(server)
         let user = uniqueName("auto")
         let watcher = try subscribe(fixture.socketPath, user)

@@ -90,6 +90,7 @@ struct ServiceManagerTests {
         activator.executableURL = URL(fileURLWithPath: "/usr/bin/systemd-socket-activate")
         activator.arguments = [
             "-l", socketPath, "-E", "NOTIFY_SOCKET=\(notify.path)", "-E", "DBUS_SESSION_BUS_ADDRESS=\(bus)",
+            "-E", "VAULTD_STORE_SCOPE=\(fixture.scope)",
             Binaries.vaultd.path, "--config", fixture.configPath,
         ]
         let err = Pipe()
