@@ -4,6 +4,22 @@ public enum ProviderType: String, Sendable, CaseIterable {
     case `static`
     /// An OAuth 2.0 token endpoint (RFC 6749) refreshes the access token.
     case oauth2
+    /// A helper program vaultd runs logs in and refreshes (the seeds' trusted backend).
+    case exec
+}
+
+/// The settings of an `exec` provider.
+public struct ExecSettings: Sendable, Equatable {
+    /// The program (an absolute path) and its arguments; never run through a shell.
+    public var command: [String]
+    /// How long one run may take, in seconds.
+    public var timeoutSeconds: Int64
+
+    /// Settings for `command`.
+    public init(command: [String], timeoutSeconds: Int64 = 30) {
+        self.command = command
+        self.timeoutSeconds = timeoutSeconds
+    }
 }
 
 /// The settings of an `oauth2` provider.
@@ -44,6 +60,8 @@ public struct ProviderConfig: Sendable, Equatable {
     public var singleAccount: Bool
     /// The token endpoint and friends, for `oauth2`.
     public var oauth2: OAuth2Settings?
+    /// The helper program, for `exec`.
+    public var exec: ExecSettings?
 
     /// Makes a provider entry.
     public init(
@@ -109,8 +127,9 @@ public enum ConfigParser {
     static let vaultKeys = ["StoreTimeout", "StoreScope", "AdminGroup", "SocketMode"]
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
-        "MaxSessionLifetime", "ClientSecretFile",
+        "MaxSessionLifetime", "ClientSecretFile", "Command", "Timeout",
     ]
+    static let execKeys: Set<String> = ["Command", "Timeout"]
     static let oauth2Keys: Set<String> = [
         "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime", "ClientSecretFile",
     ]
@@ -175,14 +194,22 @@ public enum ConfigParser {
                 singleAccount = value
             }
             var oauth2: OAuth2Settings?
+            var exec: ExecSettings?
             if providerType == .oauth2 {
                 oauth2 = try oauth2Settings(name, section)
             } else if let stray = section.entries.first(where: { oauth2Keys.contains($0.key) }) {
                 throw stray.value.error("key '\(stray.key)' is for Type=oauth2, not Type=\(providerType.rawValue)")
             }
-            config.providers[name] = ProviderConfig(
+            if providerType == .exec {
+                exec = try execSettings(name, section)
+            } else if let stray = section.entries.first(where: { execKeys.contains($0.key) }) {
+                throw stray.value.error("key '\(stray.key)' is for Type=exec, not Type=\(providerType.rawValue)")
+            }
+            var provider = ProviderConfig(
                 name: name, type: providerType, description: section.entries["Description"]?.value,
                 singleAccount: singleAccount, oauth2: oauth2)
+            provider.exec = exec
+            config.providers[name] = provider
         }
         return config
     }
@@ -216,6 +243,25 @@ public enum ConfigParser {
         if let lifetime = try duration("DefaultLifetime") { settings.defaultLifetime = lifetime }
         settings.maxSessionLifetime = try duration("MaxSessionLifetime")
         settings.clientSecretFile = section.entries["ClientSecretFile"]?.value
+        return settings
+    }
+
+    static func execSettings(_ name: String, _ section: ProviderSection) throws(VaultError) -> ExecSettings {
+        guard let command = section.entries["Command"], !command.value.isEmpty else {
+            throw VaultError(
+                .invalidConfig, "\(section.file):\(section.line): [Provider \(name)] with Type=exec needs Command=")
+        }
+        let argv = command.value.split(separator: " ", omittingEmptySubsequences: true).map(String.init)
+        guard let program = argv.first, program.hasPrefix("/") else {
+            throw command.error("key 'Command': the program must be an absolute path, got '\(command.value)'")
+        }
+        var settings = ExecSettings(command: argv)
+        if let timeout = section.entries["Timeout"] {
+            guard let seconds = DurationParser.seconds(timeout.value), seconds > 0 else {
+                throw timeout.error("key 'Timeout': bad duration '\(timeout.value)' (e.g. 30 or 15s)")
+            }
+            settings.timeoutSeconds = seconds
+        }
         return settings
     }
 

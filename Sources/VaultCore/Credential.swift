@@ -12,6 +12,12 @@ public struct LoginCredential: Sendable, Equatable {
     /// The longest token accepted, in bytes.
     public static let maximumTokenLength = 16 * 1024
 
+    /// A credential a provider obtained (client credentials, an exec helper).
+    public init(tokens: TokenSet, expiresIn: Int64?) {
+        self.tokens = tokens
+        self.expiresIn = expiresIn
+    }
+
     /// A credential that is a bare access token.
     public init(token: String) throws(VaultError) {
         try LoginCredential.checkToken(token, name: "token")

@@ -28,8 +28,8 @@ public actor SessionManager {
     private var refreshStatus: [Account: RefreshStatus] = [:]
     /// The refresh in flight per account: every caller and the scheduler share it.
     private var refreshes: [Account: Task<Result<SessionRecord, VaultError>, Never>] = [:]
-    /// Token endpoint clients, per oauth2 provider.
-    private var clients: [String: OAuth2Client] = [:]
+    /// Where fresh tokens come from, per oauth2 or exec provider.
+    private var clients: [String: any TokenProvider] = [:]
     private var expiryTimer: Task<Void, Never>?
 
     /// A manager over `store`, reading time from `clock`.
@@ -175,21 +175,11 @@ public actor SessionManager {
                     }
                     continue
                 }
-                let record: SessionRecord
-                do throws(VaultError) {
-                    record = try makeRecord(request, account: account, caller: caller)
-                } catch {
-                    machines[account]?.loginFailed()
-                    cleanUp(account)
-                    emit(.loginFailed, account, owner: caller.uid, code: error.code)
-                    audit("Login", account, caller: caller, result: error.code.seedCode)
-                    throw error
-                }
                 table.publish(account, SessionView(state: .logging, record: nil))
                 // The task ends only after the state changed, so that whoever
                 // awaits it (a joiner, a waiting logout) sees the new state.
                 let task = Task { () -> Result<SessionRecord, VaultError> in
-                    await self.commitLogin(record, caller: caller)
+                    await self.performLogin(request, account: account, caller: caller)
                 }
                 logins[account] = task
                 loginOwners[account] = caller.uid
@@ -199,7 +189,45 @@ public actor SessionManager {
         throw VaultError(.loginInProgress, "\(account) kept changing while logging in; try again")
     }
 
-    /// Writes a new session to the store and publishes the outcome.
+    /// Builds the session (asking the provider for tokens when the client
+    /// brought none), then stores it.
+    private func performLogin(_ request: LoginRequest, account: Account, caller: Caller) async -> Result<
+        SessionRecord, VaultError
+    > {
+        var obtained: LoginCredential?
+        if request.token == nil, request.tokenResponse == nil, let provider = client(for: account.provider) {
+            switch await provider.login(account) {
+            case .refreshed(let tokens, let expiresIn):
+                obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
+            case .transient(let reason, _):
+                return failLogin(account, caller, VaultError(.networkError, "logging \(account) in failed: \(reason)"))
+            case .permanent(let code, let reason):
+                let known = VaultError.Code(seedCode: code) ?? .invalidCredential
+                return failLogin(account, caller, VaultError(known, "the provider refused \(account): \(reason)"))
+            }
+        }
+        let record: SessionRecord
+        do throws(VaultError) {
+            record = try makeRecord(request, account: account, caller: caller, obtained: obtained)
+        } catch {
+            return failLogin(account, caller, error)
+        }
+        return await commitLogin(record, caller: caller)
+    }
+
+    private func failLogin(_ account: Account, _ caller: Caller, _ error: VaultError) -> Result<
+        SessionRecord, VaultError
+    > {
+        logins[account] = nil
+        loginOwners[account] = nil
+        machines[account]?.loginFailed()
+        cleanUp(account)
+        log.error("login failed", fields(account, event: "loginFailed", caller: caller, code: error.code))
+        emit(.loginFailed, account, owner: caller.uid, code: error.code)
+        audit("Login", account, caller: caller, result: error.code.seedCode)
+        return .failure(error)
+    }
+
     private func commitLogin(_ record: SessionRecord, caller: Caller) async -> Result<SessionRecord, VaultError> {
         let account = record.account
         defer {
@@ -228,11 +256,13 @@ public actor SessionManager {
         return .success(record)
     }
 
-    private func makeRecord(_ request: LoginRequest, account: Account, caller: Caller) throws(VaultError)
-        -> SessionRecord
-    {
+    private func makeRecord(
+        _ request: LoginRequest, account: Account, caller: Caller, obtained: LoginCredential? = nil
+    ) throws(VaultError) -> SessionRecord {
         let credential: LoginCredential
         switch (request.token, request.tokenResponse) {
+        case (nil, nil) where obtained != nil:
+            credential = obtained!
         case (let token?, nil): credential = try LoginCredential(token: token)
         case (nil, let response?): credential = try LoginCredential(tokenResponse: response)
         case (nil, nil):
@@ -409,8 +439,10 @@ public actor SessionManager {
         if let expiresAt = record.expiresAt {
             expiries.schedule(TimedWork(account: account, purpose: .expire), at: expiresAt)
         }
-        guard let provider = config.providers[account.provider], provider.type == .oauth2 else { return }
-        if let expiresAt = record.expiresAt, record.tokens.refreshToken != nil {
+        guard let provider = config.providers[account.provider], let source = client(for: account.provider) else {
+            return
+        }
+        if let expiresAt = record.expiresAt, source.canRefresh(record) {
             let at = RefreshPolicy.refreshAt(
                 issuedAt: refreshedAt, expiresAt: expiresAt, jitter: RefreshPolicy.jitter(for: account))
             expiries.schedule(TimedWork(account: account, purpose: .refresh), at: at)
@@ -432,15 +464,15 @@ public actor SessionManager {
             throw VaultError(.accessDenied, "\(account) belongs to another user (uid \(record.ownerUID))")
         }
         if let task = refreshes[account] { return try await task.value.get() }
-        guard let client = client(for: account.provider) else {
+        guard let provider = client(for: account.provider) else {
             throw VaultError(
                 .tokenExpired, "provider '\(account.provider)' cannot refresh tokens; log \(account) in again")
         }
-        guard let refreshToken = record.tokens.refreshToken else {
+        guard provider.canRefresh(record) else {
             throw VaultError(.tokenExpired, "\(account) has no refresh token; log in again")
         }
         let task = Task { () -> Result<SessionRecord, VaultError> in
-            await self.performRefresh(account, client: client, refreshToken: refreshToken)
+            await self.performRefresh(account, provider: provider, snapshot: record)
         }
         refreshes[account] = task
         return try await task.value.get()
@@ -465,14 +497,14 @@ public actor SessionManager {
         return record
     }
 
-    private func performRefresh(_ account: Account, client: OAuth2Client, refreshToken: Secret) async -> Result<
-        SessionRecord, VaultError
-    > {
+    private func performRefresh(_ account: Account, provider: any TokenProvider, snapshot: SessionRecord) async
+        -> Result<SessionRecord, VaultError>
+    {
         defer { refreshes[account] = nil }
         setConnection(account, .connecting, reason: nil)
-        let outcome = await client.refresh(using: refreshToken)
+        let outcome = await provider.refresh(snapshot)
         // The session may have ended, or been replaced, while the request was out.
-        guard case .loggedIn(let current)? = machines[account]?.state, current.tokens.refreshToken == refreshToken
+        guard case .loggedIn(let current)? = machines[account]?.state, current.tokens == snapshot.tokens
         else { return .failure(.notLoggedIn(account)) }
         let now = clock.now()
         switch outcome {
@@ -565,25 +597,29 @@ public actor SessionManager {
         table.publish(account, SessionView(state: .logged, record: record, refresh: refreshStatus[account]))
     }
 
-    private func client(for provider: String) -> OAuth2Client? {
+    private func client(for provider: String) -> (any TokenProvider)? {
         if let client = clients[provider] { return client }
-        guard let settings = config.providers[provider]?.oauth2 else { return nil }
-        let client = OAuth2Client(settings: settings, clientSecret: ClientSecrets.read(settings, log: log))
-        clients[provider] = client
-        return client
+        let made: (any TokenProvider)?
+        if let settings = config.providers[provider]?.oauth2 {
+            made = OAuth2Client(settings: settings, clientSecret: ClientSecrets.read(settings, log: log))
+        } else if let settings = config.providers[provider]?.exec {
+            made = ExecProvider(settings: settings, log: log)
+        } else {
+            made = nil
+        }
+        clients[provider] = made
+        return made
     }
 
     /// RFC 7009 at logout: a failure does not block the logout; it is retried a
     /// few times with backoff, then given up and logged.
     private func revokeAtProvider(_ record: SessionRecord) {
-        guard let refreshToken = record.tokens.refreshToken, let client = client(for: record.account.provider),
-            client.settings.revocationURL != nil
-        else { return }
+        guard let provider = client(for: record.account.provider) else { return }
         let account = record.account
         let log = self.log
         Task.detached {
             for attempt in 1...5 {
-                if await client.revoke(refreshToken) { return }
+                if await provider.revoke(record) { return }
                 let wait = RefreshPolicy.backoff(attempt: attempt, random: Double.random(in: 0..<1))
                 try? await Task.sleep(for: .seconds(wait))
             }

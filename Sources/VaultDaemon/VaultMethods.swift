@@ -87,10 +87,8 @@ public enum VaultMethods {
                             "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
                         ))
                 }
-                if let expiresAt = record.expiresAt, record.tokens.refreshToken != nil,
-                    expiresAt <= clock.now().adding(seconds: r.minValidSeconds)
-                {
-                    // Not valid long enough, but refreshable: wait for the (shared) refresh.
+                if let expiresAt = record.expiresAt, expiresAt <= clock.now().adding(seconds: r.minValidSeconds) {
+                    // Not valid long enough: wait for the (shared) refresh, where the provider can.
                     return .deferred {
                         do throws(VaultError) {
                             let fresh = try await manager.freshToken(

@@ -82,7 +82,7 @@ struct ConfigParserTests {
         #expect(
             error.message
                 == "\(file):3: unknown key 'Colour' in [Provider a] (known: Type, Description, SingleAccount, TokenURL, "
-                + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile)")
+                + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, Command, Timeout)")
     }
 
     @Test("Should refuse an unknown key in [Vault], naming file, line and key")
@@ -132,7 +132,7 @@ struct ConfigParserTests {
     @Test("Should refuse an unknown Type value, naming the Type line and the known types")
     func badType() throws {
         let error = try configError("[Provider a]", "Description=x", "Type=oauth9")
-        #expect(error.message == "\(file):3: key 'Type': unknown provider type 'oauth9' (one of: static, oauth2)")
+        #expect(error.message == "\(file):3: key 'Type': unknown provider type 'oauth9' (one of: static, oauth2, exec)")
     }
 
     @Test("Should refuse a provider defined twice, naming the second header")

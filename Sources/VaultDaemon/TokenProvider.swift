@@ -1,0 +1,215 @@
+import Dispatch
+import Foundation
+import VaultCore
+
+/// Where fresh tokens come from for a provider that can log in or refresh.
+public protocol TokenProvider: Sendable {
+    /// Obtains tokens for `account` without a credential from the client
+    /// (client credentials, an exec helper's login).
+    func login(_ account: Account) async -> RefreshOutcome
+    /// New tokens for the session of `record`.
+    func refresh(_ record: SessionRecord) async -> RefreshOutcome
+    /// True when `refresh` can work for this record.
+    func canRefresh(_ record: SessionRecord) -> Bool
+    /// Tells the provider the session ended; true when it accepted.
+    func revoke(_ record: SessionRecord) async -> Bool
+}
+
+extension OAuth2Client: TokenProvider {
+    public func login(_ account: Account) async -> RefreshOutcome { await clientCredentials() }
+
+    public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
+        guard let refreshToken = record.tokens.refreshToken else {
+            return .permanent(code: "no_refresh_token", reason: "the session has no refresh token")
+        }
+        return await refresh(using: refreshToken)
+    }
+
+    public func canRefresh(_ record: SessionRecord) -> Bool { record.tokens.refreshToken != nil }
+
+    public func revoke(_ record: SessionRecord) async -> Bool {
+        guard let refreshToken = record.tokens.refreshToken, settings.revocationURL != nil else { return true }
+        return await revoke(refreshToken)
+    }
+}
+
+/// A helper program that logs in, refreshes and revokes for vaultd (the
+/// seeds' "trusted backend": CometChat's REST API, OpenIM's admin API). It is
+/// run directly, never through a shell, with one JSON object on stdin; it
+/// answers one JSON object on stdout: a token response, or
+/// `{"error": CODE, "message": ...}`. Its run time and output are bounded and
+/// its stderr is logged with every known token masked.
+public struct ExecProvider: TokenProvider {
+    /// The helper's command line and time limit.
+    public let settings: ExecSettings
+    /// Where the helper's stderr goes.
+    public let log: Logger
+    /// The most stdout read from one run.
+    public static let maximumOutput = 64 * 1024
+
+    /// A provider running `settings.command`.
+    public init(settings: ExecSettings, log: Logger) {
+        self.settings = settings
+        self.log = log
+    }
+
+    /// The seeds' codes after which retrying cannot help.
+    static let permanentCodes: Set<String> = [
+        "AUTH_ERR_AUTH_TOKEN_NOT_FOUND", "ERR_UID_NOT_FOUND", "ERR_USER_DEACTIVATED", "AUTH_ERR_APIKEY_NOT_FOUND",
+    ]
+
+    public func login(_ account: Account) async -> RefreshOutcome {
+        await run(["action": "login", "provider": .string(account.provider), "user": .string(account.user)], [])
+    }
+
+    public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
+        await run(input("refresh", record), secrets(record))
+    }
+
+    public func canRefresh(_ record: SessionRecord) -> Bool { true }
+
+    public func revoke(_ record: SessionRecord) async -> Bool {
+        if case .refreshed = await run(input("revoke", record), secrets(record)) { return true }
+        return false
+    }
+
+    private func input(_ action: String, _ record: SessionRecord) -> [String: JSON] {
+        var o: [String: JSON] = [
+            "action": .string(action), "provider": .string(record.account.provider),
+            "user": .string(record.account.user), "accessToken": .string(record.tokens.accessToken.revealed),
+        ]
+        o["refreshToken"] = record.tokens.refreshToken.map { .string($0.revealed) }
+        return o
+    }
+
+    private func secrets(_ record: SessionRecord) -> [String] {
+        [record.tokens.accessToken.revealed] + (record.tokens.refreshToken.map { [$0.revealed] } ?? [])
+    }
+
+    /// Runs the helper once and sorts its answer.
+    func run(_ input: [String: JSON], _ knownSecrets: [String]) async -> RefreshOutcome {
+        let result = await ExecProvider.spawn(
+            settings.command, input: JSON.object(input).serialized(), timeoutSeconds: settings.timeoutSeconds)
+        let action = input["action"]?.stringValue ?? "?"
+        if !result.stderr.isEmpty {
+            var text = String(decoding: result.stderr.prefix(2048), as: UTF8.self)
+            for secret in knownSecrets where !secret.isEmpty {
+                text = text.replacingOccurrences(of: secret, with: Secret.mask(secret))
+            }
+            log.info("helper stderr", ["action": action, "program": settings.command[0], "stderr": text])
+        }
+        if let failure = result.failure { return .transient(reason: failure, retryAfter: nil) }
+        guard let json = try? JSON.parse(result.stdout), case .object = json else {
+            return .transient(
+                reason: "the helper \(settings.command[0]) exited \(result.status) without a JSON answer",
+                retryAfter: nil)
+        }
+        if let code = json["error"]?.stringValue {
+            let message = json["message"]?.stringValue ?? code
+            if ExecProvider.permanentCodes.contains(code) { return .permanent(code: code, reason: message) }
+            return .transient(reason: "\(code): \(message)", retryAfter: nil)
+        }
+        if action == "revoke" { return .refreshed(TokenSet(accessToken: Secret("-")), expiresIn: nil) }
+        guard result.status == 0, let credential = try? LoginCredential(tokenResponse: json) else {
+            return .transient(reason: "the helper answered without an access_token", retryAfter: nil)
+        }
+        return .refreshed(credential.tokens, expiresIn: credential.expiresIn)
+    }
+
+    struct RunResult {
+        var status: Int32 = -1
+        var stdout: [UInt8] = []
+        var stderr: [UInt8] = []
+        var failure: String?
+    }
+
+    /// Starts `argv` (no shell), feeds `input`, collects bounded output, and
+    /// kills it at the deadline. Blocking waits happen on Dispatch threads, not
+    /// on the cooperative pool.
+    static func spawn(_ argv: [String], input: [UInt8], timeoutSeconds: Int64) async -> RunResult {
+        await withCheckedContinuation { (continuation: CheckedContinuation<RunResult, Never>) in
+            DispatchQueue.global().async {
+                continuation.resume(returning: spawnBlocking(argv, input: input, timeoutSeconds: timeoutSeconds))
+            }
+        }
+    }
+
+    static func spawnBlocking(_ argv: [String], input: [UInt8], timeoutSeconds: Int64) -> RunResult {
+        var result = RunResult()
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: argv[0])
+        process.arguments = Array(argv.dropFirst())
+        var environment = ["PATH": "/usr/local/bin:/usr/bin:/bin"]
+        for key in ["CREDENTIALS_DIRECTORY", "HOME", "LANG"] {
+            if let value = ProcessInfo.processInfo.environment[key] { environment[key] = value }
+        }
+        process.environment = environment
+        let stdin = Pipe()
+        let stdout = Pipe()
+        let stderr = Pipe()
+        process.standardInput = stdin
+        process.standardOutput = stdout
+        process.standardError = stderr
+        let finished = DispatchSemaphore(value: 0)
+        process.terminationHandler = { _ in finished.signal() }
+        do { try process.run() } catch {
+            result.failure = "the helper \(argv[0]) could not be started: \(error.localizedDescription)"
+            return result
+        }
+        let group = DispatchGroup()
+        let collected = OutputBox()
+        for (pipe, limit, isStdout) in [(stdout, maximumOutput, true), (stderr, 8192, false)] {
+            group.enter()
+            DispatchQueue.global().async {
+                var data: [UInt8] = []
+                while true {
+                    let chunk = pipe.fileHandleForReading.availableData
+                    if chunk.isEmpty { break }
+                    if data.count < limit + 1 { data.append(contentsOf: chunk.prefix(limit + 1 - data.count)) }
+                }
+                collected.set(isStdout, data)
+                group.leave()
+            }
+        }
+        try? stdin.fileHandleForWriting.write(contentsOf: Data(input))
+        try? stdin.fileHandleForWriting.close()
+        if finished.wait(timeout: .now() + .seconds(Int(timeoutSeconds))) == .timedOut {
+            kill(process.processIdentifier, SIGKILL)
+            _ = finished.wait(timeout: .now() + .seconds(5))
+            result.failure = "the helper \(argv[0]) did not finish within \(timeoutSeconds)s and was killed"
+        }
+        _ = group.wait(timeout: .now() + .seconds(5))
+        result.status = process.isRunning ? -1 : process.terminationStatus
+        result.stdout = collected.stdout
+        result.stderr = collected.stderr
+        if result.failure == nil, result.stdout.count > maximumOutput {
+            result.failure = "the helper \(argv[0]) wrote more than \(maximumOutput) bytes"
+        }
+        return result
+    }
+}
+
+/// Output gathered by two reader threads.
+private final class OutputBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var out: [UInt8] = []
+    private var err: [UInt8] = []
+
+    func set(_ isStdout: Bool, _ data: [UInt8]) {
+        lock.lock()
+        if isStdout { out = data } else { err = data }
+        lock.unlock()
+    }
+
+    var stdout: [UInt8] {
+        lock.lock()
+        defer { lock.unlock() }
+        return out
+    }
+
+    var stderr: [UInt8] {
+        lock.lock()
+        defer { lock.unlock() }
+        return err
+    }
+}
