@@ -52,6 +52,7 @@ enum Help {
 
         Commands:
           login PROVIDER USER [--token-file F]   log in; the token comes on stdin or from F
+                              [--from-provider]  (or the provider obtains it)
           logout PROVIDER USER                   log out and delete the stored session
           status [PROVIDER USER]                 one session in detail, or all of them
           list                                   every session you may see
@@ -75,6 +76,7 @@ enum Help {
     static let commands: [String: String] = [
         "login": """
         Usage: vaultctl login PROVIDER USER [--token-file FILE] [--expires-at UNIX_SECONDS]
+               vaultctl login PROVIDER USER --from-provider
 
         Logs USER in at PROVIDER (a [Provider] section of vaultd.conf). The
         credential is read from stdin, or from FILE: either a bare token
@@ -82,6 +84,8 @@ enum Help {
         JSON (access_token, refresh_token, expires_in, instance_url, ...), so
         `curl ... | vaultctl login PROVIDER USER` works. Never pass a token as an
         argument. An account that is already logged in keeps its session.
+        With --from-provider nothing is read: the provider obtains the tokens
+        itself (oauth2: client credentials; exec: its helper's login).
         """,
         "logout": """
         Usage: vaultctl logout PROVIDER USER

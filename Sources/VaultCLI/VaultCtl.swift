@@ -102,6 +102,7 @@ public struct VaultCtl {
         var positional: [String] = []
         var tokenFile: String?
         var expiresAt: Int64?
+        var fromProvider = false
         var index = 0
         while index < operands.count {
             switch operands[index] {
@@ -109,6 +110,8 @@ public struct VaultCtl {
                 index += 1
                 guard index < operands.count else { return usage("--token-file needs a path", command: "login") }
                 tokenFile = operands[index]
+            case "--from-provider":
+                fromProvider = true
             case "--expires-at":
                 index += 1
                 guard index < operands.count, let value = Int64(operands[index]) else {
@@ -123,6 +126,12 @@ public struct VaultCtl {
         }
         guard positional.count == 2 else {
             return usage("login needs PROVIDER and USER (the token comes on stdin)", command: "login")
+        }
+        if fromProvider {
+            // The provider obtains the tokens itself (client credentials, an exec helper).
+            return call(VaultMethod.login.rawValue, account(positional)) { reply in
+                output.out("logged in: \(describe(reply.parameters["session"] ?? .null))")
+            }
         }
         let text: String
         switch readCredential(tokenFile) {
