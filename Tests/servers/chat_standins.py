@@ -57,8 +57,10 @@ Control (for the tests)
   POST /control/mode    JSON {"mode": normal|error500|hang|garbage|kick_admin_tokens,
                          "count": N (absent/null: until changed), "hang_seconds": 60,
                          "target": "cometchat"|"openim"|"both"}: the next N requests to
-                         the target API fail that way (kick_admin_tokens: openim only,
-                         kicks every admin token issued so far, once).
+                         the target API fail that way. kick_admin_tokens (OpenIM only,
+                         count defaults to 1): each of the next N OpenIM requests that
+                         present an admin token first kicks every admin token issued so
+                         far, so it is answered with errCode 1506.
   POST /control/user    JSON {"service": "cometchat"|"openim", "uid": UID,
                          "state": "active"|"deactivated"|"absent"} (deactivated: CometChat only).
 """
@@ -129,12 +131,14 @@ class State:
         self.serial += 1
         return self.serial
 
-    def take_failure(self, service):
-        """The failure mode to apply to this request to `service`, or None."""
+    def take_failure(self, service, needs_admin=False):
+        """The failure mode to apply to this request to `service`, or None.
+
+        kick_admin_tokens is only taken by OpenIM requests that present an admin token."""
         with self.lock:
             if self.mode == "normal" or self.target not in (service, "both"):
                 return None
-            if self.mode == "kick_admin_tokens" and service != "openim":
+            if self.mode == "kick_admin_tokens" and not needs_admin:
                 return None
             mode = self.mode
             if self.mode_remaining is not None:
@@ -205,7 +209,7 @@ class Handler(BaseHTTPRequestHandler):
     def _finish_log(self):
         ms = (time.monotonic() - self._t0) * 1000.0
         note = (" " + " ".join(self._notes)) if self._notes else ""
-        self.log_message("%s %s -> %s (%.1f ms)%s", self.command, self._route, self._status, ms, note)
+        self.log_message("%s -> %s (%.1f ms)%s", self._route, self._status, ms, note)
 
     def _read_body(self):
         try:
@@ -442,7 +446,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.command != "POST":
             st.count(self._route, None)
             return self._send(404, "404 page not found", "text/plain")
-        mode = st.take_failure("openim")
+        mode = st.take_failure("openim", needs_admin=parts[1] != "get_admin_token")
         if mode and self._inject("openim", mode):
             st.count(self._route, "openim injected " + mode)
             return
