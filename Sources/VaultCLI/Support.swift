@@ -58,6 +58,7 @@ enum Help {
           list                                   every session you may see
           token PROVIDER USER                    print the access token (for $(vaultctl token ...))
           refresh PROVIDER USER                  refresh the tokens now (oauth2 providers)
+          provider-secret PROVIDER               store an oauth2 client secret, read from stdin
           watch [PROVIDER USER] [--kind K]...    print session events as they happen
           kick PROVIDER USER [--reason R]        force a logout (the chat server kicked the client)
           help [COMMAND]                         show help
@@ -126,6 +127,14 @@ enum Help {
         joining a refresh already under way, and shows the session afterwards.
         vaultd refreshes by itself ahead of expiry; this is for when you know
         the token went bad early.
+        """,
+        "provider-secret": """
+        Usage: vaultctl provider-secret PROVIDER
+
+        Reads an OAuth 2.0 client secret from stdin (without echo on a
+        terminal) and stores it in the secret store for the oauth2 provider
+        PROVIDER; vaultd uses it from then on. A client secret never goes into
+        vaultd.conf or onto a command line.
         """,
         "kick": """
         Usage: vaultctl kick PROVIDER USER [--reason REASON]

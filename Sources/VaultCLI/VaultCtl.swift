@@ -87,6 +87,23 @@ public struct VaultCtl {
         case "token": return token(operands)
         case "watch": return watch(operands)
         case "kick": return kick(operands)
+        case "provider-secret":
+            guard operands.count == 1 else {
+                return usage("provider-secret needs PROVIDER (the secret comes on stdin)", command: "provider-secret")
+            }
+            let text: String
+            switch readCredential(nil) {
+            case .success(let read): text = read
+            case .failure(let message):
+                output.err("vaultctl: \(message)")
+                return .usage
+            }
+            let secret = LoginCredential.trimmedForWire(text)
+            return call(
+                VaultMethod.setProviderSecret.rawValue, ["provider": .string(operands[0]), "secret": .string(secret)]
+            ) { _ in
+                output.out("client secret of \(operands[0]) stored in the secret store")
+            }
         case "refresh":
             guard operands.count == 2 else { return usage("refresh needs PROVIDER and USER", command: "refresh") }
             return call(VaultMethod.refresh.rawValue, account(operands)) { reply in

@@ -157,7 +157,10 @@ public enum Daemon {
             store: store, config: config, clock: clock, log: log, policy: policy,
             tableDidChange: { table in notifier.status(ServiceNotifier.statusLine(table)) },
             events: { event in relay.publish(event) })
-        let restored = try blocking { () async throws(VaultError) in try await manager.restore() }
+        let restored = try blocking { () async throws(VaultError) in
+            try await manager.loadProviderSecrets()
+            return try await manager.restore()
+        }
 
         let listenFD: Int32
         let socketDescription: String

@@ -24,6 +24,9 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     // Touched only on `queue` after init.
     private let service: OpaquePointer
     private let schema: UnsafeMutablePointer<SecretSchema>
+    private let providerSecretSchema: UnsafeMutablePointer<SecretSchema>
+    /// The schema of a provider's client secret.
+    public static let providerSecretSchemaName = "io.vaultd.ProviderSecret"
 
     /// Connects to the Secret Service on the session bus and checks that the
     /// default collection exists and is unlocked. Blocks: call it at start-up.
@@ -85,10 +88,15 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             g_hash_table_insert(types.table, g_strdup(name), nil)  // nil = SECRET_SCHEMA_ATTRIBUTE_STRING
         }
         schema = secret_schema_newv(LibsecretStore.schemaName, SECRET_SCHEMA_NONE, types.table)
+        let secretTypes = GHashTableBox()
+        for name in ["provider", "scope"] { g_hash_table_insert(secretTypes.table, g_strdup(name), nil) }
+        providerSecretSchema = secret_schema_newv(
+            LibsecretStore.providerSecretSchemaName, SECRET_SCHEMA_NONE, secretTypes.table)
     }
 
     deinit {
         secret_schema_unref(schema)
+        secret_schema_unref(providerSecretSchema)
         g_object_unref(UnsafeMutableRawPointer(service))
     }
 
@@ -203,6 +211,51 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             _ = secret_service_clear_sync(
                 self.servicePointer, self.schema, attributes.table, cancellable.pointer, &error)
             if let reason = GLibError.take(&error) { throw self.failure("deleting \(account)", reason) }
+        }
+    }
+
+    public func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
+        try await perform("writing the client secret of \(provider)") { cancellable throws(VaultError) in
+            let attributes = GHashTableBox()
+            g_hash_table_insert(attributes.table, g_strdup("provider"), g_strdup(provider))
+            g_hash_table_insert(attributes.table, g_strdup("scope"), g_strdup(self.scope))
+            var bytes = Array(secret.revealed.utf8)
+            defer { bytes.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
+            let value = bytes.withUnsafeBytes { raw in
+                secret_value_new(raw.baseAddress!.assumingMemoryBound(to: CChar.self), gssize(raw.count), "text/plain")
+            }
+            defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
+            var error: UnsafeMutablePointer<GError>? = nil
+            _ = secret_service_store_sync(
+                self.servicePointer, self.providerSecretSchema, attributes.table, nil,
+                "vaultd: client secret of \(provider)", value, cancellable.pointer, &error)
+            if let reason = GLibError.take(&error) {
+                throw self.failure("writing the client secret of \(provider)", reason)
+            }
+        }
+    }
+
+    public func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
+        try await perform("reading the client secret of \(provider)") { cancellable throws(VaultError) -> Secret? in
+            let attributes = GHashTableBox()
+            g_hash_table_insert(attributes.table, g_strdup("provider"), g_strdup(provider))
+            g_hash_table_insert(attributes.table, g_strdup("scope"), g_strdup(self.scope))
+            var error: UnsafeMutablePointer<GError>? = nil
+            let flags = SecretSearchFlags(rawValue: SECRET_SEARCH_LOAD_SECRETS.rawValue)
+            let list = secret_service_search_sync(
+                self.servicePointer, self.providerSecretSchema, attributes.table, flags, cancellable.pointer, &error)
+            if let reason = GLibError.take(&error) {
+                throw self.failure("reading the client secret of \(provider)", reason)
+            }
+            defer { g_list_free_full(list, { g_object_unref($0) }) }
+            guard let raw = list?.pointee.data else { return nil }
+            let item = raw.assumingMemoryBound(to: SecretItem.self)
+            guard let value = secret_item_get_secret(item) else { return nil }
+            defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
+            var length: gsize = 0
+            guard let bytes = secret_value_get(value, &length) else { return nil }
+            let buffer = UnsafeRawBufferPointer(start: UnsafeRawPointer(bytes), count: Int(length))
+            return Secret(String(decoding: buffer, as: UTF8.self))
         }
     }
 

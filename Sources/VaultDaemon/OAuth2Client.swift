@@ -93,9 +93,33 @@ public struct OAuth2Client: Sendable {
         request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type")
         request.setValue("application/json", forHTTPHeaderField: "Accept")
         request.httpBody = Data(OAuth2Client.formEncoded(form).utf8)
-        let (data, response) = try await URLSession.shared.data(for: request)
+        let prepared = request
+        let (data, response) = try await OAuth2Client.withDeadline(seconds: timeoutSeconds + 5) {
+            try await URLSession.shared.data(for: prepared)
+        }
         guard let http = response as? HTTPURLResponse else { throw URLError(.badServerResponse) }
         return (data, http)
+    }
+
+    /// Runs `body` but gives up after `seconds` even if it never returns:
+    /// FoundationNetworking on Linux has been seen to stall past the request
+    /// timeout on a 401 with a WWW-Authenticate header. A refresh must end,
+    /// or every caller waiting on it would wait for ever.
+    static func withDeadline<T: Sendable>(
+        seconds: Double, _ body: @escaping @Sendable () async throws -> T
+    ) async throws -> T {
+        let gate = ResumeOnce<T>()
+        return try await withCheckedThrowingContinuation { continuation in
+            gate.set(continuation)
+            let work = Task {
+                do { gate.resume(.success(try await body())) } catch { gate.resume(.failure(error)) }
+            }
+            Task {
+                try? await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
+                gate.resume(.failure(URLError(.timedOut)))
+                work.cancel()
+            }
+        }
     }
 
     /// `application/x-www-form-urlencoded`, keys sorted.
@@ -106,5 +130,25 @@ public struct OAuth2Client: Sendable {
             let value = form[key]!.addingPercentEncoding(withAllowedCharacters: allowed) ?? ""
             return "\(key)=\(value)"
         }.joined(separator: "&")
+    }
+}
+
+/// Resumes a continuation once, whichever of several racers comes first.
+final class ResumeOnce<T: Sendable>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var continuation: CheckedContinuation<T, Error>?
+
+    func set(_ continuation: CheckedContinuation<T, Error>) {
+        lock.lock()
+        self.continuation = continuation
+        lock.unlock()
+    }
+
+    func resume(_ result: Result<T, Error>) {
+        lock.lock()
+        let taken = continuation
+        continuation = nil
+        lock.unlock()
+        taken?.resume(with: result)
     }
 }

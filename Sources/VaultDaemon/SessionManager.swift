@@ -30,6 +30,8 @@ public actor SessionManager {
     private var refreshes: [Account: Task<Result<SessionRecord, VaultError>, Never>] = [:]
     /// Where fresh tokens come from, per oauth2 or exec provider.
     private var clients: [String: any TokenProvider] = [:]
+    /// Client secrets kept in the secret store (`vaultctl provider-secret`).
+    private var providerSecrets: [String: Secret] = [:]
     private var expiryTimer: Task<Void, Never>?
 
     /// A manager over `store`, reading time from `clock`.
@@ -118,6 +120,32 @@ public actor SessionManager {
         }
         rearmExpiryTimer()
         return (table.count, finished)
+    }
+
+    /// Reads the stored client secrets of the oauth2 providers.
+    public func loadProviderSecrets() async throws(VaultError) {
+        for (name, provider) in config.providers where provider.type == .oauth2 {
+            if let secret = try await store.loadProviderSecret(name) { providerSecrets[name] = secret }
+        }
+        clients = [:]
+    }
+
+    /// Stores the client secret of an oauth2 provider (root, admins, or the
+    /// user this vaultd runs as).
+    public func setProviderSecret(_ provider: String, _ secret: Secret, caller: Caller) async throws(VaultError) {
+        guard caller.uid == getuid() || policy.policy.isAdmin(caller) else {
+            throw VaultError(.accessDenied, "only root, the admin group or uid \(getuid()) may set client secrets")
+        }
+        guard config.providers[provider]?.type == .oauth2 else {
+            throw VaultError(.invalidParameter, "provider '\(provider)' is not an oauth2 provider")
+        }
+        guard !secret.revealed.isEmpty, secret.revealed.utf8.count <= 4096 else {
+            throw VaultError(.invalidParameter, "the client secret must be 1 to 4096 bytes")
+        }
+        try await store.saveProviderSecret(provider, secret)
+        providerSecrets[provider] = secret
+        clients[provider] = nil
+        log.notice("client secret stored", ["provider": provider, "uid": String(caller.uid)])
     }
 
     // MARK: Login
@@ -601,7 +629,8 @@ public actor SessionManager {
         if let client = clients[provider] { return client }
         let made: (any TokenProvider)?
         if let settings = config.providers[provider]?.oauth2 {
-            made = OAuth2Client(settings: settings, clientSecret: ClientSecrets.read(settings, log: log))
+            let secret = providerSecrets[provider] ?? ClientSecrets.read(settings, log: log)
+            made = OAuth2Client(settings: settings, clientSecret: secret)
         } else if let settings = config.providers[provider]?.exec {
             made = ExecProvider(settings: settings, log: log)
         } else {

@@ -25,4 +25,8 @@ public protocol SessionStore: Sendable {
     func save(_ record: SessionRecord) async throws(VaultError)
     /// Deletes the record of `account`; deleting a missing record succeeds.
     func delete(_ account: Account) async throws(VaultError)
+    /// Writes (creates or replaces) the OAuth 2.0 client secret of `provider`.
+    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError)
+    /// The client secret of `provider`, if one was stored.
+    func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret?
 }

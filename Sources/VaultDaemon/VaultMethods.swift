@@ -136,6 +136,21 @@ public enum VaultMethods {
             }
         }
 
+        service.methods[VaultMethod.setProviderSecret.rawValue] = { call, caller in
+            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                let provider = try p.string("provider")
+                let secret = Secret(try p.string("secret"))
+                return .deferred {
+                    do throws(VaultError) {
+                        try await manager.setProviderSecret(provider, secret, caller: caller)
+                        return VarlinkReply()
+                    } catch {
+                        return error.varlinkReply
+                    }
+                }
+            }
+        }
+
         service.methods[VaultMethod.forceLogout.rawValue] = { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                 let (provider, user) = try p.account()

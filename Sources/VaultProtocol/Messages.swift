@@ -61,6 +61,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
     case subscribe = "io.vaultd.Vault.Subscribe"
     case forceLogout = "io.vaultd.Vault.ForceLogout"
     case refresh = "io.vaultd.Vault.Refresh"
+    case setProviderSecret = "io.vaultd.Vault.SetProviderSecret"
 }
 
 /// The methods of `org.varlink.service`.

@@ -126,6 +126,11 @@ public enum VaultInterface {
         # refresh already in flight; answers with the session afterwards.
         method Refresh(provider: string, user: string) -> (session: Session)
 
+        # Stores the OAuth 2.0 client secret of an oauth2 provider in the secret
+        # store (never in vaultd.conf). Root, the admin group, or the user vaultd
+        # runs as.
+        method SetProviderSecret(provider: string, secret: string) -> ()
+
         # The account is not logged in (ERR_NOT_LOGGED_IN).
         error NotLoggedIn (code: string, message: string)
 

@@ -379,8 +379,8 @@ struct EventsTests {
             for p in [jsonWatch, textWatch] where p.isRunning { kill(p.processIdentifier, SIGKILL) }
         }
         #expect(jsonOut.wait(for: "{\"sessions\":"), "snapshot line: \(jsonOut.text) \(jsonErr.text)")
-        // The text watcher's snapshot has no format to wait for: a login of another
-        // account it must print tells that it is subscribed.
+        // The text watcher says it is watching once its snapshot arrived.
+        #expect(textOut.wait(for: "events follow"), "\(textOut.text) \(textErr.text)")
         #expect(try vaultctl(d.socketPath, ["login", "demo", other], input: EventsTests.token).status == 0)
         #expect(textOut.wait(for: other), "\(textOut.text) \(textErr.text)")
 

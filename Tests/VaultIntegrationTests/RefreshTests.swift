@@ -105,7 +105,9 @@ struct RefreshTests {
 
     @Test("Should refresh before expiry without any client asking, with a working token")
     func refreshesAheadOfExpiry() async throws {
-        let server = try TokenServer(["--lifetime", "6"])
+        // issued_at (Salesforce style) lets vaultd count the lifetime from the
+        // server's clock rather than from the moment of the login.
+        let server = try TokenServer(["--lifetime", "8", "--salesforce"])
         let (fixture, _) = try start(server)
         let user = uniqueName("auto")
         let watcher = try subscribe(fixture.socketPath, user)
@@ -198,6 +200,26 @@ struct RefreshTests {
         #expect(event["reason"]?.stringValue == "tokenInvalid")
         #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stderr.contains("ERR_NOT_LOGGED_IN"))
         #expect(try secretToolSearch(provider: "oauth", user: user).contains("label =") == false)
+    }
+
+    @Test("Should keep the client secret in the secret store, never in the config, across restarts")
+    func clientSecretInStore() async throws {
+        let server = try TokenServer(["--lifetime", "600", "--client-secret", "s3cr3t-client"])
+        let (fixture, _) = try start(server)
+        let user = uniqueName("cc")
+        let refused = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
+        #expect(refused.status == 1, "no client secret yet: invalid_client")
+        let stored = try vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "s3cr3t-client\n")
+        #expect(stored.status == 0, "\(stored.stderr)")
+        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
+        #expect(login.status == 0, "\(login.stderr)")
+        // After a restart the secret comes back from the store: a refresh authenticates.
+        fixture.daemon?.stop()
+        let daemon = try fixture.start()
+        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
+        #expect(refreshed.status == 0, "\(refreshed.stderr)")
+        #expect(!daemon.allOutput.contains("s3cr3t-client"))
+        _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
     }
 
     @Test("Should revoke the refresh token at the provider at logout")

@@ -136,7 +136,7 @@ struct VaultMethodTests {
     @Test("Should name every method in io.vaultd.Vault")
     func names() {
         #expect(VaultMethod.allCases.allSatisfy { $0.rawValue.hasPrefix("io.vaultd.Vault.") })
-        #expect(VaultMethod.allCases.count == 8)
+        #expect(VaultMethod.allCases.count == 9)
         #expect(ServiceMethod.allCases.allSatisfy { $0.rawValue.hasPrefix("org.varlink.service.") })
     }
 }

@@ -355,8 +355,11 @@ class Handler(BaseHTTPRequestHandler):
             self._oauth_error(401, "invalid_client", "unknown client")
             return
         if cfg.client_secret is not None and client_secret != cfg.client_secret:
+            # RFC 6749 5.2: WWW-Authenticate only when the client authenticated
+            # with the Authorization header; credentials in the body get none.
+            basic = (self.headers.get("Authorization") or "").lower().startswith("basic ")
             self._oauth_error(401, "invalid_client", "bad client secret",
-                              headers={"WWW-Authenticate": 'Basic realm="token_server"'})
+                              headers={"WWW-Authenticate": 'Basic realm="token_server"'} if basic else None)
             return
         if grant_type == "client_credentials":
             with st.lock:

@@ -1,0 +1,116 @@
+import Foundation
+import Glibc
+import Testing
+import VaultClient
+import VaultCore
+import VaultProtocol
+
+/// Local stand-ins of the CometChat and OpenIM REST APIs (Tests/servers/chat_standins.py).
+final class ChatStandIns {
+    let process = Process()
+    let url: String
+    private let output: OutputCollector
+
+    init() throws {
+        let script = Binaries.packageRoot.appendingPathComponent("Tests/servers/chat_standins.py").path
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", script, "--port", "0", "--openim-lifetime", "5"]
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        output = OutputCollector(out)
+        try process.run()
+        guard output.wait(for: "LISTENING http://127.0.0.1:", seconds: 20),
+            let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("LISTENING ") })
+        else { throw HarnessError("stand-ins did not start: \(output.text)") }
+        url = String(line.dropFirst("LISTENING ".count))
+    }
+
+    deinit {
+        kill(process.processIdentifier, SIGKILL)
+        _ = try? reap(process)
+    }
+}
+
+/// The exec providers of config/examples, against local stand-ins of the
+/// CometChat and OpenIM server APIs.
+@Suite("exec providers", .serialized)
+struct ExecProviderTests {
+    func start(_ standIns: ChatStandIns) throws -> DaemonFixture {
+        let fixture = try DaemonFixture(start: false)
+        let examples = Binaries.packageRoot.appendingPathComponent("config/examples").path
+        let cometchat = fixture.directory.path("cometchat.json")
+        let openim = fixture.directory.path("openim.json")
+        try #"{"base_url": "\#(standIns.url)/cometchat/v3", "api_key": "test-api-key"}"#.write(
+            toFile: cometchat, atomically: true, encoding: .utf8)
+        try
+            #"{"api_url": "\#(standIns.url)/openim", "admin_user_id": "imAdmin", "secret": "openIM123", "platform_id": 5}"#
+            .write(toFile: openim, atomically: true, encoding: .utf8)
+        try """
+        [Provider cometchat]
+        Type=exec
+        Command=\(examples)/cometchat-helper --config \(cometchat)
+        Timeout=15s
+
+        [Provider openim]
+        Type=exec
+        Command=\(examples)/openim-helper --config \(openim)
+        Timeout=15s
+        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.start()
+        return fixture
+    }
+
+    @Test("Should log in through the CometChat helper and report the seeds' error codes")
+    func cometChat() throws {
+        let standIns = try ChatStandIns()
+        let fixture = try start(standIns)
+        let login = try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"])
+        #expect(login.status == 0, "\(login.stderr)")
+        let token = try vaultctl(fixture.socketPath, ["token", "cometchat", "alice"]).stdout
+        #expect(token.hasPrefix("cc_alice_"))
+        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "cometchat", "alice"])
+        #expect(refreshed.status == 0, "\(refreshed.stderr)")
+        let second = try vaultctl(fixture.socketPath, ["token", "cometchat", "alice"]).stdout
+        #expect(second.hasPrefix("cc_alice_") && second != token, "refresh forces a new auth token")
+
+        let deactivated = try vaultctl(fixture.socketPath, ["login", "cometchat", "carol", "--from-provider"])
+        #expect(deactivated.status == 1)
+        #expect(deactivated.stderr.contains("ERR_USER_DEACTIVATED"))
+        let unknown = try vaultctl(fixture.socketPath, ["login", "cometchat", "zed", "--from-provider"])
+        #expect(unknown.stderr.contains("ERR_UID_NOT_FOUND"))
+        #expect(try vaultctl(fixture.socketPath, ["logout", "cometchat", "alice"]).status == 0)
+        let daemon = try #require(fixture.daemon)
+        #expect(!daemon.allOutput.contains(token.trimmingCharacters(in: .whitespacesAndNewlines)))
+        #expect(!daemon.allOutput.contains("test-api-key"))
+    }
+
+    @Test("Should refresh an OpenIM user token through the helper before it expires")
+    func openIMRefreshes() throws {
+        let standIns = try ChatStandIns()
+        let fixture = try start(standIns)
+        let watcher = try RawConnection(fixture.socketPath)
+        try watcher.send(
+            JSON.object([
+                "method": .string(VaultMethod.subscribe.rawValue), "more": true,
+                "parameters": ["provider": "openim", "user": "bob"],
+            ]).text)
+        _ = try watcher.receive()
+        let login = try vaultctl(fixture.socketPath, ["login", "openim", "bob", "--from-provider"])
+        #expect(login.status == 0, "\(login.stderr)")
+        let first = try vaultctl(fixture.socketPath, ["token", "openim", "bob"]).stdout
+        #expect(first.hasPrefix("oi_bob_"))
+        var refreshed = false
+        for _ in 0..<10 {
+            guard let event = try watcher.receive()?.parameters["event"] else { break }
+            if event["kind"]?.stringValue == "tokenRefreshed" {
+                refreshed = true
+                break
+            }
+        }
+        #expect(refreshed, "the 5 s OpenIM token is refreshed before it expires")
+        let second = try vaultctl(fixture.socketPath, ["token", "openim", "bob"]).stdout
+        #expect(second.hasPrefix("oi_bob_") && second != first)
+        #expect(try vaultctl(fixture.socketPath, ["logout", "openim", "bob"]).status == 0)
+    }
+}
