@@ -46,7 +46,7 @@ let package = Package(
         .testTarget(name: "VaultProtocolTests", dependencies: ["VaultProtocol"]),
         .testTarget(
             name: "VaultIntegrationTests",
-            dependencies: ["VaultClient", "VaultProtocol", "VaultSystem"]
+            dependencies: ["VaultClient", "VaultProtocol", "VaultSystem", "VaultDaemon"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -1,0 +1,51 @@
+import Testing
+import VaultCore
+
+@testable import VaultDaemon
+
+/// How token endpoint answers are sorted (RFC 6749 sections 5.1 and 5.2).
+@Suite("OAuth2 answers")
+struct OAuth2ClassifyTests {
+    func body(_ text: String) -> [UInt8] { Array(text.utf8) }
+
+    @Test("Should take a token response, keeping expires_in")
+    func success() {
+        let outcome = OAuth2Client.classify(
+            status: 200, body: body(#"{"access_token":"at_1","expires_in":60,"refresh_token":"rt_2"}"#),
+            retryAfter: nil)
+        guard case .refreshed(let tokens, let expiresIn) = outcome else {
+            Issue.record("expected refreshed, got \(outcome)")
+            return
+        }
+        #expect(tokens.accessToken.revealed == "at_1")
+        #expect(tokens.refreshToken?.revealed == "rt_2")
+        #expect(expiresIn == 60)
+    }
+
+    @Test("Should retry on 5xx, 429 (with Retry-After) and garbage; give up on a refused grant")
+    func failures() {
+        #expect(
+            OAuth2Client.classify(status: 503, body: body("{}"), retryAfter: nil)
+                == .transient(reason: "the token endpoint answered 503", retryAfter: nil))
+        #expect(
+            OAuth2Client.classify(status: 429, body: body(""), retryAfter: "7")
+                == .transient(reason: "the token endpoint answered 429", retryAfter: 7))
+        if case .transient = OAuth2Client.classify(status: 200, body: body("<html>oops"), retryAfter: nil) {
+        } else {
+            Issue.record("garbage must be transient")
+        }
+        for error in ["invalid_grant", "invalid_client", "unauthorized_client"] {
+            if case .permanent(let code, _) = OAuth2Client.classify(
+                status: 400, body: body(#"{"error":"\#(error)"}"#), retryAfter: nil)
+            {
+                #expect(code == error)
+            } else {
+                Issue.record("\(error) must be permanent")
+            }
+        }
+        if case .permanent = OAuth2Client.classify(status: 401, body: body(""), retryAfter: nil) {
+        } else {
+            Issue.record("401 must be permanent")
+        }
+    }
+}
