@@ -267,12 +267,7 @@ public actor SessionManager {
         } catch {
             // A write abandoned at the timeout may still land in the keyring: remove it.
             try? await store.delete(account)
-            machines[account]?.loginFailed()
-            cleanUp(account)
-            log.error("login failed", fields(account, event: "loginFailed", caller: caller, code: error.code))
-            emit(.loginFailed, account, owner: caller.uid, code: error.code)
-            audit("Login", account, caller: caller, result: error.code.seedCode)
-            return .failure(error)
+            return failLogin(account, caller, error)
         }
         machines[account]?.loginSucceeded(record)
         table.publish(account, SessionView(state: .logged, record: record))

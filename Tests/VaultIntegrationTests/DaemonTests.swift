@@ -170,12 +170,7 @@ struct DaemonTests {
             tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
             expiresAt: nil, ownerUID: getuid())
         record.phase = .loggingOut
-        let store = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/secret-tool"),
-            [
-                "store", "--label=vaultd: \(user) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
-                "user", user, "owner_uid", String(getuid()), "scope", fixture.scope,
-            ], input: record.storedJSON().text)
+        let store = try storeRecordWithSecretTool(record, scope: fixture.scope)
         #expect(store.status == 0, "\(store.stderr)")
         #expect(try secretToolSearch(provider: "demo", user: user).contains("label ="))
         let daemon = try fixture.start()

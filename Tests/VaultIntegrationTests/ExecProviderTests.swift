@@ -7,29 +7,10 @@ import VaultProtocol
 
 /// Local stand-ins of the CometChat and OpenIM REST APIs (Tests/servers/chat_standins.py).
 final class ChatStandIns {
-    let process = Process()
-    let url: String
-    private let output: OutputCollector
+    private let server: PythonServer
+    var url: String { server.url }
 
-    init() throws {
-        let script = Binaries.packageRoot.appendingPathComponent("Tests/servers/chat_standins.py").path
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", script, "--port", "0", "--openim-lifetime", "5"]
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        output = OutputCollector(out)
-        try process.run()
-        guard output.wait(for: "LISTENING http://127.0.0.1:", seconds: 20),
-            let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("LISTENING ") })
-        else { throw HarnessError("stand-ins did not start: \(output.text)") }
-        url = String(line.dropFirst("LISTENING ".count))
-    }
-
-    deinit {
-        kill(process.processIdentifier, SIGKILL)
-        _ = try? reap(process)
-    }
+    init() throws { server = try PythonServer("chat_standins.py", ["--openim-lifetime", "5"]) }
 }
 
 /// The exec providers of config/examples, against local stand-ins of the

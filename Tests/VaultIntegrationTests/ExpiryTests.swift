@@ -48,12 +48,7 @@ struct ExpiryTests {
             account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
             tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
             expiresAt: UnixTime(seconds: Int64(Date().timeIntervalSince1970) - 60), ownerUID: getuid())
-        let store = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/secret-tool"),
-            [
-                "store", "--label=vaultd: \(user) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
-                "user", user, "owner_uid", String(getuid()), "scope", fixture.scope,
-            ], input: record.storedJSON().text)
+        let store = try storeRecordWithSecretTool(record, scope: fixture.scope)
         #expect(store.status == 0, "\(store.stderr)")
         let daemon = try fixture.start()
         #expect(daemon.output.wait(for: "event=tokenExpired"), "\(daemon.output.text)")

@@ -268,3 +268,42 @@ func reap(_ process: Process, seconds: Double = 20) throws -> Int32 {
     }
     throw HarnessError("process \(pid) did not exit within \(seconds)s")
 }
+
+/// A test server written in Python (Tests/servers/), started on a free
+/// loopback port; it prints `LISTENING http://127.0.0.1:PORT` when it serves.
+final class PythonServer {
+    let process = Process()
+    let url: String
+    private let output: OutputCollector
+
+    init(_ script: String, _ arguments: [String]) throws {
+        let path = Binaries.packageRoot.appendingPathComponent("Tests/servers/\(script)").path
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", path, "--port", "0"] + arguments
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        output = OutputCollector(out)
+        try process.run()
+        guard output.wait(for: "LISTENING http://127.0.0.1:", seconds: 20),
+            let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("LISTENING ") })
+        else { throw HarnessError("\(script) did not start: \(output.text)") }
+        url = String(line.dropFirst("LISTENING ".count))
+    }
+
+    deinit {
+        kill(process.processIdentifier, SIGKILL)
+        _ = try? reap(process)
+    }
+}
+
+/// Writes `record` straight into the keyring with secret-tool, as vaultd would
+/// have, in the store scope `scope`: for tests of what vaultd finds at start-up.
+func storeRecordWithSecretTool(_ record: SessionRecord, scope: String) throws -> CommandResult {
+    try runCommand(
+        URL(fileURLWithPath: "/usr/bin/secret-tool"),
+        [
+            "store", "--label=\(record.storeLabel)", "xdg:schema", "io.vaultd.Session", "provider",
+            record.account.provider, "user", record.account.user, "owner_uid", String(record.ownerUID), "scope", scope,
+        ], input: record.storedJSON().text)
+}

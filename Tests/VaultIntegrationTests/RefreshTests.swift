@@ -12,29 +12,10 @@ import VaultProtocol
 
 /// The test OAuth 2.0 server (Tests/servers/token_server.py), a real process on loopback.
 final class TokenServer {
-    let process = Process()
-    let url: String
-    private let output: OutputCollector
+    private let server: PythonServer
+    var url: String { server.url }
 
-    init(_ arguments: [String] = []) throws {
-        let script = Binaries.packageRoot.appendingPathComponent("Tests/servers/token_server.py").path
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", script, "--port", "0"] + arguments
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        output = OutputCollector(out)
-        try process.run()
-        guard output.wait(for: "LISTENING http://127.0.0.1:", seconds: 20),
-            let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("LISTENING ") })
-        else { throw HarnessError("token server did not start: \(output.text)") }
-        url = String(line.dropFirst("LISTENING ".count))
-    }
-
-    deinit {
-        kill(process.processIdentifier, SIGKILL)
-        _ = try? reap(process)
-    }
+    init(_ arguments: [String] = []) throws { server = try PythonServer("token_server.py", arguments) }
 
     /// POSTs `body` to `path` and returns the JSON answer.
     @discardableResult
