@@ -56,9 +56,11 @@ final class TokenServer {
 /// clients, with backoff on transient failures and logout on permanent ones.
 @Suite("Token refresh", .serialized)
 struct RefreshTests {
-    func start(_ server: TokenServer, revocation: Bool = false) throws -> (DaemonFixture, RunningDaemon) {
+    func start(_ server: TokenServer, revocation: Bool = false, extra: String = "") throws -> (
+        DaemonFixture, RunningDaemon
+    ) {
         let fixture = try DaemonFixture(start: false)
-        var text = "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=vaultd-test\n"
+        var text = "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=vaultd-test\n" + extra
         if revocation { text += "RevocationURL=\(server.url)/revoke\n" }
         try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
         return (fixture, try fixture.start())
@@ -201,6 +203,19 @@ struct RefreshTests {
         #expect(refreshed.status == 0, "\(refreshed.stderr)")
         #expect(!daemon.allOutput.contains("s3cr3t-client"))
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+    }
+
+    @Test("Should end a session at MaxSessionLifetime whatever its tokens say")
+    func maxSessionLifetime() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, _) = try start(server, extra: "MaxSessionLifetime=2s\n")
+        let user = uniqueName("capped")
+        let watcher = try subscribe(fixture.socketPath, user)
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        let ended = try #require(try next("tokenInvalid", on: watcher))
+        #expect(ended["reason"]?.stringValue == "maxSessionLifetime")
+        #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stderr.contains("ERR_NOT_LOGGED_IN"))
     }
 
     @Test("Should revoke the refresh token at the provider at logout")
