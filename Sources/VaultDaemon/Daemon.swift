@@ -159,7 +159,9 @@ public enum Daemon {
             events: { event in relay.publish(event) })
         let restored = try blocking { () async throws(VaultError) in
             try await manager.loadProviderSecrets()
-            return try await manager.restore()
+            let restored = try await manager.restore()
+            await manager.resumePendingRevocations()
+            return restored
         }
 
         let listenFD: Int32

@@ -25,6 +25,9 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     private let service: OpaquePointer
     private let schema: UnsafeMutablePointer<SecretSchema>
     private let providerSecretSchema: UnsafeMutablePointer<SecretSchema>
+    private let pendingRevocationSchema: UnsafeMutablePointer<SecretSchema>
+    /// The schema of a revocation queued after a failed attempt.
+    public static let pendingRevocationSchemaName = "io.vaultd.PendingRevocation"
     /// The schema of a provider's client secret.
     public static let providerSecretSchemaName = "io.vaultd.ProviderSecret"
 
@@ -92,11 +95,16 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         for name in ["provider", "scope"] { g_hash_table_insert(secretTypes.table, g_strdup(name), nil) }
         providerSecretSchema = secret_schema_newv(
             LibsecretStore.providerSecretSchemaName, SECRET_SCHEMA_NONE, secretTypes.table)
+        let pendingTypes = GHashTableBox()
+        for name in ["provider", "user", "scope"] { g_hash_table_insert(pendingTypes.table, g_strdup(name), nil) }
+        pendingRevocationSchema = secret_schema_newv(
+            LibsecretStore.pendingRevocationSchemaName, SECRET_SCHEMA_NONE, pendingTypes.table)
     }
 
     deinit {
         secret_schema_unref(schema)
         secret_schema_unref(providerSecretSchema)
+        secret_schema_unref(pendingRevocationSchema)
         g_object_unref(UnsafeMutableRawPointer(service))
     }
 
@@ -256,6 +264,69 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             guard let bytes = secret_value_get(value, &length) else { return nil }
             let buffer = UnsafeRawBufferPointer(start: UnsafeRawPointer(bytes), count: Int(length))
             return Secret(String(decoding: buffer, as: UTF8.self))
+        }
+    }
+
+    public func savePendingRevocation(_ record: SessionRecord) async throws(VaultError) {
+        try await perform("queueing the revocation of \(record.account)") { cancellable throws(VaultError) in
+            let attributes = self.attributes(record.account, owner: nil)
+            var document = record.storedJSON().serialized()
+            defer { document.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
+            let value = document.withUnsafeBytes { bytes in
+                secret_value_new(
+                    bytes.baseAddress!.assumingMemoryBound(to: CChar.self), gssize(bytes.count), "application/json")
+            }
+            defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
+            var error: UnsafeMutablePointer<GError>? = nil
+            _ = secret_service_store_sync(
+                self.servicePointer, self.pendingRevocationSchema, attributes.table, nil,
+                "vaultd: revocation pending for \(record.account)", value, cancellable.pointer, &error)
+            if let reason = GLibError.take(&error) {
+                throw self.failure("queueing the revocation of \(record.account)", reason)
+            }
+        }
+    }
+
+    public func deletePendingRevocation(_ account: Account) async throws(VaultError) {
+        try await perform("removing the queued revocation of \(account)") { cancellable throws(VaultError) in
+            let attributes = self.attributes(account, owner: nil)
+            var error: UnsafeMutablePointer<GError>? = nil
+            _ = secret_service_clear_sync(
+                self.servicePointer, self.pendingRevocationSchema, attributes.table, cancellable.pointer, &error)
+            if let reason = GLibError.take(&error) {
+                throw self.failure("removing the queued revocation of \(account)", reason)
+            }
+        }
+    }
+
+    public func loadPendingRevocations() async throws(VaultError) -> [SessionRecord] {
+        try await perform("reading queued revocations") { cancellable throws(VaultError) -> [SessionRecord] in
+            let attributes = GHashTableBox()
+            g_hash_table_insert(attributes.table, g_strdup("scope"), g_strdup(self.scope))
+            var error: UnsafeMutablePointer<GError>? = nil
+            let flags = SecretSearchFlags(rawValue: SECRET_SEARCH_ALL.rawValue | SECRET_SEARCH_LOAD_SECRETS.rawValue)
+            let list = secret_service_search_sync(
+                self.servicePointer, self.pendingRevocationSchema, attributes.table, flags, cancellable.pointer,
+                &error)
+            if let reason = GLibError.take(&error) { throw self.failure("reading queued revocations", reason) }
+            defer { g_list_free_full(list, { g_object_unref($0) }) }
+            var records: [SessionRecord] = []
+            var node = list
+            while let current = node {
+                node = current.pointee.next
+                guard let raw = current.pointee.data else { continue }
+                let item = raw.assumingMemoryBound(to: SecretItem.self)
+                guard let value = secret_item_get_secret(item) else { continue }
+                defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
+                var length: gsize = 0
+                guard let bytes = secret_value_get(value, &length) else { continue }
+                var copy = [UInt8](UnsafeRawBufferPointer(start: UnsafeRawPointer(bytes), count: Int(length)))
+                defer { copy.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
+                if let json = try? JSON.parse(copy), let record = try? SessionRecord(storedJSON: json) {
+                    records.append(record)
+                }
+            }
+            return records
         }
     }
 

@@ -635,21 +635,56 @@ public actor SessionManager {
         return made
     }
 
-    /// RFC 7009 at logout: a failure does not block the logout; it is retried a
-    /// few times with backoff, then given up and logged.
+    /// RFC 7009 at logout (or the exec helper's revoke): a failure does not
+    /// block the logout. A revocation that failed is queued in the secret
+    /// store, so that a restart does not forget it, and retried with backoff
+    /// (about 10 minutes in all); it leaves the queue once the provider took it.
     private func revokeAtProvider(_ record: SessionRecord) {
         guard let provider = client(for: record.account.provider) else { return }
-        let account = record.account
+        let store = self.store
         let log = self.log
         Task.detached {
-            for attempt in 1...5 {
-                if await provider.revoke(record) { return }
-                let wait = RefreshPolicy.backoff(attempt: attempt, random: Double.random(in: 0..<1))
-                try? await Task.sleep(for: .seconds(wait))
+            await SessionManager.revoke(record, provider: provider, store: store, log: log, queued: false)
+        }
+    }
+
+    private static func revoke(
+        _ record: SessionRecord, provider: any TokenProvider, store: any SessionStore, log: Logger, queued: Bool
+    ) async {
+        let account = record.account
+        let fields = ["provider": account.provider, "user": account.user]
+        var isQueued = queued
+        for attempt in 1...10 {
+            if await provider.revoke(record) {
+                if isQueued { try? await store.deletePendingRevocation(account) }
+                return
             }
-            log.warning(
-                "the refresh token could not be revoked at the provider",
-                ["provider": account.provider, "user": account.user, "event": "revokeFailed"])
+            if !isQueued {
+                do throws(VaultError) {
+                    try await store.savePendingRevocation(record)
+                    isQueued = true
+                } catch {
+                    log.warning("a failed revocation could not be queued in the store", fields)
+                }
+            }
+            let wait = RefreshPolicy.backoff(attempt: attempt, random: Double.random(in: 0..<1))
+            try? await Task.sleep(for: .seconds(wait))
+        }
+        log.warning(
+            "the token could not be revoked at the provider; it stays queued for the next start",
+            fields.merging(["event": "revokeFailed"]) { a, _ in a })
+    }
+
+    /// Retries the revocations a previous run queued and could not finish.
+    public func resumePendingRevocations() async {
+        guard let pending = try? await store.loadPendingRevocations() else { return }
+        for record in pending {
+            guard let provider = client(for: record.account.provider) else { continue }
+            let store = self.store
+            let log = self.log
+            Task.detached {
+                await SessionManager.revoke(record, provider: provider, store: store, log: log, queued: true)
+            }
         }
     }
 

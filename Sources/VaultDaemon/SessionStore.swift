@@ -29,4 +29,10 @@ public protocol SessionStore: Sendable {
     func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError)
     /// The client secret of `provider`, if one was stored.
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret?
+    /// Queues the revocation of a logged-out session's tokens.
+    func savePendingRevocation(_ record: SessionRecord) async throws(VaultError)
+    /// Removes a queued revocation.
+    func deletePendingRevocation(_ account: Account) async throws(VaultError)
+    /// Every queued revocation.
+    func loadPendingRevocations() async throws(VaultError) -> [SessionRecord]
 }

@@ -218,6 +218,46 @@ struct RefreshTests {
         #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stderr.contains("ERR_NOT_LOGGED_IN"))
     }
 
+    @Test("Should queue a failed revocation in the store and finish it after a restart")
+    func queuedRevocation() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, _) = try start(server, revocation: true)
+        let user = uniqueName("queued")
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try await server.post("/control/mode", json: ["mode": "error500", "target": "revoke"])
+        #expect(
+            try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0,
+            "a failed revocation does not block")
+        func queued() throws -> Bool {
+            let search = try runCommand(
+                URL(fileURLWithPath: "/usr/bin/secret-tool"),
+                ["search", "--all", "xdg:schema", "io.vaultd.PendingRevocation", "user", user])
+            return (search.stdout + search.stderr).contains("label =")
+        }
+        var isQueued = false
+        for _ in 0..<100 where !isQueued {
+            isQueued = try queued()
+            if !isQueued { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(isQueued, "the failed revocation waits in the secret store")
+        fixture.daemon?.stop()
+        try await server.post("/control/mode", json: ["mode": "normal"])
+        try fixture.start()
+        var revoked: [JSON] = []
+        for _ in 0..<100 where revoked.isEmpty {
+            revoked = try await server.stats()["revocations"]?.arrayValue ?? []
+            if revoked.isEmpty { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(revoked.first?["kind"]?.stringValue == "refresh_token", "the restarted daemon finished it")
+        var stillQueued = true
+        for _ in 0..<100 where stillQueued {
+            stillQueued = try queued()
+            if stillQueued { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(!stillQueued)
+    }
+
     @Test("Should revoke the refresh token at the provider at logout")
     func revocationAtLogout() async throws {
         let server = try TokenServer(["--lifetime", "600"])
