@@ -85,7 +85,10 @@ public final class ServiceNotifier: Sendable {
         let all = table.all()
         let logging = all.filter { $0.1.state == .logging }.count
         let sessions = all.count - logging
-        return "\(sessions) session\(sessions == 1 ? "" : "s"), \(logging) logging in"
+        let refreshing = all.filter { $0.1.refresh?.connection == .connecting }.count
+        let failing = all.filter { $0.1.refresh?.connection == .connectFailed }.count
+        return "\(sessions) session\(sessions == 1 ? "" : "s"), \(logging) logging in, \(refreshing) refreshing, "
+            + "\(failing) failing to refresh"
     }
 }
 
