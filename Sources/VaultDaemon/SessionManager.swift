@@ -28,6 +28,8 @@ public actor SessionManager {
     private var refreshStatus: [Account: RefreshStatus] = [:]
     /// The refresh in flight per account: every caller and the scheduler share it.
     private var refreshes: [Account: Task<Result<SessionRecord, VaultError>, Never>] = [:]
+    private var refreshGenerations: [Account: Int] = [:]
+    private var refreshGeneration = 0
     /// Where fresh tokens come from, per oauth2 or exec provider.
     private var clients: [String: any TokenProvider] = [:]
     /// Client secrets kept in the secret store (`vaultctl provider-secret`).
@@ -430,6 +432,15 @@ public actor SessionManager {
             switch work.purpose {
             case .expire:
                 guard record.isExpired(at: now) else { continue }
+                // After a suspend or a restart past the expiry, a refresh may still work:
+                // only a session that cannot be refreshed now ends as tokenExpired.
+                if let provider = client(for: account.provider), provider.canRefresh(record),
+                    (try? await refresh(account, caller: nil)) != nil
+                {
+                    continue
+                }
+                guard case .loggedIn(let current)? = machines[account]?.state, current.isExpired(at: clock.now())
+                else { continue }
                 await end(account, reason: "tokenExpired", kind: .tokenExpired)
             case .maxLifetime:
                 await end(account, reason: "maxSessionLifetime", kind: .tokenInvalid)
@@ -466,8 +477,11 @@ public actor SessionManager {
             return
         }
         if let expiresAt = record.expiresAt, source.canRefresh(record) {
-            let at = RefreshPolicy.refreshAt(
-                issuedAt: refreshedAt, expiresAt: expiresAt, jitter: RefreshPolicy.jitter(for: account))
+            // At most one refresh a second, even for tokens that live a second or two.
+            let at = max(
+                RefreshPolicy.refreshAt(
+                    issuedAt: refreshedAt, expiresAt: expiresAt, jitter: RefreshPolicy.jitter(for: account)),
+                clock.now().adding(seconds: 1))
             expiries.schedule(TimedWork(account: account, purpose: .refresh), at: at)
             refreshStatus[account, default: RefreshStatus()].refreshAt = at
         }
@@ -481,12 +495,21 @@ public actor SessionManager {
 
     /// Refreshes the tokens of `account` now, or joins the refresh in flight.
     /// `caller` nil is vaultd's own scheduler.
-    public func refresh(_ account: Account, caller: Caller?) async throws(VaultError) -> SessionRecord {
+    public func refresh(_ account: Account, caller: Caller?, respectBackoff: Bool = false) async throws(VaultError)
+        -> SessionRecord
+    {
         guard case .loggedIn(let record)? = machines[account]?.state else { throw .notLoggedIn(account) }
         if let caller, !policy.policy.maySee(caller, ownerUID: record.ownerUID) {
             throw VaultError(.accessDenied, "\(account) belongs to another user (uid \(record.ownerUID))")
         }
         if let task = refreshes[account] { return try await task.value.get() }
+        if respectBackoff, let retryAt = refreshStatus[account]?.nextRetryAt, retryAt > clock.now() {
+            // Clients asking for fresh tokens must not hammer a failing endpoint.
+            throw VaultError(
+                .networkError,
+                "refreshing \(account) failed (\(refreshStatus[account]?.lastError ?? "unknown error")); the next try is at \(retryAt)"
+            )
+        }
         guard let provider = client(for: account.provider) else {
             throw VaultError(
                 .tokenExpired, "provider '\(account.provider)' cannot refresh tokens; log \(account) in again")
@@ -494,10 +517,19 @@ public actor SessionManager {
         guard provider.canRefresh(record) else {
             throw VaultError(.tokenExpired, "\(account) has no refresh token; log in again")
         }
+        refreshGeneration += 1
+        let generation = refreshGeneration
         let task = Task { () -> Result<SessionRecord, VaultError> in
-            await self.performRefresh(account, provider: provider, snapshot: record)
+            let result = await self.performRefresh(account, provider: provider, snapshot: record)
+            // Only this refresh's entry: a newer session may have started its own meanwhile.
+            if self.refreshGenerations[account] == generation {
+                self.refreshes[account] = nil
+                self.refreshGenerations[account] = nil
+            }
+            return result
         }
         refreshes[account] = task
+        refreshGenerations[account] = generation
         return try await task.value.get()
     }
 
@@ -510,7 +542,7 @@ public actor SessionManager {
             throw VaultError(.accessDenied, "the token of \(account) is handed only to its owner")
         }
         if let expiresAt = record.expiresAt, expiresAt <= clock.now().adding(seconds: minValidSeconds) {
-            record = try await refresh(account, caller: nil)
+            record = try await refresh(account, caller: nil, respectBackoff: true)
         }
         if let expiresAt = record.expiresAt, expiresAt <= clock.now().adding(seconds: minValidSeconds) {
             throw VaultError(
@@ -523,7 +555,6 @@ public actor SessionManager {
     private func performRefresh(_ account: Account, provider: any TokenProvider, snapshot: SessionRecord) async
         -> Result<SessionRecord, VaultError>
     {
-        defer { refreshes[account] = nil }
         setConnection(account, .connecting, reason: nil)
         let outcome = await provider.refresh(snapshot)
         // The session may have ended, or been replaced, while the request was out.
@@ -554,7 +585,12 @@ public actor SessionManager {
                     "refreshed tokens could not be stored; kept in memory and retried",
                     fields(account, event: "tokenRefreshed", code: error.code))
             }
-            guard case .loggedIn? = machines[account]?.state else { return .failure(.notLoggedIn(account)) }
+            guard case .loggedIn(let again)? = machines[account]?.state, again.tokens == snapshot.tokens else {
+                // The session ended or was replaced while the write was out: put the
+                // current record back if it is another session's.
+                if case .loggedIn(let again)? = machines[account]?.state { try? await store.save(again) }
+                return .failure(.notLoggedIn(account))
+            }
             machines[account]?.refreshed(updated)
             status.lastRefreshAt = now
             status.consecutiveFailures = 0
@@ -593,7 +629,6 @@ public actor SessionManager {
                 "refresh refused; the session is logged out",
                 fields(account, event: "tokenInvalid").merging(
                     ["reason": code]) { a, _ in a })
-            refreshes[account] = nil
             await end(account, reason: "tokenInvalid", kind: .tokenInvalid)
             return .failure(
                 VaultError(.invalidCredential, "the provider refused to refresh \(account) (\(code)); log in again"))

@@ -92,8 +92,15 @@ public struct ExecProvider: TokenProvider {
             settings.command, input: JSON.object(input).serialized(), timeoutSeconds: settings.timeoutSeconds)
         let action = input["action"]?.stringValue ?? "?"
         if !result.stderr.isEmpty {
+            // Mask every token vaultd knows, and the ones the helper just printed.
+            var secrets = knownSecrets
+            if let answer = try? JSON.parse(result.stdout) {
+                for key in ["access_token", "refresh_token"] {
+                    if let token = answer[key]?.stringValue { secrets.append(token) }
+                }
+            }
             var text = String(decoding: result.stderr.prefix(2048), as: UTF8.self)
-            for secret in knownSecrets where !secret.isEmpty {
+            for secret in secrets where secret.count >= 4 {
                 text = text.replacingOccurrences(of: secret, with: Secret.mask(secret))
             }
             log.info("helper stderr", ["action": action, "program": settings.command[0], "stderr": text])

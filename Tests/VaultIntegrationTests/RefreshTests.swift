@@ -161,6 +161,12 @@ struct RefreshTests {
         #expect(retryAt >= Int64(Date().timeIntervalSince1970) + 1, "Retry-After: 2 is honoured")
         #expect(
             try vaultctl(fixture.socketPath, ["token", "oauth", user]).status == 0, "the old token is still served")
+        // A client asking for a fresher token than it has sends no request before the retry time.
+        let requests = try await server.stats()["refresh_requests"]?.integerValue
+        let eager = try vaultctl(fixture.socketPath, ["token", "oauth", user, "--min-valid", "100000"])
+        #expect(eager.status == 1)
+        #expect(eager.stderr.contains("the next try is at"), "\(eager.stderr)")
+        #expect(try await server.stats()["refresh_requests"]?.integerValue == requests)
         // The scheduled retry succeeds by itself.
         #expect(try next("tokenRefreshed", on: watcher) != nil)
         let after = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)
