@@ -225,8 +225,13 @@ public actor SessionManager {
         SessionRecord, VaultError
     > {
         var obtained: LoginCredential?
-        if request.token == nil, request.tokenResponse == nil, let provider = client(for: account.provider) {
-            switch await provider.login(account) {
+        var request = request
+        let provider = client(for: account.provider)
+        let exchange = provider?.exchangesCredentials == true && request.tokenResponse == nil
+        if let provider, exchange || (request.token == nil && request.tokenResponse == nil) {
+            let credential = exchange ? request.token.map(Secret.init) : nil
+            request.token = nil
+            switch await provider.login(account, credential: credential) {
             case .refreshed(let tokens, let expiresIn):
                 obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
             case .transient(let reason, _):

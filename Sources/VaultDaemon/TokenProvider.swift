@@ -4,9 +4,12 @@ import VaultCore
 
 /// Where fresh tokens come from for a provider that can log in or refresh.
 public protocol TokenProvider: Sendable {
-    /// Obtains tokens for `account` without a credential from the client
-    /// (client credentials, an exec helper's login).
-    func login(_ account: Account) async -> RefreshOutcome
+    /// Obtains tokens for `account` (client credentials, an exec helper's
+    /// login), with the credential the client gave, if any.
+    func login(_ account: Account, credential: Secret?) async -> RefreshOutcome
+    /// True when a token the client gives is a credential for `login` (an auth
+    /// key for the helper) rather than the session's token itself.
+    var exchangesCredentials: Bool { get }
     /// New tokens for the session of `record`.
     func refresh(_ record: SessionRecord) async -> RefreshOutcome
     /// True when `refresh` can work for this record.
@@ -16,7 +19,9 @@ public protocol TokenProvider: Sendable {
 }
 
 extension OAuth2Client: TokenProvider {
-    public func login(_ account: Account) async -> RefreshOutcome { await clientCredentials() }
+    public func login(_ account: Account, credential: Secret?) async -> RefreshOutcome { await clientCredentials() }
+
+    public var exchangesCredentials: Bool { false }
 
     public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
         guard let refreshToken = record.tokens.refreshToken else {
@@ -58,9 +63,17 @@ public struct ExecProvider: TokenProvider {
         "AUTH_ERR_AUTH_TOKEN_NOT_FOUND", "ERR_UID_NOT_FOUND", "ERR_USER_DEACTIVATED", "AUTH_ERR_APIKEY_NOT_FOUND",
     ]
 
-    public func login(_ account: Account) async -> RefreshOutcome {
-        await run(["action": "login", "provider": .string(account.provider), "user": .string(account.user)], [])
+    public func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
+        var input: [String: JSON] = [
+            "action": "login", "provider": .string(account.provider), "user": .string(account.user),
+        ]
+        input["credential"] = credential.map { .string($0.revealed) }
+        return await run(input, credential.map { [$0.revealed] } ?? [])
     }
+
+    /// A token given at login goes to the helper as `credential` (CometChat's
+    /// UID + auth key login); the helper answers with the session's token.
+    public var exchangesCredentials: Bool { true }
 
     public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
         await run(input("refresh", record), secrets(record))
