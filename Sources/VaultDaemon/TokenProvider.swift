@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import Glibc
 import VaultCore
 
 /// Where fresh tokens come from for a provider that can log in or refresh.
@@ -170,38 +171,67 @@ public struct ExecProvider: TokenProvider {
         process.standardInput = stdin
         process.standardOutput = stdout
         process.standardError = stderr
-        let finished = DispatchSemaphore(value: 0)
-        process.terminationHandler = { _ in finished.signal() }
+        let exited = ExitFlag()
+        process.terminationHandler = { _ in exited.set() }
         do { try process.run() } catch {
             result.failure = "the helper \(argv[0]) could not be started: \(error.localizedDescription)"
             return result
         }
-        let group = DispatchGroup()
-        let collected = OutputBox()
-        for (pipe, limit, isStdout) in [(stdout, maximumOutput, true), (stderr, 8192, false)] {
-            group.enter()
-            DispatchQueue.global().async {
-                var data: [UInt8] = []
-                while true {
-                    let chunk = pipe.fileHandleForReading.availableData
-                    if chunk.isEmpty { break }
-                    if data.count < limit + 1 { data.append(contentsOf: chunk.prefix(limit + 1 - data.count)) }
-                }
-                collected.set(isStdout, data)
-                group.leave()
-            }
-        }
         try? stdin.fileHandleForWriting.write(contentsOf: Data(input))
         try? stdin.fileHandleForWriting.close()
-        if finished.wait(timeout: .now() + .seconds(Int(timeoutSeconds))) == .timedOut {
-            kill(process.processIdentifier, SIGKILL)
-            _ = finished.wait(timeout: .now() + .seconds(5))
-            result.failure = "the helper \(argv[0]) did not finish within \(timeoutSeconds)s and was killed"
+        // One loop reads both pipes with poll() against one deadline. A helper
+        // whose children keep the pipes open cannot hold vaultd: reading stops
+        // shortly after the helper itself exited, or at the deadline.
+        var streams = [
+            (fd: stdout.fileHandleForReading.fileDescriptor, limit: maximumOutput, data: [UInt8](), open: true),
+            (fd: stderr.fileHandleForReading.fileDescriptor, limit: 8192, data: [UInt8](), open: true),
+        ]
+        for stream in streams { _ = fcntl(stream.fd, F_SETFL, fcntl(stream.fd, F_GETFL) | O_NONBLOCK) }
+        let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
+        var exitedAt: UInt64?
+        var reapedStatus: Int32?
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        // Foundation learns of the exit through a descriptor the helper's own
+        // children inherit, so a helper that leaves a child behind looks alive
+        // to it: ask the kernel too.
+        func reapIfExited() -> Bool {
+            if exited.isSet { return true }
+            var status: Int32 = 0
+            if waitpid(process.processIdentifier, &status, WNOHANG) == process.processIdentifier {
+                let signal = status & 0x7f
+                reapedStatus = signal == 0 ? (status >> 8) & 0xff : 128 + signal
+                return true
+            }
+            return reapedStatus != nil
         }
-        _ = group.wait(timeout: .now() + .seconds(5))
-        result.status = process.isRunning ? -1 : process.terminationStatus
-        result.stdout = collected.stdout
-        result.stderr = collected.stderr
+        while streams.contains(where: { $0.open }) {
+            let now = Monotonic.milliseconds()
+            if exitedAt == nil, reapIfExited() { exitedAt = now }
+            if let exitedAt, now > exitedAt + 200 { break }
+            if now >= deadline {
+                kill(process.processIdentifier, SIGKILL)
+                result.failure = "the helper \(argv[0]) did not finish within \(timeoutSeconds)s and was killed"
+                break
+            }
+            var fds = streams.filter { $0.open }.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
+            _ = poll(&fds, nfds_t(fds.count), Int32(min(100, deadline - now)))
+            for index in streams.indices where streams[index].open {
+                let n = buffer.withUnsafeMutableBytes { read(streams[index].fd, $0.baseAddress, $0.count) }
+                if n == 0 {
+                    streams[index].open = false
+                } else if n > 0 {
+                    let room = streams[index].limit + 1 - streams[index].data.count
+                    if room > 0 { streams[index].data.append(contentsOf: buffer.prefix(min(n, room))) }
+                }
+            }
+        }
+        if !reapIfExited() {
+            kill(process.processIdentifier, SIGKILL)
+            for _ in 0..<500 where !reapIfExited() { usleep(10_000) }
+        }
+        result.status = reapedStatus ?? (exited.isSet ? process.terminationStatus : -1)
+        result.stdout = streams[0].data
+        result.stderr = streams[1].data
         if result.failure == nil, result.stdout.count > maximumOutput {
             result.failure = "the helper \(argv[0]) wrote more than \(maximumOutput) bytes"
         }
@@ -209,27 +239,20 @@ public struct ExecProvider: TokenProvider {
     }
 }
 
-/// Output gathered by two reader threads.
-private final class OutputBox: @unchecked Sendable {
+/// Set once by the termination handler, read by the reading loop.
+private final class ExitFlag: @unchecked Sendable {
     private let lock = NSLock()
-    private var out: [UInt8] = []
-    private var err: [UInt8] = []
+    private var value = false
 
-    func set(_ isStdout: Bool, _ data: [UInt8]) {
+    func set() {
         lock.lock()
-        if isStdout { out = data } else { err = data }
+        value = true
         lock.unlock()
     }
 
-    var stdout: [UInt8] {
+    var isSet: Bool {
         lock.lock()
         defer { lock.unlock() }
-        return out
-    }
-
-    var stderr: [UInt8] {
-        lock.lock()
-        defer { lock.unlock() }
-        return err
+        return value
     }
 }

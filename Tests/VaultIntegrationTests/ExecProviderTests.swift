@@ -94,4 +94,27 @@ struct ExecProviderTests {
         #expect(second.hasPrefix("oi_bob_") && second != first)
         #expect(try vaultctl(fixture.socketPath, ["logout", "openim", "bob"]).status == 0)
     }
+
+    @Test("Should take a helper's answer even when a child it left behind keeps its output open")
+    func helperWithLingeringChild() throws {
+        let fixture = try DaemonFixture(start: false)
+        let helper = fixture.directory.path("forking-helper")
+        try """
+        #!/bin/sh
+        # Leaves a child holding stdout and stderr, as a careless helper might.
+        sleep 30 &
+        echo $! > \(fixture.directory.path("child.pid"))
+        echo '{"access_token":"forked_token_abcdefghijklmnop"}'
+        """.write(toFile: helper, atomically: true, encoding: .utf8)
+        chmod(helper, 0o755)
+        try "[Provider forking]\nType=exec\nCommand=\(helper)\nTimeout=20s\n".write(
+            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.start()
+        let login = try vaultctl(fixture.socketPath, ["login", "forking", "alice", "--from-provider"])
+        #expect(login.status == 0, "\(login.stderr)")
+        #expect(try vaultctl(fixture.socketPath, ["token", "forking", "alice"]).stdout.hasPrefix("forked_token_"))
+        _ = try vaultctl(fixture.socketPath, ["logout", "forking", "alice"])
+        let childPID = try String(contentsOfFile: fixture.directory.path("child.pid"), encoding: .utf8)
+        if let pid = Int32(childPID.trimmingCharacters(in: .whitespacesAndNewlines)) { kill(pid, SIGKILL) }
+    }
 }
