@@ -102,8 +102,12 @@ struct ExecProviderTests {
         try """
         #!/bin/sh
         # Leaves a child holding stdout and stderr, as a careless helper might.
-        sleep 30 &
-        echo $! > \(fixture.directory.path("child.pid"))
+        input=$(cat)
+        case "$input" in
+        *'"action":"login"'*)
+            sleep 30 &
+            echo $! > \(fixture.directory.path("child.pid")) ;;
+        esac
         echo '{"access_token":"forked_token_abcdefghijklmnop"}'
         """.write(toFile: helper, atomically: true, encoding: .utf8)
         chmod(helper, 0o755)
@@ -115,6 +119,7 @@ struct ExecProviderTests {
         #expect(try vaultctl(fixture.socketPath, ["token", "forking", "alice"]).stdout.hasPrefix("forked_token_"))
         _ = try vaultctl(fixture.socketPath, ["logout", "forking", "alice"])
         let childPID = try String(contentsOfFile: fixture.directory.path("child.pid"), encoding: .utf8)
-        if let pid = Int32(childPID.trimmingCharacters(in: .whitespacesAndNewlines)) { kill(pid, SIGKILL) }
+        let pid = try #require(Int32(childPID.trimmingCharacters(in: .whitespacesAndNewlines)))
+        #expect(kill(pid, SIGKILL) == 0)
     }
 }
