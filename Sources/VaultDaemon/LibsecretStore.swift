@@ -154,40 +154,16 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
 
     private func loadAllOnce() async throws(VaultError) -> StoreContents {
         try await perform("reading sessions") { cancellable throws(VaultError) in
-            let attributes = GHashTableBox()
-            g_hash_table_insert(attributes.table, g_strdup("scope"), g_strdup(self.scope))
-            var error: UnsafeMutablePointer<GError>? = nil
-            let flags = SecretSearchFlags(rawValue: SECRET_SEARCH_ALL.rawValue | SECRET_SEARCH_LOAD_SECRETS.rawValue)
-            let list = secret_service_search_sync(
-                self.servicePointer, self.schema, attributes.table, flags, cancellable.pointer, &error)
-            if let reason = GLibError.take(&error) { throw self.failure("reading sessions", reason) }
-            defer { g_list_free_full(list, { g_object_unref($0) }) }
             var contents = StoreContents(records: [], unreadable: [])
-            var node = list
-            while let current = node {
-                node = current.pointee.next
-                guard let raw = current.pointee.data else { continue }
-                let item = raw.assumingMemoryBound(to: SecretItem.self)
-                let label = LibsecretStore.takeString(secret_item_get_label(item)) ?? "(no label)"
-                guard let value = secret_item_get_secret(item) else {
-                    contents.unreadable.append(label)
+            for var item in try self.search(self.schema, self.scopeAttributes(), cancellable, "reading sessions") {
+                defer { item.wipe() }
+                guard let secret = item.secret, let json = try? JSON.parse(secret),
+                    let record = try? SessionRecord(storedJSON: json)
+                else {
+                    contents.unreadable.append(item.label)
                     continue
                 }
-                defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
-                var length: gsize = 0
-                guard let bytes = secret_value_get(value, &length) else {
-                    contents.unreadable.append(label)
-                    continue
-                }
-                var copy = [UInt8](
-                    UnsafeRawBufferPointer(start: UnsafeRawPointer(bytes), count: Int(length)))
-                defer { copy.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
-                do {
-                    let json = try JSON.parse(copy)
-                    contents.records.append(try SessionRecord(storedJSON: json))
-                } catch {
-                    contents.unreadable.append(label)
-                }
+                contents.records.append(record)
             }
             return contents
         }
@@ -195,139 +171,151 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
 
     public func save(_ record: SessionRecord) async throws(VaultError) {
         try await perform("writing \(record.account)") { cancellable throws(VaultError) in
-            let attributes = self.attributes(record.account, owner: record.ownerUID)
             var document = record.storedJSON().serialized()
             defer { document.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
-            let value = document.withUnsafeBytes { bytes in
-                secret_value_new(
-                    bytes.baseAddress!.assumingMemoryBound(to: CChar.self), gssize(bytes.count), "application/json")
-            }
-            defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
-            var error: UnsafeMutablePointer<GError>? = nil
-            let ok = secret_service_store_sync(
-                self.servicePointer, self.schema, attributes.table, nil, record.storeLabel, value,
-                cancellable.pointer, &error)
-            if let reason = GLibError.take(&error) { throw self.failure("writing \(record.account)", reason) }
-            if ok == 0 { throw self.failure("writing \(record.account)", "the service refused the item") }
+            try self.store(
+                self.schema, self.attributes(record.account, owner: record.ownerUID), record.storeLabel, document,
+                "application/json", cancellable, "writing \(record.account)")
         }
     }
 
     public func delete(_ account: Account) async throws(VaultError) {
         try await perform("deleting \(account)") { cancellable throws(VaultError) in
-            let attributes = self.attributes(account, owner: nil)
-            var error: UnsafeMutablePointer<GError>? = nil
-            _ = secret_service_clear_sync(
-                self.servicePointer, self.schema, attributes.table, cancellable.pointer, &error)
-            if let reason = GLibError.take(&error) { throw self.failure("deleting \(account)", reason) }
+            try self.clear(self.schema, self.attributes(account, owner: nil), cancellable, "deleting \(account)")
         }
     }
 
     public func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        try await perform("writing the client secret of \(provider)") { cancellable throws(VaultError) in
-            let attributes = GHashTableBox()
-            g_hash_table_insert(attributes.table, g_strdup("provider"), g_strdup(provider))
-            g_hash_table_insert(attributes.table, g_strdup("scope"), g_strdup(self.scope))
+        let what = "writing the client secret of \(provider)"
+        try await perform(what) { cancellable throws(VaultError) in
             var bytes = Array(secret.revealed.utf8)
             defer { bytes.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
-            let value = bytes.withUnsafeBytes { raw in
-                secret_value_new(raw.baseAddress!.assumingMemoryBound(to: CChar.self), gssize(raw.count), "text/plain")
-            }
-            defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
-            var error: UnsafeMutablePointer<GError>? = nil
-            _ = secret_service_store_sync(
-                self.servicePointer, self.providerSecretSchema, attributes.table, nil,
-                "vaultd: client secret of \(provider)", value, cancellable.pointer, &error)
-            if let reason = GLibError.take(&error) {
-                throw self.failure("writing the client secret of \(provider)", reason)
-            }
+            try self.store(
+                self.providerSecretSchema, self.scopeAttributes(provider: provider),
+                "vaultd: client secret of \(provider)", bytes, "text/plain", cancellable, what)
         }
     }
 
     public func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
-        try await perform("reading the client secret of \(provider)") { cancellable throws(VaultError) -> Secret? in
-            let attributes = GHashTableBox()
-            g_hash_table_insert(attributes.table, g_strdup("provider"), g_strdup(provider))
-            g_hash_table_insert(attributes.table, g_strdup("scope"), g_strdup(self.scope))
-            var error: UnsafeMutablePointer<GError>? = nil
-            let flags = SecretSearchFlags(rawValue: SECRET_SEARCH_LOAD_SECRETS.rawValue)
-            let list = secret_service_search_sync(
-                self.servicePointer, self.providerSecretSchema, attributes.table, flags, cancellable.pointer, &error)
-            if let reason = GLibError.take(&error) {
-                throw self.failure("reading the client secret of \(provider)", reason)
-            }
-            defer { g_list_free_full(list, { g_object_unref($0) }) }
-            guard let raw = list?.pointee.data else { return nil }
-            let item = raw.assumingMemoryBound(to: SecretItem.self)
-            guard let value = secret_item_get_secret(item) else { return nil }
-            defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
-            var length: gsize = 0
-            guard let bytes = secret_value_get(value, &length) else { return nil }
-            let buffer = UnsafeRawBufferPointer(start: UnsafeRawPointer(bytes), count: Int(length))
-            return Secret(String(decoding: buffer, as: UTF8.self))
+        let what = "reading the client secret of \(provider)"
+        return try await perform(what) { cancellable throws(VaultError) -> Secret? in
+            var items = try self.search(
+                self.providerSecretSchema, self.scopeAttributes(provider: provider), cancellable, what)
+            defer { for index in items.indices { items[index].wipe() } }
+            return items.first?.secret.map { Secret(String(decoding: $0, as: UTF8.self)) }
         }
     }
 
     public func savePendingRevocation(_ record: SessionRecord) async throws(VaultError) {
-        try await perform("queueing the revocation of \(record.account)") { cancellable throws(VaultError) in
-            let attributes = self.attributes(record.account, owner: nil)
+        let what = "queueing the revocation of \(record.account)"
+        try await perform(what) { cancellable throws(VaultError) in
             var document = record.storedJSON().serialized()
             defer { document.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
-            let value = document.withUnsafeBytes { bytes in
-                secret_value_new(
-                    bytes.baseAddress!.assumingMemoryBound(to: CChar.self), gssize(bytes.count), "application/json")
-            }
-            defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
-            var error: UnsafeMutablePointer<GError>? = nil
-            _ = secret_service_store_sync(
-                self.servicePointer, self.pendingRevocationSchema, attributes.table, nil,
-                "vaultd: revocation pending for \(record.account)", value, cancellable.pointer, &error)
-            if let reason = GLibError.take(&error) {
-                throw self.failure("queueing the revocation of \(record.account)", reason)
-            }
+            try self.store(
+                self.pendingRevocationSchema, self.attributes(record.account, owner: nil),
+                "vaultd: revocation pending for \(record.account)", document, "application/json", cancellable, what)
         }
     }
 
     public func deletePendingRevocation(_ account: Account) async throws(VaultError) {
-        try await perform("removing the queued revocation of \(account)") { cancellable throws(VaultError) in
-            let attributes = self.attributes(account, owner: nil)
-            var error: UnsafeMutablePointer<GError>? = nil
-            _ = secret_service_clear_sync(
-                self.servicePointer, self.pendingRevocationSchema, attributes.table, cancellable.pointer, &error)
-            if let reason = GLibError.take(&error) {
-                throw self.failure("removing the queued revocation of \(account)", reason)
-            }
+        let what = "removing the queued revocation of \(account)"
+        try await perform(what) { cancellable throws(VaultError) in
+            try self.clear(self.pendingRevocationSchema, self.attributes(account, owner: nil), cancellable, what)
         }
     }
 
     public func loadPendingRevocations() async throws(VaultError) -> [SessionRecord] {
         try await perform("reading queued revocations") { cancellable throws(VaultError) -> [SessionRecord] in
-            let attributes = GHashTableBox()
-            g_hash_table_insert(attributes.table, g_strdup("scope"), g_strdup(self.scope))
-            var error: UnsafeMutablePointer<GError>? = nil
-            let flags = SecretSearchFlags(rawValue: SECRET_SEARCH_ALL.rawValue | SECRET_SEARCH_LOAD_SECRETS.rawValue)
-            let list = secret_service_search_sync(
-                self.servicePointer, self.pendingRevocationSchema, attributes.table, flags, cancellable.pointer,
-                &error)
-            if let reason = GLibError.take(&error) { throw self.failure("reading queued revocations", reason) }
-            defer { g_list_free_full(list, { g_object_unref($0) }) }
             var records: [SessionRecord] = []
-            var node = list
-            while let current = node {
-                node = current.pointee.next
-                guard let raw = current.pointee.data else { continue }
-                let item = raw.assumingMemoryBound(to: SecretItem.self)
-                guard let value = secret_item_get_secret(item) else { continue }
-                defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
-                var length: gsize = 0
-                guard let bytes = secret_value_get(value, &length) else { continue }
-                var copy = [UInt8](UnsafeRawBufferPointer(start: UnsafeRawPointer(bytes), count: Int(length)))
-                defer { copy.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
-                if let json = try? JSON.parse(copy), let record = try? SessionRecord(storedJSON: json) {
+            let items = try self.search(
+                self.pendingRevocationSchema, self.scopeAttributes(), cancellable, "reading queued revocations")
+            for var item in items {
+                defer { item.wipe() }
+                if let secret = item.secret, let json = try? JSON.parse(secret),
+                    let record = try? SessionRecord(storedJSON: json)
+                {
                     records.append(record)
                 }
             }
             return records
         }
+    }
+
+    // MARK: The three Secret Service calls (on the store's queue)
+
+    /// An item found by a search: its label and a copy of its secret, to be wiped.
+    struct FoundItem {
+        var label: String
+        var secret: [UInt8]?
+
+        mutating func wipe() {
+            secret?.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) }
+        }
+    }
+
+    /// Creates or replaces the item with `attributes` in the default collection.
+    private func store(
+        _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ label: String,
+        _ bytes: [UInt8], _ contentType: String, _ cancellable: Cancellable, _ what: String
+    ) throws(VaultError) {
+        let value = bytes.withUnsafeBytes { raw in
+            secret_value_new(raw.baseAddress!.assumingMemoryBound(to: CChar.self), gssize(raw.count), contentType)
+        }
+        defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
+        var error: UnsafeMutablePointer<GError>? = nil
+        let ok = secret_service_store_sync(
+            servicePointer, schema, attributes.table, nil, label, value, cancellable.pointer, &error)
+        if let reason = GLibError.take(&error) { throw failure(what, reason) }
+        if ok == 0 { throw failure(what, "the service refused the item") }
+    }
+
+    /// Deletes every item with `attributes`; none is fine.
+    private func clear(
+        _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ cancellable: Cancellable,
+        _ what: String
+    ) throws(VaultError) {
+        var error: UnsafeMutablePointer<GError>? = nil
+        _ = secret_service_clear_sync(servicePointer, schema, attributes.table, cancellable.pointer, &error)
+        if let reason = GLibError.take(&error) { throw failure(what, reason) }
+    }
+
+    /// Every item with `attributes`, with a copy of its secret.
+    private func search(
+        _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ cancellable: Cancellable,
+        _ what: String
+    ) throws(VaultError) -> [FoundItem] {
+        var error: UnsafeMutablePointer<GError>? = nil
+        let flags = SecretSearchFlags(rawValue: SECRET_SEARCH_ALL.rawValue | SECRET_SEARCH_LOAD_SECRETS.rawValue)
+        let list = secret_service_search_sync(
+            servicePointer, schema, attributes.table, flags, cancellable.pointer, &error)
+        if let reason = GLibError.take(&error) { throw failure(what, reason) }
+        defer { g_list_free_full(list, { g_object_unref($0) }) }
+        var items: [FoundItem] = []
+        var node = list
+        while let current = node {
+            node = current.pointee.next
+            guard let raw = current.pointee.data else { continue }
+            let item = raw.assumingMemoryBound(to: SecretItem.self)
+            var found = FoundItem(
+                label: LibsecretStore.takeString(secret_item_get_label(item)) ?? "(no label)", secret: nil)
+            if let value = secret_item_get_secret(item) {
+                var length: gsize = 0
+                if let bytes = secret_value_get(value, &length) {
+                    found.secret = [UInt8](UnsafeRawBufferPointer(start: UnsafeRawPointer(bytes), count: Int(length)))
+                }
+                secret_value_unref(UnsafeMutableRawPointer(value))
+            }
+            items.append(found)
+        }
+        return items
+    }
+
+    /// The attributes every search of this instance narrows by: its scope (and a provider).
+    private func scopeAttributes(provider: String? = nil) -> GHashTableBox {
+        let table = GHashTableBox()
+        g_hash_table_insert(table.table, g_strdup("scope"), g_strdup(scope))
+        if let provider { g_hash_table_insert(table.table, g_strdup("provider"), g_strdup(provider)) }
+        return table
     }
 
     private func attributes(_ account: Account, owner: UInt32?) -> GHashTableBox {
