@@ -98,7 +98,7 @@ public struct VaultCtl {
                 output.err("vaultctl: \(message)")
                 return .usage
             }
-            let secret = LoginCredential.trimmedForWire(text)
+            let secret = LoginCredential.trimmed(text)
             return call(
                 VaultMethod.setProviderSecret.rawValue, ["provider": .string(operands[0]), "secret": .string(secret)]
             ) { _ in
@@ -164,7 +164,7 @@ public struct VaultCtl {
         }
         // Send what was read, as read: the daemon applies the same rules.
         var parameters: [String: JSON] = ["provider": .string(positional[0]), "user": .string(positional[1])]
-        let trimmed = LoginCredential.trimmedForWire(text)
+        let trimmed = LoginCredential.trimmed(text)
         if trimmed.hasPrefix("{"), let response = try? JSON.parse(trimmed) {
             parameters["tokenResponse"] = response
         } else {
@@ -442,16 +442,6 @@ public struct VaultCtl {
             return .failure("no token given: pipe it on stdin or pass --token-file FILE (never as an argument)")
         }
         return .success(text)
-    }
-}
-
-extension LoginCredential {
-    /// The text without surrounding whitespace, as the daemon reads it.
-    static func trimmedForWire(_ text: String) -> String {
-        var s = Substring(text)
-        while let first = s.first, first.isWhitespace { s.removeFirst() }
-        while let last = s.last, last.isWhitespace { s.removeLast() }
-        return String(s)
     }
 }
 

@@ -66,13 +66,14 @@ public struct ProviderConfig: Sendable, Equatable {
     /// Makes a provider entry.
     public init(
         name: String, type: ProviderType, description: String? = nil, singleAccount: Bool = false,
-        oauth2: OAuth2Settings? = nil
+        oauth2: OAuth2Settings? = nil, exec: ExecSettings? = nil
     ) {
         self.name = name
         self.type = type
         self.description = description
         self.singleAccount = singleAccount
         self.oauth2 = oauth2
+        self.exec = exec
     }
 }
 
@@ -205,11 +206,9 @@ public enum ConfigParser {
             } else if let stray = section.entries.first(where: { execKeys.contains($0.key) }) {
                 throw stray.value.error("key '\(stray.key)' is for Type=exec, not Type=\(providerType.rawValue)")
             }
-            var provider = ProviderConfig(
+            config.providers[name] = ProviderConfig(
                 name: name, type: providerType, description: section.entries["Description"]?.value,
-                singleAccount: singleAccount, oauth2: oauth2)
-            provider.exec = exec
-            config.providers[name] = provider
+                singleAccount: singleAccount, oauth2: oauth2, exec: exec)
         }
         return config
     }

@@ -104,10 +104,8 @@ public struct LoginCredential: Sendable, Equatable {
         return JWT.expiry(of: tokens.accessToken.revealed)
     }
 
-    /// A secret read from a file, without surrounding whitespace.
-    public static func trimmedForSecret(_ text: String) -> String { trimmed(text) }
-
-    static func trimmed(_ text: String) -> String {
+    /// `text` without surrounding whitespace (credentials, secrets, config lines).
+    public static func trimmed(_ text: String) -> String {
         var scalars = Substring(text).unicodeScalars[...]
         while let first = scalars.first, first.properties.isWhitespace { scalars.removeFirst() }
         while let last = scalars.last, last.properties.isWhitespace { scalars.removeLast() }

@@ -1,5 +1,3 @@
-import Synchronization
-
 /// A point in wall-clock time, in whole seconds since the Unix epoch. Token
 /// lifetimes (JWT `exp`, OAuth `expires_in`) are whole seconds, so is this.
 public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible {
@@ -37,17 +35,4 @@ public protocol WallClock: Sendable {
 extension WallClock {
     /// Whole seconds, for clocks that know no better.
     public func preciseNow() -> Double { Double(now().seconds) }
-}
-
-/// A clock a test sets and advances by hand.
-public final class ManualWallClock: WallClock {
-    private let current: Mutex<UnixTime>
-
-    /// Starts the clock at `start`.
-    public init(start: UnixTime) { current = Mutex(start) }
-
-    public func now() -> UnixTime { current.withLock { $0 } }
-
-    /// Moves the clock forward by `seconds`.
-    public func advance(by seconds: Int64) { current.withLock { $0 = $0.adding(seconds: seconds) } }
 }

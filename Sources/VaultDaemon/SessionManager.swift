@@ -813,6 +813,6 @@ enum ClientSecrets {
             return nil
         }
         bytes.withUnsafeMutableBytes { raw in for i in raw.indices { raw[i] = 0 } }
-        return Secret(LoginCredential.trimmedForSecret(text))
+        return Secret(LoginCredential.trimmed(text))
     }
 }

@@ -75,6 +75,15 @@ final class NotifyListener: @unchecked Sendable {
 /// SIGTERM and SIGHUP.
 @Suite("vaultd under systemd", .serialized)
 struct ServiceManagerTests {
+    /// The fixture's daemon, started with NOTIFY_SOCKET pointing at a listener the test reads.
+    func startNotified(_ fixture: DaemonFixture) throws -> (NotifyListener, RunningDaemon) {
+        let notify = try NotifyListener(path: fixture.directory.path("notify"))
+        let daemon = try RunningDaemon(
+            socketPath: fixture.socketPath, configPath: fixture.configPath,
+            environment: ["NOTIFY_SOCKET": notify.path])
+        return (notify, daemon)
+    }
+
     @Test("Should take its socket from systemd-socket-activate and say READY only with sessions restored")
     func socketActivationAndReady() throws {
         let fixture = try DaemonFixture()
@@ -146,10 +155,7 @@ struct ServiceManagerTests {
     @Test("Should send STOPPING on SIGTERM, answer the calls in flight, keep every acknowledged login, exit 0")
     func stopWithCallsInFlight() throws {
         let fixture = try DaemonFixture(start: false)
-        let notify = try NotifyListener(path: fixture.directory.path("notify"))
-        let daemon = try RunningDaemon(
-            socketPath: fixture.socketPath, configPath: fixture.configPath,
-            environment: ["NOTIFY_SOCKET": notify.path])
+        let (notify, daemon) = try startNotified(fixture)
         let users = (0..<20).map { uniqueName("stop\($0)") }
         let connections = try users.map { _ in try RawConnection(fixture.socketPath) }
         for (connection, user) in zip(connections, users) {
@@ -183,10 +189,7 @@ struct ServiceManagerTests {
     @Test("Should apply a good configuration on SIGHUP and keep sessions of removed providers")
     func reloadGoodConfig() throws {
         let fixture = try DaemonFixture(start: false)
-        let notify = try NotifyListener(path: fixture.directory.path("notify"))
-        let daemon = try RunningDaemon(
-            socketPath: fixture.socketPath, configPath: fixture.configPath,
-            environment: ["NOTIFY_SOCKET": notify.path])
+        let (notify, daemon) = try startNotified(fixture)
         defer { daemon.stop() }
         let user = uniqueName("reload")
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token).status == 0)
@@ -211,10 +214,7 @@ struct ServiceManagerTests {
     @Test("Should refuse a broken configuration on SIGHUP and keep the old one")
     func reloadBrokenConfig() throws {
         let fixture = try DaemonFixture(start: false)
-        let notify = try NotifyListener(path: fixture.directory.path("notify"))
-        let daemon = try RunningDaemon(
-            socketPath: fixture.socketPath, configPath: fixture.configPath,
-            environment: ["NOTIFY_SOCKET": notify.path])
+        let (notify, daemon) = try startNotified(fixture)
         defer { daemon.stop() }
         try "[Provider demo]\nType=static\nBogus=1\n".write(
             toFile: fixture.configPath, atomically: true, encoding: .utf8)
