@@ -71,12 +71,25 @@ extension JSON {
     /// Parses one JSON value that spans all of `bytes` (whitespace around it allowed).
     public static func parse<C: Collection>(_ bytes: C) throws(JSONParseError) -> JSON
     where C.Element == UInt8 {
-        let array = Array(bytes)
-        return try array.withUnsafeBufferPointer { (buffer) throws(JSONParseError) -> JSON in
+        try parse(ArraySlice(bytes))
+    }
+
+    /// Parses one JSON value that spans all of `bytes`, reading them in place.
+    public static func parse(_ bytes: ArraySlice<UInt8>) throws(JSONParseError) -> JSON {
+        let result = bytes.withUnsafeBufferPointer { buffer -> Result<JSON, JSONParseError> in
             var parser = JSONParser(bytes: buffer)
-            let value = try parser.parseDocument()
-            return value
+            do throws(JSONParseError) {
+                return .success(try parser.parseDocument())
+            } catch {
+                return .failure(error)
+            }
         }
+        return try result.get()
+    }
+
+    /// Parses one JSON value that spans all of `bytes`.
+    public static func parse(_ bytes: [UInt8]) throws(JSONParseError) -> JSON {
+        try parse(bytes[...])
     }
 
     /// Parses one JSON value from a string.
@@ -264,6 +277,9 @@ struct JSONParser {
             if b == UInt8(ascii: "\"") {
                 let raw = UnsafeBufferPointer(rebasing: bytes[start..<index])
                 index += 1
+                // ASCII (names, methods, tokens) cannot be invalid UTF-8: skip the
+                // generic validation, which costs a metadata lookup per string.
+                if raw.allSatisfy({ $0 < 0x80 }) { return String(decoding: raw, as: UTF8.self) }
                 guard let s = String(validating: raw, as: UTF8.self) else {
                     throw JSONParseError(reason: "string is not valid UTF-8", offset: start)
                 }
@@ -375,6 +391,12 @@ extension JSON {
     /// Appends `s` as a quoted JSON string with the required escapes.
     public static func writeString(_ s: String, into out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
+        // Most strings (names, tokens, codes) need no escape: copy them whole.
+        if s.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }) {
+            out.append(contentsOf: s.utf8)
+            out.append(UInt8(ascii: "\""))
+            return
+        }
         for b in s.utf8 {
             switch b {
             case 0x22: out.append(contentsOf: [0x5C, 0x22])

@@ -1,5 +1,6 @@
 import CSystemd
 import Glibc
+import Synchronization
 import VaultSystem
 
 /// Structured logging: to journald (fields `VAULTD_PROVIDER=`, `VAULTD_USER=`,
@@ -58,17 +59,84 @@ public final class Logger: Sendable {
     /// Writes one line when `severity` is at or above the logger's level.
     public func log(_ severity: Level, _ message: String, _ fields: [String: String] = [:]) {
         guard severity <= level else { return }
+        log(severity, message, sortedFields: fields.sorted(by: { $0.key < $1.key }))
+    }
+
+    /// Writes one line whose fields are already in the order to write them
+    /// (sorted by key, as `log(_:_:_:)` writes them), when `severity` is at
+    /// or above the logger's level.
+    public func log(_ severity: Level, _ message: String, sortedFields fields: [(key: String, value: String)]) {
+        guard severity <= level else { return }
         if target == .journal {
             sendToJournal(severity, message, fields)
             return
         }
-        var line = "vaultd: \(severity.name): \(message)"
-        for key in fields.keys.sorted() {
-            line += " \(key)=\(Logger.quoted(fields[key]!))"
+        var line: [UInt8] = []
+        line.reserveCapacity(192)
+        line.append(contentsOf: "vaultd: ".utf8)
+        line.append(contentsOf: severity.name.utf8)
+        line.append(contentsOf: ": ".utf8)
+        line.append(contentsOf: message.utf8)
+        for (key, value) in fields {
+            line.append(UInt8(ascii: " "))
+            line.append(contentsOf: key.utf8)
+            line.append(UInt8(ascii: "="))
+            Logger.appendQuoted(value, to: &line)
         }
-        line += "\n"
-        var bytes = Array(line.utf8)
-        _ = bytes.withUnsafeMutableBytes { write(2, $0.baseAddress, $0.count) }
+        line.append(UInt8(ascii: "\n"))
+        let held = heldLines.withLock { held -> Bool in
+            guard held.holding, held.bytes.count + line.count <= Logger.heldLimit else { return false }
+            held.bytes.append(contentsOf: line)
+            return true
+        }
+        if !held { writeOut(line) }
+    }
+
+    /// Lines logged while held wait here, in order, for `release()`.
+    private struct HeldLines {
+        var holding = false
+        var bytes: [UInt8] = []
+    }
+    private let heldLines = Mutex(HeldLines())
+    /// Held bytes past which a line is written at once (after those held).
+    static let heldLimit = 64 * 1024
+
+    /// Keeps stderr lines in memory until `release()`, so that a burst of lines
+    /// (the audit lines of one serving round) costs one write. The journal gets
+    /// every entry at once regardless.
+    public func hold() {
+        heldLines.withLock { $0.holding = true }
+    }
+
+    /// Writes the lines held since `hold()` and stops holding.
+    public func release() {
+        let bytes = heldLines.withLock { held -> [UInt8] in
+            held.holding = false
+            let bytes = held.bytes
+            held.bytes.removeAll(keepingCapacity: true)
+            return bytes
+        }
+        if !bytes.isEmpty { writeOut(bytes) }
+    }
+
+    /// Writes `bytes` whole to stderr, first whatever is still held.
+    private func writeOut(_ bytes: [UInt8]) {
+        let earlier = heldLines.withLock { held -> [UInt8] in
+            let earlier = held.bytes
+            held.bytes.removeAll(keepingCapacity: true)
+            return earlier
+        }
+        for chunk in [earlier, bytes] where !chunk.isEmpty {
+            chunk.withUnsafeBytes { raw in
+                var offset = 0
+                while offset < raw.count {
+                    let n = write(2, raw.baseAddress! + offset, raw.count - offset)
+                    if n < 0 && errno == EINTR { continue }
+                    if n <= 0 { return }
+                    offset += n
+                }
+            }
+        }
     }
 
     public func error(_ message: String, _ fields: [String: String] = [:]) { log(.error, message, fields) }
@@ -82,14 +150,14 @@ public final class Logger: Sendable {
         "provider": "VAULTD_PROVIDER", "user": "VAULTD_USER", "event": "VAULTD_EVENT", "code": "CODE",
     ]
 
-    private func sendToJournal(_ severity: Level, _ message: String, _ fields: [String: String]) {
+    private func sendToJournal(_ severity: Level, _ message: String, _ fields: [(key: String, value: String)]) {
         var entries = [
             "MESSAGE=\(message)", "PRIORITY=\(severity.rawValue)", "SYSLOG_IDENTIFIER=vaultd",
         ]
-        for key in fields.keys.sorted() {
+        for (key, value) in fields {
             let name =
                 Logger.journalFieldNames[key] ?? "VAULTD_" + key.uppercased().filter { $0.isLetter || $0.isNumber }
-            entries.append("\(name)=\(fields[key]!)")
+            entries.append("\(name)=\(value)")
         }
         let buffers = entries.map { entry -> UnsafeMutableRawBufferPointer in
             let bytes = Array(entry.utf8)
@@ -102,20 +170,25 @@ public final class Logger: Sendable {
         _ = sd_journal_sendv(&vectors, Int32(vectors.count))
     }
 
-    static func quoted(_ value: String) -> String {
-        let plain =
-            !value.isEmpty
-            && value.unicodeScalars.allSatisfy { $0.value > 0x20 && $0.value < 0x7F && $0 != "\"" && $0 != "\\" }
-        if plain { return value }
-        var out = "\""
-        for scalar in value.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            default: out += scalar.value < 0x20 ? "?" : String(scalar)
+    /// Appends `value` as a field value: as it is when plain printable ASCII
+    /// without quotes or backslashes, else quoted with those escaped and other
+    /// control characters shown as `?`.
+    static func appendQuoted(_ value: String, to line: inout [UInt8]) {
+        let plain = !value.isEmpty && value.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F && $0 != 0x22 && $0 != 0x5C }
+        if plain {
+            line.append(contentsOf: value.utf8)
+            return
+        }
+        line.append(0x22)
+        for byte in value.utf8 {
+            switch byte {
+            case 0x22: line.append(contentsOf: [0x5C, 0x22])
+            case 0x5C: line.append(contentsOf: [0x5C, 0x5C])
+            case 0x0A: line.append(contentsOf: [0x5C, UInt8(ascii: "n")])
+            case 0..<0x20, 0x7F: line.append(UInt8(ascii: "?"))
+            default: line.append(byte)
             }
         }
-        return out + "\""
+        line.append(0x22)
     }
 }

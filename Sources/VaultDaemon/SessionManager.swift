@@ -757,11 +757,13 @@ public actor SessionManager {
 public enum Audit {
     /// Writes one audit line.
     public static func log(_ log: Logger, _ action: String, _ account: Account, caller: Caller, result: String) {
-        log.notice(
-            "audit",
-            [
-                "action": action, "provider": account.provider, "user": account.user, "uid": String(caller.uid),
-                "pid": String(caller.pid), "exe": caller.executable ?? "?", "result": result,
+        // Already in key order: an audit line per token handout is on the serving path.
+        log.log(
+            .notice, "audit",
+            sortedFields: [
+                ("action", action), ("exe", caller.executable ?? "?"), ("pid", String(caller.pid)),
+                ("provider", account.provider), ("result", result), ("uid", String(caller.uid)),
+                ("user", account.user),
             ])
     }
 }

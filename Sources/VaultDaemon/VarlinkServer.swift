@@ -130,26 +130,33 @@ public final class VarlinkServer: @unchecked Sendable {
                 log.error("epoll_wait failed", ["errno": String(errno)])
                 break
             }
+            // One round: answer every ready connection, then write the round's log
+            // (audit) lines in one go, then send the replies.
+            var signalReady = false
+            beginRound()
             for i in 0..<Int(count) {
                 let event = events[i]
                 switch event.data {
                 case VarlinkServer.listenerToken: acceptAll()
                 case VarlinkServer.wakeToken: drainCompletions()
-                case VarlinkServer.signalToken:
-                    let signal = vaultd_signalfd_read(signalFD)
-                    if (signal == SIGTERM || signal == SIGINT) && !stopping {
-                        stopSignal = signal
-                        hooks.stopping()
-                        beginStopping()
-                        drainDeadline = Monotonic.milliseconds() + UInt64(drainSeconds) * 1000
-                    } else if signal == SIGHUP {
-                        hooks.reload()
-                    } else if signal > 0 {
-                        log.info("signal ignored", ["signal": String(signal)])
-                    }
+                case VarlinkServer.signalToken: signalReady = true
                 default:
                     guard let connection = connections[event.data] else { continue }
                     serve(connection, events: event.events)
+                }
+            }
+            endRound()
+            if signalReady {
+                let signal = vaultd_signalfd_read(signalFD)
+                if (signal == SIGTERM || signal == SIGINT) && !stopping {
+                    stopSignal = signal
+                    hooks.stopping()
+                    beginStopping()
+                    drainDeadline = Monotonic.milliseconds() + UInt64(drainSeconds) * 1000
+                } else if signal == SIGHUP {
+                    hooks.reload()
+                } else if signal > 0 {
+                    log.info("signal ignored", ["signal": String(signal)])
                 }
             }
         }
@@ -170,6 +177,31 @@ public final class VarlinkServer: @unchecked Sendable {
         completions.withLock { $0.append((id, reply)) }
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)
+    }
+
+    // MARK: Rounds
+
+    /// Connections answered in this round whose replies wait for `endRound()`.
+    private var answered: [Connection] = []
+    private var inRound = false
+
+    /// Starts a round: log lines are held and replies queued until its end.
+    private func beginRound() {
+        inRound = true
+        log.hold()
+    }
+
+    /// Ends a round: the held log lines are written first, so that the audit
+    /// line of a token handout is out before the token, then the replies are sent.
+    private func endRound() {
+        inRound = false
+        log.release()
+        let round = answered
+        answered.removeAll(keepingCapacity: true)
+        for connection in round {
+            connection.answeredThisRound = false
+            if !connection.closed { sendAndSettle(connection) }
+        }
     }
 
     // MARK: Watchdog
@@ -397,6 +429,19 @@ public final class VarlinkServer: @unchecked Sendable {
                 }
             }
         }
+        if inRound {
+            if !connection.answeredThisRound {
+                connection.answeredThisRound = true
+                answered.append(connection)
+            }
+            return
+        }
+        sendAndSettle(connection)
+    }
+
+    /// Sends what is queued on `connection`, then closes it when it is done
+    /// and its peer left, or else updates what epoll watches for it.
+    private func sendAndSettle(_ connection: Connection) {
         flush(connection)
         if connection.closed { return }
         let idle = !connection.busy && connection.pendingOutput == 0
@@ -479,7 +524,7 @@ public final class VarlinkServer: @unchecked Sendable {
     }
 
     private func queue(_ reply: VarlinkReply, on connection: Connection) {
-        connection.output.append(contentsOf: reply.encoded())
+        reply.encode(into: &connection.output)
         connection.output.append(0)
     }
 
@@ -571,6 +616,8 @@ final class Connection {
     var peerClosedInput = false
     /// A Subscribe stream runs on this connection.
     var subscribed = false
+    /// Replies were queued in the current round and wait for its end.
+    var answeredThisRound = false
     /// When a dropped subscriber is closed even if its final error is unsent.
     var dropDeadline: UInt64 = 0
     var closed = false

@@ -85,10 +85,25 @@ public struct VarlinkReply: Sendable, Equatable {
 
     /// The reply as a JSON message (without the NUL terminator).
     public func encoded() -> [UInt8] {
-        var o: [String: JSON] = ["parameters": .object(parameters)]
-        if let error { o["error"] = .string(error) }
-        if continues { o["continues"] = true }
-        return JSON.object(o).serialized()
+        var out: [UInt8] = []
+        out.reserveCapacity(128)
+        encode(into: &out)
+        return out
+    }
+
+    /// Appends the reply as a JSON message (without the NUL terminator) to
+    /// `out`: the members in sorted order, as `JSON.serialized()` writes them.
+    public func encode(into out: inout [UInt8]) {
+        out.append(UInt8(ascii: "{"))
+        if continues { out.append(contentsOf: #""continues":true,"#.utf8) }
+        if let error {
+            out.append(contentsOf: #""error":"#.utf8)
+            JSON.writeString(error, into: &out)
+            out.append(UInt8(ascii: ","))
+        }
+        out.append(contentsOf: #""parameters":"#.utf8)
+        JSON.object(parameters).write(into: &out)
+        out.append(UInt8(ascii: "}"))
     }
 
     /// Reads a reply from one message.

@@ -116,6 +116,23 @@ struct VarlinkReplyTests {
         #expect(String(decoding: VarlinkReply().encoded(), as: UTF8.self) == #"{"parameters":{}}"#)
     }
 
+    @Test(
+        "Should write the same bytes as the generic JSON encoder, members sorted",
+        arguments: [
+            VarlinkReply(parameters: ["token": "t\"x", "expiresAt": 17]),
+            VarlinkReply(parameters: ["event": ["kind": "kickedOffline"]], continues: true),
+            VarlinkReply(error: "io.vaultd.Vault.NotLoggedIn", parameters: ["code": "ERR_NOT_LOGGED_IN"]),
+        ])
+    func directEncodingMatchesJSON(reply: VarlinkReply) {
+        var generic: [String: JSON] = ["parameters": .object(reply.parameters)]
+        if let error = reply.error { generic["error"] = .string(error) }
+        if reply.continues { generic["continues"] = true }
+        var appended: [UInt8] = [0x41]
+        reply.encode(into: &appended)
+        #expect(reply.encoded() == JSON.object(generic).serialized())
+        #expect(appended == [0x41] + JSON.object(generic).serialized())
+    }
+
     @Test("Should refuse a reply that is not an object or has bad parameters")
     func malformed() {
         #expect(throws: VarlinkCall.DecodingFailure.invalidField("message")) { try VarlinkReply(message: message("1")) }
