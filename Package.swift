@@ -23,6 +23,8 @@ let package = Package(
             providers: [.apt(["libsystemd-dev"])]
         ),
         .target(name: "CShim"),
+        // An HTTP client on libcurl, loaded with dlopen on first use.
+        .target(name: "CHTTP", linkerSettings: [.linkedLibrary("dl")]),
 
         // The domain: accounts, sessions, states, errors, config. No C, no I/O.
         .target(name: "VaultCore"),
@@ -37,7 +39,7 @@ let package = Package(
         // The I/O edges: secret store, socket server, config files, wiring.
         .target(
             name: "VaultDaemon",
-            dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CSecret", "CSystemd", "CShim"]),
+            dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CSecret", "CSystemd", "CShim", "CHTTP"]),
 
         .executableTarget(name: "vaultd", dependencies: ["VaultDaemon"]),
         .executableTarget(name: "vaultctl", dependencies: ["VaultCLI"]),

@@ -2,6 +2,7 @@
 #include "vaultd_shim.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -93,3 +94,5 @@ int vaultd_disable_core_dumps(void) {
 }
 
 void vaultd_explicit_bzero(void *p, size_t n) { explicit_bzero(p, n); }
+
+int vaultd_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }

@@ -38,6 +38,8 @@ public struct OAuth2Settings: Sendable, Equatable {
     public var maxSessionLifetime: Int64?
     /// A file holding the client secret (systemd credentials), never the secret itself.
     public var clientSecretFile: String?
+    /// How long one request to the token or revocation endpoint may take, in seconds.
+    public var timeoutSeconds: Int64 = 30
 
     /// Settings with the required fields and defaults for the rest.
     public init(tokenURL: String, clientID: String) {
@@ -130,9 +132,13 @@ public enum ConfigParser {
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
         "MaxSessionLifetime", "ClientSecretFile", "Command", "Timeout",
     ]
-    static let execKeys: Set<String> = ["Command", "Timeout"]
-    static let oauth2Keys: Set<String> = [
-        "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime", "ClientSecretFile",
+    /// The keys only some types of provider take.
+    static let typeKeys: [ProviderType: Set<String>] = [
+        .exec: ["Command", "Timeout"],
+        .oauth2: [
+            "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime",
+            "ClientSecretFile", "Timeout",
+        ],
     ]
     static let accountKeys = ["TokenReadUsers", "TokenReadGroups"]
 
@@ -194,17 +200,18 @@ public enum ConfigParser {
                 }
                 singleAccount = value
             }
+            let ownKeys = typeKeys[providerType] ?? []
+            for (key, entry) in section.entries.sorted(by: { $0.key < $1.key }) where !ownKeys.contains(key) {
+                let owners = ProviderType.allCases.filter { typeKeys[$0]?.contains(key) == true }
+                guard !owners.isEmpty else { continue }
+                let types = owners.map { "Type=\($0.rawValue)" }.joined(separator: " or ")
+                throw entry.error("key '\(key)' is for \(types), not Type=\(providerType.rawValue)")
+            }
             var oauth2: OAuth2Settings?
             var exec: ExecSettings?
-            if providerType == .oauth2 {
-                oauth2 = try oauth2Settings(name, section)
-            } else if let stray = section.entries.first(where: { oauth2Keys.contains($0.key) }) {
-                throw stray.value.error("key '\(stray.key)' is for Type=oauth2, not Type=\(providerType.rawValue)")
-            }
+            if providerType == .oauth2 { oauth2 = try oauth2Settings(name, section) }
             if providerType == .exec {
                 exec = try execSettings(name, section)
-            } else if let stray = section.entries.first(where: { execKeys.contains($0.key) }) {
-                throw stray.value.error("key '\(stray.key)' is for Type=exec, not Type=\(providerType.rawValue)")
             }
             config.providers[name] = ProviderConfig(
                 name: name, type: providerType, description: section.entries["Description"]?.value,
@@ -242,6 +249,7 @@ public enum ConfigParser {
         if let lifetime = try duration("DefaultLifetime") { settings.defaultLifetime = lifetime }
         settings.maxSessionLifetime = try duration("MaxSessionLifetime")
         settings.clientSecretFile = section.entries["ClientSecretFile"]?.value
+        if let timeout = try duration("Timeout") { settings.timeoutSeconds = timeout }
         return settings
     }
 

@@ -292,7 +292,15 @@ public enum Daemon {
             let file = dropInDirectory + "/" + name
             layers.append((try readConfigFile(file), file))
         }
-        return try ConfigParser.parse(layers: layers)
+        let config = try ConfigParser.parse(layers: layers)
+        // libcurl is loaded only when an oauth2 provider needs it; a missing one
+        // is reported now, not at the first refresh.
+        if let name = config.providers.keys.sorted().first(where: { config.providers[$0]?.oauth2 != nil }),
+            let failure = HTTPClient.loadFailure()
+        {
+            throw VaultError(.invalidConfig, "[Provider \(name)] is an oauth2 provider, but \(failure)")
+        }
+        return config
     }
 
     static func readConfigFile(_ path: String) throws(VaultError) -> String {

@@ -172,7 +172,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     public func save(_ record: SessionRecord) async throws(VaultError) {
         try await perform("writing \(record.account)") { cancellable throws(VaultError) in
             var document = record.storedJSON().serialized()
-            defer { document.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
+            defer { document.wipe() }
             try self.store(
                 self.schema, self.attributes(record.account, owner: record.ownerUID), record.storeLabel, document,
                 "application/json", cancellable, "writing \(record.account)")
@@ -189,7 +189,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         let what = "writing the client secret of \(provider)"
         try await perform(what) { cancellable throws(VaultError) in
             var bytes = Array(secret.revealed.utf8)
-            defer { bytes.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
+            defer { bytes.wipe() }
             try self.store(
                 self.providerSecretSchema, self.scopeAttributes(provider: provider),
                 "vaultd: client secret of \(provider)", bytes, "text/plain", cancellable, what)
@@ -210,7 +210,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         let what = "queueing the revocation of \(record.account)"
         try await perform(what) { cancellable throws(VaultError) in
             var document = record.storedJSON().serialized()
-            defer { document.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) } }
+            defer { document.wipe() }
             try self.store(
                 self.pendingRevocationSchema, self.attributes(record.account, owner: nil),
                 "vaultd: revocation pending for \(record.account)", document, "application/json", cancellable, what)
@@ -249,7 +249,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         var secret: [UInt8]?
 
         mutating func wipe() {
-            secret?.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) }
+            secret?.wipe()
         }
     }
 

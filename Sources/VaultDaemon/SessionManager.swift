@@ -665,7 +665,8 @@ public actor SessionManager {
         let made: (any TokenProvider)?
         if let settings = config.providers[provider]?.oauth2 {
             let secret = providerSecrets[provider] ?? ClientSecrets.read(settings, log: log)
-            made = OAuth2Client(settings: settings, clientSecret: secret)
+            made = OAuth2Client(
+                settings: settings, clientSecret: secret, timeoutSeconds: Double(settings.timeoutSeconds))
         } else if let settings = config.providers[provider]?.exec {
             made = ExecProvider(settings: settings, log: log)
         } else {

@@ -1,7 +1,7 @@
 import Dispatch
-import Foundation
 import Glibc
 import VaultCore
+import VaultSystem
 
 /// Where fresh tokens come from for a provider that can log in or refresh.
 public protocol TokenProvider: Sendable {
@@ -115,7 +115,7 @@ public struct ExecProvider: TokenProvider {
             }
             var text = String(decoding: result.stderr.prefix(2048), as: UTF8.self)
             for secret in secrets where secret.count >= 4 {
-                text = text.replacingOccurrences(of: secret, with: Secret.mask(secret))
+                text = text.replacing(secret, with: Secret.mask(secret))
             }
             log.info("helper stderr", ["action": action, "program": settings.command[0], "stderr": text])
         }
@@ -157,64 +157,64 @@ public struct ExecProvider: TokenProvider {
 
     static func spawnBlocking(_ argv: [String], input: [UInt8], timeoutSeconds: Int64) -> RunResult {
         var result = RunResult()
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: argv[0])
-        process.arguments = Array(argv.dropFirst())
         var environment = ["PATH": "/usr/local/bin:/usr/bin:/bin"]
         for key in ["CREDENTIALS_DIRECTORY", "HOME", "LANG"] {
-            if let value = ProcessInfo.processInfo.environment[key] { environment[key] = value }
+            if let value = Environment.get(key) { environment[key] = value }
         }
-        process.environment = environment
-        let stdin = Pipe()
-        let stdout = Pipe()
-        let stderr = Pipe()
-        process.standardInput = stdin
-        process.standardOutput = stdout
-        process.standardError = stderr
-        let exited = ExitFlag()
-        process.terminationHandler = { _ in exited.set() }
-        do { try process.run() } catch {
-            result.failure = "the helper \(argv[0]) could not be started: \(error.localizedDescription)"
+        let child: ChildProcess
+        do {
+            child = try ChildProcess.spawn(argv, environment: environment)
+        } catch {
+            result.failure = "the helper \(argv[0]) could not be started: \(error)"
             return result
         }
-        try? stdin.fileHandleForWriting.write(contentsOf: Data(input))
-        try? stdin.fileHandleForWriting.close()
-        // One loop reads both pipes with poll() against one deadline. A helper
-        // whose children keep the pipes open cannot hold vaultd: reading stops
-        // shortly after the helper itself exited, or at the deadline.
+        var stdinFD = child.stdin
+        defer {
+            for fd in [stdinFD, child.stdout, child.stderr] where fd >= 0 { close(fd) }
+        }
+        // One loop writes the input and reads both pipes with poll() against one
+        // deadline. A helper whose children keep the pipes open cannot hold
+        // vaultd: reading stops shortly after the helper itself exited, or at
+        // the deadline.
+        var pendingInput = input[...]
         var streams = [
-            (fd: stdout.fileHandleForReading.fileDescriptor, limit: maximumOutput, data: [UInt8](), open: true),
-            (fd: stderr.fileHandleForReading.fileDescriptor, limit: 8192, data: [UInt8](), open: true),
+            (fd: child.stdout, limit: maximumOutput, data: [UInt8](), open: true),
+            (fd: child.stderr, limit: 8192, data: [UInt8](), open: true),
         ]
-        for stream in streams { _ = fcntl(stream.fd, F_SETFL, fcntl(stream.fd, F_GETFL) | O_NONBLOCK) }
         let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
         var exitedAt: UInt64?
-        var reapedStatus: Int32?
+        var exitStatus: Int32?
         var buffer = [UInt8](repeating: 0, count: 65536)
-        // Foundation learns of the exit through a descriptor the helper's own
-        // children inherit, so a helper that leaves a child behind looks alive
-        // to it: ask the kernel too.
         func reapIfExited() -> Bool {
-            if exited.isSet { return true }
+            guard exitStatus == nil else { return true }
             var status: Int32 = 0
-            if waitpid(process.processIdentifier, &status, WNOHANG) == process.processIdentifier {
-                let signal = status & 0x7f
-                reapedStatus = signal == 0 ? (status >> 8) & 0xff : 128 + signal
-                return true
-            }
-            return reapedStatus != nil
+            guard waitpid(child.pid, &status, WNOHANG) == child.pid else { return false }
+            exitStatus = ChildProcess.exitCode(fromWaitStatus: status)
+            return true
         }
+        func closeInput() {
+            close(stdinFD)
+            stdinFD = -1
+        }
+        if pendingInput.isEmpty { closeInput() }
         while streams.contains(where: { $0.open }) {
             let now = Monotonic.milliseconds()
             if exitedAt == nil, reapIfExited() { exitedAt = now }
             if let exitedAt, now > exitedAt + 200 { break }
             if now >= deadline {
-                kill(process.processIdentifier, SIGKILL)
+                kill(child.pid, SIGKILL)
                 result.failure = "the helper \(argv[0]) did not finish within \(timeoutSeconds)s and was killed"
                 break
             }
             var fds = streams.filter { $0.open }.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
+            if stdinFD >= 0 { fds.append(pollfd(fd: stdinFD, events: Int16(POLLOUT), revents: 0)) }
             _ = poll(&fds, nfds_t(fds.count), Int32(min(100, deadline - now)))
+            if stdinFD >= 0 {
+                let n = pendingInput.withUnsafeBytes { write(stdinFD, $0.baseAddress, $0.count) }
+                if n > 0 { pendingInput = pendingInput.dropFirst(n) }
+                // Done, or the helper closed its input without reading it all.
+                if pendingInput.isEmpty || (n < 0 && errno != EAGAIN && errno != EINTR) { closeInput() }
+            }
             for index in streams.indices where streams[index].open {
                 let n = buffer.withUnsafeMutableBytes { read(streams[index].fd, $0.baseAddress, $0.count) }
                 if n == 0 {
@@ -226,33 +226,16 @@ public struct ExecProvider: TokenProvider {
             }
         }
         if !reapIfExited() {
-            kill(process.processIdentifier, SIGKILL)
+            kill(child.pid, SIGKILL)
             for _ in 0..<500 where !reapIfExited() { usleep(10_000) }
         }
-        result.status = reapedStatus ?? (exited.isSet ? process.terminationStatus : -1)
+        buffer.wipe()
+        result.status = exitStatus ?? -1
         result.stdout = streams[0].data
         result.stderr = streams[1].data
         if result.failure == nil, result.stdout.count > maximumOutput {
             result.failure = "the helper \(argv[0]) wrote more than \(maximumOutput) bytes"
         }
         return result
-    }
-}
-
-/// Set once by the termination handler, read by the reading loop.
-private final class ExitFlag: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = false
-
-    func set() {
-        lock.lock()
-        value = true
-        lock.unlock()
-    }
-
-    var isSet: Bool {
-        lock.lock()
-        defer { lock.unlock() }
-        return value
     }
 }

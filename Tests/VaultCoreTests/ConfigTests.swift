@@ -86,6 +86,27 @@ struct ConfigParserTests {
         )
     }
 
+    @Test("Should read an oauth2 provider's Timeout, 30 s when absent")
+    func oauth2Timeout() throws {
+        let oauth = ["[Provider o]", "Type=oauth2", "TokenURL=https://example.com/token", "ClientID=c"]
+        #expect(
+            try ConfigParser.parse((oauth + ["Timeout=5s"]).joined(separator: "\n"), file: file)
+                .providers["o"]?.oauth2?.timeoutSeconds == 5)
+        #expect(
+            try ConfigParser.parse(oauth.joined(separator: "\n"), file: file)
+                .providers["o"]?.oauth2?.timeoutSeconds == 30)
+    }
+
+    @Test("Should refuse a key of another provider type, naming the types it belongs to")
+    func keyOfAnotherType() throws {
+        #expect(
+            try configError("[Provider a]", "Type=static", "Timeout=5").message
+                == "\(file):3: key 'Timeout' is for Type=oauth2 or Type=exec, not Type=static")
+        #expect(
+            try configError("[Provider a]", "Type=exec", "Command=/bin/true", "TokenURL=https://x.example").message
+                == "\(file):4: key 'TokenURL' is for Type=oauth2, not Type=exec")
+    }
+
     @Test("Should refuse an unknown key in [Vault], naming file, line and key")
     func unknownVaultKey() throws {
         let error = try configError("", "[Vault]", "StoreTimeout=5", "Timeout=5")

@@ -95,6 +95,40 @@ struct ExecProviderTests {
         #expect(try vaultctl(fixture.socketPath, ["logout", "openim", "bob"]).status == 0)
     }
 
+    @Test("Should start a helper with no signal blocked or ignored and only the documented environment")
+    func helperProcessState() throws {
+        let fixture = try DaemonFixture(start: false)
+        let helper = fixture.directory.path("state-helper")
+        // The token reports what the helper inherited: blocked and ignored
+        // signal masks, and the names of its environment variables.
+        try """
+        #!/bin/sh
+        cat >/dev/null
+        blocked=$(sed -n 's/^SigBlk:[[:space:]]*//p' /proc/$$/status)
+        ignored=$(sed -n 's/^SigIgn:[[:space:]]*//p' /proc/$$/status)
+        names=$(env | cut -d= -f1 | grep -v '^PWD$' | sort | tr '\\n' '.')
+        printf '{"access_token":"blk-%s-ign-%s-env-%s"}' "$blocked" "$ignored" "$names"
+        """.write(toFile: helper, atomically: true, encoding: .utf8)
+        chmod(helper, 0o755)
+        try "[Provider state]\nType=exec\nCommand=\(helper)\n".write(
+            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.start()
+        let login = try vaultctl(fixture.socketPath, ["login", "state", "alice", "--from-provider"])
+        #expect(login.status == 0, "\(login.stderr)")
+        let token = try vaultctl(fixture.socketPath, ["token", "state", "alice"]).stdout
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let parts = token.split(separator: "-", maxSplits: 5).map(String.init)
+        try #require(parts.count == 6 && parts[0] == "blk" && parts[2] == "ign" && parts[4] == "env", "\(token)")
+        // Signals 1 to 31; glibc keeps 32 and 33 for itself, beyond a program's reach.
+        let standard: UInt64 = 0x7FFF_FFFF
+        #expect(UInt64(parts[1], radix: 16).map { $0 & standard } == 0, "no signal blocked: \(token)")
+        #expect(UInt64(parts[3], radix: 16).map { $0 & standard } == 0, "no signal ignored: \(token)")
+        let names = Set(parts[5].split(separator: ".").map(String.init))
+        #expect(names.contains("PATH"))
+        #expect(names.isSubset(of: ["PATH", "HOME", "LANG", "CREDENTIALS_DIRECTORY", "SHLVL", "_"]), "\(names)")
+        _ = try vaultctl(fixture.socketPath, ["logout", "state", "alice"])
+    }
+
     @Test("Should take a helper's answer even when a child it left behind keeps its output open")
     func helperWithLingeringChild() throws {
         let fixture = try DaemonFixture(start: false)

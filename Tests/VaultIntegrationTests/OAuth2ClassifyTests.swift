@@ -48,4 +48,14 @@ struct OAuth2ClassifyTests {
             Issue.record("401 must be permanent")
         }
     }
+
+    @Test("Should form-encode every byte but the unreserved ones, in the order given")
+    func formEncoding() {
+        let encoded = HTTPClient.formEncoded([
+            ("grant_type", "refresh_token"), ("refresh_token", "a+b/c=d&e f"), ("scope", "é~x_y.z-1"),
+        ])
+        #expect(
+            String(decoding: encoded, as: UTF8.self)
+                == "grant_type=refresh_token&refresh_token=a%2Bb%2Fc%3Dd%26e%20f&scope=%C3%A9~x_y.z-1")
+    }
 }

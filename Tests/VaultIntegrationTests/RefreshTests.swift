@@ -174,6 +174,24 @@ struct RefreshTests {
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
     }
 
+    @Test("Should give up on a token endpoint that does not answer within Timeout=, keeping the session")
+    func unansweredRequestTimesOut() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, _) = try start(server, extra: "Timeout=1s\n")
+        let user = uniqueName("stalled")
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try await server.post("/control/mode", json: ["mode": "hang", "count": 1, "hang_seconds": 30])
+        let started = Date()
+        let failed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
+        #expect(failed.status == 1)
+        #expect(failed.stderr.contains("ERR_NETWORK_ERROR"), "\(failed.stderr)")
+        #expect(failed.stderr.contains("timed out"), "\(failed.stderr)")
+        #expect(Date().timeIntervalSince(started) < 10, "the 1 s timeout ends the request, not the server's 30 s")
+        #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).status == 0, "the session stays")
+        _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+    }
+
     @Test("Should log the session out when the token endpoint answers invalid_grant")
     func permanentFailure() async throws {
         let server = try TokenServer(["--lifetime", "600"])

@@ -52,4 +52,7 @@ int vaultd_disable_core_dumps(void);
 /* Zeroes memory in a way the compiler may not remove. */
 void vaultd_explicit_bzero(void *p, size_t n);
 
+/* pipe2(fds, O_CLOEXEC): a pipe no other child started meanwhile inherits. */
+int vaultd_pipe_cloexec(int fds[2]);
+
 #endif

@@ -1,0 +1,36 @@
+#ifndef VAULTD_HTTP_H
+#define VAULTD_HTTP_H
+
+#include <stddef.h>
+
+/* An HTTP client for vaultd's OAuth 2.0 requests, on libcurl. libcurl is
+ * loaded with dlopen on first use, so a vaultd whose providers never speak
+ * HTTP does not map the TLS stack at all. Every call blocks: run it on a
+ * thread of its own, never on Swift's cooperative pool. */
+
+typedef struct {
+    /* The HTTP status; 0 when no answer came (see error). */
+    long status;
+    /* The response body (malloc'd; wiped and freed by vaultd_http_response_free). */
+    unsigned char *body;
+    size_t body_length;
+    /* The Retry-After header, "" when absent. */
+    char retry_after[64];
+    /* Why the request failed, "" when an answer came. */
+    char error[256];
+} vaultd_http_response;
+
+/* 0 when libcurl could be loaded; else -1 with the reason in error. */
+int vaultd_http_load(char *error, size_t error_size);
+
+/* POSTs body (application/x-www-form-urlencoded, Accept: application/json) to
+ * url without following redirects. Gives up after timeout_ms in all, and when
+ * the response body passes max_body bytes. Returns 0 when an answer came
+ * (whatever its status), -1 otherwise; out is filled either way. */
+int vaultd_http_post_form(const char *url, const char *body, size_t body_length, long timeout_ms,
+                          size_t max_body, vaultd_http_response *out);
+
+/* Wipes and frees the body of a response. */
+void vaultd_http_response_free(vaultd_http_response *response);
+
+#endif

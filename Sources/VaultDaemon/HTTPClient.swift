@@ -1,0 +1,100 @@
+import CHTTP
+import Dispatch
+import VaultCore
+
+/// One HTTP answer: its status, body and `Retry-After` header.
+struct HTTPResponse: Sendable {
+    var status: Int
+    var body: [UInt8]
+    var retryAfter: String?
+}
+
+/// Why no HTTP answer came: unreachable, timed out, too large, or no libcurl.
+struct HTTPFailure: Error, Sendable, CustomStringConvertible {
+    var reason: String
+    var description: String { reason }
+}
+
+/// Form POSTs to OAuth 2.0 endpoints through libcurl. Each request blocks a
+/// thread of its own (never one of the cooperative pool) and ends by its
+/// timeout at the latest.
+enum HTTPClient {
+    /// The largest response body read; a token response is a few kilobytes.
+    static let maximumBody = 1 << 20
+    private static let queue = DispatchQueue(label: "vaultd.http", attributes: .concurrent)
+
+    /// Loads libcurl now, so that a missing library is reported at start-up
+    /// instead of at the first refresh. Nil when it is usable, else why not.
+    static func loadFailure() -> String? {
+        var error = [CChar](repeating: 0, count: 256)
+        if vaultd_http_load(&error, error.count) == 0 { return nil }
+        return String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// POSTs `form` (application/x-www-form-urlencoded) to `url`.
+    static func postForm(_ url: String, _ form: [(String, String)], timeoutSeconds: Double) async throws(HTTPFailure)
+        -> HTTPResponse
+    {
+        let result: Result<HTTPResponse, HTTPFailure> = await withCheckedContinuation { continuation in
+            queue.async {
+                // Encoded here, so that this is the body's only copy and wiping it counts.
+                var body = formEncoded(form)
+                continuation.resume(returning: post(url, &body, timeoutMilliseconds: Int(timeoutSeconds * 1000)))
+            }
+        }
+        return try result.get()
+    }
+
+    private static func post(_ url: String, _ body: inout [UInt8], timeoutMilliseconds: Int) -> Result<
+        HTTPResponse, HTTPFailure
+    > {
+        // The body carries the refresh token and client secret: wipe it once sent.
+        defer { body.wipe() }
+        var response = vaultd_http_response()
+        defer { vaultd_http_response_free(&response) }
+        let status = body.withUnsafeBytes { raw in
+            vaultd_http_post_form(
+                url, raw.baseAddress?.assumingMemoryBound(to: CChar.self), raw.count, timeoutMilliseconds,
+                maximumBody, &response)
+        }
+        guard status == 0 else { return .failure(HTTPFailure(reason: text(of: &response.error))) }
+        let bytes = response.body.map { Array(UnsafeBufferPointer(start: $0, count: response.body_length)) } ?? []
+        let retryAfter = text(of: &response.retry_after)
+        return .success(
+            HTTPResponse(status: response.status, body: bytes, retryAfter: retryAfter.isEmpty ? nil : retryAfter))
+    }
+
+    /// A NUL-terminated C array field as a String.
+    private static func text<T>(of field: inout T) -> String {
+        withUnsafeBytes(of: &field) { raw in
+            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+        }
+    }
+
+    /// `application/x-www-form-urlencoded` (RFC 3986 unreserved bytes as they
+    /// are, every other byte as %XX), in the order given.
+    static func formEncoded(_ form: [(String, String)]) -> [UInt8] {
+        var out: [UInt8] = []
+        for (index, (key, value)) in form.enumerated() {
+            if index > 0 { out.append(UInt8(ascii: "&")) }
+            percentEncode(key, into: &out)
+            out.append(UInt8(ascii: "="))
+            percentEncode(value, into: &out)
+        }
+        return out
+    }
+
+    private static func percentEncode(_ text: String, into out: inout [UInt8]) {
+        let hex = Array("0123456789ABCDEF".utf8)
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+                UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"),
+                UInt8(ascii: "~"):
+                out.append(byte)
+            default:
+                out.append(contentsOf: [UInt8(ascii: "%"), hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
+            }
+        }
+    }
+}
