@@ -35,17 +35,27 @@ for i in range(n):
     subs.append(s)
     sel.register(s, selectors.EVENT_READ, i)
 bufs = [b""] * n
+# The ForceLogout caller's connection is watched too: its reply comes once the
+# secret store is updated, which may be before or after the last event.
+ctl_buf = b""
+ctl_reply_at = None
 
 
 def pump(deadline, want):
     """Reads until every subscriber has `want` complete replies more; returns the
     time the last one completed (or None on timeout)."""
+    global ctl_buf, ctl_reply_at
     left = set(range(n))
     count = [0] * n
     last = None
     while left and time.monotonic() < deadline:
         for key, _ in sel.select(timeout=max(0.0, deadline - time.monotonic())):
             i = key.data
+            if i == -1:
+                ctl_buf += ctl.recv(65536)
+                if ctl_buf.endswith(b"\0") and ctl_reply_at is None:
+                    ctl_reply_at = time.perf_counter()
+                continue
             try:
                 data = key.fileobj.recv(65536)
             except BlockingIOError:
@@ -71,14 +81,20 @@ for k in range(kicks):
     if "error" in r:
         result["errors"].append(str(r))
     time.sleep(0.2)
+    ctl_buf, ctl_reply_at = b"", None
+    sel.register(ctl, selectors.EVENT_READ, -1)
     t0 = time.perf_counter()
     ctl.sendall(json.dumps({"method": "io.vaultd.Vault.ForceLogout",
                             "parameters": {"provider": "demo", "user": USER, "reason": "admin"}}).encode() + b"\0")
     last, left = pump(time.monotonic() + 30, 1)
-    # The reply to ForceLogout itself (read after the fan-out, so it is not timed).
-    buf = b""
-    while not buf.endswith(b"\0"):
-        buf += ctl.recv(65536)
+    sel.unregister(ctl)
+    while not ctl_buf.endswith(b"\0"):
+        ctl_buf += ctl.recv(65536)
+    if ctl_reply_at is None:
+        ctl_reply_at = time.perf_counter()
+    if b'"error"' in ctl_buf:
+        result["errors"].append(f"kick {k}: {ctl_buf[:200]!r}")
+    result["forcelogout_reply_ms"].append((ctl_reply_at - t0) * 1000)
     if last is None:
         result["errors"].append(f"kick {k}: {left} subscribers without the event after 30 s")
     else:

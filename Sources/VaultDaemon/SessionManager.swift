@@ -332,8 +332,11 @@ public actor SessionManager {
 
     // MARK: Logout
 
-    /// Logs `account` out for `caller`: marks the stored record logging-out,
-    /// then deletes it, so a crash in between finishes the logout at start-up.
+    /// Logs `account` out for `caller`: withdraws the token and tells the
+    /// subscribers at once, then marks the stored record logging-out and
+    /// deletes it (a crash in between finishes the logout at start-up), and
+    /// returns once the store is updated. Should the store fail, the session is
+    /// served again and subscribers get `logoutFailed`.
     ///
     /// With a `reason` it is a forced logout (the chat server kicked the client
     /// offline, or an administrator): subscribers get `kickedOffline` instead of
@@ -358,8 +361,12 @@ public actor SessionManager {
                 if let task = logins[account] { _ = await task.value }
                 continue
             case .startLogout(let record):
-                // Nobody gets the token from here on, even before the store answered.
+                // Nobody gets the token from here on, even before the store answered,
+                // and every subscriber learns so now: the store's writes take tens of
+                // milliseconds (gnome-keyring rewrites its file), a client should not
+                // go on using the token meanwhile.
                 table.publish(account, SessionView(state: .logout, record: nil))
+                emit(LogoutKind(reason: reason, kind: kind).event, account, owner: record.ownerUID, reason: reason)
                 let task = Task { () -> Result<Void, VaultError> in
                     await self.commitLogout(record, caller: caller, reason: reason, kind: kind)
                 }
@@ -402,7 +409,6 @@ public actor SessionManager {
         var logFields = fields(account, event: what.event.rawValue, caller: caller)
         logFields["reason"] = reason
         log.info("logged out", logFields)
-        emit(what.event, account, owner: record.ownerUID, reason: reason)
         audit(action, account, caller: caller, result: "ok")
         return .success(())
     }

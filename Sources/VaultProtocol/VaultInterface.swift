@@ -118,8 +118,11 @@ public enum VaultInterface {
 
         # Logs an account out at once because its chat server kicked it offline
         # (OpenIM onKickedOffline) or an administrator says so. Subscribers get
-        # kickedOffline with the reason (default: kicked). The owner, root and members
-        # of the configured admin group may call it.
+        # kickedOffline with the reason (default: kicked) as soon as the token is no
+        # longer handed out; the reply comes once the secret store is updated (if that
+        # fails, the reply is the error, subscribers get logoutFailed and the session
+        # is served again). The owner, root and members of the configured admin group
+        # may call it.
         method ForceLogout(provider: string, user: string, reason: ?string) -> ()
 
         # Refreshes the account's tokens now (for providers that can), joining a
