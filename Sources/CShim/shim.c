@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -96,3 +97,5 @@ int vaultd_disable_core_dumps(void) {
 void vaultd_explicit_bzero(void *p, size_t n) { explicit_bzero(p, n); }
 
 int vaultd_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
+
+int vaultd_malloc_trim(void) { return malloc_trim(0); }

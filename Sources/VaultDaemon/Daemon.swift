@@ -155,7 +155,9 @@ public enum Daemon {
         let relay = EventRelay()
         let manager = SessionManager(
             store: store, config: config, clock: clock, log: log, policy: policy,
-            tableDidChange: { table in notifier.status(ServiceNotifier.statusLine(table)) },
+            tableDidChange: { table in
+                if notifier.isActive { notifier.status(ServiceNotifier.statusLine(table)) }
+            },
             events: { event in relay.publish(event) })
         let restored = try blocking { () async throws(VaultError) in
             try await manager.loadProviderSecrets()
@@ -163,6 +165,9 @@ public enum Daemon {
             await manager.resumePendingRevocations()
             return restored
         }
+        // Reading the store allocated and freed several times the records' size
+        // (D-Bus messages, decrypted documents): give that back to the system.
+        _ = vaultd_malloc_trim()
 
         let listenFD: Int32
         let socketDescription: String

@@ -39,9 +39,10 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             ?? "session bus (DBUS_SESSION_BUS_ADDRESS not set)"
         let cancellable = Cancellable(timeoutSeconds: timeoutSeconds)
         var error: UnsafeMutablePointer<GError>? = nil
-        let flags = SecretServiceFlags(
-            rawValue: SECRET_SERVICE_OPEN_SESSION.rawValue | SECRET_SERVICE_LOAD_COLLECTIONS.rawValue)
-        guard let service = secret_service_get_sync(flags, cancellable.pointer, &error) else {
+        // Collections are not loaded: a loaded collection keeps a D-Bus proxy of
+        // every item in it for the life of the process (about 10 KB each), where
+        // vaultd needs an item only while it reads or writes it.
+        guard let service = secret_service_get_sync(SECRET_SERVICE_OPEN_SESSION, cancellable.pointer, &error) else {
             let reason = GLibError.take(&error) ?? "no answer"
             throw VaultError(
                 .storeUnavailable,

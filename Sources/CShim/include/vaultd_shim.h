@@ -55,4 +55,7 @@ void vaultd_explicit_bzero(void *p, size_t n);
 /* pipe2(fds, O_CLOEXEC): a pipe no other child started meanwhile inherits. */
 int vaultd_pipe_cloexec(int fds[2]);
 
+/* malloc_trim(0): returns freed heap memory of every arena to the system. */
+int vaultd_malloc_trim(void);
+
 #endif
