@@ -30,6 +30,9 @@ public struct DaemonOptions: Sendable {
     public var socketPath: String?
     public var logLevel: Logger.Level = .info
     public var checkConfigOnly = false
+    /// Keep sessions in memory instead of the Secret Service (`--memory-store`):
+    /// for benchmarks and tests only, since sessions are lost when vaultd stops.
+    public var memoryStore = false
 
     /// The usage text of `vaultd --help`.
     public static let usage = """
@@ -45,6 +48,9 @@ public struct DaemonOptions: Sendable {
                               $XDG_RUNTIME_DIR/vaultd/socket, else /run/vaultd/socket for root)
           --log-level LEVEL   error, warning, notice, info (default) or debug
           --check-config      validate the configuration and exit
+          --memory-store      keep sessions in memory only, not in the Secret Service:
+                              they are lost when vaultd stops, and no D-Bus is needed.
+                              For benchmarks and tests, never for real sessions
           --help              show this text
           --version           show the version
 
@@ -56,7 +62,7 @@ public struct DaemonOptions: Sendable {
 
         Tokens are kept in the Secret Service (gnome-keyring, KeePassXC) on the
         session bus in $DBUS_SESSION_BUS_ADDRESS; vaultd refuses to start when it
-        is unreachable or its default collection is locked.
+        is unreachable or its default collection is locked (unless --memory-store).
         """
 
     /// What parsing the command line asks for.
@@ -83,6 +89,7 @@ public struct DaemonOptions: Sendable {
             case "--config": options.configPath = try value(argument)
             case "--socket": options.socketPath = try value(argument)
             case "--check-config": options.checkConfigOnly = true
+            case "--memory-store": options.memoryStore = true
             case "--log-level":
                 let name = try value(argument)
                 guard let level = Logger.Level.allCases.first(where: { $0.name == name }) else {
@@ -144,12 +151,7 @@ public enum Daemon {
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
         let notifier = ServiceNotifier()
 
-        // VAULTD_STORE_SCOPE overrides StoreScope=, like VAULTD_SOCKET overrides the socket.
-        var scope = config.storeScope
-        if let override = Environment.get("VAULTD_STORE_SCOPE"), !override.isEmpty {
-            scope = try ConfigParser.parse("[Vault]\nStoreScope=\(override)\n", file: "$VAULTD_STORE_SCOPE").storeScope
-        }
-        let store = try openStore(timeoutSeconds: config.storeTimeoutSeconds, scope: scope)
+        let store = try openStore(options, config: config, log: log)
         let clock = SystemWallClock()
         let policy = try PolicyResolver.resolve(config)
         let relay = EventRelay()
@@ -224,6 +226,25 @@ public enum Daemon {
             limit.rlim_cur = wanted
             _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
         }
+    }
+
+    /// The store `options` ask for: memory (with a warning, and no D-Bus at
+    /// all) or the Secret Service in the configured scope.
+    static func openStore(_ options: DaemonOptions, config: VaultConfig, log: Logger) throws(VaultError)
+        -> any SessionStore
+    {
+        if options.memoryStore {
+            log.warning(
+                "--memory-store: sessions are kept in memory only and will not survive a restart; this mode is meant for benchmarks and tests",
+                ["store": "memory"])
+            return MemoryStore()
+        }
+        // VAULTD_STORE_SCOPE overrides StoreScope=, like VAULTD_SOCKET overrides the socket.
+        var scope = config.storeScope
+        if let override = Environment.get("VAULTD_STORE_SCOPE"), !override.isEmpty {
+            scope = try ConfigParser.parse("[Vault]\nStoreScope=\(override)\n", file: "$VAULTD_STORE_SCOPE").storeScope
+        }
+        return try openStore(timeoutSeconds: config.storeTimeoutSeconds, scope: scope)
     }
 
     /// Connects to the Secret Service. Loading the collections reads every item;

@@ -82,11 +82,11 @@ public final class ServiceNotifier: Sendable {
 
     /// The STATUS line for the sessions in `table`.
     public static func statusLine(_ table: SessionTable) -> String {
-        let all = table.all()
-        let logging = all.filter { $0.1.state == .logging }.count
-        let sessions = all.count - logging
-        let refreshing = all.filter { $0.1.refresh?.connection == .connecting }.count
-        let failing = all.filter { $0.1.refresh?.connection == .connectFailed }.count
+        // From the table's running counts: this runs after every change.
+        let counts = table.counts
+        let (sessions, logging, refreshing, failing) = (
+            counts.sessions, counts.loggingIn, counts.refreshing, counts.failing
+        )
         return "\(sessions) session\(sessions == 1 ? "" : "s"), \(logging) logging in, \(refreshing) refreshing, "
             + "\(failing) failing to refresh"
     }

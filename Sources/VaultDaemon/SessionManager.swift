@@ -117,8 +117,9 @@ public actor SessionManager {
                     fields(record.account, event: "restore"))
             }
             machines[record.account] = AccountStateMachine(account: record.account, state: .loggedIn(record))
-            table.publish(record.account, SessionView(state: .logged, record: record))
             schedule(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt)
+            // After scheduling, so that the view shows when the refresh is due.
+            publishView(record.account)
         }
         rearmExpiryTimer()
         return (table.count, finished)
@@ -277,8 +278,9 @@ public actor SessionManager {
             return failLogin(account, caller, error)
         }
         machines[account]?.loginSucceeded(record)
-        table.publish(account, SessionView(state: .logged, record: record))
         schedule(record, refreshedAt: clock.now())
+        // After scheduling, so that the view shows when the refresh is due.
+        publishView(account)
         rearmExpiryTimer()
         log.info("logged in", fields(account, event: "loginSuccess", caller: caller))
         emit(.loginSuccess, account, owner: record.ownerUID)

@@ -23,7 +23,40 @@ public struct SessionView: Sendable {
 /// manager after each change so that status and token reads are answered on
 /// the serving thread, without D-Bus and without waiting on the actor.
 public final class SessionTable: Sendable {
-    private let views = Mutex<[Account: SessionView]>([:])
+    /// How many accounts are in the states systemd's STATUS= line reports.
+    public struct Counts: Sendable, Equatable {
+        /// Accounts with a session (logged in, or logging out).
+        public var sessions = 0
+        /// Accounts whose first login is in flight.
+        public var loggingIn = 0
+        /// Sessions with a refresh in flight.
+        public var refreshing = 0
+        /// Sessions whose last refresh attempt failed.
+        public var failing = 0
+
+        /// No accounts.
+        public init() {}
+
+        /// Adds (`sign` 1) or removes (`sign` -1) the contribution of `view`.
+        mutating func count(_ view: SessionView, _ sign: Int) {
+            if view.state == .logging { loggingIn += sign } else { sessions += sign }
+            switch view.refresh?.connection {
+            case .connecting?: refreshing += sign
+            case .connectFailed?: failing += sign
+            default: break
+            }
+        }
+    }
+
+    /// The views and their counts, kept together so that the counts cost
+    /// O(1) per change: every login and refresh publishes, and STATUS= must
+    /// not scan 100,000 sessions each time.
+    private struct Contents {
+        var views: [Account: SessionView] = [:]
+        var counts = Counts()
+    }
+
+    private let contents = Mutex(Contents())
     private let didChange: @Sendable (SessionTable) -> Void
 
     /// An empty table; `didChange` runs after every change (e.g. to update STATUS=).
@@ -33,20 +66,27 @@ public final class SessionTable: Sendable {
 
     /// The view of `account`, or nil when it has no session.
     public func view(of account: Account) -> SessionView? {
-        views.withLock { $0[account] }
+        contents.withLock { $0.views[account] }
     }
 
     /// Every view, sorted by account.
     public func all() -> [(Account, SessionView)] {
-        views.withLock { $0.sorted { $0.key < $1.key }.map { ($0.key, $0.value) } }
+        contents.withLock { $0.views.sorted { $0.key < $1.key }.map { ($0.key, $0.value) } }
     }
 
     /// The number of accounts with a session.
-    public var count: Int { views.withLock { $0.count } }
+    public var count: Int { contents.withLock { $0.views.count } }
+
+    /// How many accounts are in each state, without looking at every view.
+    public var counts: Counts { contents.withLock { $0.counts } }
 
     /// Publishes the state of `account` (nil removes it). Only the session manager calls this.
     func publish(_ account: Account, _ view: SessionView?) {
-        views.withLock { $0[account] = view }
+        contents.withLock { contents in
+            if let old = contents.views[account] { contents.counts.count(old, -1) }
+            if let view { contents.counts.count(view, 1) }
+            contents.views[account] = view
+        }
         didChange(self)
     }
 }

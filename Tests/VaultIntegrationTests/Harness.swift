@@ -94,10 +94,11 @@ final class RunningDaemon {
     let output: OutputCollector
     private let stdout: OutputCollector
 
-    /// Starts vaultd and waits (bounded) for its `ready` line.
+    /// Starts vaultd and waits (bounded) for its `ready` line. `environment`
+    /// adds to the test's environment; `unsetEnvironment` removes variables from it.
     init(
         socketPath: String, configPath: String?, environment: [String: String] = [:], waitForReady: Bool = true,
-        extraArguments: [String] = []
+        extraArguments: [String] = [], unsetEnvironment: [String] = []
     ) throws {
         self.socketPath = socketPath
         process.executableURL = Binaries.vaultd
@@ -109,6 +110,7 @@ final class RunningDaemon {
         // store scope, the same for every start on one socket.
         env["VAULTD_STORE_SCOPE"] = RunningDaemon.scope(for: socketPath)
         for (key, value) in environment { env[key] = value }
+        for key in unsetEnvironment { env[key] = nil }
         process.environment = env
         let errPipe = Pipe()
         let outPipe = Pipe()

@@ -298,4 +298,25 @@ struct RefreshTests {
         }
         #expect(revoked.first?["kind"]?.stringValue == "refresh_token")
     }
+
+    @Test("Should show when the refresh is due, right after login and after a restart")
+    func refreshAtShownAfterLoginAndRestore() async throws {
+        let server = try TokenServer(["--lifetime", "3600"])
+        let (fixture, _) = try start(server)
+        let user = uniqueName("due")
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        func refreshAt() throws -> Int64? {
+            let status = try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user])
+            return try JSON.parse(status.stdout)["session"]?["refreshAt"]?.integerValue
+        }
+        let afterLogin = try #require(try refreshAt(), "refreshAt right after login")
+        #expect(afterLogin > Int64(Date().timeIntervalSince1970) + 2000)
+        #expect(fixture.daemon?.stop() == 0)
+        try fixture.start()
+        // Restored from the record's creation time: the same point, give or take the second of the login.
+        let restored = try #require(try refreshAt(), "refreshAt after a restart")
+        #expect(abs(restored - afterLogin) <= 1)
+        _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+    }
 }

@@ -1,0 +1,68 @@
+import Synchronization
+import VaultCore
+
+/// A session store that keeps everything in this process's memory: session
+/// records, client secrets and queued revocations are lost when vaultd stops.
+///
+/// For benchmarks and tests (`vaultd --memory-store`): it needs no D-Bus and
+/// no keyring, and a write costs a dictionary update, so figures measured on
+/// it show vaultd's own cost (for example 100,000 scheduled sessions, which
+/// gnome-keyring would take hours to hold). Never a place for real sessions.
+public final class MemoryStore: SessionStore {
+    /// What the store holds; one lock guards all of it.
+    private struct Contents {
+        var records: [Account: SessionRecord] = [:]
+        var providerSecrets: [String: Secret] = [:]
+        var pendingRevocations: [Account: SessionRecord] = [:]
+    }
+
+    private let contents = Mutex(Contents())
+
+    /// Says where sessions are kept, and that they do not outlive the process.
+    public let location = "memory (sessions are lost when vaultd stops)"
+
+    /// An empty store.
+    public init() {}
+
+    /// Every record, in account order (the keyring gives no order either; a
+    /// fixed one keeps start-up deterministic).
+    public func loadAll() async throws(VaultError) -> StoreContents {
+        let records = contents.withLock { $0.records.values.sorted { $0.account < $1.account } }
+        return StoreContents(records: records, unreadable: [])
+    }
+
+    /// Creates or replaces the record of `record.account`.
+    public func save(_ record: SessionRecord) async throws(VaultError) {
+        contents.withLock { $0.records[record.account] = record }
+    }
+
+    /// Deletes the record of `account`; a missing one is not an error.
+    public func delete(_ account: Account) async throws(VaultError) {
+        contents.withLock { _ = $0.records.removeValue(forKey: account) }
+    }
+
+    /// Creates or replaces the client secret of `provider`.
+    public func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
+        contents.withLock { $0.providerSecrets[provider] = secret }
+    }
+
+    /// The client secret of `provider`, if one was saved in this run.
+    public func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
+        contents.withLock { $0.providerSecrets[provider] }
+    }
+
+    /// Queues the revocation of a logged-out session's tokens (one per account).
+    public func savePendingRevocation(_ record: SessionRecord) async throws(VaultError) {
+        contents.withLock { $0.pendingRevocations[record.account] = record }
+    }
+
+    /// Removes the queued revocation of `account`, if any.
+    public func deletePendingRevocation(_ account: Account) async throws(VaultError) {
+        contents.withLock { _ = $0.pendingRevocations.removeValue(forKey: account) }
+    }
+
+    /// Every queued revocation, in account order.
+    public func loadPendingRevocations() async throws(VaultError) -> [SessionRecord] {
+        contents.withLock { $0.pendingRevocations.values.sorted { $0.account < $1.account } }
+    }
+}
