@@ -244,21 +244,7 @@ public enum Daemon {
         if let override = Environment.get("VAULTD_STORE_SCOPE"), !override.isEmpty {
             scope = try ConfigParser.parse("[Vault]\nStoreScope=\(override)\n", file: "$VAULTD_STORE_SCOPE").storeScope
         }
-        return try openStore(timeoutSeconds: config.storeTimeoutSeconds, scope: scope)
-    }
-
-    /// Connects to the Secret Service. Loading the collections reads every item;
-    /// one deleted meanwhile by another client fails that ("No such secret
-    /// item"), so that case is tried again, twice.
-    static func openStore(timeoutSeconds: Int64, scope: String) throws(VaultError) -> LibsecretStore {
-        for _ in 0..<2 {
-            do throws(VaultError) {
-                return try LibsecretStore.open(timeoutSeconds: timeoutSeconds, scope: scope)
-            } catch  where error.message.contains("No such secret item") {
-                continue
-            }
-        }
-        return try LibsecretStore.open(timeoutSeconds: timeoutSeconds, scope: scope)
+        return try LibsecretStore.open(timeoutSeconds: config.storeTimeoutSeconds, scope: scope)
     }
 
     /// SIGHUP: reads and validates the whole configuration again, then puts it
