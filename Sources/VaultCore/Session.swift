@@ -83,29 +83,87 @@ public enum RecordPhase: String, Sendable {
 
 /// A session as kept in the secret store: tokens and metadata, one JSON document,
 /// so that one store write is atomic.
+///
+/// A value with copy-on-write storage: the session table, the session manager
+/// and the store all hold the same record, so each copy costs a reference,
+/// not the record's few hundred bytes (this is most of vaultd's memory per
+/// session).
 public struct SessionRecord: Sendable, Equatable {
-    public var account: Account
-    public var user: UserProfile
-    public var tokens: TokenSet
-    public var createdAt: UnixTime
+    /// The record's fields, kept once however many copies share them.
+    private struct Fields: Equatable {
+        var account: Account
+        var user: UserProfile
+        var tokens: TokenSet
+        var createdAt: UnixTime
+        var expiresAt: UnixTime?
+        var ownerUID: UInt32
+        var phase: RecordPhase
+    }
+
+    /// Mutated only when no other copy refers to it (see `fields`), so sharing
+    /// it between threads is safe.
+    private final class Storage: @unchecked Sendable {
+        var fields: Fields
+        init(_ fields: Fields) { self.fields = fields }
+    }
+
+    private var storage: Storage
+
+    private var fields: Fields {
+        get { storage.fields }
+        set {
+            if isKnownUniquelyReferenced(&storage) {
+                storage.fields = newValue
+            } else {
+                storage = Storage(newValue)
+            }
+        }
+    }
+
+    public var account: Account {
+        get { storage.fields.account }
+        set { fields.account = newValue }
+    }
+    public var user: UserProfile {
+        get { storage.fields.user }
+        set { fields.user = newValue }
+    }
+    public var tokens: TokenSet {
+        get { storage.fields.tokens }
+        set { fields.tokens = newValue }
+    }
+    public var createdAt: UnixTime {
+        get { storage.fields.createdAt }
+        set { fields.createdAt = newValue }
+    }
     /// When the access token stops being valid, when known.
-    public var expiresAt: UnixTime?
+    public var expiresAt: UnixTime? {
+        get { storage.fields.expiresAt }
+        set { fields.expiresAt = newValue }
+    }
     /// The Unix uid that logged the session in and owns it.
-    public var ownerUID: UInt32
-    public var phase: RecordPhase
+    public var ownerUID: UInt32 {
+        get { storage.fields.ownerUID }
+        set { fields.ownerUID = newValue }
+    }
+    public var phase: RecordPhase {
+        get { storage.fields.phase }
+        set { fields.phase = newValue }
+    }
 
     /// Makes an active record.
     public init(
         account: Account, user: UserProfile, tokens: TokenSet, createdAt: UnixTime, expiresAt: UnixTime?,
         ownerUID: UInt32
     ) {
-        self.account = account
-        self.user = user
-        self.tokens = tokens
-        self.createdAt = createdAt
-        self.expiresAt = expiresAt
-        self.ownerUID = ownerUID
-        self.phase = .active
+        storage = Storage(
+            Fields(
+                account: account, user: user, tokens: tokens, createdAt: createdAt, expiresAt: expiresAt,
+                ownerUID: ownerUID, phase: .active))
+    }
+
+    public static func == (lhs: SessionRecord, rhs: SessionRecord) -> Bool {
+        lhs.storage === rhs.storage || lhs.storage.fields == rhs.storage.fields
     }
 
     /// True when the access token has an expiry and it has passed at `now`.

@@ -161,7 +161,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
                 guard let secret = item.secret, let json = try? JSON.parse(secret),
                     let record = try? SessionRecord(storedJSON: json)
                 else {
-                    contents.unreadable.append(item.label)
+                    contents.unreadable.append(self.label(of: item.path, cancellable))
                     continue
                 }
                 contents.records.append(record)
@@ -244,9 +244,10 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
 
     // MARK: The three Secret Service calls (on the store's queue)
 
-    /// An item found by a search: its label and a copy of its secret, to be wiped.
+    /// An item found by a search: its D-Bus path and a copy of its secret
+    /// (none when the item is locked), to be wiped.
     struct FoundItem {
-        var label: String
+        var path: String
         var secret: [UInt8]?
 
         mutating func wipe() {
@@ -280,35 +281,70 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         if let reason = GLibError.take(&error) { throw failure(what, reason) }
     }
 
-    /// Every item with `attributes`, with a copy of its secret.
+    /// Every item with `attributes`, with a copy of its secret. Reads paths
+    /// and secrets in two D-Bus calls and makes no proxy object per item: a
+    /// search of a thousand items used to leave megabytes of freed but
+    /// scattered heap behind.
     private func search(
         _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ cancellable: Cancellable,
         _ what: String
     ) throws(VaultError) -> [FoundItem] {
         var error: UnsafeMutablePointer<GError>? = nil
-        let flags = SecretSearchFlags(rawValue: SECRET_SEARCH_ALL.rawValue | SECRET_SEARCH_LOAD_SECRETS.rawValue)
-        let list = secret_service_search_sync(
-            servicePointer, schema, attributes.table, flags, cancellable.pointer, &error)
+        var unlocked: UnsafeMutablePointer<UnsafeMutablePointer<gchar>?>? = nil
+        var locked: UnsafeMutablePointer<UnsafeMutablePointer<gchar>?>? = nil
+        _ = secret_service_search_for_dbus_paths_sync(
+            servicePointer, schema, attributes.table, cancellable.pointer, &unlocked, &locked, &error)
+        defer {
+            g_strfreev(unlocked)
+            g_strfreev(locked)
+        }
         if let reason = GLibError.take(&error) { throw failure(what, reason) }
-        defer { g_list_free_full(list, { g_object_unref($0) }) }
-        var items: [FoundItem] = []
-        var node = list
-        while let current = node {
-            node = current.pointee.next
-            guard let raw = current.pointee.data else { continue }
-            let item = raw.assumingMemoryBound(to: SecretItem.self)
-            var found = FoundItem(
-                label: LibsecretStore.takeString(secret_item_get_label(item)) ?? "(no label)", secret: nil)
-            if let value = secret_item_get_secret(item) {
+        // A locked item's secret cannot be read: it is found, without one.
+        var items = LibsecretStore.strings(locked).map { FoundItem(path: $0, secret: nil) }
+        let paths = LibsecretStore.strings(unlocked)
+        guard let unlocked, !paths.isEmpty else { return items }
+        let secrets = unlocked.withMemoryRebound(to: UnsafePointer<gchar>?.self, capacity: paths.count + 1) {
+            secret_service_get_secrets_for_dbus_paths_sync(servicePointer, $0, cancellable.pointer, &error)
+        }
+        defer { if let secrets { g_hash_table_unref(secrets) } }
+        if let reason = GLibError.take(&error) { throw failure(what, reason) }
+        for path in paths {
+            var found = FoundItem(path: path, secret: nil)
+            let value = path.withCString { key in secrets.flatMap { g_hash_table_lookup($0, key) } }
+            if let value {
                 var length: gsize = 0
-                if let bytes = secret_value_get(value, &length) {
+                if let bytes = secret_value_get(OpaquePointer(value), &length) {
                     found.secret = [UInt8](UnsafeRawBufferPointer(start: UnsafeRawPointer(bytes), count: Int(length)))
                 }
-                secret_value_unref(UnsafeMutableRawPointer(value))
             }
             items.append(found)
         }
         return items
+    }
+
+    /// The label of the item at `path`, for messages; the path when it cannot be read.
+    private func label(of path: String, _ cancellable: Cancellable) -> String {
+        var error: UnsafeMutablePointer<GError>? = nil
+        guard
+            let item = secret_item_new_for_dbus_path_sync(
+                servicePointer, path, SECRET_ITEM_NONE, cancellable.pointer, &error)
+        else {
+            _ = GLibError.take(&error)
+            return path
+        }
+        defer { g_object_unref(UnsafeMutableRawPointer(item)) }
+        return LibsecretStore.takeString(secret_item_get_label(item)) ?? path
+    }
+
+    /// The strings of a NULL-terminated `gchar **`.
+    private static func strings(_ vector: UnsafeMutablePointer<UnsafeMutablePointer<gchar>?>?) -> [String] {
+        var out: [String] = []
+        var cursor = vector
+        while let entry = cursor?.pointee {
+            out.append(String(cString: entry))
+            cursor = cursor! + 1
+        }
+        return out
     }
 
     /// The attributes every search of this instance narrows by: its scope (and a provider).

@@ -161,6 +161,34 @@ struct DaemonTests {
         #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
     }
 
+    @Test("Should start past a stored item that is not a session record, naming it by its label, and keep the rest")
+    func unreadableItemIsReported() throws {
+        let fixture = try DaemonFixture(start: false)
+        let good = uniqueName("good")
+        let broken = uniqueName("broken")
+        let record = SessionRecord(
+            account: Account(provider: "demo", user: good), user: UserProfile(uid: good),
+            tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
+            expiresAt: nil, ownerUID: getuid())
+        #expect(try storeRecordWithSecretTool(record, scope: fixture.scope).status == 0)
+        let garbage = try runCommand(
+            URL(fileURLWithPath: "/usr/bin/secret-tool"),
+            [
+                "store", "--label=vaultd: \(broken) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
+                "user", broken, "owner_uid", String(getuid()), "scope", fixture.scope,
+            ], input: "not a record")
+        #expect(garbage.status == 0, "\(garbage.stderr)")
+        let daemon = try fixture.start()
+        #expect(
+            daemon.output.text.contains(
+                #"a stored item could not be read as a session and is ignored item="vaultd: \#(broken) @ demo""#),
+            "\(daemon.output.text)")
+        #expect(try vaultctl(fixture.socketPath, ["token", "demo", good]).stdout.hasPrefix(DaemonTests.token))
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", good]).status == 0)
+        _ = try runCommand(
+            URL(fileURLWithPath: "/usr/bin/secret-tool"), ["clear", "provider", "demo", "user", broken])
+    }
+
     @Test("Should finish at start-up a logout that a crash interrupted")
     func halfLoggedOutRecordIsFinished() throws {
         let fixture = try DaemonFixture(start: false)
