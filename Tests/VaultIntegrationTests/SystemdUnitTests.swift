@@ -198,6 +198,7 @@ private final class SystemInstance {
     let process = Process()
     let output: OutputCollector
     private let stdout: OutputCollector
+    private let directory: TemporaryDirectory
 
     static func environment(_ dir: TemporaryDirectory) -> [String: String] {
         [
@@ -208,6 +209,7 @@ private final class SystemInstance {
 
     /// Starts the wrapper and waits (bounded) for vaultd's ready line.
     init(directory: TemporaryDirectory, socket: String) throws {
+        self.directory = directory
         process.executableURL = SystemdUnitTests.wrapper
         process.arguments = [
             Binaries.vaultd.path, "--socket", socket, "--log-level", "debug", "--config",
@@ -234,8 +236,15 @@ private final class SystemInstance {
     }
 
     /// Sends SIGTERM and waits (bounded) for the exit; returns the exit status.
+    /// The wrapper's bus and keyring outlive vaultd (under systemd the cgroup
+    /// ends them) and may hold its output open, and Foundation reports the
+    /// exit only once the output closed: so once vaultd itself has exited
+    /// (a zombie, or reaped), they are stopped too.
     func stop() -> Int32 {
-        if process.isRunning { kill(process.processIdentifier, SIGTERM) }
+        let pid = process.processIdentifier
+        if process.isRunning { kill(pid, SIGTERM) }
+        for _ in 0..<2000 where !Self.hasExited(pid) { usleep(10_000) }
+        SystemdUnitTests.killProcesses(mentioning: directory.url.path)
         _ = output.waitForEnd(seconds: 20)
         let deadline = Date().addingTimeInterval(20)
         while process.isRunning && Date() < deadline { usleep(10_000) }
@@ -248,4 +257,12 @@ private final class SystemInstance {
     }
 
     deinit { if process.isRunning { _ = stop() } }
+
+    /// True when `pid` has exited: no longer in /proc, or a zombie.
+    static func hasExited(_ pid: Int32) -> Bool {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+            let close = stat.lastIndex(of: ")")
+        else { return true }
+        return stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).hasPrefix("Z")
+    }
 }
