@@ -314,6 +314,16 @@ dwarf`, valgrind massif on a copy stripped of debug info, glibc
 | Start-up with {nsess:,} sessions | 3,317 ms | {f(stmed(str(nsess), 'ready_ms'), 0, ' ms')} | the same D-Bus path reads; `STATUS=` kept as running counts instead of a sorted scan after every change |
 | Idle CPU, 100,000 scheduled sessions | not measured | {idle_measured.split(' (')[0]} | `vaultd --memory-store` exists for this figure |
 
+What is left of the p99 at 32 connections: `perf` puts about 60% of vaultd's
+CPU per GetToken in the kernel's `recv`/`send` path, the same work, in
+microseconds, as the floor's; the rest (about 5 µs: JSON parse, access check,
+audit line, reply) is vaultd's own. The floor answers each connection on a
+thread of its own and so uses both CPUs; vaultd serves every connection from
+one epoll thread, so at 32 connections a request that arrives while a round
+of 32 is being answered waits for that round. Lowering this further means
+either less work per request or a second serving thread (connections split
+between two epoll loops); neither is done yet.
+
 ## Request/response over the Unix socket
 
 vaultd holds {nsess:,} logged-in sessions (demo provider, static tokens). Each
@@ -370,7 +380,8 @@ before and after {f(idle['seconds']) if idle else 'the'} s idle (10 ms ticks;
 schedstat gives the same in ns, summed over threads).{' Quick mode: 20,000 sessions and 10 s instead of 100,000 and 30 s.' if mode == 'quick' else ''}
 Its RSS per session ((RSS after the logins − RSS empty) / sessions) is a
 cleaner per-session figure than the keyring one above: no libsecret or
-D-Bus buffers grow with it.
+D-Bus buffers grow with it. (Its empty RSS includes libcurl, which vaultd
+loads for the oauth2 provider.)
 
 {scale_table}
 

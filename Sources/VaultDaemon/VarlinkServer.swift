@@ -77,8 +77,9 @@ public final class VarlinkServer: @unchecked Sendable {
         Glibc.close(wakeFD)
     }
 
-    /// Serves until SIGTERM or SIGINT, then waits (at most `drainSeconds`) for
-    /// deferred calls in flight to be answered, and returns the signal.
+    /// Serves until SIGTERM or SIGINT, then (for at most `drainSeconds`)
+    /// answers every call clients already sent, deferred ones included, and
+    /// sends every queued reply, and returns the signal.
     @discardableResult
     public func run(drainSeconds: Int = 10) -> Int32 {
         var events = [vaultd_event](repeating: vaultd_event(), count: 256)
@@ -86,10 +87,9 @@ public final class VarlinkServer: @unchecked Sendable {
         var drainDeadline: UInt64 = 0
         var nextWatchdog = hooks.watchdogIntervalMilliseconds.map { Monotonic.milliseconds() + UInt64($0) }
         while true {
-            if stopping {
-                let busy = connections.values.contains { $0.busy }
-                if !busy || Monotonic.milliseconds() >= drainDeadline { break }
-            }
+            // A connection closes once it is done (see `process`): the drain
+            // ends when all are, or at the deadline.
+            if stopping && (connections.isEmpty || Monotonic.milliseconds() >= drainDeadline) { break }
             var timeout: Int32 = stopping ? 100 : -1
             if !dropping.isEmpty {
                 let now = Monotonic.milliseconds()
@@ -236,7 +236,9 @@ public final class VarlinkServer: @unchecked Sendable {
             flush(connection)
             disconnect(connection)
         }
-        for connection in connections.values where !connection.busy { disconnect(connection) }
+        // The others answer what they sent, with "stopping" for calls not yet
+        // started, and close once their replies are out.
+        for connection in connections.values where !connection.busy && !connection.closed { process(connection) }
     }
 
     private func acceptAll() {
@@ -445,7 +447,7 @@ public final class VarlinkServer: @unchecked Sendable {
         flush(connection)
         if connection.closed { return }
         let idle = !connection.busy && connection.pendingOutput == 0
-        if idle && (connection.peerClosedInput || stopping) {
+        if idle && (connection.peerClosedInput || (stopping && !VarlinkServer.hasUnreadInput(connection.fd))) {
             disconnect(connection)
             return
         }
@@ -548,6 +550,12 @@ public final class VarlinkServer: @unchecked Sendable {
             connection.output.removeAll(keepingCapacity: connection.output.capacity <= 65536)
             connection.outputOffset = 0
         }
+    }
+
+    /// True when the peer sent bytes not read yet.
+    private static func hasUnreadInput(_ fd: Int32) -> Bool {
+        var byte: UInt8 = 0
+        return recv(fd, &byte, 1, Int32(MSG_PEEK) | Int32(MSG_DONTWAIT)) > 0
     }
 
     private func updateInterest(_ connection: Connection) {

@@ -186,6 +186,51 @@ struct ServiceManagerTests {
         }
     }
 
+    @Test("Should answer on SIGTERM every call a client sent, even one that had not read its replies yet")
+    func stopAnswersEverythingSent() throws {
+        let fixture = try DaemonFixture()
+        let daemon = try #require(fixture.daemon)
+        let user = uniqueName("drain")
+        #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token).status == 0)
+        // Pipelined calls, none of whose replies is read yet: vaultd answers
+        // until about 1 MiB of replies waits, then stops reading.
+        let connection = try RawConnection(fixture.socketPath)
+        let call =
+            Array(
+                JSON.object([
+                    "method": .string(VaultMethod.getSession.rawValue),
+                    "parameters": ["provider": "demo", "user": .string(user)],
+                ]).text.utf8) + [0]
+        // One buffer of many calls, sent as fast as vaultd reads it, until it
+        // stops reading (its queue of replies is full) or all is sent.
+        let calls = Array([[UInt8]](repeating: call, count: 12_000).joined())
+        var sentBytes = 0
+        while sentBytes < calls.count {
+            var ready = pollfd(fd: connection.fd, events: Int16(POLLOUT), revents: 0)
+            guard poll(&ready, 1, 500) > 0 else { break }
+            let n = calls[sentBytes...].withUnsafeBytes {
+                Glibc.send(connection.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT))
+            }
+            if n > 0 { sentBytes += n } else if errno != EAGAIN && errno != EINTR { break }
+        }
+        let sent = sentBytes / call.count
+        // A call cut in half is never answered: end the input there.
+        if sentBytes % call.count != 0 { shutdown(connection.fd, Int32(SHUT_WR)) }
+        #expect(sent > 4000, "enough calls to queue more than vaultd's 1 MiB of replies")
+        #expect(daemon.output.wait(for: "audit action=Login"))
+        kill(daemon.process.processIdentifier, SIGTERM)
+        var answered = 0
+        var stopping = 0
+        while let reply = try connection.receive() {
+            answered += 1
+            if reply.error != nil { stopping += 1 }
+        }
+        #expect(answered == sent, "\(answered) of \(sent) calls answered, \(stopping) with 'stopping'")
+        #expect(daemon.waitForExit() == 0)
+        try fixture.start()
+        _ = try vaultctl(fixture.socketPath, ["logout", "demo", user])
+    }
+
     @Test("Should apply a good configuration on SIGHUP and keep sessions of removed providers")
     func reloadGoodConfig() throws {
         let fixture = try DaemonFixture(start: false)
