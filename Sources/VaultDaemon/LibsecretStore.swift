@@ -97,7 +97,9 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         providerSecretSchema = secret_schema_newv(
             LibsecretStore.providerSecretSchemaName, SECRET_SCHEMA_NONE, secretTypes.table)
         let pendingTypes = GHashTableBox()
-        for name in ["provider", "user", "scope"] { g_hash_table_insert(pendingTypes.table, g_strdup(name), nil) }
+        for name in ["provider", "user", "scope", "revocation"] {
+            g_hash_table_insert(pendingTypes.table, g_strdup(name), nil)
+        }
         pendingRevocationSchema = secret_schema_newv(
             LibsecretStore.pendingRevocationSchemaName, SECRET_SCHEMA_NONE, pendingTypes.table)
     }
@@ -207,27 +209,35 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         }
     }
 
-    public func savePendingRevocation(_ record: SessionRecord) async throws(VaultError) {
+    /// The queued revocation's document: the record, with the revocation's id.
+    static let revocationIDMember = "revocationId"
+
+    public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        let record = revocation.record
         let what = "queueing the revocation of \(record.account)"
         try await perform(what) { cancellable throws(VaultError) in
-            var document = record.storedJSON().serialized()
+            guard case .object(var members) = record.storedJSON() else { return }
+            members[LibsecretStore.revocationIDMember] = .string(revocation.id)
+            var document = JSON.object(members).serialized()
             defer { document.wipe() }
             try self.store(
-                self.pendingRevocationSchema, self.attributes(record.account, owner: nil),
+                self.pendingRevocationSchema, self.revocationAttributes(record.account, id: revocation.id),
                 "vaultd: revocation pending for \(record.account)", document, "application/json", cancellable, what)
         }
     }
 
-    public func deletePendingRevocation(_ account: Account) async throws(VaultError) {
+    public func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        let account = revocation.record.account
         let what = "removing the queued revocation of \(account)"
         try await perform(what) { cancellable throws(VaultError) in
-            try self.clear(self.pendingRevocationSchema, self.attributes(account, owner: nil), cancellable, what)
+            try self.clear(
+                self.pendingRevocationSchema, self.revocationAttributes(account, id: revocation.id), cancellable, what)
         }
     }
 
-    public func loadPendingRevocations() async throws(VaultError) -> [SessionRecord] {
-        try await perform("reading queued revocations") { cancellable throws(VaultError) -> [SessionRecord] in
-            var records: [SessionRecord] = []
+    public func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
+        try await perform("reading queued revocations") { cancellable throws(VaultError) -> [PendingRevocation] in
+            var revocations: [PendingRevocation] = []
             let items = try self.search(
                 self.pendingRevocationSchema, self.scopeAttributes(), cancellable, "reading queued revocations")
             for var item in items {
@@ -235,11 +245,20 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
                 if let secret = item.secret, let json = try? JSON.parse(secret),
                     let record = try? SessionRecord(storedJSON: json)
                 {
-                    records.append(record)
+                    // One queued before revocations had ids is found (and removed) by its account alone.
+                    let id = json[LibsecretStore.revocationIDMember]?.stringValue ?? ""
+                    revocations.append(PendingRevocation(id: id, record: record))
                 }
             }
-            return records
+            return revocations
         }
+    }
+
+    /// The attributes of one queued revocation; without an id, every one of the account.
+    private func revocationAttributes(_ account: Account, id: String) -> GHashTableBox {
+        let table = attributes(account, owner: nil)
+        if !id.isEmpty { g_hash_table_insert(table.table, g_strdup("revocation"), g_strdup(id)) }
+        return table
     }
 
     // MARK: The three Secret Service calls (on the store's queue)

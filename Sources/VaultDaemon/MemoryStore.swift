@@ -13,7 +13,7 @@ public final class MemoryStore: SessionStore {
     private struct Contents {
         var records: [Account: SessionRecord] = [:]
         var providerSecrets: [String: Secret] = [:]
-        var pendingRevocations: [Account: SessionRecord] = [:]
+        var pendingRevocations: [String: PendingRevocation] = [:]
     }
 
     private let contents = Mutex(Contents())
@@ -51,18 +51,20 @@ public final class MemoryStore: SessionStore {
         contents.withLock { $0.providerSecrets[provider] }
     }
 
-    /// Queues the revocation of a logged-out session's tokens (one per account).
-    public func savePendingRevocation(_ record: SessionRecord) async throws(VaultError) {
-        contents.withLock { $0.pendingRevocations[record.account] = record }
+    /// Queues the revocation of a logged-out session's tokens.
+    public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        contents.withLock { $0.pendingRevocations[revocation.id] = revocation }
     }
 
-    /// Removes the queued revocation of `account`, if any.
-    public func deletePendingRevocation(_ account: Account) async throws(VaultError) {
-        contents.withLock { _ = $0.pendingRevocations.removeValue(forKey: account) }
+    /// Removes one queued revocation, if it is there.
+    public func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        contents.withLock { _ = $0.pendingRevocations.removeValue(forKey: revocation.id) }
     }
 
     /// Every queued revocation, in account order.
-    public func loadPendingRevocations() async throws(VaultError) -> [SessionRecord] {
-        contents.withLock { $0.pendingRevocations.values.sorted { $0.account < $1.account } }
+    public func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
+        contents.withLock {
+            $0.pendingRevocations.values.sorted { ($0.record.account, $0.id) < ($1.record.account, $1.id) }
+        }
     }
 }

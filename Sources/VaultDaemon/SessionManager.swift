@@ -693,24 +693,26 @@ public actor SessionManager {
         let store = self.store
         let log = self.log
         Task.detached {
-            await SessionManager.revoke(record, provider: provider, store: store, log: log, queued: false)
+            await SessionManager.revoke(
+                PendingRevocation(queueing: record), provider: provider, store: store, log: log, queued: false)
         }
     }
 
     private static func revoke(
-        _ record: SessionRecord, provider: any TokenProvider, store: any SessionStore, log: Logger, queued: Bool
+        _ revocation: PendingRevocation, provider: any TokenProvider, store: any SessionStore, log: Logger,
+        queued: Bool
     ) async {
-        let account = record.account
+        let account = revocation.record.account
         let fields = ["provider": account.provider, "user": account.user]
         var isQueued = queued
         for attempt in 1...10 {
-            if await provider.revoke(record) {
-                if isQueued { try? await store.deletePendingRevocation(account) }
+            if await provider.revoke(revocation.record) {
+                if isQueued { try? await store.deletePendingRevocation(revocation) }
                 return
             }
             if !isQueued {
                 do throws(VaultError) {
-                    try await store.savePendingRevocation(record)
+                    try await store.savePendingRevocation(revocation)
                     isQueued = true
                 } catch {
                     log.warning("a failed revocation could not be queued in the store", fields)
@@ -727,12 +729,12 @@ public actor SessionManager {
     /// Retries the revocations a previous run queued and could not finish.
     public func resumePendingRevocations() async {
         guard let pending = try? await store.loadPendingRevocations() else { return }
-        for record in pending {
-            guard let provider = client(for: record.account.provider) else { continue }
+        for revocation in pending {
+            guard let provider = client(for: revocation.record.account.provider) else { continue }
             let store = self.store
             let log = self.log
             Task.detached {
-                await SessionManager.revoke(record, provider: provider, store: store, log: log, queued: true)
+                await SessionManager.revoke(revocation, provider: provider, store: store, log: log, queued: true)
             }
         }
     }

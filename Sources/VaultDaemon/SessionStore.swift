@@ -14,6 +14,32 @@ public struct StoreContents: Sendable {
     }
 }
 
+/// A revocation that failed and waits to be tried again: the tokens of a
+/// session that ended, under an id of its own, so that two sessions of one
+/// account that both ended unrevoked are both kept.
+public struct PendingRevocation: Sendable, Equatable {
+    /// Random, unique per queued revocation; says nothing about the tokens.
+    public var id: String
+    /// The record whose tokens are to be revoked.
+    public var record: SessionRecord
+
+    /// A revocation with the given id.
+    public init(id: String, record: SessionRecord) {
+        self.id = id
+        self.record = record
+    }
+
+    /// A revocation of `record` under a new random id.
+    public init(queueing record: SessionRecord) {
+        var generator = SystemRandomNumberGenerator()
+        let high = String(generator.next(), radix: 16)
+        let low = String(generator.next(), radix: 16)
+        self.init(
+            id: String(repeating: "0", count: 16 - high.count) + high + String(repeating: "0", count: 16 - low.count)
+                + low, record: record)
+    }
+}
+
 /// Where session records are kept. Every call may block on D-Bus, so the
 /// implementation runs it away from the caller's executor; callers just await.
 public protocol SessionStore: Sendable {
@@ -30,9 +56,9 @@ public protocol SessionStore: Sendable {
     /// The client secret of `provider`, if one was stored.
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret?
     /// Queues the revocation of a logged-out session's tokens.
-    func savePendingRevocation(_ record: SessionRecord) async throws(VaultError)
-    /// Removes a queued revocation.
-    func deletePendingRevocation(_ account: Account) async throws(VaultError)
+    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError)
+    /// Removes a queued revocation (that one only, by its id).
+    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError)
     /// Every queued revocation.
-    func loadPendingRevocations() async throws(VaultError) -> [SessionRecord]
+    func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation]
 }

@@ -50,9 +50,16 @@ struct MemoryStoreTests {
         try await store.saveProviderSecret("oauth", Secret("client-secret"))
         #expect(try await store.loadProviderSecret("oauth")?.revealed == "client-secret")
 
-        try await store.savePendingRevocation(Self.record("oauth", "carol", token: "c"))
-        #expect(try await store.loadPendingRevocations().map(\.account.user) == ["carol"])
-        try await store.deletePendingRevocation(Account(provider: "oauth", user: "carol"))
+        // Two revocations of one account are both kept, and removed one at a time.
+        let first = PendingRevocation(queueing: Self.record("oauth", "carol", token: "c1"))
+        let second = PendingRevocation(queueing: Self.record("oauth", "carol", token: "c2"))
+        #expect(first.id != second.id)
+        try await store.savePendingRevocation(first)
+        try await store.savePendingRevocation(second)
+        #expect(Set(try await store.loadPendingRevocations().map(\.id)) == [first.id, second.id])
+        try await store.deletePendingRevocation(first)
+        #expect(try await store.loadPendingRevocations() == [second])
+        try await store.deletePendingRevocation(second)
         #expect(try await store.loadPendingRevocations().isEmpty)
         #expect(try await store.loadAll().records.count == 1, "revocations are kept apart from sessions")
     }
