@@ -572,7 +572,10 @@ public actor SessionManager {
         let outcome = await provider.refresh(snapshot)
         // The session may have ended, or been replaced, while the request was out.
         guard case .loggedIn(let current)? = machines[account]?.state, current.tokens == snapshot.tokens
-        else { return .failure(.notLoggedIn(account)) }
+        else {
+            if case .refreshed(let tokens, _) = outcome { revokeOrphaned(tokens, of: snapshot) }
+            return .failure(.notLoggedIn(account))
+        }
         let now = clock.now()
         switch outcome {
         case .refreshed(var tokens, let expiresIn):
@@ -602,6 +605,7 @@ public actor SessionManager {
                 // The session ended or was replaced while the write was out: put the
                 // current record back if it is another session's.
                 if case .loggedIn(let again)? = machines[account]?.state { try? await store.save(again) }
+                if case .refreshed(let issued, _) = outcome { revokeOrphaned(issued, of: snapshot) }
                 return .failure(.notLoggedIn(account))
             }
             machines[account]?.refreshed(updated)
@@ -696,6 +700,20 @@ public actor SessionManager {
             await SessionManager.revoke(
                 PendingRevocation(queueing: record), provider: provider, store: store, log: log, queued: false)
         }
+    }
+
+    /// Revokes tokens a refresh obtained for a session that ended (or was
+    /// replaced) while the request was out: nobody will use them, and they
+    /// would stay valid at the provider. Only a new refresh token needs it; an
+    /// unrotated one is the ended session's, which its logout revokes.
+    private func revokeOrphaned(_ issued: TokenSet, of snapshot: SessionRecord) {
+        guard let rotated = issued.refreshToken, rotated != snapshot.tokens.refreshToken else { return }
+        var orphan = snapshot
+        orphan.tokens = issued
+        log.info(
+            "a refresh finished after its session ended; the tokens it obtained are revoked",
+            fields(snapshot.account, event: "revokeOrphaned"))
+        revokeAtProvider(orphan)
     }
 
     private static func revoke(

@@ -286,6 +286,37 @@ struct RefreshTests {
         #expect(stillQueued == 0)
     }
 
+    @Test("Should revoke the tokens of a refresh that finished after its session was logged out")
+    func refreshOutlivingItsSession() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, _) = try start(server, revocation: true)
+        let user = uniqueName("orphan")
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        // The token endpoint issues new tokens at once but answers 2 s later.
+        try await server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 2])
+        let socket = fixture.socketPath
+        let refresh = Task.detached { try vaultctl(socket, ["refresh", "oauth", user]) }
+        var asked: Int64 = 0
+        for _ in 0..<200 where asked == 0 {
+            asked = try await server.stats()["refresh_requests"]?.integerValue ?? 0
+            if asked == 0 { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(asked == 1, "the refresh is out")
+        #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
+        let refreshed = try await refresh.value
+        #expect(refreshed.status == 1, "the session ended meanwhile: \(refreshed.stdout)")
+        // The logout revokes the old refresh token; the refresh's new one is revoked too.
+        var revoked: [JSON] = []
+        for _ in 0..<200 where revoked.count < 2 {
+            revoked = try await server.stats()["revocations"]?.arrayValue ?? []
+            if revoked.count < 2 { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(revoked.count == 2, "\(revoked)")
+        #expect(Set(revoked.compactMap { $0["token"]?.stringValue }).count == 2, "two different refresh tokens")
+        #expect(revoked.allSatisfy { $0["kind"]?.stringValue == "refresh_token" })
+    }
+
     @Test("Should revoke the refresh token at the provider at logout")
     func revocationAtLogout() async throws {
         let server = try TokenServer(["--lifetime", "600"])

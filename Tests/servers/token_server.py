@@ -18,10 +18,11 @@ Endpoints
   POST /revoke    RFC 7009: token, token_type_hint. Always 200, empty body.
                   A refresh token revokes its whole grant; an access token only itself.
   GET  /resource  Authorization: Bearer AT -> 200 {"ok":true} if AT is live, else 401.
-  POST /control/mode   JSON {"mode": normal|error500|error429|hang|garbage|invalid_grant,
+  POST /control/mode   JSON {"mode": normal|error500|error429|hang|slow|garbage|invalid_grant,
                        "retry_after": 1, "count": N (absent/null: until changed),
                        "hang_seconds": 60, "target": "token"|"revoke"|"both"}
-                       The next N requests to the target endpoint(s) fail that way.
+                       The next N requests to the target endpoint(s) fail that way;
+                       "slow" succeeds but holds the answer for hang_seconds.
   GET  /control/stats  counters (see Stats.snapshot); POST /control/reset zeroes them
                        (tokens and the failure mode are kept).
 """
@@ -39,7 +40,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote_plus
 
-MODES = ("normal", "error500", "error429", "hang", "garbage", "invalid_grant")
+MODES = ("normal", "error500", "error429", "hang", "slow", "garbage", "invalid_grant")
 TARGETS = ("token", "revoke", "both")
 
 
@@ -341,7 +342,8 @@ class Handler(BaseHTTPRequestHandler):
         self._notes.append("grant_type=%s" % grant_type)
         if form.get("refresh_token"):
             self._notes.append("refresh_token=" + mask(form["refresh_token"]))
-        if failure:
+        slow = failure == "slow"
+        if failure and not slow:
             self._inject(failure)
             return
         if self._form(raw) is None:
@@ -408,6 +410,10 @@ class Handler(BaseHTTPRequestHandler):
         self._notes.append("-> access_token=" + mask(body["access_token"]))
         if "refresh_token" in body:
             self._notes.append("refresh_token=" + mask(body["refresh_token"]))
+        if slow:
+            # The tokens are issued; the client learns of them only later.
+            self._notes.append("injected=slow")
+            time.sleep(st.hang_seconds)
         self._send(200, body)
 
     def _revoke(self, raw):
@@ -465,6 +471,8 @@ class Handler(BaseHTTPRequestHandler):
             target = req.get("target", "token")
             if mode not in MODES or target not in TARGETS:
                 raise ValueError("mode must be one of %s, target one of %s" % (MODES, TARGETS))
+            if mode == "slow" and target != "token":
+                raise ValueError("slow is for the token endpoint only")
             if count is not None and (not isinstance(count, int) or count < 0):
                 raise ValueError("count must be a non-negative integer or null")
             if not isinstance(retry_after, int) or retry_after < 0:
