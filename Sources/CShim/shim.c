@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <spawn.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -99,3 +100,7 @@ void vaultd_explicit_bzero(void *p, size_t n) { explicit_bzero(p, n); }
 int vaultd_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
 
 int vaultd_malloc_trim(void) { return malloc_trim(0); }
+
+int vaultd_spawn_close_from(posix_spawn_file_actions_t *actions, int lowest) {
+    return posix_spawn_file_actions_addclosefrom_np(actions, lowest);
+}

@@ -153,10 +153,7 @@ public enum ConfigParser {
         for layer in layers { try scan(layer.text, file: layer.file, into: &merged) }
         var config = VaultConfig()
         if let timeout = merged.vault["StoreTimeout"] {
-            guard let seconds = DurationParser.seconds(timeout.value), seconds > 0 else {
-                throw timeout.error("key 'StoreTimeout': bad duration '\(timeout.value)' (e.g. 30 or 30s or 1min)")
-            }
-            config.storeTimeoutSeconds = seconds
+            config.storeTimeoutSeconds = try ConfigParser.timeout(timeout, key: "StoreTimeout")
         }
         if let group = merged.vault["AdminGroup"] {
             guard !group.value.isEmpty, !group.value.contains(" ") else {
@@ -249,8 +246,24 @@ public enum ConfigParser {
         if let lifetime = try duration("DefaultLifetime") { settings.defaultLifetime = lifetime }
         settings.maxSessionLifetime = try duration("MaxSessionLifetime")
         settings.clientSecretFile = section.entries["ClientSecretFile"]?.value
-        if let timeout = try duration("Timeout") { settings.timeoutSeconds = timeout }
+        if let timeout = section.entries["Timeout"] {
+            settings.timeoutSeconds = try ConfigParser.timeout(timeout, key: "Timeout")
+        }
         return settings
+    }
+
+    /// The longest a timeout may be: one hour.
+    public static let maximumTimeoutSeconds: Int64 = 3600
+
+    /// A timeout: a duration from 1 s to an hour.
+    static func timeout(_ entry: Entry, key: String) throws(VaultError) -> Int64 {
+        guard let seconds = DurationParser.seconds(entry.value), seconds > 0 else {
+            throw entry.error("key '\(key)': bad duration '\(entry.value)' (e.g. 30 or 15s or 1min)")
+        }
+        guard seconds <= maximumTimeoutSeconds else {
+            throw entry.error("key '\(key)': \(entry.value) is longer than the most allowed, 1h")
+        }
+        return seconds
     }
 
     static func execSettings(_ name: String, _ section: ProviderSection) throws(VaultError) -> ExecSettings {
@@ -264,10 +277,7 @@ public enum ConfigParser {
         }
         var settings = ExecSettings(command: argv)
         if let timeout = section.entries["Timeout"] {
-            guard let seconds = DurationParser.seconds(timeout.value), seconds > 0 else {
-                throw timeout.error("key 'Timeout': bad duration '\(timeout.value)' (e.g. 30 or 15s)")
-            }
-            settings.timeoutSeconds = seconds
+            settings.timeoutSeconds = try ConfigParser.timeout(timeout, key: "Timeout")
         }
         return settings
     }

@@ -40,6 +40,11 @@ struct ChildProcess: Sendable {
         posix_spawn_file_actions_adddup2(&actions, pipes[0].read, 0)
         posix_spawn_file_actions_adddup2(&actions, pipes[1].write, 1)
         posix_spawn_file_actions_adddup2(&actions, pipes[2].write, 2)
+        // Nothing else of vaultd's: descriptors opened without O_CLOEXEC (libcurl's
+        // sockets, for one) would otherwise reach the helper and its children.
+        guard vaultd_spawn_close_from(&actions, 3) == 0 else {
+            throw SystemError("posix_spawn_file_actions_addclosefrom_np", errno: ENOSYS)
+        }
 
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)

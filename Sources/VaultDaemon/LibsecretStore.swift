@@ -158,8 +158,10 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     private func loadAllOnce() async throws(VaultError) -> StoreContents {
         try await perform("reading sessions") { cancellable throws(VaultError) in
             var contents = StoreContents(records: [], unreadable: [])
-            for var item in try self.search(self.schema, self.scopeAttributes(), cancellable, "reading sessions") {
-                defer { item.wipe() }
+            // Wiped in place, through the array that holds the only copies.
+            var items = try self.search(self.schema, self.scopeAttributes(), cancellable, "reading sessions")
+            defer { for index in items.indices { items[index].wipe() } }
+            for item in items {
                 guard let secret = item.secret, let json = try? JSON.parse(secret),
                     let record = try? SessionRecord(storedJSON: json)
                 else {
@@ -213,17 +215,23 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     static let revocationIDMember = "revocationId"
 
     public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        let record = revocation.record
-        let what = "queueing the revocation of \(record.account)"
-        try await perform(what) { cancellable throws(VaultError) in
-            guard case .object(var members) = record.storedJSON() else { return }
-            members[LibsecretStore.revocationIDMember] = .string(revocation.id)
-            var document = JSON.object(members).serialized()
-            defer { document.wipe() }
-            try self.store(
-                self.pendingRevocationSchema, self.revocationAttributes(record.account, id: revocation.id),
-                "vaultd: revocation pending for \(record.account)", document, "application/json", cancellable, what)
+        try await perform("queueing the revocation of \(revocation.record.account)") {
+            cancellable throws(VaultError) in
+            try self.storeRevocation(revocation, cancellable)
         }
+    }
+
+    /// Writes one queued revocation: the record's document with the id added.
+    private func storeRevocation(_ revocation: PendingRevocation, _ cancellable: Cancellable) throws(VaultError) {
+        let record = revocation.record
+        guard case .object(var members) = record.storedJSON() else { return }
+        members[LibsecretStore.revocationIDMember] = .string(revocation.id)
+        var document = JSON.object(members).serialized()
+        defer { document.wipe() }
+        try store(
+            pendingRevocationSchema, revocationAttributes(record.account, id: revocation.id),
+            "vaultd: revocation pending for \(record.account)", document, "application/json", cancellable,
+            "queueing the revocation of \(record.account)")
     }
 
     public func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
@@ -238,26 +246,35 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     public func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
         try await perform("reading queued revocations") { cancellable throws(VaultError) -> [PendingRevocation] in
             var revocations: [PendingRevocation] = []
-            let items = try self.search(
+            var items = try self.search(
                 self.pendingRevocationSchema, self.scopeAttributes(), cancellable, "reading queued revocations")
-            for var item in items {
-                defer { item.wipe() }
-                if let secret = item.secret, let json = try? JSON.parse(secret),
+            defer { for index in items.indices { items[index].wipe() } }
+            for item in items {
+                guard let secret = item.secret, let json = try? JSON.parse(secret),
                     let record = try? SessionRecord(storedJSON: json)
-                {
-                    // One queued before revocations had ids is found (and removed) by its account alone.
-                    let id = json[LibsecretStore.revocationIDMember]?.stringValue ?? ""
+                else { continue }
+                if let id = json[LibsecretStore.revocationIDMember]?.stringValue, !id.isEmpty {
                     revocations.append(PendingRevocation(id: id, record: record))
+                    continue
                 }
+                // Queued before revocations had ids: queued again under one, and the
+                // old item removed by its path (its attributes would match them all).
+                let revocation = PendingRevocation(queueing: record)
+                try self.storeRevocation(revocation, cancellable)
+                var error: UnsafeMutablePointer<GError>? = nil
+                _ = secret_service_delete_item_dbus_path_sync(
+                    self.servicePointer, item.path, cancellable.pointer, &error)
+                if let reason = GLibError.take(&error) { throw self.failure("reading queued revocations", reason) }
+                revocations.append(revocation)
             }
             return revocations
         }
     }
 
-    /// The attributes of one queued revocation; without an id, every one of the account.
+    /// The attributes of one queued revocation.
     private func revocationAttributes(_ account: Account, id: String) -> GHashTableBox {
         let table = attributes(account, owner: nil)
-        if !id.isEmpty { g_hash_table_insert(table.table, g_strdup("revocation"), g_strdup(id)) }
+        g_hash_table_insert(table.table, g_strdup("revocation"), g_strdup(id))
         return table
     }
 

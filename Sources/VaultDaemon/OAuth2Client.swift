@@ -49,13 +49,15 @@ public struct OAuth2Client: Sendable {
     }
 
     private func requestTokens(_ parameters: [(String, String)]) async -> RefreshOutcome {
-        let response: HTTPResponse
+        var response: HTTPResponse
         do {
             response = try await HTTPClient.postForm(
                 settings.tokenURL, parameters + clientAuthentication, timeoutSeconds: timeoutSeconds)
         } catch {
             return .transient(reason: "token endpoint unreachable: \(error.reason)", retryAfter: nil)
         }
+        // The body holds the new tokens: wipe it once they are taken.
+        defer { response.body.wipe() }
         return OAuth2Client.classify(status: response.status, body: response.body, retryAfter: response.retryAfter)
     }
 

@@ -102,8 +102,12 @@ public struct ExecProvider: TokenProvider {
 
     /// Runs the helper once and sorts its answer.
     func run(_ input: [String: JSON], _ knownSecrets: [String]) async -> RefreshOutcome {
-        let result = await ExecProvider.spawn(
-            settings.command, input: JSON.object(input).serialized(), timeoutSeconds: settings.timeoutSeconds)
+        var result = await ExecProvider.spawn(settings.command, input: input, timeoutSeconds: settings.timeoutSeconds)
+        // The helper's answer holds tokens: wipe it once it is read.
+        defer {
+            result.stdout.wipe()
+            result.stderr.wipe()
+        }
         let action = input["action"]?.stringValue ?? "?"
         if !result.stderr.isEmpty {
             // Mask every token vaultd knows, and the ones the helper just printed.
@@ -147,10 +151,13 @@ public struct ExecProvider: TokenProvider {
     /// Starts `argv` (no shell), feeds `input`, collects bounded output, and
     /// kills it at the deadline. Blocking waits happen on Dispatch threads, not
     /// on the cooperative pool.
-    static func spawn(_ argv: [String], input: [UInt8], timeoutSeconds: Int64) async -> RunResult {
+    static func spawn(_ argv: [String], input: [String: JSON], timeoutSeconds: Int64) async -> RunResult {
         await withCheckedContinuation { (continuation: CheckedContinuation<RunResult, Never>) in
             DispatchQueue.global().async {
-                continuation.resume(returning: spawnBlocking(argv, input: input, timeoutSeconds: timeoutSeconds))
+                // Serialized here, so that this is the only copy of the input and wiping it counts.
+                var bytes = JSON.object(input).serialized()
+                defer { bytes.wipe() }
+                continuation.resume(returning: spawnBlocking(argv, input: bytes, timeoutSeconds: timeoutSeconds))
             }
         }
     }
@@ -181,6 +188,9 @@ public struct ExecProvider: TokenProvider {
             (fd: child.stdout, limit: maximumOutput, data: [UInt8](), open: true),
             (fd: child.stderr, limit: 8192, data: [UInt8](), open: true),
         ]
+        // Room for all that is kept up front: a buffer that grew would leave
+        // copies of the helper's answer behind in freed memory.
+        for index in streams.indices { streams[index].data.reserveCapacity(streams[index].limit + 1) }
         let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
         var exitedAt: UInt64?
         var exitStatus: Int32?
@@ -202,8 +212,11 @@ public struct ExecProvider: TokenProvider {
             if exitedAt == nil, reapIfExited() { exitedAt = now }
             if let exitedAt, now > exitedAt + 200 { break }
             if now >= deadline {
-                kill(child.pid, SIGKILL)
-                result.failure = "the helper \(argv[0]) did not finish within \(timeoutSeconds)s and was killed"
+                // A helper that exited just now is not killed (its pid may be reused).
+                if exitStatus == nil {
+                    kill(child.pid, SIGKILL)
+                    result.failure = "the helper \(argv[0]) did not finish within \(timeoutSeconds)s and was killed"
+                }
                 break
             }
             var fds = streams.filter { $0.open }.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
@@ -228,6 +241,14 @@ public struct ExecProvider: TokenProvider {
         if !reapIfExited() {
             kill(child.pid, SIGKILL)
             for _ in 0..<500 where !reapIfExited() { usleep(10_000) }
+            if exitStatus == nil {
+                // Killed but not gone yet (stuck in the kernel): reap it whenever it goes.
+                let pid = child.pid
+                DispatchQueue.global().async {
+                    var status: Int32 = 0
+                    _ = waitpid(pid, &status, 0)
+                }
+            }
         }
         buffer.wipe()
         result.status = exitStatus ?? -1

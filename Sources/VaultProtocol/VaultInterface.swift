@@ -72,7 +72,10 @@ public enum VaultInterface {
           expiresAt: ?int
         ) -> (session: Session, created: bool)
 
-        # Logs an account out and deletes its stored session.
+        # Logs an account out and deletes its stored session. Subscribers get
+        # logoutSuccess as soon as the token is no longer handed out; the reply comes
+        # once the secret store is updated (if that fails, the reply is the error,
+        # subscribers get logoutFailed and the session is served again).
         method Logout(provider: string, user: string) -> ()
 
         # The session of one account (getLoggedInUser).

@@ -63,7 +63,7 @@ struct ConfigParserTests {
         #expect(config.providers["a"]?.description == "a=b c")
     }
 
-    @Test("Should read [Vault] StoreTimeout as a duration", arguments: [("1min", 60), ("45", 45), ("1h 30min", 5400)])
+    @Test("Should read [Vault] StoreTimeout as a duration", arguments: [("1min", 60), ("45", 45), ("59min 60s", 3600)])
     func storeTimeout(value: String, seconds: Int64) throws {
         #expect(try parse("[Vault]", "StoreTimeout=\(value)").storeTimeoutSeconds == seconds)
     }
@@ -74,6 +74,25 @@ struct ConfigParserTests {
         #expect(error.message.hasPrefix("\(file):3: "))
         #expect(error.message.contains("'StoreTimeout'"))
         #expect(error.message.contains("'\(value)'"))
+    }
+
+    @Test(
+        "Should refuse a timeout longer than an hour, however large, naming the key and the limit",
+        arguments: [
+            ["[Vault]", "StoreTimeout=1h 1s"],
+            [
+                "[Provider o]", "Type=oauth2", "TokenURL=https://example.com/t", "ClientID=c",
+                "Timeout=9999999999999999",
+            ],
+            ["[Provider e]", "Type=exec", "Command=/bin/true", "Timeout=2h"],
+        ])
+    func timeoutOverAnHour(lines: [String]) throws {
+        let error = try #require(throws: VaultError.self) {
+            try ConfigParser.parse(lines.joined(separator: "\n"), file: file)
+        }
+        #expect(error.code == .invalidConfig)
+        #expect(error.message.hasPrefix("\(file):\(lines.count): key '"), "\(error.message)")
+        #expect(error.message.hasSuffix("is longer than the most allowed, 1h"), "\(error.message)")
     }
 
     @Test("Should refuse an unknown key in a provider section, naming file, line and key")

@@ -24,10 +24,18 @@ struct SessionRecordCopyTests {
 
     @Test("Should compare by content, whether or not two records share storage")
     func equalityByContent() {
+        // Separate storage, same content.
         #expect(Fixtures.fullRecord() == Fixtures.fullRecord())
         #expect(Fixtures.record(owner: 1) != Fixtures.record(owner: 2))
-        var same = Fixtures.record()
-        same.ownerUID = 1000
-        #expect(same == Fixtures.record())
+        // Shared storage until one copy changes; set back, equal again.
+        let original = Fixtures.record(owner: 1)
+        let shared = original
+        var changed = original
+        changed.ownerUID = 2
+        #expect(shared == original)
+        #expect(changed != shared)
+        #expect(shared.ownerUID == 1)
+        changed.ownerUID = 1
+        #expect(changed == original)
     }
 }

@@ -129,6 +129,41 @@ struct ExecProviderTests {
         _ = try vaultctl(fixture.socketPath, ["logout", "state", "alice"])
     }
 
+    @Test("Should start a helper with no descriptor of vaultd's but its standard input, output and error")
+    func helperDescriptors() throws {
+        let fixture = try DaemonFixture(start: false)
+        let helper = fixture.directory.path("fd-helper")
+        // Python, not a shell: a shell keeps descriptors of its own. fstat opens nothing.
+        try """
+        #!/usr/bin/python3
+        import os, sys
+        sys.stdin.read()
+        found = []
+        for fd in range(3, 4096):
+            try:
+                os.fstat(fd)
+                found.append(str(fd))
+            except OSError:
+                pass
+        print('{"access_token": "fds-%s-end-padding-abcdefgh"}' % (".".join(found) or "none"))
+        """.write(toFile: helper, atomically: true, encoding: .utf8)
+        chmod(helper, 0o755)
+        // An oauth2 provider too, so that libcurl is loaded in vaultd.
+        try
+            "[Provider fds]\nType=exec\nCommand=\(helper)\n\n[Provider web]\nType=oauth2\nTokenURL=http://127.0.0.1:9/t\nClientID=c\n"
+            .write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.start()
+        // A subscriber keeps a connection open meanwhile.
+        let watcher = try RawConnection(fixture.socketPath)
+        try watcher.send(#"{"method":"io.vaultd.Vault.Subscribe","more":true,"parameters":{}}"#)
+        _ = try watcher.receive()
+        let login = try vaultctl(fixture.socketPath, ["login", "fds", "alice", "--from-provider"])
+        #expect(login.status == 0, "\(login.stderr)")
+        let token = try vaultctl(fixture.socketPath, ["token", "fds", "alice"]).stdout
+        #expect(token.hasPrefix("fds-none-end"), "descriptors inherited from vaultd: \(token)")
+        _ = try vaultctl(fixture.socketPath, ["logout", "fds", "alice"])
+    }
+
     @Test("Should take a helper's answer even when a child it left behind keeps its output open")
     func helperWithLingeringChild() throws {
         let fixture = try DaemonFixture(start: false)

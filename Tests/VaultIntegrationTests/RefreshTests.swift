@@ -286,6 +286,45 @@ struct RefreshTests {
         #expect(stillQueued == 0)
     }
 
+    @Test("Should take over a revocation queued before revocations had ids, revoke it, and leave none queued")
+    func legacyQueuedRevocation() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let fixture = try DaemonFixture(start: false)
+        try
+            "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=vaultd-test\nRevocationURL=\(server.url)/revoke\n"
+            .write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let user = uniqueName("legacy")
+        var tokens = TokenSet(accessToken: Secret("legacy_access_abcdefghijklmnop"))
+        tokens.refreshToken = Secret("lgcyrt_refresh_abcdefghijklmnop")
+        let record = SessionRecord(
+            account: Account(provider: "oauth", user: user), user: UserProfile(uid: user), tokens: tokens,
+            createdAt: UnixTime(seconds: 1), expiresAt: nil, ownerUID: getuid())
+        // As an earlier vaultd queued it: no revocation id, in its attributes or its document.
+        let stored = try runCommand(
+            URL(fileURLWithPath: "/usr/bin/secret-tool"),
+            [
+                "store", "--label=vaultd: revocation pending", "xdg:schema", "io.vaultd.PendingRevocation",
+                "provider", "oauth", "user", user, "scope", fixture.scope,
+            ], input: record.storedJSON().text)
+        #expect(stored.status == 0, "\(stored.stderr)")
+        try fixture.start()
+        var revoked: [JSON] = []
+        for _ in 0..<200 where revoked.isEmpty {
+            revoked = try await server.stats()["revocations"]?.arrayValue ?? []
+            if revoked.isEmpty { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(revoked.first?["token"]?.stringValue == "lgcyrt", "\(revoked)")
+        var left = "label ="
+        for _ in 0..<200 where left.contains("label =") {
+            let search = try runCommand(
+                URL(fileURLWithPath: "/usr/bin/secret-tool"),
+                ["search", "--all", "xdg:schema", "io.vaultd.PendingRevocation", "user", user])
+            left = search.stdout + search.stderr
+            if left.contains("label =") { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(!left.contains("label ="), "nothing stays queued: \(left)")
+    }
+
     @Test("Should revoke the tokens of a refresh that finished after its session was logged out")
     func refreshOutlivingItsSession() async throws {
         let server = try TokenServer(["--lifetime", "600"])

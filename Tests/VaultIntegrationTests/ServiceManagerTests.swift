@@ -221,11 +221,18 @@ struct ServiceManagerTests {
         kill(daemon.process.processIdentifier, SIGTERM)
         var answered = 0
         var stopping = 0
+        var otherErrors: [String] = []
         while let reply = try connection.receive() {
             answered += 1
-            if reply.error != nil { stopping += 1 }
+            if reply.parameters["message"]?.stringValue?.hasPrefix("vaultd is stopping") == true {
+                stopping += 1
+            } else if let error = reply.error {
+                otherErrors.append(error)
+            }
         }
         #expect(answered == sent, "\(answered) of \(sent) calls answered, \(stopping) with 'stopping'")
+        #expect(stopping > 0, "calls not started when SIGTERM came are answered 'stopping'")
+        #expect(otherErrors.isEmpty, "\(otherErrors.prefix(3))")
         #expect(daemon.waitForExit() == 0)
         try fixture.start()
         _ = try vaultctl(fixture.socketPath, ["logout", "demo", user])

@@ -4,6 +4,7 @@
 /* System calls that Swift's Glibc module does not export, as tiny wrappers.
  * No logic lives here. */
 
+#include <spawn.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -54,6 +55,10 @@ void vaultd_explicit_bzero(void *p, size_t n);
 
 /* pipe2(fds, O_CLOEXEC): a pipe no other child started meanwhile inherits. */
 int vaultd_pipe_cloexec(int fds[2]);
+
+/* posix_spawn_file_actions_addclosefrom_np: the child starts with no
+ * descriptor from `lowest` up (glibc 2.34+); 0 on success. */
+int vaultd_spawn_close_from(posix_spawn_file_actions_t *actions, int lowest);
 
 /* malloc_trim(0): returns freed heap memory of every arena to the system. */
 int vaultd_malloc_trim(void);
