@@ -95,28 +95,39 @@ struct ExecProviderTests {
         #expect(try vaultctl(fixture.socketPath, ["logout", "openim", "bob"]).status == 0)
     }
 
-    @Test("Should start a helper with no signal blocked or ignored and only the documented environment")
-    func helperProcessState() throws {
+    /// A daemon whose provider `name` runs `script` as its helper (extra
+    /// config lines follow the provider's), logged in once as alice through
+    /// it; returns the fixture and alice's token.
+    func loginThroughHelper(
+        _ name: String, extraConfig: String = "", script: (DaemonFixture) -> String
+    ) throws -> (DaemonFixture, String) {
         let fixture = try DaemonFixture(start: false)
-        let helper = fixture.directory.path("state-helper")
-        // The token reports what the helper inherited: blocked and ignored
-        // signal masks, and the names of its environment variables.
-        try """
-        #!/bin/sh
-        cat >/dev/null
-        blocked=$(sed -n 's/^SigBlk:[[:space:]]*//p' /proc/$$/status)
-        ignored=$(sed -n 's/^SigIgn:[[:space:]]*//p' /proc/$$/status)
-        names=$(env | cut -d= -f1 | grep -v '^PWD$' | sort | tr '\\n' '.')
-        printf '{"access_token":"blk-%s-ign-%s-env-%s"}' "$blocked" "$ignored" "$names"
-        """.write(toFile: helper, atomically: true, encoding: .utf8)
+        let helper = fixture.directory.path("\(name)-helper")
+        try script(fixture).write(toFile: helper, atomically: true, encoding: .utf8)
         chmod(helper, 0o755)
-        try "[Provider state]\nType=exec\nCommand=\(helper)\n".write(
+        try "[Provider \(name)]\nType=exec\nCommand=\(helper)\n\(extraConfig)".write(
             toFile: fixture.configPath, atomically: true, encoding: .utf8)
         try fixture.start()
-        let login = try vaultctl(fixture.socketPath, ["login", "state", "alice", "--from-provider"])
+        let login = try vaultctl(fixture.socketPath, ["login", name, "alice", "--from-provider"])
         #expect(login.status == 0, "\(login.stderr)")
-        let token = try vaultctl(fixture.socketPath, ["token", "state", "alice"]).stdout
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let token = try vaultctl(fixture.socketPath, ["token", name, "alice"]).stdout
+        return (fixture, token.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    @Test("Should start a helper with no signal blocked or ignored and only the documented environment")
+    func helperProcessState() throws {
+        // The token reports what the helper inherited: blocked and ignored
+        // signal masks, and the names of its environment variables.
+        let (fixture, token) = try loginThroughHelper("state") { _ in
+            """
+            #!/bin/sh
+            cat >/dev/null
+            blocked=$(sed -n 's/^SigBlk:[[:space:]]*//p' /proc/$$/status)
+            ignored=$(sed -n 's/^SigIgn:[[:space:]]*//p' /proc/$$/status)
+            names=$(env | cut -d= -f1 | grep -v '^PWD$' | sort | tr '\\n' '.')
+            printf '{"access_token":"blk-%s-ign-%s-env-%s"}' "$blocked" "$ignored" "$names"
+            """
+        }
         let parts = token.split(separator: "-", maxSplits: 5).map(String.init)
         try #require(parts.count == 6 && parts[0] == "blk" && parts[2] == "ign" && parts[4] == "env", "\(token)")
         // Signals 1 to 31; glibc keeps 32 and 33 for itself, beyond a program's reach.
@@ -131,61 +142,44 @@ struct ExecProviderTests {
 
     @Test("Should start a helper with no descriptor of vaultd's but its standard input, output and error")
     func helperDescriptors() throws {
-        let fixture = try DaemonFixture(start: false)
-        let helper = fixture.directory.path("fd-helper")
-        // Python, not a shell: a shell keeps descriptors of its own. fstat opens nothing.
-        try """
-        #!/usr/bin/python3
-        import os, sys
-        sys.stdin.read()
-        found = []
-        for fd in range(3, 4096):
-            try:
-                os.fstat(fd)
-                found.append(str(fd))
-            except OSError:
-                pass
-        print('{"access_token": "fds-%s-end-padding-abcdefgh"}' % (".".join(found) or "none"))
-        """.write(toFile: helper, atomically: true, encoding: .utf8)
-        chmod(helper, 0o755)
-        // An oauth2 provider too, so that libcurl is loaded in vaultd.
-        try
-            "[Provider fds]\nType=exec\nCommand=\(helper)\n\n[Provider web]\nType=oauth2\nTokenURL=http://127.0.0.1:9/t\nClientID=c\n"
-            .write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
-        // A subscriber keeps a connection open meanwhile.
-        let watcher = try RawConnection(fixture.socketPath)
-        try watcher.send(#"{"method":"io.vaultd.Vault.Subscribe","more":true,"parameters":{}}"#)
-        _ = try watcher.receive()
-        let login = try vaultctl(fixture.socketPath, ["login", "fds", "alice", "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
-        let token = try vaultctl(fixture.socketPath, ["token", "fds", "alice"]).stdout
+        // Python, not a shell: a shell keeps descriptors of its own. fstat opens
+        // nothing. An oauth2 provider too, so that libcurl is loaded in vaultd.
+        let oauth2 = "\n[Provider web]\nType=oauth2\nTokenURL=http://127.0.0.1:9/t\nClientID=c\n"
+        let (fixture, token) = try loginThroughHelper("fds", extraConfig: oauth2) { _ in
+            """
+            #!/usr/bin/python3
+            import os, sys
+            sys.stdin.read()
+            found = []
+            for fd in range(3, 4096):
+                try:
+                    os.fstat(fd)
+                    found.append(str(fd))
+                except OSError:
+                    pass
+            print('{"access_token": "fds-%s-end-padding-abcdefgh"}' % (".".join(found) or "none"))
+            """
+        }
         #expect(token.hasPrefix("fds-none-end"), "descriptors inherited from vaultd: \(token)")
         _ = try vaultctl(fixture.socketPath, ["logout", "fds", "alice"])
     }
 
     @Test("Should take a helper's answer even when a child it left behind keeps its output open")
     func helperWithLingeringChild() throws {
-        let fixture = try DaemonFixture(start: false)
-        let helper = fixture.directory.path("forking-helper")
-        try """
-        #!/bin/sh
-        # Leaves a child holding stdout and stderr, as a careless helper might.
-        input=$(cat)
-        case "$input" in
-        *'"action":"login"'*)
-            sleep 30 &
-            echo $! > \(fixture.directory.path("child.pid")) ;;
-        esac
-        echo '{"access_token":"forked_token_abcdefghijklmnop"}'
-        """.write(toFile: helper, atomically: true, encoding: .utf8)
-        chmod(helper, 0o755)
-        try "[Provider forking]\nType=exec\nCommand=\(helper)\nTimeout=20s\n".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
-        let login = try vaultctl(fixture.socketPath, ["login", "forking", "alice", "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
-        #expect(try vaultctl(fixture.socketPath, ["token", "forking", "alice"]).stdout.hasPrefix("forked_token_"))
+        let (fixture, token) = try loginThroughHelper("forking", extraConfig: "Timeout=20s\n") { fixture in
+            """
+            #!/bin/sh
+            # Leaves a child holding stdout and stderr, as a careless helper might.
+            input=$(cat)
+            case "$input" in
+            *'"action":"login"'*)
+                sleep 30 &
+                echo $! > \(fixture.directory.path("child.pid")) ;;
+            esac
+            echo '{"access_token":"forked_token_abcdefghijklmnop"}'
+            """
+        }
+        #expect(token.hasPrefix("forked_token_"))
         _ = try vaultctl(fixture.socketPath, ["logout", "forking", "alice"])
         let childPID = try String(contentsOfFile: fixture.directory.path("child.pid"), encoding: .utf8)
         let pid = try #require(Int32(childPID.trimmingCharacters(in: .whitespacesAndNewlines)))

@@ -309,3 +309,18 @@ func storeRecordWithSecretTool(_ record: SessionRecord, scope: String) throws ->
             record.account.provider, "user", record.account.user, "owner_uid", String(record.ownerUID), "scope", scope,
         ], input: record.storedJSON().text)
 }
+
+/// Asks `probe` until `done` holds for its answer, at most `tries` times,
+/// `interval` apart, and returns the last answer: for waiting on another
+/// process (a token server's counters, the keyring) without a fixed sleep.
+func eventually<T>(
+    tries: Int = 200, interval: Duration = .milliseconds(20), _ probe: () async throws -> T,
+    until done: (T) -> Bool
+) async throws -> T {
+    var answer = try await probe()
+    for _ in 1..<max(1, tries) where !done(answer) {
+        try await Task.sleep(for: interval)
+        answer = try await probe()
+    }
+    return answer
+}

@@ -33,6 +33,9 @@ final class TokenServer {
         return (try? JSON.parse(Array(data))) ?? .null
     }
 
+    /// The revocations the server has taken, oldest first.
+    func revocations() async throws -> [JSON] { try await stats()["revocations"]?.arrayValue ?? [] }
+
     func stats() async throws -> JSON {
         let (data, _) = try await URLSession.shared.data(from: URL(string: url + "/control/stats")!)
         return try JSON.parse(Array(data))
@@ -261,29 +264,16 @@ struct RefreshTests {
             #expect(
                 try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0,
                 "a failed revocation does not block")
-            var count = 0
-            for _ in 0..<100 where count < cycle {
-                count = try queued()
-                if count < cycle { try await Task.sleep(for: .milliseconds(50)) }
-            }
+            let count = try await eventually({ try queued() }, until: { $0 >= cycle })
             #expect(count == cycle, "every failed revocation waits in the secret store")
         }
         fixture.daemon?.stop()
         try await server.post("/control/mode", json: ["mode": "normal"])
         try fixture.start()
-        var revoked: [JSON] = []
-        for _ in 0..<100 where revoked.count < 2 {
-            revoked = try await server.stats()["revocations"]?.arrayValue ?? []
-            if revoked.count < 2 { try await Task.sleep(for: .milliseconds(50)) }
-        }
+        let revoked = try await eventually({ try await server.revocations() }, until: { $0.count >= 2 })
         #expect(revoked.count == 2, "the restarted daemon finished both")
         #expect(revoked.allSatisfy { $0["kind"]?.stringValue == "refresh_token" })
-        var stillQueued = 2
-        for _ in 0..<100 where stillQueued > 0 {
-            stillQueued = try queued()
-            if stillQueued > 0 { try await Task.sleep(for: .milliseconds(50)) }
-        }
-        #expect(stillQueued == 0)
+        #expect(try await eventually({ try queued() }, until: { $0 == 0 }) == 0)
     }
 
     @Test("Should take over a revocation queued before revocations had ids, revoke it, and leave none queued")
@@ -308,20 +298,15 @@ struct RefreshTests {
             ], input: record.storedJSON().text)
         #expect(stored.status == 0, "\(stored.stderr)")
         try fixture.start()
-        var revoked: [JSON] = []
-        for _ in 0..<200 where revoked.isEmpty {
-            revoked = try await server.stats()["revocations"]?.arrayValue ?? []
-            if revoked.isEmpty { try await Task.sleep(for: .milliseconds(20)) }
-        }
+        let revoked = try await eventually({ try await server.revocations() }, until: { !$0.isEmpty })
         #expect(revoked.first?["token"]?.stringValue == "lgcyrt", "\(revoked)")
-        var left = "label ="
-        for _ in 0..<200 where left.contains("label =") {
-            let search = try runCommand(
-                URL(fileURLWithPath: "/usr/bin/secret-tool"),
-                ["search", "--all", "xdg:schema", "io.vaultd.PendingRevocation", "user", user])
-            left = search.stdout + search.stderr
-            if left.contains("label =") { try await Task.sleep(for: .milliseconds(20)) }
-        }
+        let left = try await eventually(
+            {
+                let search = try runCommand(
+                    URL(fileURLWithPath: "/usr/bin/secret-tool"),
+                    ["search", "--all", "xdg:schema", "io.vaultd.PendingRevocation", "user", user])
+                return search.stdout + search.stderr
+            }, until: { !$0.contains("label =") })
         #expect(!left.contains("label ="), "nothing stays queued: \(left)")
     }
 
@@ -336,21 +321,14 @@ struct RefreshTests {
         try await server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 2])
         let socket = fixture.socketPath
         let refresh = Task.detached { try vaultctl(socket, ["refresh", "oauth", user]) }
-        var asked: Int64 = 0
-        for _ in 0..<200 where asked == 0 {
-            asked = try await server.stats()["refresh_requests"]?.integerValue ?? 0
-            if asked == 0 { try await Task.sleep(for: .milliseconds(20)) }
-        }
+        let asked = try await eventually(
+            { try await server.stats()["refresh_requests"]?.integerValue ?? 0 }, until: { $0 > 0 })
         #expect(asked == 1, "the refresh is out")
         #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
         let refreshed = try await refresh.value
         #expect(refreshed.status == 1, "the session ended meanwhile: \(refreshed.stdout)")
         // The logout revokes the old refresh token; the refresh's new one is revoked too.
-        var revoked: [JSON] = []
-        for _ in 0..<200 where revoked.count < 2 {
-            revoked = try await server.stats()["revocations"]?.arrayValue ?? []
-            if revoked.count < 2 { try await Task.sleep(for: .milliseconds(20)) }
-        }
+        let revoked = try await eventually({ try await server.revocations() }, until: { $0.count >= 2 })
         #expect(revoked.count == 2, "\(revoked)")
         #expect(Set(revoked.compactMap { $0["token"]?.stringValue }).count == 2, "two different refresh tokens")
         #expect(revoked.allSatisfy { $0["kind"]?.stringValue == "refresh_token" })
@@ -365,11 +343,7 @@ struct RefreshTests {
             try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
         #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
         // Revocation runs after the logout is acknowledged: wait for it, bounded.
-        var revoked: [JSON] = []
-        for _ in 0..<100 where revoked.isEmpty {
-            revoked = try await server.stats()["revocations"]?.arrayValue ?? []
-            if revoked.isEmpty { try await Task.sleep(for: .milliseconds(50)) }
-        }
+        let revoked = try await eventually({ try await server.revocations() }, until: { !$0.isEmpty })
         #expect(revoked.first?["kind"]?.stringValue == "refresh_token")
     }
 
