@@ -18,6 +18,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case networkError
         case invalidConfig
         case subscriberTooSlow
+        case tooManySubscriptions
         case internalError
 
         /// The seeds' error code for this kind, as the SDKs report it.
@@ -38,6 +39,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .networkError: return "ERR_NETWORK_ERROR"
             case .invalidConfig: return "ERR_INVALID_CONFIG"
             case .subscriberTooSlow: return "ERR_SUBSCRIBER_TOO_SLOW"
+            case .tooManySubscriptions: return "ERR_TOO_MANY_SUBSCRIPTIONS"
             case .internalError: return "ERR_INTERNAL"
             }
         }
@@ -60,6 +62,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .networkError: return "NetworkError"
             case .invalidConfig: return "InvalidConfig"
             case .subscriberTooSlow: return "SubscriberTooSlow"
+            case .tooManySubscriptions: return "TooManySubscriptions"
             case .internalError: return "InternalError"
             }
         }

@@ -44,6 +44,10 @@ public final class VarlinkServer: @unchecked Sendable {
     private var subscriptions: [UInt64: @Sendable (VaultEvent) -> Bool] = [:]
     /// Unsent bytes past which a subscriber is dropped.
     static let subscriberQueueLimit = 1 << 20
+    /// Open subscriptions per non-root uid, past which Subscribe is refused:
+    /// with the queue limit, what one user can make vaultd hold for it.
+    public static let maximumSubscriptionsPerUID = 64
+    private var subscriptionsPerUID: [UInt32: Int] = [:]
 
     private static let sendFlags = Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)
     private static let listenerToken: UInt64 = 1
@@ -414,6 +418,17 @@ public final class VarlinkServer: @unchecked Sendable {
                     queue(VarlinkReply(error: "org.varlink.service.ExpectedMore"), on: connection)
                     continue
                 }
+                let uid = connection.caller.uid
+                let open = subscriptionsPerUID[uid, default: 0]
+                guard uid == 0 || open < VarlinkServer.maximumSubscriptionsPerUID else {
+                    queue(
+                        VaultError(
+                            .tooManySubscriptions,
+                            "uid \(uid) already has \(open) subscriptions open, the most one user may; close one (one subscription can watch every account, narrowed by provider, user and kinds)"
+                        ).varlinkReply, on: connection)
+                    continue
+                }
+                subscriptionsPerUID[uid] = open + 1
                 var first = snapshot
                 first.continues = true
                 queue(first, on: connection)
@@ -577,6 +592,10 @@ public final class VarlinkServer: @unchecked Sendable {
         connectionsPerUID[connection.caller.uid, default: 1] -= 1
         if connectionsPerUID[connection.caller.uid] == 0 { connectionsPerUID[connection.caller.uid] = nil }
         subscriptions[connection.id] = nil
+        if connection.subscribed {
+            subscriptionsPerUID[connection.caller.uid, default: 1] -= 1
+            if subscriptionsPerUID[connection.caller.uid] == 0 { subscriptionsPerUID[connection.caller.uid] = nil }
+        }
         dropping.remove(connection.id)
         if connection.interest != Connection.detached { _ = vaultd_epoll_del(epollFD, connection.fd) }
         Glibc.close(connection.fd)

@@ -112,7 +112,8 @@ public enum VaultInterface {
         # (event, no sessions), in the order of the changes, for as long as the
         # connection stays open. provider, user and kinds narrow what is sent. A
         # subscriber that does not read is dropped with SubscriberTooSlow once its
-        # queue is full.
+        # queue is full. One user (but root) may keep 64 streams open at once; one more
+        # is refused with TooManySubscriptions.
         method Subscribe(
           provider: ?string,
           user: ?string,
@@ -181,6 +182,10 @@ public enum VaultInterface {
 
         # The subscriber did not read its events fast enough and was dropped.
         error SubscriberTooSlow (code: string, message: string)
+
+        # The caller's user has as many Subscribe streams open as vaultd allows one
+        # user (root is not limited).
+        error TooManySubscriptions (code: string, message: string)
 
         # vaultd failed in a way it did not expect.
         error InternalError (code: string, message: string)

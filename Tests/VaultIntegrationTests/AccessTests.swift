@@ -143,6 +143,54 @@ struct AccessTests {
         #expect(try vaultctl(d.socketPath, ["logout", "demo", user]).status == 0)
     }
 
+    @Test("Should refuse a user other than root a subscription past 64, and take one again once one closed")
+    func subscriptionsPerUser() throws {
+        let d = try ConfiguredDaemon(config: AccessTests.open)
+        // As another uid: open 65 subscriptions, report the answer of each, close
+        // one, and subscribe once more.
+        let script = d.directory.path("subscribe.py")
+        try #"""
+        import json, socket, sys
+        def subscribe():
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(10)
+            s.connect(sys.argv[1])
+            s.sendall(b'{"method":"io.vaultd.Vault.Subscribe","more":true,"parameters":{}}\0')
+            buf = b""
+            while not buf.endswith(b"\0"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+            return s, json.loads(buf[:-1]) if buf else {}
+        held, answers = [], []
+        for _ in range(65):
+            s, reply = subscribe()
+            held.append(s)
+            answers.append(reply.get("error", "ok"))
+        held[0].close()
+        again = "unknown"
+        for _ in range(50):
+            s, reply = subscribe()
+            again = reply.get("error", "ok")
+            if again == "ok":
+                break
+        print(json.dumps({"answers": answers, "again": again}))
+        """#.write(toFile: script, atomically: true, encoding: .utf8)
+        let result = try runCommand(
+            URL(fileURLWithPath: "/usr/bin/setpriv"),
+            [
+                "--reuid=\(TestUsers.uid(TestUsers.a)!)", "--regid=\(TestUsers.gid(TestUsers.a)!)", "--init-groups",
+                "/usr/bin/python3", script, d.socketPath,
+            ])
+        let report = try JSON.parse(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+        let answers = report["answers"]?.arrayValue?.compactMap(\.stringValue) ?? []
+        #expect(answers.count == 65, "\(result.stdout) \(result.stderr)")
+        #expect(answers.prefix(64).allSatisfy { $0 == "ok" })
+        #expect(answers.last == "io.vaultd.Vault.TooManySubscriptions")
+        #expect(report["again"]?.stringValue == "ok", "a closed subscription frees its place")
+    }
+
     @Test("Should stream to another uid only the events of its own sessions")
     func otherUidSubscribeSeesOnlyItsOwn() throws {
         let d = try ConfiguredDaemon(config: AccessTests.open)
