@@ -71,25 +71,31 @@ public final class Logger: Sendable {
             sendToJournal(severity, message, fields)
             return
         }
-        var line: [UInt8] = []
-        line.reserveCapacity(192)
-        line.append(contentsOf: "vaultd: ".utf8)
-        line.append(contentsOf: severity.name.utf8)
-        line.append(contentsOf: ": ".utf8)
-        line.append(contentsOf: message.utf8)
-        for (key, value) in fields {
-            line.append(UInt8(ascii: " "))
-            line.append(contentsOf: key.utf8)
-            line.append(UInt8(ascii: "="))
-            Logger.appendQuoted(value, to: &line)
+        func format(into line: inout [UInt8]) {
+            line.append(contentsOf: "vaultd: ".utf8)
+            line.append(contentsOf: severity.name.utf8)
+            line.append(contentsOf: ": ".utf8)
+            line.append(contentsOf: message.utf8)
+            for (key, value) in fields {
+                line.append(UInt8(ascii: " "))
+                line.append(contentsOf: key.utf8)
+                line.append(UInt8(ascii: "="))
+                Logger.appendQuoted(value, to: &line)
+            }
+            line.append(UInt8(ascii: "\n"))
         }
-        line.append(UInt8(ascii: "\n"))
+        // While held (a serving round), the line is formatted straight into the
+        // held bytes: the audit line of every token read comes this way.
         let held = heldLines.withLock { held -> Bool in
-            guard held.holding, held.bytes.count + line.count <= Logger.heldLimit else { return false }
-            held.bytes.append(contentsOf: line)
+            guard held.holding, held.bytes.count < Logger.heldLimit else { return false }
+            format(into: &held.bytes)
             return true
         }
-        if !held { writeOut(line) }
+        if held { return }
+        var line: [UInt8] = []
+        line.reserveCapacity(192)
+        format(into: &line)
+        writeOut(line)
     }
 
     /// Lines logged while held wait here, in order, for `release()`.

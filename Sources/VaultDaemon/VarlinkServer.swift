@@ -413,6 +413,11 @@ public final class VarlinkServer: @unchecked Sendable {
             switch service.handle(call, caller: connection.caller) {
             case .reply(let reply):
                 if !call.oneway { queue(reply, on: connection) }
+            case .encoded(let write):
+                if !call.oneway {
+                    write(&connection.output)
+                    connection.output.append(0)
+                }
             case .subscribe(let snapshot, let filter):
                 guard call.more else {
                     queue(VarlinkReply(error: "org.varlink.service.ExpectedMore"), on: connection)

@@ -5,6 +5,10 @@ import VaultProtocol
 /// thread), or work to await off it (the reply is sent when it finishes).
 public enum HandlerOutcome: Sendable {
     case reply(VarlinkReply)
+    /// A reply that appends its own JSON message (without the NUL) to the
+    /// connection's output: for the hot GetToken path, where building a
+    /// `VarlinkReply` costs more than writing the bytes.
+    case encoded(@Sendable (inout [UInt8]) -> Void)
     case deferred(@Sendable () async -> VarlinkReply)
     /// Start a stream: send `snapshot` (continues), then every published event
     /// that `filter` passes, until the client goes away.

@@ -112,7 +112,7 @@ public enum VaultMethods {
                     }
                 }
                 manager.audit("GetToken", account, caller: caller, result: "ok")
-                return .reply(VarlinkReply(parameters: tokenReply(record)))
+                return .encoded { out in writeTokenReply(record, into: &out) }
             }
         }
 
@@ -196,6 +196,32 @@ public enum VaultMethods {
             }
         }
         return service
+    }
+
+    /// Appends the GetToken reply of `record`: the bytes
+    /// `VarlinkReply(parameters: tokenReply(record)).encode(into:)` writes,
+    /// without building the dictionaries.
+    static func writeTokenReply(_ record: SessionRecord, into out: inout [UInt8]) {
+        let tokens = record.tokens
+        out.append(contentsOf: #"{"parameters":{"#.utf8)
+        // Members in sorted order, as the generic encoder writes them.
+        if let expiresAt = record.expiresAt {
+            out.append(contentsOf: #""expiresAt":"#.utf8)
+            JSON.int(expiresAt.seconds).write(into: &out)
+            out.append(UInt8(ascii: ","))
+        }
+        if let instanceURL = tokens.instanceURL {
+            out.append(contentsOf: #""instanceUrl":"#.utf8)
+            JSON.writeString(instanceURL, into: &out)
+            out.append(UInt8(ascii: ","))
+        }
+        out.append(contentsOf: #""token":"#.utf8)
+        JSON.writeString(tokens.accessToken.revealed, into: &out)
+        if let tokenType = tokens.tokenType {
+            out.append(contentsOf: #","tokenType":"#.utf8)
+            JSON.writeString(tokenType, into: &out)
+        }
+        out.append(contentsOf: "}}".utf8)
     }
 
     /// The parameters of a GetToken reply.
