@@ -314,6 +314,11 @@ dwarf`, valgrind massif on a copy stripped of debug info, glibc
 | Start-up with {nsess:,} sessions | 3,317 ms | {f(stmed(str(nsess), 'ready_ms'), 0, ' ms')} | the same D-Bus path reads; `STATUS=` kept as running counts instead of a sorted scan after every change |
 | Idle CPU, 100,000 scheduled sessions | not measured | {idle_measured.split(' (')[0]} | `vaultd --memory-store` exists for this figure |
 
+A finding on the way: with vaultd's stderr in a file on this machine's disk,
+the gigabyte of audit lines a run writes made page-cache writeback stall the
+serving thread for about 4 ms now and then, and the p99 at 32 connections
+read 2-4 ms; the load rows now send stderr through a pipe.
+
 What is left of the p99 at 32 connections: `perf` puts about 60% of vaultd's
 CPU per GetToken in the kernel's `recv`/`send` path, the same work, in
 microseconds, as the floor's; the rest (about 5 µs: JSON parse, access check,
@@ -330,7 +335,11 @@ vaultd holds {nsess:,} logged-in sessions (demo provider, static tokens). Each
 row is `bench/load_client` with one thread per connection in a
 request/response loop: {params}. Server CPU is utime+stime of the server
 process from `/proc/PID/stat` over the timed run, divided by the requests it
-served (10 ms tick resolution). The floor is `bench/echo_server` (C,
+served (10 ms tick resolution). vaultd writes an audit line per GetToken to
+its stderr, a pipe that a reader drains (as journald's stream would be); the
+lines of one serving round go out in one `write`. (Under systemd, with
+`JOURNAL_STREAM` set, each audit line is one datagram to journald instead;
+that path is not measured here.) The floor is `bench/echo_server` (C,
 thread per connection) answering every NUL-terminated message with a
 100-byte reply, the size of a GetToken reply; the client and server share the
 machine's {text('nproc.txt')} CPUs, so at 32 and 256 connections the client's
