@@ -133,6 +133,8 @@ public enum Daemon {
             return 0
         case .run(let options):
             let log = Logger(level: options.logLevel, target: Logger.automaticTarget())
+            // Every line handed to the log writer is out before vaultd exits.
+            defer { log.flush() }
             do {
                 return try run(options, signalFD: signalFD, log: log)
             } catch {

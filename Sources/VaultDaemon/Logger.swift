@@ -1,4 +1,5 @@
 import CSystemd
+import Dispatch
 import Glibc
 import Synchronization
 import VaultSystem
@@ -68,7 +69,8 @@ public final class Logger: Sendable {
     public func log(_ severity: Level, _ message: String, sortedFields fields: [(key: String, value: String)]) {
         guard severity <= level else { return }
         if target == .journal {
-            sendToJournal(severity, message, fields)
+            let size = message.utf8.count + fields.reduce(64) { $0 + $1.key.utf8.count + $1.value.utf8.count }
+            enqueue(size: size) { self.sendToJournal(severity, message, fields) }
             return
         }
         func format(into line: inout [UInt8]) {
@@ -108,13 +110,13 @@ public final class Logger: Sendable {
     static let heldLimit = 64 * 1024
 
     /// Keeps stderr lines in memory until `release()`, so that a burst of lines
-    /// (the audit lines of one serving round) costs one write. The journal gets
-    /// every entry at once regardless.
+    /// (the audit lines of one serving round) costs one write. Journal entries
+    /// are handed to the writer one by one regardless.
     public func hold() {
         heldLines.withLock { $0.holding = true }
     }
 
-    /// Writes the lines held since `hold()` and stops holding.
+    /// Hands the lines held since `hold()` to the writer and stops holding.
     public func release() {
         let bytes = heldLines.withLock { held -> [UInt8] in
             held.holding = false
@@ -125,7 +127,7 @@ public final class Logger: Sendable {
         if !bytes.isEmpty { writeOut(bytes) }
     }
 
-    /// Writes `bytes` whole to stderr, first whatever is still held.
+    /// Hands `bytes` to the writer, after whatever is still held.
     private func writeOut(_ bytes: [UInt8]) {
         let earlier = heldLines.withLock { held -> [UInt8] in
             let earlier = held.bytes
@@ -133,14 +135,44 @@ public final class Logger: Sendable {
             return earlier
         }
         for chunk in [earlier, bytes] where !chunk.isEmpty {
-            chunk.withUnsafeBytes { raw in
-                var offset = 0
-                while offset < raw.count {
-                    let n = write(2, raw.baseAddress! + offset, raw.count - offset)
-                    if n < 0 && errno == EINTR { continue }
-                    if n <= 0 { return }
-                    offset += n
-                }
+            enqueue(size: chunk.count) { Logger.writeAll(chunk) }
+        }
+    }
+
+    /// Lines go out on this queue, in the order they were handed over, so that
+    /// a slow reader of stderr or of the journal blocks it and not the thread
+    /// that logged (the serving loop above all).
+    private let writer = DispatchQueue(label: "vaultd.log-writer")
+    /// Bytes handed to the writer and not written yet.
+    private let queuedBytes = Atomic<Int>(0)
+    /// Queued bytes past which the caller waits for the writer, so that memory
+    /// stays bounded when stderr or the journal is stuck.
+    static let queueLimit = 16 << 20
+
+    private func enqueue(size: Int, _ write: @escaping @Sendable () -> Void) {
+        let queued = queuedBytes.wrappingAdd(size, ordering: .relaxed).newValue
+        writer.async {
+            write()
+            self.queuedBytes.wrappingSubtract(size, ordering: .relaxed)
+        }
+        if queued > Logger.queueLimit { writer.sync {} }
+    }
+
+    /// Returns once every line handed over so far is written: at exit.
+    public func flush() {
+        release()
+        writer.sync {}
+    }
+
+    /// Writes `bytes` whole to stderr.
+    private static func writeAll(_ bytes: [UInt8]) {
+        bytes.withUnsafeBytes { raw in
+            var offset = 0
+            while offset < raw.count {
+                let n = write(2, raw.baseAddress! + offset, raw.count - offset)
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { return }
+                offset += n
             }
         }
     }

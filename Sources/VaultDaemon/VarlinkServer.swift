@@ -134,8 +134,8 @@ public final class VarlinkServer: @unchecked Sendable {
                 log.error("epoll_wait failed", ["errno": String(errno)])
                 break
             }
-            // One round: answer every ready connection, then write the round's log
-            // (audit) lines in one go, then send the replies.
+            // One round: answer every ready connection, then hand the round's log
+            // (audit) lines to the log writer in one piece, then send the replies.
             var signalReady = false
             beginRound()
             for i in 0..<Int(count) {
@@ -195,8 +195,8 @@ public final class VarlinkServer: @unchecked Sendable {
         log.hold()
     }
 
-    /// Ends a round: the held log lines are written first, so that the audit
-    /// line of a token handout is out before the token, then the replies are sent.
+    /// Ends a round: the held log lines go to the log writer first (one write
+    /// for the round, done off this thread, in order), then the replies are sent.
     private func endRound() {
         inRound = false
         log.release()
