@@ -314,10 +314,13 @@ dwarf`, valgrind massif on a copy stripped of debug info, glibc
 | Start-up with {nsess:,} sessions | 3,317 ms | {f(stmed(str(nsess), 'ready_ms'), 0, ' ms')} | the same D-Bus path reads; `STATUS=` kept as running counts instead of a sorted scan after every change |
 | Idle CPU, 100,000 scheduled sessions | not measured | {idle_measured.split(' (')[0]} | `vaultd --memory-store` exists for this figure |
 
-A finding on the way: with vaultd's stderr in a file on this machine's disk,
-the gigabyte of audit lines a run writes made page-cache writeback stall the
-serving thread for about 4 ms now and then, and the p99 at 32 connections
-read 2-4 ms; the load rows now send stderr through a pipe.
+A finding on the way: vaultd wrote its log on the serving thread, so
+whatever slowed the reader of its stderr stalled serving. With stderr in a file
+on this machine's disk, page-cache writeback of the gigabyte of audit lines a
+run writes did; through a pipe, a full pipe whose reader was not scheduled
+did (a scheduler tick, 4 ms, often enough to be the p99 at 32 connections:
+2-4 ms). vaultd now hands its log lines to a writer thread (in order, at most
+16 MiB queued), and the load rows send stderr through a drained pipe.
 
 What is left of the p99 at 32 connections: `perf` puts about 60% of vaultd's
 CPU per GetToken in the kernel's `recv`/`send` path, the same work, in
