@@ -5,19 +5,10 @@ it until the last subscriber has read its kickedOffline event.
 usage: fanout.py SOCKET N KICKS OUT.json"""
 import json, selectors, socket, sys, time
 
+from vutil import call
+
 path, n, kicks, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 USER = "fanout"
-
-
-def call(sock, method, params):
-    sock.sendall(json.dumps({"method": method, "parameters": params}).encode() + b"\0")
-    buf = b""
-    while not buf.endswith(b"\0"):
-        c = sock.recv(65536)
-        if not c:
-            raise RuntimeError("closed")
-        buf += c
-    return json.loads(buf[:-1])
 
 
 ctl = socket.socket(socket.AF_UNIX)

@@ -62,6 +62,16 @@ def rss_kb(pid):
     return 0
 
 
+def stop(p, seconds):
+    """SIGTERM, then SIGKILL if `p` has not exited within `seconds`."""
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(seconds)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
 def startup(vaultd, path, config, out, rounds=3):
     res = []
     for _ in range(rounds):
@@ -80,12 +90,7 @@ def startup(vaultd, path, config, out, rounds=3):
                 break
         time.sleep(1.0)
         rss = rss_kb(p.pid) if p.poll() is None else 0
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(p, 10)
         res.append({"ready_ms": ready, "rss_kb": rss})
     json.dump(res, open(out, "w"))
 
@@ -245,12 +250,7 @@ def idle(vaultd, path, config, count, seconds, out):
               f"RSS {res['rss_kb'] / 1024:.1f} MB, {res['rss_per_session_bytes']:.0f} B per session",
               file=sys.stderr)
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(p, 30)
         log.close()
     json.dump(res, open(out, "w"), indent=1)
 
