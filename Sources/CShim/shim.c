@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <malloc.h>
 #include <spawn.h>
 #include <signal.h>
 #include <string.h>
@@ -98,8 +97,6 @@ int vaultd_disable_core_dumps(void) {
 void vaultd_explicit_bzero(void *p, size_t n) { explicit_bzero(p, n); }
 
 int vaultd_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
-
-int vaultd_malloc_trim(void) { return malloc_trim(0); }
 
 int vaultd_spawn_close_from(posix_spawn_file_actions_t *actions, int lowest) {
     return posix_spawn_file_actions_addclosefrom_np(actions, lowest);

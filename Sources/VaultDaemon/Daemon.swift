@@ -169,9 +169,6 @@ public enum Daemon {
             await manager.resumePendingRevocations()
             return restored
         }
-        // Reading the store allocated and freed several times the records' size
-        // (D-Bus messages, decrypted documents): give that back to the system.
-        _ = vaultd_malloc_trim()
 
         let listenFD: Int32
         let socketDescription: String

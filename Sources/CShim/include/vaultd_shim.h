@@ -60,7 +60,5 @@ int vaultd_pipe_cloexec(int fds[2]);
  * descriptor from `lowest` up (glibc 2.34+); 0 on success. */
 int vaultd_spawn_close_from(posix_spawn_file_actions_t *actions, int lowest);
 
-/* malloc_trim(0): returns freed heap memory of every arena to the system. */
-int vaultd_malloc_trim(void);
 
 #endif
