@@ -45,7 +45,7 @@ enum Terminal {
 /// The help texts of vaultctl and its commands.
 enum Help {
     static let tool = """
-        Usage: vaultctl [--json] [--socket PATH] COMMAND [ARGS]
+        Usage: vaultctl [--json] [--socket PATH] [--owner USER] COMMAND [ARGS]
 
         The command-line client of vaultd, which keeps chat and messaging
         sessions in the Linux secret store.
@@ -67,6 +67,8 @@ enum Help {
           --json          print stable JSON instead of tables
           --socket PATH   vaultd's socket (default: $VAULTD_SOCKET, else
                           $XDG_RUNTIME_DIR/vaultd/socket, else /run/vaultd/socket for root)
+          --owner USER    address USER's (a name or uid) session instead of your own:
+                          for root and the admin group
           --help          show help (also after a command)
           --version       show the version
 

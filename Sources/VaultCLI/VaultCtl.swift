@@ -20,6 +20,8 @@ public struct VaultCtl {
 
     var json = false
     var socketPath: String?
+    /// Whose session to address (`--owner`): root and admins acting on another user's.
+    var owner: UInt32?
     var output: Output
 
     /// A client that writes through `output`.
@@ -49,6 +51,16 @@ public struct VaultCtl {
                 index += 1
                 guard index < arguments.count else { return usage("--socket needs a path") }
                 socketPath = arguments[index]
+            case "--owner":
+                index += 1
+                guard index < arguments.count else { return usage("--owner needs a user name or uid") }
+                if let uid = UInt32(arguments[index]) {
+                    owner = uid
+                } else if let entry = getpwnam(arguments[index]) {
+                    owner = entry.pointee.pw_uid
+                } else {
+                    return usage("--owner: no user '\(arguments[index])' on this host")
+                }
             case "--help", "-h": wantsHelp = true
             case "--version":
                 output.out("vaultctl \(VaultCtl.version)")
@@ -163,7 +175,7 @@ public struct VaultCtl {
             return .usage
         }
         // Send what was read, as read: the daemon applies the same rules.
-        var parameters: [String: JSON] = ["provider": .string(positional[0]), "user": .string(positional[1])]
+        var parameters = account(positional)
         let trimmed = LoginCredential.trimmed(text)
         if trimmed.hasPrefix("{"), let response = try? JSON.parse(trimmed) {
             parameters["tokenResponse"] = response
@@ -341,8 +353,11 @@ public struct VaultCtl {
 
     // MARK: Plumbing
 
+    /// The parameters that name a session: provider, user and, with `--owner`, its owner.
     func account(_ operands: [String]) -> [String: JSON] {
-        ["provider": .string(operands[0]), "user": .string(operands[1])]
+        var parameters: [String: JSON] = ["provider": .string(operands[0]), "user": .string(operands[1])]
+        if let owner { parameters["ownerUid"] = .int(Int64(owner)) }
+        return parameters
     }
 
     /// Calls vaultd; on success prints the reply (as JSON with --json, else via `human`).

@@ -64,6 +64,10 @@ public struct ProviderConfig: Sendable, Equatable {
     public var oauth2: OAuth2Settings?
     /// The helper program, for `exec`.
     public var exec: ExecSettings?
+    /// Users (names or uids) who may have this provider issue tokens (`MintUsers=`).
+    public var mintUsers: [String] = []
+    /// Groups (names or gids) whose members may have this provider issue tokens (`MintGroups=`).
+    public var mintGroups: [String] = []
 
     /// Makes a provider entry.
     public init(
@@ -79,6 +83,40 @@ public struct ProviderConfig: Sendable, Equatable {
     }
 }
 
+/// An `[Account PROVIDER USER]` section: a shared account the administrator
+/// declared, by names as written.
+public struct AccountSettings: Sendable, Equatable {
+    /// The local user (name or uid) whose session this account is; nil means
+    /// the user vaultd runs as.
+    public var owner: String?
+    /// Users (names or uids) who may read the owner's token.
+    public var readUsers: [String]
+    /// Groups (names or gids) whose members may read the owner's token.
+    public var readGroups: [String]
+
+    /// A declaration.
+    public init(owner: String? = nil, readUsers: [String] = [], readGroups: [String] = []) {
+        self.owner = owner
+        self.readUsers = readUsers
+        self.readGroups = readGroups
+    }
+}
+
+/// How much one local user may hold, so that none can starve the others.
+/// Root is held to none of these: it owns the machine.
+public struct UserLimits: Sendable, Equatable {
+    /// Sessions one uid may own (`MaxSessionsPerUser=`).
+    public var sessionsPerUser = 256
+    /// Bytes one stored session record may take, tokens and profile included (`MaxSessionSize=`).
+    public var sessionBytes = 32 * 1024
+    /// Client-asked refreshes of one account are at least this far apart,
+    /// unless the token has expired (`MinRefreshInterval=`), in seconds.
+    public var minRefreshIntervalSeconds: Int64 = 60
+
+    /// The defaults.
+    public init() {}
+}
+
 /// The whole configuration of a vaultd instance.
 public struct VaultConfig: Sendable, Equatable {
     /// The providers, by name.
@@ -91,8 +129,10 @@ public struct VaultConfig: Sendable, Equatable {
     public var storeScope: String
     /// The mode of the socket vaultd binds (not of one systemd passes).
     public var socketMode: UInt32
-    /// Per account: users and groups (names or ids) that may read its token besides its owner.
-    public var tokenReaders: [Account: (users: [String], groups: [String])]
+    /// The accounts the administrator declared (`[Account PROVIDER USER]`).
+    public var accounts: [Account: AccountSettings]
+    /// What one local user may hold.
+    public var limits: UserLimits
 
     /// A configuration with the given providers and default settings.
     public init(providers: [String: ProviderConfig] = [:], storeTimeoutSeconds: Int64 = 30) {
@@ -101,15 +141,8 @@ public struct VaultConfig: Sendable, Equatable {
         self.adminGroup = nil
         self.storeScope = "default"
         self.socketMode = 0o600
-        self.tokenReaders = [:]
-    }
-
-    public static func == (lhs: VaultConfig, rhs: VaultConfig) -> Bool {
-        lhs.providers == rhs.providers && lhs.storeTimeoutSeconds == rhs.storeTimeoutSeconds
-            && lhs.adminGroup == rhs.adminGroup && lhs.socketMode == rhs.socketMode
-            && lhs.storeScope == rhs.storeScope
-            && lhs.tokenReaders.mapValues { $0.users + ["|"] + $0.groups }
-                == rhs.tokenReaders.mapValues { $0.users + ["|"] + $0.groups }
+        self.accounts = [:]
+        self.limits = UserLimits()
     }
 
     /// The configuration used when no file exists: one static provider, `demo`.
@@ -127,10 +160,13 @@ public struct VaultConfig: Sendable, Equatable {
 /// earlier one's. Every error names the file, the line and the key.
 public enum ConfigParser {
     /// The keys each kind of section accepts.
-    static let vaultKeys = ["StoreTimeout", "StoreScope", "AdminGroup", "SocketMode"]
+    static let vaultKeys = [
+        "StoreTimeout", "StoreScope", "AdminGroup", "SocketMode", "MaxSessionsPerUser", "MaxSessionSize",
+        "MinRefreshInterval",
+    ]
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
-        "MaxSessionLifetime", "ClientSecretFile", "Command", "Timeout",
+        "MaxSessionLifetime", "ClientSecretFile", "Command", "Timeout", "MintUsers", "MintGroups",
     ]
     /// The keys only some types of provider take.
     static let typeKeys: [ProviderType: Set<String>] = [
@@ -140,7 +176,7 @@ public enum ConfigParser {
             "ClientSecretFile", "Timeout",
         ],
     ]
-    static let accountKeys = ["TokenReadUsers", "TokenReadGroups"]
+    static let accountKeys = ["Owner", "TokenReadUsers", "TokenReadGroups"]
 
     /// Parses one file's `text`, read from `file` (used in error messages only).
     public static func parse(_ text: String, file: String) throws(VaultError) -> VaultConfig {
@@ -175,10 +211,17 @@ public enum ConfigParser {
             }
             config.socketMode = value
         }
+        try limits(merged.vault, into: &config.limits)
         for (account, entries) in merged.accounts {
-            let users = entries["TokenReadUsers"].map { $0.value.split(separator: " ").map(String.init) } ?? []
-            let groups = entries["TokenReadGroups"].map { $0.value.split(separator: " ").map(String.init) } ?? []
-            config.tokenReaders[account] = (users, groups)
+            var settings = AccountSettings(
+                readUsers: words(entries["TokenReadUsers"]), readGroups: words(entries["TokenReadGroups"]))
+            if let owner = entries["Owner"] {
+                guard !owner.value.isEmpty, !owner.value.contains(" ") else {
+                    throw owner.error("key 'Owner': expected one user name or uid")
+                }
+                settings.owner = owner.value
+            }
+            config.accounts[account] = settings
         }
         for name in merged.providerOrder {
             let section = merged.providers[name]!
@@ -210,9 +253,12 @@ public enum ConfigParser {
             if providerType == .exec {
                 exec = try execSettings(name, section)
             }
-            config.providers[name] = ProviderConfig(
+            var provider = ProviderConfig(
                 name: name, type: providerType, description: section.entries["Description"]?.value,
                 singleAccount: singleAccount, oauth2: oauth2, exec: exec)
+            provider.mintUsers = words(section.entries["MintUsers"])
+            provider.mintGroups = words(section.entries["MintGroups"])
+            config.providers[name] = provider
         }
         return config
     }
@@ -250,6 +296,31 @@ public enum ConfigParser {
             settings.timeoutSeconds = try ConfigParser.timeout(timeout, key: "Timeout")
         }
         return settings
+    }
+
+    /// The space-separated words of a list key (user and group names).
+    static func words(_ entry: Entry?) -> [String] {
+        entry.map { $0.value.split(separator: " ").map(String.init) } ?? []
+    }
+
+    /// The per-user limits of `[Vault]`.
+    static func limits(_ vault: [String: Entry], into limits: inout UserLimits) throws(VaultError) {
+        func count(_ key: String, _ range: ClosedRange<Int>) throws(VaultError) -> Int? {
+            guard let entry = vault[key] else { return nil }
+            guard let value = Int(entry.value), range.contains(value) else {
+                throw entry.error(
+                    "key '\(key)': expected a whole number from \(range.lowerBound) to \(range.upperBound)")
+            }
+            return value
+        }
+        if let value = try count("MaxSessionsPerUser", 1...1_000_000) { limits.sessionsPerUser = value }
+        if let value = try count("MaxSessionSize", 1024...(1 << 20)) { limits.sessionBytes = value }
+        if let entry = vault["MinRefreshInterval"] {
+            guard let seconds = DurationParser.seconds(entry.value), seconds <= 86400 else {
+                throw entry.error("key 'MinRefreshInterval': expected a duration up to 1d (e.g. 60 or 1min)")
+            }
+            limits.minRefreshIntervalSeconds = seconds
+        }
     }
 
     /// The longest a timeout may be: one hour.

@@ -187,12 +187,16 @@ public struct LoginRequest: Sendable {
     public var profile: JSON?
     /// When the token expires, overriding `expires_in` and a JWT's `exp`.
     public var expiresAt: Int64?
+    /// Whose session to log in, when an administrator logs one in for another
+    /// user; nil is the caller's own (or the declared `Owner=`).
+    public var ownerUID: UInt32?
 
     /// Makes a request.
     public init(
         provider: String, user: String, token: String? = nil, tokenResponse: JSON? = nil, profile: JSON? = nil,
-        expiresAt: Int64? = nil
+        expiresAt: Int64? = nil, ownerUID: UInt32? = nil
     ) {
+        self.ownerUID = ownerUID
         self.provider = provider
         self.user = user
         self.token = token

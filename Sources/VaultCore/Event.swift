@@ -44,7 +44,7 @@ public struct VaultEvent: Sendable, Equatable {
     public func json() -> JSON {
         var o: [String: JSON] = [
             "kind": .string(kind.rawValue), "provider": .string(account.provider), "user": .string(account.user),
-            "time": .int(time.seconds),
+            "time": .int(time.seconds), "ownerUid": .int(Int64(ownerUID)),
         ]
         o["reason"] = reason.map(JSON.string)
         o["code"] = code.map(JSON.string)
@@ -77,45 +77,5 @@ public struct EventFilter: Sendable, Equatable {
     /// True when an account passes the filter's provider and user.
     public func matches(_ account: Account) -> Bool {
         (provider == nil || provider == account.provider) && (user == nil || user == account.user)
-    }
-}
-
-/// Who may do what with whose session. Pure: the daemon resolves user and
-/// group names to ids when it loads the configuration.
-public struct AccessPolicy: Sendable, Equatable {
-    /// Members of these groups may see every session and force any logout.
-    public var adminGIDs: Set<UInt32>
-    /// Per account: uids and gids that may read its token besides its owner.
-    public var tokenReaders: [Account: (uids: Set<UInt32>, gids: Set<UInt32>)]
-
-    /// A policy.
-    public init(adminGIDs: Set<UInt32> = [], tokenReaders: [Account: (uids: Set<UInt32>, gids: Set<UInt32>)] = [:]) {
-        self.adminGIDs = adminGIDs
-        self.tokenReaders = tokenReaders
-    }
-
-    public static func == (lhs: AccessPolicy, rhs: AccessPolicy) -> Bool {
-        lhs.adminGIDs == rhs.adminGIDs && lhs.tokenReaders.keys == rhs.tokenReaders.keys
-            && lhs.tokenReaders.allSatisfy { key, value in
-                rhs.tokenReaders[key].map { $0.uids == value.uids && $0.gids == value.gids } ?? false
-            }
-    }
-
-    /// Root, or a member of an admin group.
-    public func isAdmin(_ caller: Caller) -> Bool {
-        caller.isRoot || !adminGIDs.isDisjoint(with: caller.allGroups)
-    }
-
-    /// May see the session (status, list, events) and log it out.
-    public func maySee(_ caller: Caller, ownerUID: UInt32) -> Bool {
-        caller.uid == ownerUID || isAdmin(caller)
-    }
-
-    /// May read the token: the owner, or someone the account's allow list names.
-    /// Being root or an admin is not enough.
-    public func mayReadToken(_ caller: Caller, account: Account, ownerUID: UInt32) -> Bool {
-        if caller.uid == ownerUID { return true }
-        guard let readers = tokenReaders[account] else { return false }
-        return readers.uids.contains(caller.uid) || !readers.gids.isDisjoint(with: caller.allGroups)
     }
 }

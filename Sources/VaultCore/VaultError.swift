@@ -19,6 +19,9 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case invalidConfig
         case subscriberTooSlow
         case tooManySubscriptions
+        case tooManySessions
+        case sessionTooLarge
+        case refreshTooSoon
         case internalError
 
         /// The seeds' error code for this kind, as the SDKs report it.
@@ -40,6 +43,9 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .invalidConfig: return "ERR_INVALID_CONFIG"
             case .subscriberTooSlow: return "ERR_SUBSCRIBER_TOO_SLOW"
             case .tooManySubscriptions: return "ERR_TOO_MANY_SUBSCRIPTIONS"
+            case .tooManySessions: return "ERR_TOO_MANY_SESSIONS"
+            case .sessionTooLarge: return "ERR_SESSION_TOO_LARGE"
+            case .refreshTooSoon: return "ERR_REFRESH_TOO_SOON"
             case .internalError: return "ERR_INTERNAL"
             }
         }
@@ -63,6 +69,9 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .invalidConfig: return "InvalidConfig"
             case .subscriberTooSlow: return "SubscriberTooSlow"
             case .tooManySubscriptions: return "TooManySubscriptions"
+            case .tooManySessions: return "TooManySessions"
+            case .sessionTooLarge: return "SessionTooLarge"
+            case .refreshTooSoon: return "RefreshTooSoon"
             case .internalError: return "InternalError"
             }
         }

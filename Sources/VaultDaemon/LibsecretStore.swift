@@ -184,9 +184,10 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         }
     }
 
-    public func delete(_ account: Account) async throws(VaultError) {
-        try await perform("deleting \(account)") { cancellable throws(VaultError) in
-            try self.clear(self.schema, self.attributes(account, owner: nil), cancellable, "deleting \(account)")
+    public func delete(_ key: SessionKey) async throws(VaultError) {
+        try await perform("deleting \(key)") { cancellable throws(VaultError) in
+            try self.clear(
+                self.schema, self.attributes(key.account, owner: key.owner), cancellable, "deleting \(key)")
         }
     }
 

@@ -11,7 +11,7 @@ import VaultCore
 public final class MemoryStore: SessionStore {
     /// What the store holds; one lock guards all of it.
     private struct Contents {
-        var records: [Account: SessionRecord] = [:]
+        var records: [SessionKey: SessionRecord] = [:]
         var providerSecrets: [String: Secret] = [:]
         var pendingRevocations: [String: PendingRevocation] = [:]
     }
@@ -24,21 +24,21 @@ public final class MemoryStore: SessionStore {
     /// An empty store.
     public init() {}
 
-    /// Every record, in account order (the keyring gives no order either; a
+    /// Every record, in key order (the keyring gives no order either; a
     /// fixed one keeps start-up deterministic).
     public func loadAll() async throws(VaultError) -> StoreContents {
-        let records = contents.withLock { $0.records.values.sorted { $0.account < $1.account } }
+        let records = contents.withLock { $0.records.values.sorted { $0.key < $1.key } }
         return StoreContents(records: records, unreadable: [])
     }
 
-    /// Creates or replaces the record of `record.account`.
+    /// Creates or replaces the record of `record.key`.
     public func save(_ record: SessionRecord) async throws(VaultError) {
-        contents.withLock { $0.records[record.account] = record }
+        contents.withLock { $0.records[record.key] = record }
     }
 
-    /// Deletes the record of `account`; a missing one is not an error.
-    public func delete(_ account: Account) async throws(VaultError) {
-        contents.withLock { _ = $0.records.removeValue(forKey: account) }
+    /// Deletes the record of the session `key`; a missing one is not an error.
+    public func delete(_ key: SessionKey) async throws(VaultError) {
+        contents.withLock { _ = $0.records.removeValue(forKey: key) }
     }
 
     /// Creates or replaces the client secret of `provider`.

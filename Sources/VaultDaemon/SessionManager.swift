@@ -16,19 +16,17 @@ public actor SessionManager {
     /// The table the serving thread reads.
     public nonisolated let table: SessionTable
 
-    private var machines: [Account: AccountStateMachine] = [:]
-    /// The store work in flight per account, which later requests join or wait for.
-    private var logins: [Account: Task<Result<SessionRecord, VaultError>, Never>] = [:]
-    private var logouts: [Account: Task<Result<Void, VaultError>, Never>] = [:]
-    /// Who started each login in flight: only that uid may join it.
-    private var loginOwners: [Account: UInt32] = [:]
+    private var machines: [SessionKey: AccountStateMachine] = [:]
+    /// The store work in flight per session, which later requests join or wait for.
+    private var logins: [SessionKey: Task<Result<SessionRecord, VaultError>, Never>] = [:]
+    private var logouts: [SessionKey: Task<Result<Void, VaultError>, Never>] = [:]
     /// When each session's token stops being valid; the nearest one arms `expiryTimer`.
     private var expiries = DeadlineQueue<TimedWork>()
     /// Refresh bookkeeping per account (shown by status, never stored).
-    private var refreshStatus: [Account: RefreshStatus] = [:]
+    private var refreshStatus: [SessionKey: RefreshStatus] = [:]
     /// The refresh in flight per account: every caller and the scheduler share it.
-    private var refreshes: [Account: Task<Result<SessionRecord, VaultError>, Never>] = [:]
-    private var refreshGenerations: [Account: Int] = [:]
+    private var refreshes: [SessionKey: Task<Result<SessionRecord, VaultError>, Never>] = [:]
+    private var refreshGenerations: [SessionKey: Int] = [:]
     private var refreshGeneration = 0
     /// Where fresh tokens come from, per oauth2 or exec provider.
     private var clients: [String: any TokenProvider] = [:]
@@ -56,18 +54,16 @@ public actor SessionManager {
         self.table = SessionTable(didChange: tableDidChange)
     }
 
-    private func emit(
-        _ kind: EventKind, _ account: Account, owner: UInt32, reason: String? = nil, code: VaultError.Code? = nil
-    ) {
+    private func emit(_ kind: EventKind, _ key: SessionKey, reason: String? = nil, code: VaultError.Code? = nil) {
         events(
             VaultEvent(
-                kind: kind, account: account, ownerUID: owner, time: clock.now(), reason: reason,
+                kind: kind, account: key.account, ownerUID: key.owner, time: clock.now(), reason: reason,
                 code: code?.seedCode))
     }
 
-    /// One audit line: who did what to which account, and the result. Never a secret.
-    public nonisolated func audit(_ action: String, _ account: Account, caller: Caller, result: String) {
-        Audit.log(log, action, account, caller: caller, result: result)
+    /// One audit line: who did what to which session, and the result. Never a secret.
+    public nonisolated func audit(_ action: String, _ key: SessionKey, caller: Caller, result: String) {
+        Audit.log(log, action, key, caller: caller, result: result)
     }
 
     /// Returns at once when the manager is not stuck: the watchdog's probe.
@@ -77,7 +73,7 @@ public actor SessionManager {
     /// that are gone are kept (and reported): their tokens stay readable, new
     /// logins to those providers are refused.
     public func apply(_ newConfig: VaultConfig, policy newPolicy: AccessPolicy) -> (
-        added: [String], removed: [String], orphaned: [Account]
+        added: [String], removed: [String], orphaned: [SessionKey]
     ) {
         let old = Set(config.providers.keys)
         let new = Set(newConfig.providers.keys)
@@ -85,11 +81,11 @@ public actor SessionManager {
         clients = [:]
         policy.replace(newPolicy)
         let removed = old.subtracting(new).sorted()
-        let orphaned = machines.keys.filter { removed.contains($0.provider) }.sorted()
-        for account in orphaned {
+        let orphaned = machines.keys.filter { removed.contains($0.account.provider) }.sorted()
+        for key in orphaned {
             log.warning(
                 "the provider of a session was removed from the configuration; the session is kept",
-                fields(account, event: "reload"))
+                fields(key, event: "reload"))
         }
         return (new.subtracting(old).sorted(), removed, orphaned)
     }
@@ -106,20 +102,20 @@ public actor SessionManager {
         var finished = 0
         for record in contents.records {
             if record.phase == .loggingOut {
-                try await store.delete(record.account)
-                log.notice("finished a logout that was interrupted", fields(record.account, event: "logoutSuccess"))
+                try await store.delete(record.key)
+                log.notice("finished a logout that was interrupted", fields(record.key, event: "logoutSuccess"))
                 finished += 1
                 continue
             }
             if config.providers[record.account.provider] == nil {
                 log.warning(
                     "a session's provider is not configured; the session is kept",
-                    fields(record.account, event: "restore"))
+                    fields(record.key, event: "restore"))
             }
-            machines[record.account] = AccountStateMachine(account: record.account, state: .loggedIn(record))
+            machines[record.key] = AccountStateMachine(account: record.account, state: .loggedIn(record))
             schedule(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt)
             // After scheduling, so that the view shows when the refresh is due.
-            publishView(record.account)
+            publishView(record.key)
         }
         rearmExpiryTimer()
         return (table.count, finished)
@@ -153,51 +149,65 @@ public actor SessionManager {
 
     // MARK: Login
 
-    /// Logs `request` in for `caller`; answers the existing session when the
-    /// account is already logged in (created false).
+    /// Logs `request` in for `caller`; answers the existing session when it
+    /// is already logged in (created false). The session is the caller's own,
+    /// the declared owner's for a declared account, or, for an administrator,
+    /// the one `request.ownerUID` names.
     public func login(_ request: LoginRequest, caller: Caller) async throws(VaultError) -> (SessionRecord, Bool) {
         let account = try Account.validate(provider: request.provider, user: request.user)
-        guard config.providers[account.provider] != nil else { throw .unknownProvider(account.provider) }
+        guard let provider = config.providers[account.provider] else { throw .unknownProvider(account.provider) }
+        let access = policy.policy
+        let key = SessionKey(
+            owner: try access.owner(of: account, for: caller, requested: request.ownerUID), account: account)
+        guard access.mayManage(caller, key) else {
+            audit("Login", key, caller: caller, result: VaultError.Code.accessDenied.seedCode)
+            throw access.declared[account] != nil
+                ? VaultError(
+                    .accessDenied,
+                    "[Account \(account.provider) \(account.user)] is declared for uid \(key.owner) (Owner=); only that user, root or the admin group may log it in or out"
+                ) : AccessPolicy.notYours(key)
+        }
+        if Self.mints(request, provider: provider), !access.mayMint(caller, account) {
+            audit("Login", key, caller: caller, result: VaultError.Code.accessDenied.seedCode)
+            throw AccessPolicy.mintDenied(account)
+        }
         // Bounded: each pass waits for one in-flight operation to end.
         for _ in 0..<64 {
-            var machine = machines[account] ?? AccountStateMachine(account: account)
-            let action = machine.loginRequested(by: caller)
-            machines[account] = machine
+            var machine = machines[key] ?? AccountStateMachine(account: account)
+            let action = machine.loginRequested()
+            machines[key] = machine
             switch action {
             case .returnExisting(let record):
-                audit("Login", account, caller: caller, result: "ok")
+                audit("Login", key, caller: caller, result: "ok")
                 return (record, false)
-            case .fail(let error):
-                throw error
             case .joinInFlight:
-                guard let task = logins[account] else { continue }
-                guard loginOwners[account] == caller.uid else {
-                    audit("Login", account, caller: caller, result: VaultError.Code.accessDenied.seedCode)
-                    throw VaultError(.accessDenied, "another user is logging \(account) in")
-                }
+                guard let task = logins[key] else { continue }
                 let record = try await task.value.get()
-                audit("Login", account, caller: caller, result: "ok")
+                audit("Login", key, caller: caller, result: "ok")
                 return (record, true)
             case .waitThenRetry:
-                if let task = logouts[account] { _ = await task.value }
+                if let task = logouts[key] { _ = await task.value }
                 continue
             case .startLogin:
-                if config.providers[account.provider]?.singleAccount == true,
+                if key.owner != 0, table.sessionCount(of: key.owner) >= config.limits.sessionsPerUser {
+                    machines[key]?.loginFailed()
+                    cleanUp(key)
+                    audit("Login", key, caller: caller, result: VaultError.Code.tooManySessions.seedCode)
+                    throw VaultError(
+                        .tooManySessions,
+                        "uid \(key.owner) already holds \(config.limits.sessionsPerUser) sessions, the most one user may (MaxSessionsPerUser=); log one out first"
+                    )
+                }
+                if provider.singleAccount,
                     let other = machines.first(where: {
-                        $0.key.provider == account.provider && $0.key != account && $0.value.state != .loggedOut
+                        $0.key.owner == key.owner && $0.key.account.provider == account.provider && $0.key != key
+                            && $0.value.state != .loggedOut
                     })
                 {
-                    // Account switching (OpenIM): the old session is logged out first.
-                    machines[account]?.loginFailed()
-                    cleanUp(account)
-                    if case .loggedIn(let record) = other.value.state,
-                        !policy.policy.maySee(caller, ownerUID: record.ownerUID)
-                    {
-                        throw VaultError(
-                            .accessDenied,
-                            "provider '\(account.provider)' allows one account and \(other.key) belongs to uid \(record.ownerUID); it must log out first"
-                        )
-                    }
+                    // Account switching (OpenIM), within one owner's sessions: the old
+                    // session is logged out first.
+                    machines[key]?.loginFailed()
+                    cleanUp(key)
                     log.info("switching accounts", fields(other.key, event: "switch", caller: caller))
                     do throws(VaultError) {
                         try await logout(other.key, caller: caller, reason: "switched")
@@ -206,25 +216,36 @@ public actor SessionManager {
                     }
                     continue
                 }
-                table.publish(account, SessionView(state: .logging, record: nil))
+                table.publish(key, SessionView(state: .logging, record: nil))
                 // The task ends only after the state changed, so that whoever
                 // awaits it (a joiner, a waiting logout) sees the new state.
                 let task = Task { () -> Result<SessionRecord, VaultError> in
-                    await self.performLogin(request, account: account, caller: caller)
+                    await self.performLogin(request, key: key, caller: caller)
                 }
-                logins[account] = task
-                loginOwners[account] = caller.uid
+                logins[key] = task
                 return (try await task.value.get(), true)
             }
         }
         throw VaultError(.loginInProgress, "\(account) kept changing while logging in; try again")
     }
 
+    /// True when `request` has the provider issue tokens with its own
+    /// credential: a login without a token, or any login through an exec
+    /// helper (which acts with the provider's credential, and refreshes with it).
+    static func mints(_ request: LoginRequest, provider: ProviderConfig) -> Bool {
+        switch provider.type {
+        case .static: return false
+        case .exec: return true
+        case .oauth2: return request.token == nil && request.tokenResponse == nil
+        }
+    }
+
     /// Builds the session (asking the provider for tokens when the client
     /// brought none), then stores it.
-    private func performLogin(_ request: LoginRequest, account: Account, caller: Caller) async -> Result<
+    private func performLogin(_ request: LoginRequest, key: SessionKey, caller: Caller) async -> Result<
         SessionRecord, VaultError
     > {
+        let account = key.account
         var obtained: LoginCredential?
         var request = request
         let provider = client(for: account.provider)
@@ -236,61 +257,58 @@ public actor SessionManager {
             case .refreshed(let tokens, let expiresIn):
                 obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
             case .transient(let reason, _):
-                return failLogin(account, caller, VaultError(.networkError, "logging \(account) in failed: \(reason)"))
+                return failLogin(key, caller, VaultError(.networkError, "logging \(account) in failed: \(reason)"))
             case .permanent(let code, let reason):
                 let known = VaultError.Code(seedCode: code) ?? .invalidCredential
-                return failLogin(account, caller, VaultError(known, "the provider refused \(account): \(reason)"))
+                return failLogin(key, caller, VaultError(known, "the provider refused \(account): \(reason)"))
             }
         }
         let record: SessionRecord
         do throws(VaultError) {
-            record = try makeRecord(request, account: account, caller: caller, obtained: obtained)
+            record = try makeRecord(request, key: key, obtained: obtained)
         } catch {
-            return failLogin(account, caller, error)
+            return failLogin(key, caller, error)
         }
         return await commitLogin(record, caller: caller)
     }
 
-    private func failLogin(_ account: Account, _ caller: Caller, _ error: VaultError) -> Result<
+    private func failLogin(_ key: SessionKey, _ caller: Caller, _ error: VaultError) -> Result<
         SessionRecord, VaultError
     > {
-        logins[account] = nil
-        loginOwners[account] = nil
-        machines[account]?.loginFailed()
-        cleanUp(account)
-        log.error("login failed", fields(account, event: "loginFailed", caller: caller, code: error.code))
-        emit(.loginFailed, account, owner: caller.uid, code: error.code)
-        audit("Login", account, caller: caller, result: error.code.seedCode)
+        logins[key] = nil
+        machines[key]?.loginFailed()
+        cleanUp(key)
+        log.error("login failed", fields(key, event: "loginFailed", caller: caller, code: error.code))
+        emit(.loginFailed, key, code: error.code)
+        audit("Login", key, caller: caller, result: error.code.seedCode)
         return .failure(error)
     }
 
     private func commitLogin(_ record: SessionRecord, caller: Caller) async -> Result<SessionRecord, VaultError> {
-        let account = record.account
-        defer {
-            logins[account] = nil
-            loginOwners[account] = nil
-        }
+        let key = record.key
+        defer { logins[key] = nil }
         do throws(VaultError) {
             try await store.save(record)
         } catch {
             // A write abandoned at the timeout may still land in the keyring: remove it.
-            try? await store.delete(account)
-            return failLogin(account, caller, error)
+            try? await store.delete(key)
+            return failLogin(key, caller, error)
         }
-        machines[account]?.loginSucceeded(record)
+        machines[key]?.loginSucceeded(record)
         schedule(record, refreshedAt: clock.now())
         // After scheduling, so that the view shows when the refresh is due.
-        publishView(account)
+        publishView(key)
         rearmExpiryTimer()
-        log.info("logged in", fields(account, event: "loginSuccess", caller: caller))
-        emit(.loginSuccess, account, owner: record.ownerUID)
-        audit("Login", account, caller: caller, result: "ok")
+        log.info("logged in", fields(key, event: "loginSuccess", caller: caller))
+        emit(.loginSuccess, key)
+        audit("Login", key, caller: caller, result: "ok")
         return .success(record)
     }
 
-    private func makeRecord(
-        _ request: LoginRequest, account: Account, caller: Caller, obtained: LoginCredential? = nil
-    ) throws(VaultError) -> SessionRecord {
+    private func makeRecord(_ request: LoginRequest, key: SessionKey, obtained: LoginCredential? = nil)
+        throws(VaultError) -> SessionRecord
+    {
+        let account = key.account
         let credential: LoginCredential
         switch (request.token, request.tokenResponse) {
         case (nil, nil) where obtained != nil:
@@ -327,14 +345,24 @@ public actor SessionManager {
         if profile.deactivatedAt != nil {
             throw VaultError(.userDeactivated, "\(account) is deactivated; reactivate the user at the provider")
         }
-        return SessionRecord(
+        let record = SessionRecord(
             account: account, user: profile, tokens: credential.tokens, createdAt: now, expiresAt: expiresAt,
-            ownerUID: caller.uid)
+            ownerUID: key.owner)
+        var document = record.storedJSON().serialized()
+        let size = document.count
+        document.wipe()
+        guard size <= config.limits.sessionBytes else {
+            throw VaultError(
+                .sessionTooLarge,
+                "the session of \(account) would take \(size) bytes, more than the \(config.limits.sessionBytes) one session may (MaxSessionSize=); send a smaller profile or token"
+            )
+        }
+        return record
     }
 
     // MARK: Logout
 
-    /// Logs `account` out for `caller`: withdraws the token and tells the
+    /// Logs the session `key` out for `caller`: withdraws the token and tells the
     /// subscribers at once, then marks the stored record logging-out and
     /// deletes it (a crash in between finishes the logout at start-up), and
     /// returns once the store is updated. Should the store fail, the session is
@@ -343,36 +371,41 @@ public actor SessionManager {
     /// With a `reason` it is a forced logout (the chat server kicked the client
     /// offline, or an administrator): subscribers get `kickedOffline` instead of
     /// `logoutSuccess`.
-    public func logout(_ account: Account, caller: Caller, reason: String? = nil, kind: EventKind? = nil)
+    public func logout(_ key: SessionKey, caller: Caller, reason: String? = nil, kind: EventKind? = nil)
         async throws(VaultError)
     {
+        let account = key.account
         let action = LogoutKind(reason: reason, kind: kind).auditAction
+        guard policy.policy.mayManage(caller, key) else {
+            audit(action, key, caller: caller, result: VaultError.Code.accessDenied.seedCode)
+            throw AccessPolicy.notYours(key)
+        }
         for _ in 0..<64 {
-            var machine = machines[account] ?? AccountStateMachine(account: account)
-            let step = machine.logoutRequested(by: caller, isAdmin: policy.policy.isAdmin(caller))
-            machines[account] = machine
+            var machine = machines[key] ?? AccountStateMachine(account: account)
+            let step = machine.logoutRequested()
+            machines[key] = machine
             switch step {
             case .fail(let error):
-                cleanUp(account)
-                audit(action, account, caller: caller, result: error.code.seedCode)
+                cleanUp(key)
+                audit(action, key, caller: caller, result: error.code.seedCode)
                 throw error
             case .joinInFlight:
-                guard let task = logouts[account] else { continue }
+                guard let task = logouts[key] else { continue }
                 return try await task.value.get()
             case .waitThenRetry:
-                if let task = logins[account] { _ = await task.value }
+                if let task = logins[key] { _ = await task.value }
                 continue
             case .startLogout(let record):
                 // Nobody gets the token from here on, even before the store answered,
                 // and every subscriber learns so now: the store's writes take tens of
                 // milliseconds (gnome-keyring rewrites its file), a client should not
                 // go on using the token meanwhile.
-                table.publish(account, SessionView(state: .logout, record: nil))
-                emit(LogoutKind(reason: reason, kind: kind).event, account, owner: record.ownerUID, reason: reason)
+                table.publish(key, SessionView(state: .logout, record: nil))
+                emit(LogoutKind(reason: reason, kind: kind).event, key, reason: reason)
                 let task = Task { () -> Result<Void, VaultError> in
                     await self.commitLogout(record, caller: caller, reason: reason, kind: kind)
                 }
-                logouts[account] = task
+                logouts[key] = task
                 return try await task.value.get()
             }
         }
@@ -384,34 +417,34 @@ public actor SessionManager {
     private func commitLogout(_ record: SessionRecord, caller: Caller, reason: String?, kind: EventKind?) async
         -> Result<Void, VaultError>
     {
-        let account = record.account
+        let key = record.key
         let what = LogoutKind(reason: reason, kind: kind)
         let action = what.auditAction
-        defer { logouts[account] = nil }
+        defer { logouts[key] = nil }
         var marked = record
         marked.phase = .loggingOut
         do throws(VaultError) {
             try await store.save(marked)
-            try await store.delete(account)
+            try await store.delete(key)
         } catch {
-            machines[account]?.logoutFinished(succeeded: false)
-            table.publish(account, SessionView(state: .logged, record: record))
-            log.error("logout failed", fields(account, event: "logoutFailed", caller: caller, code: error.code))
-            emit(.logoutFailed, account, owner: record.ownerUID, reason: reason, code: error.code)
-            audit(action, account, caller: caller, result: error.code.seedCode)
+            machines[key]?.logoutFinished(succeeded: false)
+            table.publish(key, SessionView(state: .logged, record: record))
+            log.error("logout failed", fields(key, event: "logoutFailed", caller: caller, code: error.code))
+            emit(.logoutFailed, key, reason: reason, code: error.code)
+            audit(action, key, caller: caller, result: error.code.seedCode)
             return .failure(error)
         }
-        machines[account]?.logoutFinished(succeeded: true)
-        cleanUp(account)
-        table.publish(account, nil)
-        for purpose in TimedWork.Purpose.allCases { expiries.cancel(TimedWork(account: account, purpose: purpose)) }
-        refreshStatus[account] = nil
+        machines[key]?.logoutFinished(succeeded: true)
+        cleanUp(key)
+        table.publish(key, nil)
+        for purpose in TimedWork.Purpose.allCases { expiries.cancel(TimedWork(key: key, purpose: purpose)) }
+        refreshStatus[key] = nil
         rearmExpiryTimer()
         revokeAtProvider(record)
-        var logFields = fields(account, event: what.event.rawValue, caller: caller)
+        var logFields = fields(key, event: what.event.rawValue, caller: caller)
         logFields["reason"] = reason
         log.info("logged out", logFields)
-        audit(action, account, caller: caller, result: "ok")
+        audit(action, key, caller: caller, result: "ok")
         return .success(())
     }
 
@@ -440,30 +473,31 @@ public actor SessionManager {
     func expireDueSessions() async {
         let now = clock.now()
         for work in expiries.popDue(at: now) {
-            let account = work.account
-            guard case .loggedIn(let record)? = machines[account]?.state else { continue }
+            let key = work.key
+            let account = key.account
+            guard case .loggedIn(let record)? = machines[key]?.state else { continue }
             switch work.purpose {
             case .expire:
                 guard record.isExpired(at: now) else { continue }
                 // After a suspend or a restart past the expiry, a refresh may still work:
                 // only a session that cannot be refreshed now ends as tokenExpired.
                 if let provider = client(for: account.provider), provider.canRefresh(record),
-                    (try? await refresh(account, caller: nil)) != nil
+                    (try? await refresh(key, caller: nil)) != nil
                 {
                     continue
                 }
-                guard case .loggedIn(let current)? = machines[account]?.state, current.isExpired(at: clock.now())
+                guard case .loggedIn(let current)? = machines[key]?.state, current.isExpired(at: clock.now())
                 else { continue }
-                await end(account, reason: "tokenExpired", kind: .tokenExpired)
+                await end(key, reason: "tokenExpired", kind: .tokenExpired)
             case .maxLifetime:
-                await end(account, reason: "maxSessionLifetime", kind: .tokenInvalid)
+                await end(key, reason: "maxSessionLifetime", kind: .tokenInvalid)
             case .refresh:
-                Task { _ = try? await self.refresh(account, caller: nil) }
+                Task { _ = try? await self.refresh(key, caller: nil) }
             case .saveRetry:
                 do throws(VaultError) {
                     try await store.save(record)
-                    refreshStatus[account, default: RefreshStatus()].unsaved = false
-                    publishView(account)
+                    refreshStatus[key, default: RefreshStatus()].unsaved = false
+                    publishView(key)
                 } catch {
                     expiries.schedule(work, at: now.adding(seconds: 5))
                 }
@@ -472,19 +506,20 @@ public actor SessionManager {
         rearmExpiryTimer()
     }
 
-    private func end(_ account: Account, reason: String, kind: EventKind) async {
+    private func end(_ key: SessionKey, reason: String, kind: EventKind) async {
         do throws(VaultError) {
-            try await logout(account, caller: Caller.vaultd, reason: reason, kind: kind)
+            try await logout(key, caller: Caller.vaultd, reason: reason, kind: kind)
         } catch {
-            log.error("a session could not be ended", fields(account, event: kind.rawValue, code: error.code))
+            log.error("a session could not be ended", fields(key, event: kind.rawValue, code: error.code))
         }
     }
 
     /// Schedules the hard expiry, the refresh and the maximum lifetime of a session.
     private func schedule(_ record: SessionRecord, refreshedAt: UnixTime) {
+        let key = record.key
         let account = record.account
         if let expiresAt = record.expiresAt {
-            expiries.schedule(TimedWork(account: account, purpose: .expire), at: expiresAt)
+            expiries.schedule(TimedWork(key: key, purpose: .expire), at: expiresAt)
         }
         guard let provider = config.providers[account.provider], let source = client(for: account.provider) else {
             return
@@ -495,32 +530,33 @@ public actor SessionManager {
                 RefreshPolicy.refreshAt(
                     issuedAt: refreshedAt, expiresAt: expiresAt, jitter: RefreshPolicy.jitter(for: account)),
                 clock.now().adding(seconds: 1))
-            expiries.schedule(TimedWork(account: account, purpose: .refresh), at: at)
-            refreshStatus[account, default: RefreshStatus()].refreshAt = at
+            expiries.schedule(TimedWork(key: key, purpose: .refresh), at: at)
+            refreshStatus[key, default: RefreshStatus()].refreshAt = at
         }
         if let maximum = provider.oauth2?.maxSessionLifetime {
             expiries.schedule(
-                TimedWork(account: account, purpose: .maxLifetime), at: record.createdAt.adding(seconds: maximum))
+                TimedWork(key: key, purpose: .maxLifetime), at: record.createdAt.adding(seconds: maximum))
         }
     }
 
     // MARK: Refresh
 
-    /// Refreshes the tokens of `account` now, or joins the refresh in flight.
-    /// `caller` nil is vaultd's own scheduler.
-    public func refresh(_ account: Account, caller: Caller?, respectBackoff: Bool = false) async throws(VaultError)
-        -> SessionRecord
-    {
-        guard case .loggedIn(let record)? = machines[account]?.state else { throw .notLoggedIn(account) }
-        if let caller, !policy.policy.maySee(caller, ownerUID: record.ownerUID) {
-            throw VaultError(.accessDenied, "\(account) belongs to another user (uid \(record.ownerUID))")
-        }
-        if let task = refreshes[account] { return try await task.value.get() }
-        if respectBackoff, let retryAt = refreshStatus[account]?.nextRetryAt, retryAt > clock.now() {
+    /// Refreshes the tokens of the session `key` now, or joins the refresh in
+    /// flight. `caller` nil is vaultd's own scheduler; a refresh a client asked
+    /// for (`Refresh`, or `GetToken` through `freshToken`) starts at most once
+    /// per `MinRefreshInterval=` while the token has not expired.
+    public func refresh(
+        _ key: SessionKey, caller: Caller?, clientAsked: Bool = false, respectBackoff: Bool = false
+    ) async throws(VaultError) -> SessionRecord {
+        let account = key.account
+        if let caller, !policy.policy.mayManage(caller, key) { throw AccessPolicy.notYours(key) }
+        guard case .loggedIn(let record)? = machines[key]?.state else { throw .notLoggedIn(account) }
+        if let task = refreshes[key] { return try await task.value.get() }
+        if respectBackoff, let retryAt = refreshStatus[key]?.nextRetryAt, retryAt > clock.now() {
             // Clients asking for fresh tokens must not hammer a failing endpoint.
             throw VaultError(
                 .networkError,
-                "refreshing \(account) failed (\(refreshStatus[account]?.lastError ?? "unknown error")); the next try is at \(retryAt)"
+                "refreshing \(account) failed (\(refreshStatus[key]?.lastError ?? "unknown error")); the next try is at \(retryAt)"
             )
         }
         guard let provider = client(for: account.provider) else {
@@ -530,32 +566,62 @@ public actor SessionManager {
         guard provider.canRefresh(record) else {
             throw VaultError(.tokenExpired, "\(account) has no refresh token; log in again")
         }
+        let now = clock.now()
+        let issued = record.tokens.issuedAt ?? record.createdAt
+        let interval = config.limits.minRefreshIntervalSeconds
+        if clientAsked, !record.isExpired(at: now), issued.adding(seconds: interval) > now {
+            // One local user must not be able to make vaultd hammer the token
+            // endpoint (and get a shared client_id rate-limited for everyone).
+            throw VaultError(
+                .refreshTooSoon,
+                "the tokens of \(account) were issued at \(issued), less than \(interval)s ago (MinRefreshInterval=); they are refreshed again from \(issued.adding(seconds: interval)) on"
+            )
+        }
         refreshGeneration += 1
         let generation = refreshGeneration
         let task = Task { () -> Result<SessionRecord, VaultError> in
-            let result = await self.performRefresh(account, provider: provider, snapshot: record)
+            let result = await self.performRefresh(key, provider: provider, snapshot: record)
             // Only this refresh's entry: a newer session may have started its own meanwhile.
-            if self.refreshGenerations[account] == generation {
-                self.refreshes[account] = nil
-                self.refreshGenerations[account] = nil
+            if self.refreshGenerations[key] == generation {
+                self.refreshes[key] = nil
+                self.refreshGenerations[key] = nil
             }
             return result
         }
-        refreshes[account] = task
-        refreshGenerations[account] = generation
+        refreshes[key] = task
+        refreshGenerations[key] = generation
         return try await task.value.get()
     }
 
     /// A token valid at least `minValidSeconds` for `caller`, refreshing first when needed.
-    public func freshToken(_ account: Account, minValidSeconds: Int64, caller: Caller) async throws(VaultError)
+    ///
+    /// Asks the provider at most once per `MinRefreshInterval=`, and never
+    /// when `minValidSeconds` is beyond what a token of this session lives:
+    /// then the answer is `tokenExpired` at once.
+    public func freshToken(_ key: SessionKey, minValidSeconds: Int64, caller: Caller) async throws(VaultError)
         -> SessionRecord
     {
-        guard case .loggedIn(var record)? = machines[account]?.state else { throw .notLoggedIn(account) }
-        guard policy.policy.mayReadToken(caller, account: account, ownerUID: record.ownerUID) else {
+        let account = key.account
+        guard case .loggedIn(var record)? = machines[key]?.state else { throw .notLoggedIn(account) }
+        guard policy.policy.mayReadToken(caller, key) else {
             throw VaultError(.accessDenied, "the token of \(account) is handed only to its owner")
         }
         if let expiresAt = record.expiresAt, expiresAt <= clock.now().adding(seconds: minValidSeconds) {
-            record = try await refresh(account, caller: nil, respectBackoff: true)
+            let lifetime = expiresAt.seconds - (record.tokens.issuedAt ?? record.createdAt).seconds
+            if minValidSeconds >= lifetime {
+                throw VaultError(
+                    .tokenExpired,
+                    "a token of \(account) lives \(lifetime)s, and \(minValidSeconds)s were asked for; ask for less (minValidSeconds)"
+                )
+            }
+            do throws(VaultError) {
+                record = try await refresh(key, caller: nil, clientAsked: true, respectBackoff: true)
+            } catch  where error.code == .refreshTooSoon {
+                throw VaultError(
+                    .tokenExpired,
+                    "the token of \(account) expires at \(expiresAt), before the \(minValidSeconds)s asked for, and was refreshed too recently to refresh again (\(error.message))"
+                )
+            }
         }
         if let expiresAt = record.expiresAt, expiresAt <= clock.now().adding(seconds: minValidSeconds) {
             throw VaultError(
@@ -565,13 +631,14 @@ public actor SessionManager {
         return record
     }
 
-    private func performRefresh(_ account: Account, provider: any TokenProvider, snapshot: SessionRecord) async
+    private func performRefresh(_ key: SessionKey, provider: any TokenProvider, snapshot: SessionRecord) async
         -> Result<SessionRecord, VaultError>
     {
-        setConnection(account, .connecting, reason: nil)
+        let account = key.account
+        setConnection(key, .connecting, reason: nil)
         let outcome = await provider.refresh(snapshot)
         // The session may have ended, or been replaced, while the request was out.
-        guard case .loggedIn(let current)? = machines[account]?.state, current.tokens == snapshot.tokens
+        guard case .loggedIn(let current)? = machines[key]?.state, current.tokens == snapshot.tokens
         else {
             if case .refreshed(let tokens, _) = outcome { revokeOrphaned(tokens, of: snapshot) }
             return .failure(.notLoggedIn(account))
@@ -590,86 +657,86 @@ public actor SessionManager {
             updated.expiresAt = now.adding(seconds: lifetime)
             // Write-through before anyone gets the new access token: a rotated
             // refresh token that is not stored would be lost at a crash.
-            var status = refreshStatus[account] ?? RefreshStatus()
+            var status = refreshStatus[key] ?? RefreshStatus()
             do throws(VaultError) {
                 try await store.save(updated)
                 status.unsaved = false
             } catch {
                 status.unsaved = true
-                expiries.schedule(TimedWork(account: account, purpose: .saveRetry), at: now.adding(seconds: 5))
+                expiries.schedule(TimedWork(key: key, purpose: .saveRetry), at: now.adding(seconds: 5))
                 log.error(
                     "refreshed tokens could not be stored; kept in memory and retried",
-                    fields(account, event: "tokenRefreshed", code: error.code))
+                    fields(key, event: "tokenRefreshed", code: error.code))
             }
-            guard case .loggedIn(let again)? = machines[account]?.state, again.tokens == snapshot.tokens else {
+            guard case .loggedIn(let again)? = machines[key]?.state, again.tokens == snapshot.tokens else {
                 // The session ended or was replaced while the write was out: put the
                 // current record back if it is another session's.
-                if case .loggedIn(let again)? = machines[account]?.state { try? await store.save(again) }
+                if case .loggedIn(let again)? = machines[key]?.state { try? await store.save(again) }
                 if case .refreshed(let issued, _) = outcome { revokeOrphaned(issued, of: snapshot) }
                 return .failure(.notLoggedIn(account))
             }
-            machines[account]?.refreshed(updated)
+            machines[key]?.refreshed(updated)
             status.lastRefreshAt = now
             status.consecutiveFailures = 0
             status.lastError = nil
             status.nextRetryAt = nil
-            refreshStatus[account] = status
+            refreshStatus[key] = status
             schedule(updated, refreshedAt: now)
             rearmExpiryTimer()
-            publishView(account)
-            log.info("token refreshed", fields(account, event: "tokenRefreshed"))
+            publishView(key)
+            log.info("token refreshed", fields(key, event: "tokenRefreshed"))
             events(
                 VaultEvent(
                     kind: .tokenRefreshed, account: account, ownerUID: updated.ownerUID, time: now,
                     expiresAt: updated.expiresAt))
-            setConnection(account, .connected, reason: nil)
+            setConnection(key, .connected, reason: nil)
             return .success(updated)
         case .transient(let reason, let retryAfter):
-            var status = refreshStatus[account] ?? RefreshStatus()
+            var status = refreshStatus[key] ?? RefreshStatus()
             status.consecutiveFailures += 1
             status.lastError = reason
             let wait = RefreshPolicy.backoff(
                 attempt: status.consecutiveFailures, random: Double.random(in: 0..<1), retryAfter: retryAfter)
             status.nextRetryAt = now.adding(seconds: wait)
-            refreshStatus[account] = status
-            expiries.schedule(TimedWork(account: account, purpose: .refresh), at: now.adding(seconds: wait))
+            refreshStatus[key] = status
+            expiries.schedule(TimedWork(key: key, purpose: .refresh), at: now.adding(seconds: wait))
             rearmExpiryTimer()
             log.warning(
                 "refresh failed; the current token is still served and the refresh retried",
-                fields(account, event: "connectFailed").merging(["reason": reason, "retryIn": String(wait)]) { a, _ in a
+                fields(key, event: "connectFailed").merging(["reason": reason, "retryIn": String(wait)]) { a, _ in a
                 })
-            setConnection(account, .connectFailed, reason: reason)
+            setConnection(key, .connectFailed, reason: reason)
             return .failure(VaultError(.networkError, "refreshing \(account) failed: \(reason); retrying in \(wait)s"))
         case .permanent(let code, let reason):
-            refreshStatus[account, default: RefreshStatus()].lastError = reason
+            refreshStatus[key, default: RefreshStatus()].lastError = reason
             log.error(
                 "refresh refused; the session is logged out",
-                fields(account, event: "tokenInvalid").merging(
+                fields(key, event: "tokenInvalid").merging(
                     ["reason": code]) { a, _ in a })
-            await end(account, reason: "tokenInvalid", kind: .tokenInvalid)
+            await end(key, reason: "tokenInvalid", kind: .tokenInvalid)
             return .failure(
                 VaultError(.invalidCredential, "the provider refused to refresh \(account) (\(code)); log in again"))
         }
     }
 
-    private func setConnection(_ account: Account, _ state: ConnectionState, reason: String?) {
+    private func setConnection(_ key: SessionKey, _ state: ConnectionState, reason: String?) {
         guard
-            let record = machines[account].flatMap({ machine -> SessionRecord? in
+            let record = machines[key].flatMap({ machine -> SessionRecord? in
                 if case .loggedIn(let record) = machine.state { return record }
                 return nil
             })
         else { return }
-        refreshStatus[account, default: RefreshStatus()].connection = state
-        publishView(account)
+        refreshStatus[key, default: RefreshStatus()].connection = state
+        publishView(key)
         events(
             VaultEvent(
-                kind: .connectionChanged, account: account, ownerUID: record.ownerUID, time: clock.now(),
+                kind: .connectionChanged, account: key.account, ownerUID: record.ownerUID, time: clock.now(),
                 reason: reason.map { "\(state.rawValue): \($0)" } ?? state.rawValue))
     }
 
-    private func publishView(_ account: Account) {
-        guard case .loggedIn(let record)? = machines[account]?.state else { return }
-        table.publish(account, SessionView(state: .logged, record: record, refresh: refreshStatus[account]))
+    private func publishView(_ key: SessionKey) {
+        guard case .loggedIn(let record)? = machines[key]?.state else { return }
+        table.publish(key, SessionView(state: .logged, record: record, refresh: refreshStatus[key]))
     }
 
     private func client(for provider: String) -> (any TokenProvider)? {
@@ -712,7 +779,7 @@ public actor SessionManager {
         orphan.tokens = issued
         log.info(
             "a refresh finished after its session ended; the tokens it obtained are revoked",
-            fields(snapshot.account, event: "revokeOrphaned"))
+            fields(snapshot.key, event: "revokeOrphaned"))
         revokeAtProvider(orphan)
     }
 
@@ -759,19 +826,21 @@ public actor SessionManager {
 
     /// Forgets the machine of an account that is logged out, so the table of
     /// machines holds only live accounts.
-    private func cleanUp(_ account: Account) {
-        if machines[account]?.state == .loggedOut {
-            machines[account] = nil
-            table.publish(account, nil)
+    private func cleanUp(_ key: SessionKey) {
+        if machines[key]?.state == .loggedOut {
+            machines[key] = nil
+            table.publish(key, nil)
         }
     }
 
     private nonisolated func fields(
-        _ account: Account, event: String, caller: Caller? = nil, code: VaultError.Code? = nil
+        _ key: SessionKey, event: String, caller: Caller? = nil, code: VaultError.Code? = nil
     )
         -> [String: String]
     {
-        var f = ["provider": account.provider, "user": account.user, "event": event]
+        var f = [
+            "provider": key.account.provider, "user": key.account.user, "owner": String(key.owner), "event": event,
+        ]
         if let caller {
             f["uid"] = String(caller.uid)
             f["pid"] = String(caller.pid)
@@ -782,17 +851,18 @@ public actor SessionManager {
 }
 
 /// The audit trail: one structured line per token handout, login, logout and
-/// kick, naming who (uid, pid, executable), what, which account and the result.
+/// kick, naming who (uid, pid, executable), what, which session (account and
+/// owner) and the result.
 public enum Audit {
     /// Writes one audit line.
-    public static func log(_ log: Logger, _ action: String, _ account: Account, caller: Caller, result: String) {
+    public static func log(_ log: Logger, _ action: String, _ key: SessionKey, caller: Caller, result: String) {
         // Already in key order: an audit line per token handout is on the serving path.
         log.log(
             .notice, "audit",
             sortedFields: [
-                ("action", action), ("exe", caller.executable ?? "?"), ("pid", String(caller.pid)),
-                ("provider", account.provider), ("result", result), ("uid", String(caller.uid)),
-                ("user", account.user),
+                ("action", action), ("exe", caller.executable ?? "?"), ("owner", String(key.owner)),
+                ("pid", String(caller.pid)), ("provider", key.account.provider), ("result", result),
+                ("uid", String(caller.uid)), ("user", key.account.user),
             ])
     }
 }
@@ -826,7 +896,7 @@ struct TimedWork: Hashable, Sendable {
         case saveRetry
     }
 
-    var account: Account
+    var key: SessionKey
     var purpose: Purpose
 }
 

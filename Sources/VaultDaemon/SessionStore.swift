@@ -47,10 +47,11 @@ public protocol SessionStore: Sendable {
     var location: String { get }
     /// Every record of vaultd's schema.
     func loadAll() async throws(VaultError) -> StoreContents
-    /// Writes (creates or replaces) the record of `record.account`.
+    /// Writes (creates or replaces) the record of `record.key`.
     func save(_ record: SessionRecord) async throws(VaultError)
-    /// Deletes the record of `account`; deleting a missing record succeeds.
-    func delete(_ account: Account) async throws(VaultError)
+    /// Deletes the record of the session `key` (that owner's only); deleting a
+    /// missing record succeeds.
+    func delete(_ key: SessionKey) async throws(VaultError)
     /// Writes (creates or replaces) the OAuth 2.0 client secret of `provider`.
     func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError)
     /// The client secret of `provider`, if one was stored.

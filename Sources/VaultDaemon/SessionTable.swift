@@ -1,7 +1,7 @@
 import Synchronization
 import VaultCore
 
-/// What the serving thread may read about one account without asking the
+/// What the serving thread may read about one session without asking the
 /// session manager: its client-visible state and its record, if any.
 public struct SessionView: Sendable {
     /// The client-visible login state.
@@ -52,8 +52,13 @@ public final class SessionTable: Sendable {
     /// O(1) per change: every login and refresh publishes, and STATUS= must
     /// not scan 100,000 sessions each time.
     private struct Contents {
-        var views: [Account: SessionView] = [:]
+        var views: [SessionKey: SessionView] = [:]
         var counts = Counts()
+        /// Per account, the uids holding a session of it (an admin who names
+        /// no owner is answered from the only one).
+        var owners: [Account: Set<UInt32>] = [:]
+        /// Sessions per owner, for the per-user limit.
+        var perOwner: [UInt32: Int] = [:]
     }
 
     private let contents = Mutex(Contents())
@@ -64,14 +69,24 @@ public final class SessionTable: Sendable {
         self.didChange = didChange
     }
 
-    /// The view of `account`, or nil when it has no session.
-    public func view(of account: Account) -> SessionView? {
-        contents.withLock { $0.views[account] }
+    /// The view of the session `key`, or nil when there is none.
+    public func view(of key: SessionKey) -> SessionView? {
+        contents.withLock { $0.views[key] }
     }
 
-    /// Every view, sorted by account.
-    public func all() -> [(Account, SessionView)] {
+    /// Every view, sorted by provider, user and owner.
+    public func all() -> [(SessionKey, SessionView)] {
         contents.withLock { $0.views.sorted { $0.key < $1.key }.map { ($0.key, $0.value) } }
+    }
+
+    /// The uids that hold a session (or a login in flight) of `account`, in order.
+    public func owners(of account: Account) -> [UInt32] {
+        contents.withLock { ($0.owners[account] ?? []).sorted() }
+    }
+
+    /// How many sessions (and logins in flight) `owner` holds.
+    public func sessionCount(of owner: UInt32) -> Int {
+        contents.withLock { $0.perOwner[owner] ?? 0 }
     }
 
     /// The number of accounts with a session.
@@ -80,12 +95,24 @@ public final class SessionTable: Sendable {
     /// How many accounts are in each state, without looking at every view.
     public var counts: Counts { contents.withLock { $0.counts } }
 
-    /// Publishes the state of `account` (nil removes it). Only the session manager calls this.
-    func publish(_ account: Account, _ view: SessionView?) {
+    /// Publishes the state of the session `key` (nil removes it). Only the session manager calls this.
+    func publish(_ key: SessionKey, _ view: SessionView?) {
         contents.withLock { contents in
-            if let old = contents.views[account] { contents.counts.count(old, -1) }
+            let old = contents.views[key]
+            if let old { contents.counts.count(old, -1) }
             if let view { contents.counts.count(view, 1) }
-            contents.views[account] = view
+            contents.views[key] = view
+            switch (old == nil, view == nil) {
+            case (true, false):
+                contents.owners[key.account, default: []].insert(key.owner)
+                contents.perOwner[key.owner, default: 0] += 1
+            case (false, true):
+                contents.owners[key.account]?.remove(key.owner)
+                if contents.owners[key.account]?.isEmpty == true { contents.owners[key.account] = nil }
+                contents.perOwner[key.owner, default: 1] -= 1
+                if contents.perOwner[key.owner] == 0 { contents.perOwner[key.owner] = nil }
+            default: break
+            }
         }
         didChange(self)
     }

@@ -31,12 +31,15 @@ public enum VaultMethods {
             }
         }
 
+        let policy = manager.policy
+
         service.methods[VaultMethod.logout.rawValue] = { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let (provider, user) = try p.account()
+                let (account, requested) = try addressed(p)
                 return .deferred {
                     do throws(VaultError) {
-                        try await manager.logout(Account(provider: provider, user: user), caller: caller)
+                        let key = try sessionKey(account, requested, caller, policy.policy, table)
+                        try await manager.logout(key, caller: caller)
                         return VarlinkReply()
                     } catch {
                         return error.varlinkReply
@@ -45,22 +48,23 @@ public enum VaultMethods {
             }
         }
 
-        let policy = manager.policy
-
         service.methods[VaultMethod.getSession.rawValue] = { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let (provider, user) = try p.account()
-                let account = Account(provider: provider, user: user)
-                guard let view = table.view(of: account) else {
+                let (account, requested) = try addressed(p)
+                let access = policy.policy
+                let key: SessionKey
+                do throws(VaultError) { key = try sessionKey(account, requested, caller, access, table) } catch {
+                    return .reply(error.varlinkReply)
+                }
+                guard access.maySee(caller, ownerUID: key.owner) else {
+                    return .reply(AccessPolicy.notYours(key).varlinkReply)
+                }
+                guard let view = table.view(of: key) else {
                     return .reply(VaultError.notLoggedIn(account).varlinkReply)
                 }
                 guard let record = view.record else {
-                    // A login or logout in flight: its owner is not known here, so only root sees it.
-                    guard caller.isRoot else { return .reply(VaultError.notLoggedIn(account).varlinkReply) }
-                    return .reply(VarlinkReply(parameters: ["session": pendingSessionJSON(account, state: view.state)]))
-                }
-                guard policy.policy.maySee(caller, ownerUID: record.ownerUID) else {
-                    return .reply(accessDenied(account, record).varlinkReply)
+                    // A login or logout in flight.
+                    return .reply(VarlinkReply(parameters: ["session": pendingSessionJSON(key, state: view.state)]))
                 }
                 return .reply(
                     VarlinkReply(parameters: ["session": record.wireJSON(state: view.state, refresh: view.refresh)]))
@@ -75,12 +79,20 @@ public enum VaultMethods {
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                 let r = try GetTokenRequest(p)
                 let account = Account(provider: r.provider, user: r.user)
-                func refuse(_ error: VaultError) -> HandlerOutcome {
-                    manager.audit("GetToken", account, caller: caller, result: error.code.seedCode)
+                let access = policy.policy
+                let key: SessionKey
+                do throws(VaultError) {
+                    key = SessionKey(
+                        owner: try access.owner(of: account, for: caller, requested: r.ownerUID), account: account)
+                } catch {
                     return .reply(error.varlinkReply)
                 }
-                guard let record = table.view(of: account)?.record else { return refuse(.notLoggedIn(account)) }
-                guard policy.policy.mayReadToken(caller, account: account, ownerUID: record.ownerUID) else {
+                func refuse(_ error: VaultError) -> HandlerOutcome {
+                    manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
+                    return .reply(error.varlinkReply)
+                }
+                guard let record = table.view(of: key)?.record else { return refuse(.notLoggedIn(account)) }
+                guard access.mayReadToken(caller, key) else {
                     return refuse(
                         VaultError(
                             .accessDenied,
@@ -92,11 +104,11 @@ public enum VaultMethods {
                     return .deferred {
                         do throws(VaultError) {
                             let fresh = try await manager.freshToken(
-                                account, minValidSeconds: r.minValidSeconds, caller: caller)
-                            manager.audit("GetToken", account, caller: caller, result: "ok")
+                                key, minValidSeconds: r.minValidSeconds, caller: caller)
+                            manager.audit("GetToken", key, caller: caller, result: "ok")
                             return VarlinkReply(parameters: tokenReply(fresh))
                         } catch {
-                            manager.audit("GetToken", account, caller: caller, result: error.code.seedCode)
+                            manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
                             return error.varlinkReply
                         }
                     }
@@ -111,19 +123,19 @@ public enum VaultMethods {
                         return refuse(VaultError(.tokenExpired, "the token of \(account) \(what); log in again"))
                     }
                 }
-                manager.audit("GetToken", account, caller: caller, result: "ok")
+                manager.audit("GetToken", key, caller: caller, result: "ok")
                 return .encoded { out in writeTokenReply(record, into: &out) }
             }
         }
 
         service.methods[VaultMethod.refresh.rawValue] = { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let (provider, user) = try p.account()
-                let account = Account(provider: provider, user: user)
+                let (account, requested) = try addressed(p)
                 return .deferred {
                     do throws(VaultError) {
-                        _ = try await manager.refresh(account, caller: caller)
-                        guard let view = table.view(of: account), let record = view.record else {
+                        let key = try sessionKey(account, requested, caller, policy.policy, table)
+                        _ = try await manager.refresh(key, caller: caller, clientAsked: true)
+                        guard let view = table.view(of: key), let record = view.record else {
                             return VaultError.notLoggedIn(account).varlinkReply
                         }
                         return VarlinkReply(parameters: [
@@ -153,7 +165,7 @@ public enum VaultMethods {
 
         service.methods[VaultMethod.forceLogout.rawValue] = { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let (provider, user) = try p.account()
+                let (account, requested) = try addressed(p)
                 let reason = try p.optionalString("reason") ?? "kicked"
                 // The reason goes into every subscriber's event and the log: keep it short and plain.
                 guard reason.utf8.count <= 64, !reason.isEmpty,
@@ -161,8 +173,8 @@ public enum VaultMethods {
                 else { throw ParameterReader.Invalid(parameter: "reason") }
                 return .deferred {
                     do throws(VaultError) {
-                        try await manager.logout(
-                            Account(provider: provider, user: user), caller: caller, reason: reason)
+                        let key = try sessionKey(account, requested, caller, policy.policy, table)
+                        try await manager.logout(key, caller: caller, reason: reason)
                         return VarlinkReply()
                     } catch {
                         return error.varlinkReply
@@ -183,10 +195,7 @@ public enum VaultMethods {
                         filter.kinds.insert(kind)
                     }
                 }
-                let sessions = visibleSessions(table, policy.policy, caller).filter {
-                    filter.matches(
-                        Account(provider: $0["provider"]?.stringValue ?? "", user: $0["user"]?.stringValue ?? ""))
-                }
+                let sessions = visibleSessions(table, policy.policy, caller) { filter.matches($0.account) }
                 let subscriptionFilter = filter
                 return .subscribe(
                     snapshot: VarlinkReply(parameters: ["sessions": .array(sessions)]),
@@ -215,7 +224,9 @@ public enum VaultMethods {
             JSON.writeString(instanceURL, into: &out)
             out.append(UInt8(ascii: ","))
         }
-        out.append(contentsOf: #""token":"#.utf8)
+        out.append(contentsOf: #""ownerUid":"#.utf8)
+        JSON.int(Int64(record.ownerUID)).write(into: &out)
+        out.append(contentsOf: #","token":"#.utf8)
         JSON.writeString(tokens.accessToken.revealed, into: &out)
         if let tokenType = tokens.tokenType {
             out.append(contentsOf: #","tokenType":"#.utf8)
@@ -230,22 +241,48 @@ public enum VaultMethods {
         out["tokenType"] = record.tokens.tokenType.map(JSON.string)
         out["expiresAt"] = record.expiresAt.map { .int($0.seconds) }
         out["instanceUrl"] = record.tokens.instanceURL.map(JSON.string)
+        out["ownerUid"] = .int(Int64(record.ownerUID))
         return out
     }
 
-    /// The sessions `caller` may see, as clients see them.
-    static func visibleSessions(_ table: SessionTable, _ policy: AccessPolicy, _ caller: Caller) -> [JSON] {
-        table.all().compactMap { (account, view) -> JSON? in
-            guard let record = view.record else {
-                return caller.isRoot ? pendingSessionJSON(account, state: view.state) : nil
-            }
-            guard policy.maySee(caller, ownerUID: record.ownerUID) else { return nil }
+    /// The sessions `caller` may see (and `including` lets through), as clients see them.
+    static func visibleSessions(
+        _ table: SessionTable, _ policy: AccessPolicy, _ caller: Caller,
+        including: (SessionKey) -> Bool = { _ in true }
+    ) -> [JSON] {
+        table.all().compactMap { (key, view) -> JSON? in
+            guard policy.maySee(caller, ownerUID: key.owner), including(key) else { return nil }
+            guard let record = view.record else { return pendingSessionJSON(key, state: view.state) }
             return record.wireJSON(state: view.state, refresh: view.refresh)
         }
     }
 
-    static func accessDenied(_ account: Account, _ record: SessionRecord) -> VaultError {
-        VaultError(.accessDenied, "\(account) belongs to another user (uid \(record.ownerUID))")
+    /// The account and the optional `ownerUid` a call names.
+    static func addressed(_ p: ParameterReader) throws(ParameterReader.Invalid) -> (Account, UInt32?) {
+        let (provider, user) = try p.account()
+        return (Account(provider: provider, user: user), try p.optionalUID("ownerUid"))
+    }
+
+    /// The session a call about an existing session addresses: the one the
+    /// access policy names (`AccessPolicy.owner`), except that an
+    /// administrator who names no owner and has no session of the account
+    /// is answered from the only session of it there is (kicking a user needs
+    /// no uid); with several, the administrator must name one.
+    static func sessionKey(
+        _ account: Account, _ requested: UInt32?, _ caller: Caller, _ policy: AccessPolicy, _ table: SessionTable
+    ) throws(VaultError) -> SessionKey {
+        let key = SessionKey(owner: try policy.owner(of: account, for: caller, requested: requested), account: account)
+        guard requested == nil, policy.declared[account] == nil, policy.isAdmin(caller), table.view(of: key) == nil
+        else { return key }
+        let owners = table.owners(of: account)
+        if owners.count == 1 { return SessionKey(owner: owners[0], account: account) }
+        if owners.count > 1 {
+            let uids = owners.map(String.init).joined(separator: ", ")
+            throw VaultError(
+                .invalidParameter,
+                "\(account) has sessions of uids \(uids); name one with ownerUid (vaultctl --owner UID)")
+        }
+        return key
     }
 
     /// Runs `body` with the call's parameters; a missing or mistyped parameter

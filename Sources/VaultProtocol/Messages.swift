@@ -45,6 +45,13 @@ public struct ParameterReader {
         return value
     }
 
+    /// An optional uid (`ownerUid`); null counts as absent.
+    public func optionalUID(_ name: String) throws(Invalid) -> UInt32? {
+        guard let value = try optionalInt(name) else { return nil }
+        guard let uid = UInt32(exactly: value) else { throw Invalid(parameter: name) }
+        return uid
+    }
+
     /// The account named by `provider` and `user`.
     public func account() throws(Invalid) -> (provider: String, user: String) {
         (try string("provider"), try string("user"))
@@ -77,7 +84,7 @@ extension LoginRequest {
         self.init(
             provider: provider, user: user, token: try p.optionalString("token"),
             tokenResponse: try p.optionalObject("tokenResponse"), profile: try p.optionalObject("profile"),
-            expiresAt: try p.optionalInt("expiresAt"))
+            expiresAt: try p.optionalInt("expiresAt"), ownerUID: try p.optionalUID("ownerUid"))
     }
 }
 
@@ -86,10 +93,13 @@ public struct GetTokenRequest: Sendable {
     public var provider: String
     public var user: String
     public var minValidSeconds: Int64
+    /// Whose session: nil is the caller's own (or the declared `Owner=`).
+    public var ownerUID: UInt32?
 
     /// Reads the call's parameters.
     public init(_ p: ParameterReader) throws(ParameterReader.Invalid) {
         (provider, user) = try p.account()
+        ownerUID = try p.optionalUID("ownerUid")
         minValidSeconds = try p.optionalInt("minValidSeconds") ?? 0
         if minValidSeconds < 0 { throw ParameterReader.Invalid(parameter: "minValidSeconds") }
     }
@@ -117,10 +127,10 @@ extension SessionRecord {
     }
 }
 
-/// A session view for an account with no stored record (a login in flight).
-public func pendingSessionJSON(_ account: Account, state: LoginState) -> JSON {
+/// A session view with no stored record (a login or logout in flight).
+public func pendingSessionJSON(_ key: SessionKey, state: LoginState) -> JSON {
     [
-        "provider": .string(account.provider), "user": .string(account.user), "state": .string(state.rawValue),
-        "hasRefreshToken": false,
+        "provider": .string(key.account.provider), "user": .string(key.account.user),
+        "state": .string(state.rawValue), "ownerUid": .int(Int64(key.owner)), "hasRefreshToken": false,
     ]
 }

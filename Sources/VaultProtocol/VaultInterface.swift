@@ -10,7 +10,13 @@ public enum VaultInterface {
         # vaultd keeps the sessions of chat and messaging services (CometChat, OpenIM,
         # Salesforce and the like) in the Linux secret store and shares them with every
         # local process of their owner. An account is a provider (a section of
-        # vaultd.conf) and a user id at that provider.
+        # vaultd.conf) and a user id at that provider. A session is an account held by
+        # one local user (its owner, ownerUid): two users may each hold one of the
+        # same account and neither sees the other's. Calls address the caller's own
+        # session; for an account that vaultd.conf declares ([Account PROVIDER USER]
+        # Owner=), the declared owner's. Root and the admin group may name another
+        # user's session with ownerUid; when they name none and hold none of the
+        # account, the only session of it there is is meant.
         interface io.vaultd.Vault
 
         # The login state of an account, as OpenIM names them.
@@ -62,35 +68,46 @@ public enum VaultInterface {
         # Exactly one of token and tokenResponse. expiresAt (Unix seconds) overrides
         # expires_in and a JWT's exp. An account that is already logged in answers
         # with its existing session and created false; a login that joins one in
-        # flight gets that login's result.
+        # flight gets that login's result. Without a token (or for an exec provider,
+        # whose helper acts with the provider's own credential) the provider issues
+        # the tokens: only root, the admin group, the account's declared Owner=, the
+        # user vaultd runs as and [Provider] MintUsers=/MintGroups= may ask for that.
+        # One user (but root) may hold MaxSessionsPerUser= sessions (TooManySessions);
+        # a session may take MaxSessionSize= bytes (SessionTooLarge).
         method Login(
           provider: string,
           user: string,
           token: ?string,
           tokenResponse: ?object,
           profile: ?UserProfile,
-          expiresAt: ?int
+          expiresAt: ?int,
+          ownerUid: ?int
         ) -> (session: Session, created: bool)
 
         # Logs an account out and deletes its stored session. Subscribers get
         # logoutSuccess as soon as the token is no longer handed out; the reply comes
         # once the secret store is updated (if that fails, the reply is the error,
         # subscribers get logoutFailed and the session is served again).
-        method Logout(provider: string, user: string) -> ()
+        method Logout(provider: string, user: string, ownerUid: ?int) -> ()
 
         # The session of one account (getLoggedInUser).
-        method GetSession(provider: string, user: string) -> (session: Session)
+        method GetSession(provider: string, user: string, ownerUid: ?int) -> (session: Session)
 
-        # Every session the caller may see, ordered by provider then user.
+        # Every session the caller may see, ordered by provider, user and owner.
         method ListSessions() -> (sessions: []Session)
 
-        # The current access token of an account the caller owns. minValidSeconds
-        # asks for a token valid at least that long from now.
+        # The current access token of a session the caller owns, or of a declared
+        # account whose TokenReadUsers=/TokenReadGroups= name the caller; ownerUid in
+        # the reply says whose session it came from. minValidSeconds asks for a token
+        # valid at least that long from now: vaultd refreshes first where it can, at
+        # most once per MinRefreshInterval=, and answers TokenExpired at once when no
+        # token of the session lives that long.
         method GetToken(
           provider: string,
           user: string,
-          minValidSeconds: ?int
-        ) -> (token: string, tokenType: ?string, expiresAt: ?int, instanceUrl: ?string)
+          minValidSeconds: ?int,
+          ownerUid: ?int
+        ) -> (token: string, tokenType: ?string, expiresAt: ?int, instanceUrl: ?string, ownerUid: int)
 
         # Something that happened to an account, as the chat SDKs' callbacks report
         # it. kind is one of loginSuccess, loginFailed, logoutSuccess, logoutFailed,
@@ -101,6 +118,7 @@ public enum VaultInterface {
           kind: string,
           provider: string,
           user: string,
+          ownerUid: int,
           time: int,
           reason: ?string,
           code: ?string,
@@ -127,11 +145,13 @@ public enum VaultInterface {
         # fails, the reply is the error, subscribers get logoutFailed and the session
         # is served again). The owner, root and members of the configured admin group
         # may call it.
-        method ForceLogout(provider: string, user: string, reason: ?string) -> ()
+        method ForceLogout(provider: string, user: string, reason: ?string, ownerUid: ?int) -> ()
 
-        # Refreshes the account's tokens now (for providers that can), joining a
-        # refresh already in flight; answers with the session afterwards.
-        method Refresh(provider: string, user: string) -> (session: Session)
+        # Refreshes the session's tokens now (for providers that can), joining a
+        # refresh already in flight; answers with the session afterwards. A refresh
+        # starts at most once per MinRefreshInterval= while the token is valid
+        # (RefreshTooSoon).
+        method Refresh(provider: string, user: string, ownerUid: ?int) -> (session: Session)
 
         # Stores the OAuth 2.0 client secret of an oauth2 provider in the secret
         # store (never in vaultd.conf). Root, the admin group, or the user vaultd
@@ -186,6 +206,17 @@ public enum VaultInterface {
         # The caller's user has as many Subscribe streams open as vaultd allows one
         # user (root is not limited).
         error TooManySubscriptions (code: string, message: string)
+
+        # The session's owner holds as many sessions as vaultd allows one user
+        # (MaxSessionsPerUser=; root is not limited).
+        error TooManySessions (code: string, message: string)
+
+        # The session record (tokens and profile) is larger than MaxSessionSize=.
+        error SessionTooLarge (code: string, message: string)
+
+        # The session's tokens were issued less than MinRefreshInterval= ago and are
+        # still valid: no refresh was started.
+        error RefreshTooSoon (code: string, message: string)
 
         # vaultd failed in a way it did not expect.
         error InternalError (code: string, message: string)

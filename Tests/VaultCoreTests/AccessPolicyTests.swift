@@ -20,17 +20,55 @@ struct AccessPolicyTests {
         #expect(!policy.maySee(caller(uid: 1001, groups: [7]), ownerUID: 1000))
     }
 
-    @Test("Should hand a token to its owner and to exactly whom the account's allow list names")
+    func key(_ owner: UInt32, _ account: Account) -> SessionKey { SessionKey(owner: owner, account: account) }
+
+    @Test("Should hand a token to its owner and, for a declared account, to exactly whom it names")
     func tokenReaders() {
-        let policy = AccessPolicy(adminGIDs: [50], tokenReaders: [alice: (uids: [1001], gids: [60])])
-        #expect(policy.mayReadToken(caller(uid: 1000), account: alice, ownerUID: 1000))
-        #expect(policy.mayReadToken(caller(uid: 1001), account: alice, ownerUID: 1000))
-        #expect(policy.mayReadToken(caller(uid: 1002, groups: [60]), account: alice, ownerUID: 1000))
-        #expect(!policy.mayReadToken(caller(uid: 1001), account: bob, ownerUID: 1000))
-        #expect(!policy.mayReadToken(caller(uid: 0), account: bob, ownerUID: 1000), "root is not enough")
-        #expect(
-            !policy.mayReadToken(caller(uid: 1003, groups: [50]), account: alice, ownerUID: 1000), "admin is not enough"
-        )
+        let policy = AccessPolicy(
+            adminGIDs: [50],
+            declared: [alice: DeclaredAccount(owner: 1000, readers: Principals(uids: [1001], gids: [60]))])
+        #expect(policy.mayReadToken(caller(uid: 1000), key(1000, alice)))
+        #expect(policy.mayReadToken(caller(uid: 1001), key(1000, alice)))
+        #expect(policy.mayReadToken(caller(uid: 1002, groups: [60]), key(1000, alice)))
+        #expect(!policy.mayReadToken(caller(uid: 1001), key(1000, bob)), "not declared")
+        #expect(!policy.mayReadToken(caller(uid: 1001), key(1005, alice)), "readers read the declared owner's only")
+        #expect(!policy.mayReadToken(caller(uid: 0), key(1000, bob)), "root is not enough")
+        #expect(!policy.mayReadToken(caller(uid: 1003, groups: [50]), key(1000, alice)), "admin is not enough")
+    }
+
+    @Test("Should address the caller's own session, the declared owner's, or the one an admin names")
+    func owners() throws {
+        let policy = AccessPolicy(declared: [alice: DeclaredAccount(owner: 1000)])
+        #expect(try policy.owner(of: bob, for: caller(uid: 1001), requested: nil) == 1001)
+        #expect(try policy.owner(of: bob, for: caller(uid: 0), requested: 1001) == 1001)
+        #expect(try policy.owner(of: alice, for: caller(uid: 1001), requested: nil) == 1000, "squatting is impossible")
+        #expect(try policy.owner(of: alice, for: caller(uid: 0), requested: 1000) == 1000)
+        #expect(throws: VaultError.self) { try policy.owner(of: alice, for: self.caller(uid: 0), requested: 1001) }
+    }
+
+    @Test("Should let the owner, root and admins manage a session, and nobody else")
+    func managing() {
+        let policy = AccessPolicy(adminGIDs: [50])
+        #expect(policy.mayManage(caller(uid: 1000), key(1000, alice)))
+        #expect(policy.mayManage(caller(uid: 0), key(1000, alice)))
+        #expect(policy.mayManage(caller(uid: 1001, groups: [50]), key(1000, alice)))
+        #expect(!policy.mayManage(caller(uid: 1001), key(1000, alice)))
+    }
+
+    @Test("Should let only root, admins, vaultd's uid, the declared owner and MintUsers/MintGroups mint")
+    func minting() {
+        let policy = AccessPolicy(
+            vaultdUID: 900, adminGIDs: [50], declared: [alice: DeclaredAccount(owner: 1000)],
+            minters: ["demo": Principals(uids: [1002], gids: [70])])
+        #expect(policy.mayMint(caller(uid: 0), bob))
+        #expect(policy.mayMint(caller(uid: 900), bob))
+        #expect(policy.mayMint(caller(uid: 1003, groups: [50]), bob))
+        #expect(policy.mayMint(caller(uid: 1000), alice))
+        #expect(!policy.mayMint(caller(uid: 1000), bob), "the owner of one account mints only that one")
+        #expect(policy.mayMint(caller(uid: 1002), bob))
+        #expect(policy.mayMint(caller(uid: 1004, groups: [70]), bob))
+        #expect(!policy.mayMint(caller(uid: 1001), bob))
+        #expect(!policy.mayMint(caller(uid: 1002), Account(provider: "other", user: "bob")))
     }
 }
 
@@ -55,13 +93,15 @@ struct EventFilterTests {
     func json() {
         var e = event(.kickedOffline, "a", "u")
         e.reason = "revoked"
-        #expect(e.json().text == #"{"kind":"kickedOffline","provider":"a","reason":"revoked","time":1,"user":"u"}"#)
+        #expect(
+            e.json().text
+                == #"{"kind":"kickedOffline","ownerUid":0,"provider":"a","reason":"revoked","time":1,"user":"u"}"#)
     }
 }
 
 @Suite("ConfigParser access and layering")
 struct ConfigAccessTests {
-    @Test("Should read AdminGroup, SocketMode, SingleAccount and [Account] allow lists")
+    @Test("Should read AdminGroup, SocketMode, SingleAccount, Mint lists and [Account] owners and readers")
     func accessKeys() throws {
         let config = try ConfigParser.parse(
             """
@@ -71,16 +111,23 @@ struct ConfigAccessTests {
             [Provider demo]
             Type=static
             SingleAccount=yes
+            MintUsers=carol
+            MintGroups=bots
             [Account demo alice]
+            Owner=alice
             TokenReadUsers=bob 1001
             TokenReadGroups=ops
+            [Account demo dave]
+            TokenReadUsers=erin
             """, file: "f")
         #expect(config.adminGroup == "wheel")
         #expect(config.socketMode == 0o666)
         #expect(config.providers["demo"]?.singleAccount == true)
-        let readers = try #require(config.tokenReaders[Account(provider: "demo", user: "alice")])
-        #expect(readers.users == ["bob", "1001"])
-        #expect(readers.groups == ["ops"])
+        #expect(config.providers["demo"]?.mintUsers == ["carol"])
+        #expect(config.providers["demo"]?.mintGroups == ["bots"])
+        let declared = try #require(config.accounts[Account(provider: "demo", user: "alice")])
+        #expect(declared == AccountSettings(owner: "alice", readUsers: ["bob", "1001"], readGroups: ["ops"]))
+        #expect(config.accounts[Account(provider: "demo", user: "dave")]?.owner == nil)
     }
 
     @Test("Should refuse a bad SocketMode, SingleAccount or [Account] header, naming file and line")
@@ -90,6 +137,10 @@ struct ConfigAccessTests {
             ("[Provider p]\nType=static\nSingleAccount=maybe\n", "f:3: key 'SingleAccount'"),
             ("[Account demo]\n", "f:1: expected [Account PROVIDER USER]"),
             ("[Account demo a]\nColour=1\n", "f:2: unknown key 'Colour'"),
+            ("[Account demo a]\nOwner=a b\n", "f:2: key 'Owner'"),
+            ("[Vault]\nMaxSessionsPerUser=0\n", "f:2: key 'MaxSessionsPerUser'"),
+            ("[Vault]\nMaxSessionSize=10\n", "f:2: key 'MaxSessionSize'"),
+            ("[Vault]\nMinRefreshInterval=soon\n", "f:2: key 'MinRefreshInterval'"),
         ] {
             #expect(throws: VaultError.self) { try ConfigParser.parse(text, file: "f") }
             do {
@@ -113,14 +164,16 @@ struct ConfigAccessTests {
         #expect(config.providers.keys.sorted() == ["a", "b"])
     }
 
-    @Test("Should let an admin log out another uid's session, and nobody else")
-    func adminLogout() {
-        let record = SessionRecord(
-            account: Account(provider: "p", user: "u"), user: UserProfile(uid: "u"),
-            tokens: TokenSet(accessToken: Secret("t")), createdAt: UnixTime(seconds: 1), expiresAt: nil, ownerUID: 1000)
-        var machine = AccountStateMachine(account: record.account, state: .loggedIn(record))
-        let other = Caller(uid: 1001, gid: 1001, pid: 1)
-        #expect(machine.logoutRequested(by: other) == .fail(VaultError(.accessDenied, "")))
-        #expect(machine.logoutRequested(by: other, isAdmin: true) == .startLogout(record))
+    @Test("Should read the per-user limits, with defaults when unset")
+    func limits() throws {
+        #expect(try ConfigParser.parse("", file: "f").limits == UserLimits())
+        let limits = try ConfigParser.parse(
+            "[Vault]\nMaxSessionsPerUser=3\nMaxSessionSize=2048\nMinRefreshInterval=5min\n", file: "f"
+        ).limits
+        #expect(limits.sessionsPerUser == 3)
+        #expect(limits.sessionBytes == 2048)
+        #expect(limits.minRefreshIntervalSeconds == 300)
+        #expect(UserLimits().sessionsPerUser == 256)
+        #expect(UserLimits().sessionBytes == 32768)
     }
 }

@@ -1,19 +1,11 @@
 import Testing
 import VaultCore
 
-private let owner = Fixtures.caller(uid: 1000)
-private let otherUser = Fixtures.caller(uid: 1001)
 private let root = Fixtures.caller(uid: 0)
 
 /// A machine for the fixture account in `state`.
 private func machine(_ state: AccountStateMachine.State = .loggedOut) -> AccountStateMachine {
     AccountStateMachine(account: Fixtures.account, state: state)
-}
-
-/// The error of a `.fail` login action, or nil.
-private func failure(_ action: AccountStateMachine.LoginAction) -> VaultError? {
-    if case .fail(let error) = action { return error }
-    return nil
 }
 
 /// The error of a `.fail` logout action, or nil.
@@ -33,22 +25,21 @@ struct AccountStateMachineLoginTests {
 
     @Test func loginRequested_whenLoggedOut_startsLoginAndIsLoggingIn() {
         var m = machine()
-        #expect(m.loginRequested(by: owner) == .startLogin)
+        #expect(m.loginRequested() == .startLogin)
         #expect(m.state == .loggingIn)
         #expect(m.state.loginState == .logging)
     }
 
     @Test func loginRequested_whileLoggingIn_joinsInFlight() {
         var m = machine()
-        _ = m.loginRequested(by: owner)
-        #expect(m.loginRequested(by: owner) == .joinInFlight)
-        #expect(m.loginRequested(by: otherUser) == .joinInFlight)
+        _ = m.loginRequested()
+        #expect(m.loginRequested() == .joinInFlight)
         #expect(m.state == .loggingIn)
     }
 
     @Test func loginSucceeded_isLoggedInWithTheRecord() {
         var m = machine()
-        _ = m.loginRequested(by: owner)
+        _ = m.loginRequested()
         let record = Fixtures.record(owner: 1000)
         m.loginSucceeded(record)
         #expect(m.state == .loggedIn(record))
@@ -57,32 +48,23 @@ struct AccountStateMachineLoginTests {
 
     @Test func loginFailed_isLoggedOutAndMayStartAgain() {
         var m = machine()
-        _ = m.loginRequested(by: owner)
+        _ = m.loginRequested()
         m.loginFailed()
         #expect(m.state == .loggedOut)
-        #expect(m.loginRequested(by: owner) == .startLogin)
+        #expect(m.loginRequested() == .startLogin)
     }
 
-    @Test func loginRequested_whenLoggedInBySameUid_returnsExisting() {
+    @Test func loginRequested_whenLoggedIn_returnsExisting() {
         let record = Fixtures.record(owner: 1000)
         var m = machine(.loggedIn(record))
-        #expect(m.loginRequested(by: owner) == .returnExisting(record))
-        #expect(m.state == .loggedIn(record))
-    }
-
-    @Test func loginRequested_whenLoggedInByAnotherUid_isAccessDenied() throws {
-        let record = Fixtures.record(owner: 1000)
-        var m = machine(.loggedIn(record))
-        let error = try #require(failure(m.loginRequested(by: otherUser)))
-        #expect(error.code == .accessDenied)
-        #expect(error.message.contains("uid 1000"))
+        #expect(m.loginRequested() == .returnExisting(record))
         #expect(m.state == .loggedIn(record))
     }
 
     @Test func loginRequested_whileLoggingOut_waitsThenRetries() {
         let record = Fixtures.record(owner: 1000)
         var m = machine(.loggingOut(record))
-        #expect(m.loginRequested(by: owner) == .waitThenRetry)
+        #expect(m.loginRequested() == .waitThenRetry)
         #expect(m.state == .loggingOut(record))
     }
 
@@ -101,7 +83,7 @@ struct AccountStateMachineLoginTests {
 struct AccountStateMachineLogoutTests {
     @Test func logoutRequested_whenLoggedOut_failsNotLoggedIn() throws {
         var m = machine()
-        let error = try #require(failure(m.logoutRequested(by: owner)))
+        let error = try #require(failure(m.logoutRequested()))
         #expect(error.code == .notLoggedIn)
         #expect(error.code.seedCode == "ERR_NOT_LOGGED_IN")
         #expect(error.message.contains("alice @ demo"))
@@ -110,14 +92,14 @@ struct AccountStateMachineLogoutTests {
 
     @Test func logoutRequested_whileLoggingIn_waitsThenRetries() {
         var m = machine(.loggingIn)
-        #expect(m.logoutRequested(by: owner) == .waitThenRetry)
+        #expect(m.logoutRequested() == .waitThenRetry)
         #expect(m.state == .loggingIn)
     }
 
     @Test func logoutRequested_whenLoggedIn_startsLogoutAndIsLoggingOut() {
         let record = Fixtures.record(owner: 1000)
         var m = machine(.loggedIn(record))
-        #expect(m.logoutRequested(by: owner) == .startLogout(record))
+        #expect(m.logoutRequested() == .startLogout(record))
         #expect(m.state == .loggingOut(record))
         #expect(m.state.loginState == .logged)
     }
@@ -125,30 +107,14 @@ struct AccountStateMachineLogoutTests {
     @Test func logoutRequested_whileLoggingOut_joinsInFlight() {
         let record = Fixtures.record(owner: 1000)
         var m = machine(.loggedIn(record))
-        _ = m.logoutRequested(by: owner)
-        #expect(m.logoutRequested(by: owner) == .joinInFlight)
+        _ = m.logoutRequested()
+        #expect(m.logoutRequested() == .joinInFlight)
         #expect(m.state == .loggingOut(record))
-    }
-
-    @Test func logoutRequested_byRootForAnotherUidsSession_startsLogout() {
-        let record = Fixtures.record(owner: 1000)
-        var m = machine(.loggedIn(record))
-        #expect(m.logoutRequested(by: root) == .startLogout(record))
-        #expect(m.state == .loggingOut(record))
-    }
-
-    @Test func logoutRequested_byAnotherNonRootUid_isAccessDenied() throws {
-        let record = Fixtures.record(owner: 1000)
-        var m = machine(.loggedIn(record))
-        let error = try #require(failure(m.logoutRequested(by: otherUser)))
-        #expect(error.code == .accessDenied)
-        #expect(error.message.contains("uid 1000"))
-        #expect(m.state == .loggedIn(record))
     }
 
     @Test func logoutFinished_succeeded_isLoggedOut() {
         var m = machine(.loggedIn(Fixtures.record()))
-        _ = m.logoutRequested(by: owner)
+        _ = m.logoutRequested()
         m.logoutFinished(succeeded: true)
         #expect(m.state == .loggedOut)
         #expect(m.state.loginState == .logout)
@@ -157,10 +123,10 @@ struct AccountStateMachineLogoutTests {
     @Test func logoutFinished_failed_returnsToLoggedInWithTheSameRecord() {
         let record = Fixtures.record(owner: 1000)
         var m = machine(.loggedIn(record))
-        _ = m.logoutRequested(by: owner)
+        _ = m.logoutRequested()
         m.logoutFinished(succeeded: false)
         #expect(m.state == .loggedIn(record))
-        #expect(m.loginRequested(by: owner) == .returnExisting(record))
+        #expect(m.loginRequested() == .returnExisting(record))
     }
 
     @Test func logoutFinished_whenNotLoggingOut_traps() async {
@@ -176,16 +142,16 @@ struct AccountStateMachineLifecycleTests {
     @Test func loginThenLogoutThenLoginAgain_followsTheStates() {
         var m = machine()
         var states: [LoginState] = [m.state.loginState]
-        #expect(m.loginRequested(by: owner) == .startLogin)
+        #expect(m.loginRequested() == .startLogin)
         states.append(m.state.loginState)
         let record = Fixtures.record(owner: 1000)
         m.loginSucceeded(record)
         states.append(m.state.loginState)
-        #expect(m.logoutRequested(by: owner) == .startLogout(record))
+        #expect(m.logoutRequested() == .startLogout(record))
         states.append(m.state.loginState)
         m.logoutFinished(succeeded: true)
         states.append(m.state.loginState)
-        #expect(m.loginRequested(by: otherUser) == .startLogin)
+        #expect(m.loginRequested() == .startLogin)
         states.append(m.state.loginState)
         #expect(states == [.logout, .logging, .logged, .logged, .logout, .logging])
     }
@@ -193,11 +159,8 @@ struct AccountStateMachineLifecycleTests {
 
 @Suite("Caller")
 struct CallerTests {
-    @Test func mayManage_ownSessionOrAsRoot() {
-        #expect(owner.mayManage(ownedBy: 1000))
-        #expect(!otherUser.mayManage(ownedBy: 1000))
-        #expect(root.mayManage(ownedBy: 1000))
+    @Test func isRoot_onlyForUidZero() {
         #expect(root.isRoot)
-        #expect(!owner.isRoot)
+        #expect(!Fixtures.caller(uid: 1000).isRoot)
     }
 }

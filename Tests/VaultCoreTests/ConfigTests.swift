@@ -101,7 +101,8 @@ struct ConfigParserTests {
         #expect(
             error.message
                 == "\(file):3: unknown key 'Colour' in [Provider a] (known: Type, Description, SingleAccount, TokenURL, "
-                + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, Command, Timeout)"
+                + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, Command, Timeout, "
+                + "MintUsers, MintGroups)"
         )
     }
 

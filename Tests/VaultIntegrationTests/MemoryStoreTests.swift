@@ -42,8 +42,12 @@ struct MemoryStoreTests {
         #expect(loaded.records.last?.tokens.accessToken.revealed == "second")
         #expect(loaded.unreadable.isEmpty)
 
-        try await store.delete(Account(provider: "demo", user: "bob"))
-        try await store.delete(Account(provider: "demo", user: "nobody"))
+        var otherOwners = Self.record("demo", "alice", token: "b")
+        otherOwners.ownerUID = 1001
+        try await store.save(otherOwners)
+        try await store.delete(SessionKey(owner: 1000, account: Account(provider: "demo", user: "bob")))
+        try await store.delete(SessionKey(owner: 1000, account: Account(provider: "demo", user: "nobody")))
+        try await store.delete(SessionKey(owner: 1001, account: Account(provider: "demo", user: "alice")))
         #expect(try await store.loadAll().records.map(\.account.user) == ["alice"])
 
         #expect(try await store.loadProviderSecret("oauth") == nil)

@@ -40,7 +40,7 @@ struct SessionTableTests {
             (c, nil), (b, Self.view(.logged, .connecting)),
         ]
         for (account, view) in steps {
-            table.publish(account, view)
+            table.publish(SessionKey(owner: 1000, account: account), view)
             #expect(table.counts == Self.scanned(table))
         }
         #expect(table.counts.sessions == 1)
@@ -48,13 +48,17 @@ struct SessionTableTests {
         #expect(ServiceNotifier.statusLine(table) == "1 session, 0 logging in, 1 refreshing, 0 failing to refresh")
     }
 
+    static func keyOf(_ user: String) -> SessionKey {
+        SessionKey(owner: 1000, account: Account(provider: "p", user: user))
+    }
+
     @Test("Should spell out each count in the STATUS= line")
     func statusLine() {
         let table = SessionTable()
-        table.publish(Account(provider: "p", user: "a"), Self.view(.logging))
-        table.publish(Account(provider: "p", user: "b"), Self.view(.logged, .connectFailed))
-        table.publish(Account(provider: "p", user: "c"), Self.view(.logged, .connecting))
-        table.publish(Account(provider: "p", user: "d"), Self.view(.logged))
+        table.publish(Self.keyOf("a"), Self.view(.logging))
+        table.publish(Self.keyOf("b"), Self.view(.logged, .connectFailed))
+        table.publish(Self.keyOf("c"), Self.view(.logged, .connecting))
+        table.publish(Self.keyOf("d"), Self.view(.logged))
         #expect(ServiceNotifier.statusLine(table) == "3 sessions, 1 logging in, 1 refreshing, 1 failing to refresh")
     }
 }

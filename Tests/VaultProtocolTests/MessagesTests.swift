@@ -186,9 +186,13 @@ struct WireJSONTests {
             ])
     }
 
-    @Test("Should describe a pending login with account, state and no refresh token")
+    @Test("Should describe a pending login with account, owner, state and no refresh token")
     func pending() {
-        let json = pendingSessionJSON(Account(provider: "demo", user: "alice"), state: .logging)
-        #expect(json == ["provider": "demo", "user": "alice", "state": "logging", "hasRefreshToken": false])
+        let json = pendingSessionJSON(
+            SessionKey(owner: 1000, account: Account(provider: "demo", user: "alice")), state: .logging)
+        #expect(
+            json == [
+                "provider": "demo", "user": "alice", "state": "logging", "ownerUid": 1000, "hasRefreshToken": false,
+            ])
     }
 }
