@@ -567,14 +567,15 @@ public actor SessionManager {
             throw VaultError(.tokenExpired, "\(account) has no refresh token; log in again")
         }
         let now = clock.now()
-        let issued = record.tokens.issuedAt ?? record.createdAt
         let interval = config.limits.minRefreshIntervalSeconds
-        if clientAsked, !record.isExpired(at: now), issued.adding(seconds: interval) > now {
+        if clientAsked, !record.isExpired(at: now), let last = refreshStatus[key]?.lastRefreshAt,
+            last.adding(seconds: interval) > now
+        {
             // One local user must not be able to make vaultd hammer the token
             // endpoint (and get a shared client_id rate-limited for everyone).
             throw VaultError(
                 .refreshTooSoon,
-                "the tokens of \(account) were issued at \(issued), less than \(interval)s ago (MinRefreshInterval=); they are refreshed again from \(issued.adding(seconds: interval)) on"
+                "the tokens of \(account) were refreshed at \(last), less than \(interval)s ago (MinRefreshInterval=); they can be refreshed again from \(last.adding(seconds: interval)) on"
             )
         }
         refreshGeneration += 1
@@ -596,8 +597,8 @@ public actor SessionManager {
     /// A token valid at least `minValidSeconds` for `caller`, refreshing first when needed.
     ///
     /// Asks the provider at most once per `MinRefreshInterval=`, and never
-    /// when `minValidSeconds` is beyond what a token of this session lives:
-    /// then the answer is `tokenExpired` at once.
+    /// when `minValidSeconds` is beyond what the provider's last refresh gave a
+    /// token to live: then the answer is `tokenExpired` at once.
     public func freshToken(_ key: SessionKey, minValidSeconds: Int64, caller: Caller) async throws(VaultError)
         -> SessionRecord
     {
@@ -607,8 +608,9 @@ public actor SessionManager {
             throw VaultError(.accessDenied, "the token of \(account) is handed only to its owner")
         }
         if let expiresAt = record.expiresAt, expiresAt <= clock.now().adding(seconds: minValidSeconds) {
+            // The lifetime the provider gives is known once it refreshed the session.
             let lifetime = expiresAt.seconds - (record.tokens.issuedAt ?? record.createdAt).seconds
-            if minValidSeconds >= lifetime {
+            if refreshStatus[key]?.lastRefreshAt != nil, minValidSeconds >= lifetime {
                 throw VaultError(
                     .tokenExpired,
                     "a token of \(account) lives \(lifetime)s, and \(minValidSeconds)s were asked for; ask for less (minValidSeconds)"

@@ -214,7 +214,7 @@ public enum VaultInterface {
         # The session record (tokens and profile) is larger than MaxSessionSize=.
         error SessionTooLarge (code: string, message: string)
 
-        # The session's tokens were issued less than MinRefreshInterval= ago and are
+        # The session's tokens were refreshed less than MinRefreshInterval= ago and are
         # still valid: no refresh was started.
         error RefreshTooSoon (code: string, message: string)
 

@@ -108,7 +108,7 @@ struct AccessTests {
         #expect(list.status == 0, "\(list.stderr)")
     }
 
-    @Test("Should neither show nor hand out root's session to another uid: AccessDenied")
+    @Test("Should not show or hand out root's session to another uid: its own is meant, root's is AccessDenied")
     func otherUidIsDenied() throws {
         let d = try ConfiguredDaemon(config: AccessTests.open)
         let user = uniqueName("root")
@@ -120,8 +120,14 @@ struct AccessTests {
         #expect(!sessions.contains { $0["user"]?.stringValue == user }, "\(list.stdout)")
         for arguments in [
             ["status", "demo", user], ["token", "demo", user], ["logout", "demo", user], ["kick", "demo", user],
+            ["refresh", "demo", user],
         ] {
-            let r = try vaultctl(as: TestUsers.a, d.socketPath, arguments)
+            // Without --owner a call means the caller's own session, which does not exist.
+            let own = try vaultctl(as: TestUsers.a, d.socketPath, arguments)
+            #expect(own.status == 1, "\(arguments): \(own.stdout) \(own.stderr)")
+            #expect(own.stderr.contains("ERR_NOT_LOGGED_IN"), "\(arguments): \(own.stderr)")
+            // Naming root's session is refused.
+            let r = try vaultctl(as: TestUsers.a, d.socketPath, ["--owner", "0"] + arguments)
             #expect(r.status == 1, "\(arguments): \(r.stdout) \(r.stderr)")
             #expect(r.stderr.contains("ERR_ACCESS_DENIED"), "\(arguments): \(r.stderr)")
             #expect(!r.stdout.contains(AccessTests.token))
@@ -131,7 +137,7 @@ struct AccessTests {
             URL(fileURLWithPath: "/usr/bin/setpriv"),
             [
                 "--reuid=\(TestUsers.uid(TestUsers.a)!)", "--regid=\(TestUsers.gid(TestUsers.a)!)", "--init-groups",
-                Binaries.vaultctl.path, "--json", "--socket", d.socketPath, "token", "demo", user,
+                Binaries.vaultctl.path, "--json", "--socket", d.socketPath, "--owner", "0", "token", "demo", user,
             ])
         let error = try JSON.parse(raw.stderr.trimmingCharacters(in: .whitespacesAndNewlines))
         #expect(error["error"]?.stringValue == "io.vaultd.Vault.AccessDenied", "\(raw.stderr)")
@@ -271,7 +277,8 @@ struct AccessTests {
         for (name, user) in [
             (TestUsers.a, unlisted), (TestUsers.a, byGroup), (TestUsers.b, byUser), (TestUsers.b, unlisted),
         ] {
-            let r = try vaultctl(as: name, d.socketPath, ["token", "demo", user])
+            // The declared accounts are root's (vaultd's uid) without --owner; unlisted must be named.
+            let r = try vaultctl(as: name, d.socketPath, ["--owner", "0", "token", "demo", user])
             #expect(r.status == 1, "\(name) \(user): \(r.stdout)")
             #expect(r.stderr.contains("ERR_ACCESS_DENIED"), "\(name) \(user): \(r.stderr)")
         }
@@ -301,11 +308,11 @@ struct AccessTests {
         #expect(sessions.contains { $0["user"]?.stringValue == user }, "\(list.stdout)")
         #expect(!list.stdout.contains(AccessTests.token))
 
-        let token = try vaultctl(as: TestUsers.b, d.socketPath, ["token", "demo", user])
+        let token = try vaultctl(as: TestUsers.b, d.socketPath, ["--owner", "0", "token", "demo", user])
         #expect(token.status == 1)
         #expect(token.stderr.contains("ERR_ACCESS_DENIED"), "\(token.stderr)")
         // Not a member: no kick.
-        let notAdmin = try vaultctl(as: TestUsers.a, d.socketPath, ["kick", "demo", user])
+        let notAdmin = try vaultctl(as: TestUsers.a, d.socketPath, ["--owner", "0", "kick", "demo", user])
         #expect(notAdmin.status == 1 && notAdmin.stderr.contains("ERR_ACCESS_DENIED"), "\(notAdmin.stderr)")
 
         let kick = try vaultctl(as: TestUsers.b, d.socketPath, ["kick", "demo", user, "--reason", "admin"])
@@ -326,7 +333,7 @@ struct AccessTests {
         let uidB = String(TestUsers.uid(TestUsers.b)!)
         try loginAsRoot(d, user)
         #expect(try vaultctl(d.socketPath, ["token", "demo", user]).status == 0)
-        #expect(try vaultctl(as: TestUsers.a, d.socketPath, ["token", "demo", user]).status == 1)
+        #expect(try vaultctl(as: TestUsers.a, d.socketPath, ["--owner", "0", "token", "demo", user]).status == 1)
         #expect(try vaultctl(d.socketPath, ["logout", "demo", user]).status == 0)
         try loginAsRoot(d, kicked)
         #expect(try vaultctl(as: TestUsers.b, d.socketPath, ["kick", "demo", kicked]).status == 0)
