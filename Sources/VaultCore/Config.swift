@@ -12,13 +12,24 @@ public enum ProviderType: String, Sendable, CaseIterable {
 public struct ExecSettings: Sendable, Equatable {
     /// The program (an absolute path) and its arguments; never run through a shell.
     public var command: [String]
-    /// How long one run may take, in seconds.
+    /// How long one run may take, in seconds, waiting for a free helper slot included.
     public var timeoutSeconds: Int64
+    /// The most runs of this provider's helper at once (`MaxConcurrentHelpers=`);
+    /// further runs wait in line, first come first served.
+    public var maxConcurrentHelpers: Int
+
+    /// The default of `MaxConcurrentHelpers=`.
+    public static let defaultMaxConcurrentHelpers = 4
+    /// The largest `MaxConcurrentHelpers=` accepted.
+    public static let maximumConcurrentHelpers = 64
 
     /// Settings for `command`.
-    public init(command: [String], timeoutSeconds: Int64 = 30) {
+    public init(
+        command: [String], timeoutSeconds: Int64 = 30, maxConcurrentHelpers: Int = defaultMaxConcurrentHelpers
+    ) {
         self.command = command
         self.timeoutSeconds = timeoutSeconds
+        self.maxConcurrentHelpers = maxConcurrentHelpers
     }
 }
 
@@ -166,11 +177,12 @@ public enum ConfigParser {
     ]
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
-        "MaxSessionLifetime", "ClientSecretFile", "Command", "Timeout", "MintUsers", "MintGroups",
+        "MaxSessionLifetime", "ClientSecretFile", "Command", "Timeout", "MaxConcurrentHelpers", "MintUsers",
+        "MintGroups",
     ]
     /// The keys only some types of provider take.
     static let typeKeys: [ProviderType: Set<String>] = [
-        .exec: ["Command", "Timeout"],
+        .exec: ["Command", "Timeout", "MaxConcurrentHelpers"],
         .oauth2: [
             "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime",
             "ClientSecretFile", "Timeout",
@@ -349,6 +361,14 @@ public enum ConfigParser {
         var settings = ExecSettings(command: argv)
         if let timeout = section.entries["Timeout"] {
             settings.timeoutSeconds = try ConfigParser.timeout(timeout, key: "Timeout")
+        }
+        if let entry = section.entries["MaxConcurrentHelpers"] {
+            let most = ExecSettings.maximumConcurrentHelpers
+            guard let value = Int(entry.value), value >= 1, value <= most else {
+                throw entry.error(
+                    "key 'MaxConcurrentHelpers': expected a whole number from 1 to \(most), got '\(entry.value)'")
+            }
+            settings.maxConcurrentHelpers = value
         }
         return settings
     }

@@ -35,9 +35,11 @@ public struct OAuth2Client: Sendable {
     public func revoke(_ token: Secret) async -> Bool {
         guard let url = settings.revocationURL else { return true }
         let form = [("token", token.revealed), ("token_type_hint", "refresh_token")] + clientAuthentication
-        guard let response = try? await HTTPClient.postForm(url, form, timeoutSeconds: timeoutSeconds) else {
+        guard var response = try? await HTTPClient.postForm(url, form, timeoutSeconds: timeoutSeconds) else {
             return false
         }
+        // A server may echo the token it revoked: wipe the body like a token response's.
+        defer { response.body.wipe() }
         return response.status == 200
     }
 

@@ -43,8 +43,10 @@ extension OAuth2Client: TokenProvider {
 /// seeds' "trusted backend": CometChat's REST API, OpenIM's admin API). It is
 /// run directly, never through a shell, with one JSON object on stdin; it
 /// answers one JSON object on stdout: a token response, or
-/// `{"error": CODE, "message": ...}`. Its run time and output are bounded and
-/// its stderr is logged with every known token masked.
+/// `{"error": CODE, "message": ...}`. Its run time and output are bounded,
+/// it runs on vaultd's helper pool within its provider's
+/// `MaxConcurrentHelpers=`, and nothing it prints is logged or kept without
+/// going through `Redactor` first.
 public struct ExecProvider: TokenProvider {
     /// The helper's command line and time limit.
     public let settings: ExecSettings
@@ -100,37 +102,71 @@ public struct ExecProvider: TokenProvider {
         [record.tokens.accessToken.revealed] + (record.tokens.refreshToken.map { [$0.revealed] } ?? [])
     }
 
-    /// Runs the helper once and sorts its answer.
+    /// The most of a helper's stderr read per run.
+    static let capturedStderr = 8192
+    /// The most of a helper's stderr (or of stdout that is no JSON answer)
+    /// logged per run, after masking.
+    static let loggedStderr = 2048
+    /// The most of a helper's `message` kept, after masking.
+    static let keptMessage = 512
+
+    /// Runs the helper once and sorts its answer. Nothing the helper printed
+    /// leaves this function unmasked: stderr, the `message` and `error` of its
+    /// answer and its stdout go through `Redactor` (secret-looking keys,
+    /// `knownSecrets`, the tokens of its answer) before they are logged or
+    /// returned as a reason (which becomes the session's last error).
     func run(_ input: [String: JSON], _ knownSecrets: [String]) async -> RefreshOutcome {
-        var result = await ExecProvider.spawn(settings.command, input: input, timeoutSeconds: settings.timeoutSeconds)
+        let provider = input["provider"]?.stringValue ?? "?"
+        var result = await ExecProvider.spawn(settings, provider: provider, input: input)
         // The helper's answer holds tokens: wipe it once it is read.
         defer {
             result.stdout.wipe()
             result.stderr.wipe()
         }
         let action = input["action"]?.stringValue ?? "?"
+        let program = settings.command[0]
+        // Parsed once: its strings are Swift strings, which cannot be wiped.
+        let answer = try? JSON.parse(result.stdout)
+        var secrets = knownSecrets
+        for key in ["access_token", "refresh_token", "id_token"] {
+            if let token = answer?[key]?.stringValue { secrets.append(token) }
+        }
+        func masked(_ bytes: [UInt8], cut: Bool = false, limit: Int) -> String {
+            Redactor.redact(utf8: bytes, cut: cut, knownSecrets: secrets, limit: limit) { $0.wipe() }
+        }
+        func masked(_ text: String, limit: Int) -> String {
+            var bytes = Array(text.utf8)
+            defer { bytes.wipe() }
+            return masked(bytes, limit: limit)
+        }
         if !result.stderr.isEmpty {
-            // Mask every token vaultd knows, and the ones the helper just printed.
-            var secrets = knownSecrets
-            if let answer = try? JSON.parse(result.stdout) {
-                for key in ["access_token", "refresh_token"] {
-                    if let token = answer[key]?.stringValue { secrets.append(token) }
-                }
-            }
-            var text = String(decoding: result.stderr.prefix(2048), as: UTF8.self)
-            for secret in secrets where secret.count >= 4 {
-                text = text.replacing(secret, with: Secret.mask(secret))
-            }
-            log.info("helper stderr", ["action": action, "program": settings.command[0], "stderr": text])
+            log.info(
+                "helper stderr",
+                [
+                    "action": action, "program": program,
+                    "stderr": masked(
+                        result.stderr, cut: result.stderr.count > ExecProvider.capturedStderr,
+                        limit: ExecProvider.loggedStderr),
+                ])
         }
         if let failure = result.failure { return .transient(reason: failure, retryAfter: nil) }
-        guard let json = try? JSON.parse(result.stdout), case .object = json else {
+        guard let json = answer, case .object = json else {
+            if !result.stdout.isEmpty {
+                log.info(
+                    "helper stdout",
+                    [
+                        "action": action, "program": program,
+                        "stdout": masked(
+                            result.stdout, cut: result.stdout.count > ExecProvider.maximumOutput,
+                            limit: ExecProvider.loggedStderr),
+                    ])
+            }
             return .transient(
-                reason: "the helper \(settings.command[0]) exited \(result.status) without a JSON answer",
-                retryAfter: nil)
+                reason: "the helper \(program) exited \(result.status) without a JSON answer", retryAfter: nil)
         }
-        if let code = json["error"]?.stringValue {
-            let message = json["message"]?.stringValue ?? code
+        if let error = json["error"]?.stringValue {
+            let code = ExecProvider.plausibleCode(error) ? error : "ERR_HELPER"
+            let message = json["message"]?.stringValue.map { masked($0, limit: ExecProvider.keptMessage) } ?? code
             if ExecProvider.permanentCodes.contains(code) { return .permanent(code: code, reason: message) }
             return .transient(reason: "\(code): \(message)", retryAfter: nil)
         }
@@ -141,6 +177,17 @@ public struct ExecProvider: TokenProvider {
         return .refreshed(credential.tokens, expiresIn: credential.expiresIn)
     }
 
+    /// True for an `error` a helper may answer that can be shown as it is: a
+    /// code such as `ERR_UID_NOT_FOUND` (letters, digits, `_`, `-`, `.`, at
+    /// most 64), not free text that could hold a secret.
+    static func plausibleCode(_ code: String) -> Bool {
+        !code.isEmpty && code.utf8.count <= 64
+            && code.utf8.allSatisfy { byte in
+                (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
+                    || byte == UInt8(ascii: "_") || byte == UInt8(ascii: "-") || byte == UInt8(ascii: ".")
+            }
+    }
+
     struct RunResult {
         var status: Int32 = -1
         var stdout: [UInt8] = []
@@ -148,21 +195,34 @@ public struct ExecProvider: TokenProvider {
         var failure: String?
     }
 
-    /// Starts `argv` (no shell), feeds `input`, collects bounded output, and
-    /// kills it at the deadline. Blocking waits happen on Dispatch threads, not
-    /// on the cooperative pool.
-    static func spawn(_ argv: [String], input: [String: JSON], timeoutSeconds: Int64) async -> RunResult {
-        await withCheckedContinuation { (continuation: CheckedContinuation<RunResult, Never>) in
-            DispatchQueue.global().async {
-                // Serialized here, so that this is the only copy of the input and wiping it counts.
-                var bytes = JSON.object(input).serialized()
-                defer { bytes.wipe() }
-                continuation.resume(returning: spawnBlocking(argv, input: bytes, timeoutSeconds: timeoutSeconds))
-            }
+    /// Runs the helper of `settings` on vaultd's helper pool once a slot of
+    /// `provider` is free (`MaxConcurrentHelpers=`); the time spent waiting
+    /// for it counts against `Timeout=`.
+    static func spawn(_ settings: ExecSettings, provider: String, input: [String: JSON], pool: HelperPool = .shared)
+        async -> RunResult
+    {
+        let argv = settings.command
+        let timeout = settings.timeoutSeconds
+        let deadline = Monotonic.milliseconds() + UInt64(timeout) * 1000
+        let result = await pool.run(provider: provider, cap: settings.maxConcurrentHelpers, deadline: deadline) {
+            () -> RunResult? in
+            guard Monotonic.milliseconds() < deadline else { return nil }
+            // Serialized here, so that this is the only copy of the input and wiping it counts.
+            var bytes = JSON.object(input).serialized()
+            defer { bytes.wipe() }
+            return spawnBlocking(argv, input: bytes, deadline: deadline, timeoutSeconds: timeout)
         }
+        if let ran = result ?? nil { return ran }
+        var waited = RunResult()
+        waited.failure =
+            "the helper \(argv[0]) did not start within \(timeout)s: it waited the whole time for a free helper slot (provider '\(provider)' runs at most \(settings.maxConcurrentHelpers) at once; raise MaxConcurrentHelpers= or Timeout=, or fix the helpers that hang)"
+        return waited
     }
 
-    static func spawnBlocking(_ argv: [String], input: [UInt8], timeoutSeconds: Int64) -> RunResult {
+    /// Starts `argv` (no shell), feeds `input`, collects bounded output, and
+    /// kills it at `deadline` (CLOCK_MONOTONIC milliseconds; `timeoutSeconds`
+    /// names the limit in the message). Blocks: call it on a helper worker.
+    static func spawnBlocking(_ argv: [String], input: [UInt8], deadline: UInt64, timeoutSeconds: Int64) -> RunResult {
         var result = RunResult()
         var environment = ["PATH": "/usr/local/bin:/usr/bin:/bin"]
         for key in ["CREDENTIALS_DIRECTORY", "HOME", "LANG"] {
@@ -186,12 +246,11 @@ public struct ExecProvider: TokenProvider {
         var pendingInput = input[...]
         var streams = [
             (fd: child.stdout, limit: maximumOutput, data: [UInt8](), open: true),
-            (fd: child.stderr, limit: 8192, data: [UInt8](), open: true),
+            (fd: child.stderr, limit: capturedStderr, data: [UInt8](), open: true),
         ]
         // Room for all that is kept up front: a buffer that grew would leave
         // copies of the helper's answer behind in freed memory.
         for index in streams.indices { streams[index].data.reserveCapacity(streams[index].limit + 1) }
-        let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
         var exitedAt: UInt64?
         var exitStatus: Int32?
         var buffer = [UInt8](repeating: 0, count: 65536)

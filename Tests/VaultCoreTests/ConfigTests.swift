@@ -95,6 +95,30 @@ struct ConfigParserTests {
         #expect(error.message.hasSuffix("is longer than the most allowed, 1h"), "\(error.message)")
     }
 
+    @Test("Should read an exec provider's MaxConcurrentHelpers, 4 when absent")
+    func maxConcurrentHelpers() throws {
+        let given = try parse("[Provider e]", "Type=exec", "Command=/bin/true", "MaxConcurrentHelpers=2")
+        #expect(given.providers["e"]?.exec?.maxConcurrentHelpers == 2)
+        let absent = try parse("[Provider e]", "Type=exec", "Command=/bin/true")
+        #expect(absent.providers["e"]?.exec?.maxConcurrentHelpers == 4)
+    }
+
+    @Test(
+        "Should refuse a MaxConcurrentHelpers that is not a whole number from 1 to 64, naming file, line and key",
+        arguments: ["0", "65", "-1", "two", "", "4.5"])
+    func badMaxConcurrentHelpers(value: String) throws {
+        let error = try configError("[Provider e]", "Type=exec", "Command=/bin/true", "MaxConcurrentHelpers=\(value)")
+        #expect(
+            error.message
+                == "\(file):4: key 'MaxConcurrentHelpers': expected a whole number from 1 to 64, got '\(value)'")
+    }
+
+    @Test("Should refuse MaxConcurrentHelpers outside an exec provider")
+    func maxConcurrentHelpersOnlyForExec() throws {
+        let error = try configError("[Provider s]", "Type=static", "MaxConcurrentHelpers=2")
+        #expect(error.message == "\(file):3: key 'MaxConcurrentHelpers' is for Type=exec, not Type=static")
+    }
+
     @Test("Should refuse an unknown key in a provider section, naming file, line and key")
     func unknownProviderKey() throws {
         let error = try configError("[Provider a]", "Type=static", "Colour=blue")
@@ -102,7 +126,7 @@ struct ConfigParserTests {
             error.message
                 == "\(file):3: unknown key 'Colour' in [Provider a] (known: Type, Description, SingleAccount, TokenURL, "
                 + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, Command, Timeout, "
-                + "MintUsers, MintGroups)"
+                + "MaxConcurrentHelpers, MintUsers, MintGroups)"
         )
     }
 

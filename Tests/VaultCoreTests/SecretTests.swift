@@ -5,37 +5,43 @@ import VaultCore
 struct SecretTests {
     private let raw = "invalid_token_abcdefghij_xyz"
 
-    @Test("Should mask a long secret as its first five and last five characters around ten stars")
+    @Test("Should mask a long secret as its first two and last two characters around eight stars")
     func maskLong() {
-        #expect(Secret.mask(raw) == "inval**********j_xyz")
-        #expect(Secret(raw).masked == "inval**********j_xyz")
+        #expect(Secret.mask(raw) == "in********yz")
+        #expect(Secret(raw).masked == "in********yz")
     }
 
-    @Test("Should mask a secret of exactly 20 characters with prefix and suffix")
-    func maskBoundary() {
-        #expect(Secret.mask("abcdefghijklmnopqrst") == "abcde**********pqrst")
+    @Test("Should show two and two characters from 16 on, one and one from 8, none below")
+    func maskBoundaries() {
+        #expect(Secret.mask("abcdefghijklmnop") == "ab********op")
+        #expect(Secret.mask("abcdefghijklmno") == "a********o")
+        #expect(Secret.mask("abcdefgh") == "a********h")
+        #expect(Secret.mask("abcdefg") == "********")
+        #expect(Secret.mask("abc") == "********")
+        #expect(Secret.mask("") == "********")
     }
 
-    @Test("Should mask a secret shorter than 20 characters with stars only, at least four")
-    func maskShort() {
-        #expect(Secret.mask("abcdefghijklmnopqrs") == String(repeating: "*", count: 19))
-        #expect(Secret.mask("abc") == "****")
-        #expect(Secret.mask("") == "****")
-        #expect(Secret.mask("abcde") == "*****")
+    @Test("Should never show more than four characters, nor more than a quarter of the secret")
+    func maskShowsLittle() {
+        for length in 0...200 {
+            let value = String((0..<length).map { Character(UnicodeScalar(UInt8(65 + $0 % 26))) })
+            let shown = Secret.mask(value).filter { $0 != "*" }.count
+            #expect(shown <= 4 && shown * 4 <= length, "length \(length): \(Secret.mask(value))")
+        }
     }
 
     @Test("Should count characters, not bytes, when masking")
     func maskCharacters() {
-        let value = "ééééé" + String(repeating: "x", count: 10) + "😀😀😀😀😀"
-        #expect(Secret.mask(value) == "ééééé**********😀😀😀😀😀")
+        let value = "éé" + String(repeating: "x", count: 12) + "😀😀"
+        #expect(Secret.mask(value) == "éé********😀😀")
     }
 
     @Test("Should never show the raw value when printed, interpolated or reflected")
     func neverPrinted() {
         let secret = Secret(raw)
-        #expect(secret.description == "inval**********j_xyz")
-        #expect(secret.debugDescription == "Secret(inval**********j_xyz)")
-        #expect("token=\(secret)" == "token=inval**********j_xyz")
+        #expect(secret.description == "in********yz")
+        #expect(secret.debugDescription == "Secret(in********yz)")
+        #expect("token=\(secret)" == "token=in********yz")
         #expect(!String(describing: secret).contains(raw))
         #expect(!String(reflecting: secret).contains(raw))
         #expect(!"\([secret])".contains(raw))

@@ -162,7 +162,7 @@ struct WireJSONTests {
     @Test("Should show the token masked, never raw, and no refresh token")
     func masked() {
         let json = record(refresh: "refresh_secret_value_123456").wireJSON(state: .logged)
-        #expect(json["token"] == "inval**********j_xyz")
+        #expect(json["token"] == "in********yz")
         #expect(!json.text.contains(rawToken))
         #expect(!json.text.contains("refresh_secret_value_123456"))
         #expect(!json.text.contains("client"))
@@ -181,7 +181,7 @@ struct WireJSONTests {
             json == [
                 "provider": "demo", "user": "alice", "state": "logging", "profile": ["uid": "alice", "name": "Alice"],
                 "createdAt": .int(1_700_000_000), "expiresAt": .int(1_700_003_600), "ownerUid": 1000,
-                "hasRefreshToken": false, "token": "inval**********j_xyz", "tokenType": "Bearer", "scope": "api",
+                "hasRefreshToken": false, "token": "in********yz", "tokenType": "Bearer", "scope": "api",
                 "instanceUrl": "https://example.my.salesforce.com",
             ])
     }

@@ -1,0 +1,132 @@
+import Glibc
+import VaultCore
+
+/// vaultd's own threads for exec helper runs: a fixed number of workers
+/// (never the cooperative pool, never libdispatch's global queues, which
+/// add a thread a second without a cap while helpers hang), admitted by a
+/// `HelperAdmission`: at most `MaxConcurrentHelpers=` runs of one provider at
+/// once, the others waiting in that provider's FIFO queue until their
+/// deadline, which a timer thread enforces.
+final class HelperPool: @unchecked Sendable {
+    /// The pool every exec provider uses, started on first use.
+    static let shared = HelperPool(workers: defaultWorkers)
+    /// The worker threads of the shared pool.
+    static let defaultWorkers = 8
+
+    /// One run: `start` runs it on a worker, `expire` reports that its
+    /// deadline passed while it waited. Exactly one of them is called.
+    private struct Job {
+        var start: @Sendable () -> Void
+        var expire: @Sendable () -> Void
+    }
+
+    // Guarded by `mutex`.
+    private var admission: HelperAdmission<UInt64>
+    private var jobs: [UInt64: Job] = [:]
+    private var ready: [UInt64] = []
+    private var lastTicket: UInt64 = 0
+
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    /// Signalled when a run is ready for a worker.
+    private let readyCondition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+    /// Signalled when a run starts waiting (the timer's nearest deadline may be earlier).
+    private let timerCondition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+    /// A pool of `workers` threads and a timer thread, started now.
+    init(workers: Int) {
+        admission = HelperAdmission(workers: workers)
+        pthread_mutex_init(mutex, nil)
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        // Deadlines are CLOCK_MONOTONIC milliseconds, as `Monotonic` reads them.
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(readyCondition, &attributes)
+        pthread_cond_init(timerCondition, &attributes)
+        pthread_condattr_destroy(&attributes)
+        for index in 0..<admission.workers {
+            HelperPool.startThread("vaultd-helper\(index)") { [self] in workerLoop() }
+        }
+        HelperPool.startThread("vaultd-helpertm") { [self] in timerLoop() }
+    }
+
+    /// Runs `work` on a worker once `provider` has fewer than `cap` runs
+    /// going and a worker is free; nil when `deadline` (CLOCK_MONOTONIC
+    /// milliseconds) passed first, the run never started.
+    func run<T: Sendable>(provider: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> T) async
+        -> T?
+    {
+        await withCheckedContinuation { (continuation: CheckedContinuation<T?, Never>) in
+            submit(
+                provider: provider, cap: cap, deadline: deadline,
+                Job(start: { continuation.resume(returning: work()) }, expire: { continuation.resume(returning: nil) }))
+        }
+    }
+
+    private func submit(provider: String, cap: Int, deadline: UInt64, _ job: Job) {
+        pthread_mutex_lock(mutex)
+        lastTicket += 1
+        let ticket = lastTicket
+        jobs[ticket] = job
+        makeReady(admission.arrive(ticket, provider: provider, cap: cap, deadline: deadline))
+        pthread_cond_signal(timerCondition)
+        pthread_mutex_unlock(mutex)
+    }
+
+    /// With the mutex held.
+    private func makeReady(_ tickets: [UInt64]) {
+        guard !tickets.isEmpty else { return }
+        ready.append(contentsOf: tickets)
+        pthread_cond_broadcast(readyCondition)
+    }
+
+    private func workerLoop() {
+        pthread_mutex_lock(mutex)
+        while true {
+            while ready.isEmpty { pthread_cond_wait(readyCondition, mutex) }
+            let ticket = ready.removeFirst()
+            let job = jobs.removeValue(forKey: ticket)
+            pthread_mutex_unlock(mutex)
+            job?.start()
+            pthread_mutex_lock(mutex)
+            makeReady(admission.finished(ticket))
+        }
+    }
+
+    private func timerLoop() {
+        pthread_mutex_lock(mutex)
+        while true {
+            let expired = admission.expire(now: Monotonic.milliseconds()).compactMap { jobs.removeValue(forKey: $0) }
+            if !expired.isEmpty {
+                pthread_mutex_unlock(mutex)
+                for job in expired { job.expire() }
+                pthread_mutex_lock(mutex)
+                continue
+            }
+            guard let deadline = admission.nextDeadline else {
+                pthread_cond_wait(timerCondition, mutex)
+                continue
+            }
+            var until = timespec(tv_sec: Int(deadline / 1000), tv_nsec: Int(deadline % 1000) * 1_000_000)
+            _ = pthread_cond_timedwait(timerCondition, mutex, &until)
+        }
+    }
+
+    /// Starts a detached thread running `body` (`name` says which in a failure).
+    private static func startThread(_ name: String, _ body: @escaping @Sendable () -> Void) {
+        final class Box {
+            let body: @Sendable () -> Void
+            init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+        }
+        let context = Unmanaged.passRetained(Box(body)).toOpaque()
+        var thread = pthread_t()
+        let status = pthread_create(
+            &thread, nil,
+            { context in
+                let box = Unmanaged<Box>.fromOpaque(context!).takeRetainedValue()
+                box.body()
+                return nil
+            }, context)
+        precondition(status == 0, "pthread_create failed for \(name): errno \(status)")
+        pthread_detach(thread)
+    }
+}
