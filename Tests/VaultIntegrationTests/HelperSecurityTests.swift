@@ -114,6 +114,7 @@ struct HelperSecurityTests {
                 [Provider fast]
                 Type=exec
                 Command=\(fast)
+                MintUsers=\(TestUsers.a)
                 """)
         func started() -> Int {
             ((try? FileManager.default.contentsOfDirectory(atPath: helpers.url.path)) ?? [])
