@@ -19,6 +19,8 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case invalidConfig
         case subscriberTooSlow
         case tooManySubscriptions
+        case tooManyConnections
+        case replyTooLarge
         case internalError
 
         /// The seeds' error code for this kind, as the SDKs report it.
@@ -40,6 +42,8 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .invalidConfig: return "ERR_INVALID_CONFIG"
             case .subscriberTooSlow: return "ERR_SUBSCRIBER_TOO_SLOW"
             case .tooManySubscriptions: return "ERR_TOO_MANY_SUBSCRIPTIONS"
+            case .tooManyConnections: return "ERR_TOO_MANY_CONNECTIONS"
+            case .replyTooLarge: return "ERR_REPLY_TOO_LARGE"
             case .internalError: return "ERR_INTERNAL"
             }
         }
@@ -63,6 +67,8 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .invalidConfig: return "InvalidConfig"
             case .subscriberTooSlow: return "SubscriberTooSlow"
             case .tooManySubscriptions: return "TooManySubscriptions"
+            case .tooManyConnections: return "TooManyConnections"
+            case .replyTooLarge: return "ReplyTooLarge"
             case .internalError: return "InternalError"
             }
         }
