@@ -93,6 +93,8 @@ public struct VaultConfig: Sendable, Equatable {
     public var socketMode: UInt32
     /// Per account: users and groups (names or ids) that may read its token besides its owner.
     public var tokenReaders: [Account: (users: [String], groups: [String])]
+    /// What one user may take of the socket server: connections, time, queued output.
+    public var serving = ServingLimits()
 
     /// A configuration with the given providers and default settings.
     public init(providers: [String: ProviderConfig] = [:], storeTimeoutSeconds: Int64 = 30) {
@@ -107,7 +109,7 @@ public struct VaultConfig: Sendable, Equatable {
     public static func == (lhs: VaultConfig, rhs: VaultConfig) -> Bool {
         lhs.providers == rhs.providers && lhs.storeTimeoutSeconds == rhs.storeTimeoutSeconds
             && lhs.adminGroup == rhs.adminGroup && lhs.socketMode == rhs.socketMode
-            && lhs.storeScope == rhs.storeScope
+            && lhs.storeScope == rhs.storeScope && lhs.serving == rhs.serving
             && lhs.tokenReaders.mapValues { $0.users + ["|"] + $0.groups }
                 == rhs.tokenReaders.mapValues { $0.users + ["|"] + $0.groups }
     }
@@ -127,7 +129,7 @@ public struct VaultConfig: Sendable, Equatable {
 /// earlier one's. Every error names the file, the line and the key.
 public enum ConfigParser {
     /// The keys each kind of section accepts.
-    static let vaultKeys = ["StoreTimeout", "StoreScope", "AdminGroup", "SocketMode"]
+    static let vaultKeys = ["StoreTimeout", "StoreScope", "AdminGroup", "SocketMode"] + ServingLimits.keys
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
         "MaxSessionLifetime", "ClientSecretFile", "Command", "Timeout",
@@ -175,6 +177,7 @@ public enum ConfigParser {
             }
             config.socketMode = value
         }
+        config.serving = try servingLimits(merged.vault)
         for (account, entries) in merged.accounts {
             let users = entries["TokenReadUsers"].map { $0.value.split(separator: " ").map(String.init) } ?? []
             let groups = entries["TokenReadGroups"].map { $0.value.split(separator: " ").map(String.init) } ?? []
