@@ -217,22 +217,41 @@ public struct VaultCtl {
     }
 
     mutating func list() -> ExitCode {
-        call(VaultMethod.listSessions.rawValue, [:]) { reply in
-            let sessions = reply.parameters["sessions"]?.arrayValue ?? []
-            if sessions.isEmpty {
-                output.out("no sessions")
-                return
-            }
-            var rows = [["PROVIDER", "USER", "STATE", "EXPIRES", "OWNER"]]
-            for s in sessions {
-                rows.append([
-                    s["provider"]?.stringValue ?? "-", s["user"]?.stringValue ?? "-", s["state"]?.stringValue ?? "-",
-                    Format.time(s["expiresAt"]?.integerValue),
-                    s["ownerUid"]?.integerValue.map { String($0) } ?? "-",
-                ])
-            }
-            for line in Format.table(rows) { output.out(line) }
+        // ListSessions answers a page at a time: follow `next` to the last one.
+        let path = socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
+        var sessions: [JSON] = []
+        do {
+            let client = try VarlinkClient(path: path)
+            var after: String?
+            repeat {
+                let reply = try client.call(
+                    VaultMethod.listSessions.rawValue, after.map { ["after": .string($0)] } ?? [:])
+                if let failure = daemonError(reply) { return failure }
+                sessions += reply.parameters["sessions"]?.arrayValue ?? []
+                let next = reply.parameters["next"]?.stringValue
+                after = next == after ? nil : next
+            } while after != nil
+        } catch {
+            return reportUnreachable(error)
         }
+        if json {
+            output.out(JSON.object(["sessions": .array(sessions)]).text)
+            return .ok
+        }
+        if sessions.isEmpty {
+            output.out("no sessions")
+            return .ok
+        }
+        var rows = [["PROVIDER", "USER", "STATE", "EXPIRES", "OWNER"]]
+        for s in sessions {
+            rows.append([
+                s["provider"]?.stringValue ?? "-", s["user"]?.stringValue ?? "-", s["state"]?.stringValue ?? "-",
+                Format.time(s["expiresAt"]?.integerValue),
+                s["ownerUid"]?.integerValue.map { String($0) } ?? "-",
+            ])
+        }
+        for line in Format.table(rows) { output.out(line) }
+        return .ok
     }
 
     mutating func token(_ operands: [String]) -> ExitCode {
