@@ -223,14 +223,24 @@ public struct VaultCtl {
         do {
             let client = try VarlinkClient(path: path)
             var after: String?
-            repeat {
-                let reply = try client.call(
-                    VaultMethod.listSessions.rawValue, after.map { ["after": .string($0)] } ?? [:])
+            var limit: Int64?
+            while true {
+                var parameters: [String: JSON] = [:]
+                parameters["after"] = after.map(JSON.string)
+                parameters["limit"] = limit.map(JSON.int)
+                let reply = try client.call(VaultMethod.listSessions.rawValue, parameters)
+                // Large sessions under a small MaxOutputPerConnection: ask for fewer at a time.
+                if reply.error == "\(VaultInterface.name).\(VaultError.Code.replyTooLarge.varlinkErrorName)",
+                    limit ?? 2 > 1
+                {
+                    limit = max(1, (limit ?? 100) / 2)
+                    continue
+                }
                 if let failure = daemonError(reply) { return failure }
                 sessions += reply.parameters["sessions"]?.arrayValue ?? []
-                let next = reply.parameters["next"]?.stringValue
-                after = next == after ? nil : next
-            } while after != nil
+                guard let next = reply.parameters["next"]?.stringValue, next != after else { break }
+                after = next
+            }
         } catch {
             return reportUnreachable(error)
         }
