@@ -320,13 +320,13 @@ struct ServingLimitsIntegrationTests {
 
     @Test("Should keep vaultd's memory bounded while a uid pipelines calls on all its connections without reading")
     func memoryUnderPipelining() throws {
-        let d = try LimitedDaemon("MaxOutputPerConnection=128K\n")
+        let d = try LimitedDaemon("MaxConnectionsPerUser=32\nMaxOutputPerConnection=128K\n")
         // 100 sessions of about 1 KiB: each ListSessions reply is about 130 KB.
         try d.login("rss", count: 100, padding: 1000)
         let before = d.residentKiB
         var peak = before
         let report = try holdConnections(
-            d.socketPath, directory: d.directory, holder: .testUser(TestUsers.a), count: 129, probes: [.root],
+            d.socketPath, directory: d.directory, holder: .testUser(TestUsers.a), count: 33, probes: [.root],
             pipelined: 400,
             whileHeld: {
                 // Sample for 3 s while everything is held: a measurement, not a wait.
@@ -336,13 +336,13 @@ struct ServingLimitsIntegrationTests {
                     _ = poll(&none, 0, 100)
                 }
             })
-        #expect(report.held.prefix(128).allSatisfy { $0 == "ok" }, "\(report.held)")
+        #expect(report.held.prefix(32).allSatisfy { $0 == "ok" }, "\(report.held)")
         #expect(report.held.last == Self.tooMany)
         #expect(report.probes["root"] == "ok", "vaultd still answers")
-        // 128 connections × (128 KiB of output + 64 KiB of input) is 24 MiB; before
-        // the bound, each held a 1 MiB high-water mark plus a whole reply.
+        // 32 connections × (128 KiB of output + 64 KiB of input) is 6 MiB; before
+        // the bound, each could hold a 1 MiB high-water mark plus a whole reply.
         let grown = peak - before
-        #expect(grown < 48 * 1024, "vaultd grew by \(grown) KiB, from \(before) KiB")
+        #expect(grown < 16 * 1024, "vaultd grew by \(grown) KiB, from \(before) KiB")
     }
 
     @Test("Should return every session exactly once across ListSessions pages, and vaultctl list all of them")
