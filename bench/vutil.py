@@ -216,9 +216,14 @@ def idle(vaultd, path, config, count, seconds, out):
         res["rss_kb"] = rss_kb(p.pid)
         # Every session has its refresh scheduled: ListSessions shows refreshAt.
         s = connect(path)
-        r = call(s, "io.vaultd.Vault.ListSessions", {}, timeout=300)
+        sessions, params = [], {"limit": 1000}
+        while True:  # ListSessions answers a page at a time; follow next
+            r = call(s, "io.vaultd.Vault.ListSessions", params, timeout=300)
+            sessions += r.get("parameters", {}).get("sessions", [])
+            if not r.get("parameters", {}).get("next"):
+                break
+            params = {"limit": 1000, "after": r["parameters"]["next"]}
         s.close()
-        sessions = r.get("parameters", {}).get("sessions", [])
         now = time.time()
         res["listed"] = len(sessions)
         res["scheduled"] = sum(1 for x in sessions if x.get("provider") == "bench" and x.get("refreshAt")

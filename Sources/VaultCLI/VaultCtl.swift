@@ -229,22 +229,51 @@ public struct VaultCtl {
     }
 
     mutating func list() -> ExitCode {
-        call(VaultMethod.listSessions.rawValue, [:]) { reply in
-            let sessions = reply.parameters["sessions"]?.arrayValue ?? []
-            if sessions.isEmpty {
-                output.out("no sessions")
-                return
+        // ListSessions answers a page at a time: follow `next` to the last one.
+        let path = socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
+        var sessions: [JSON] = []
+        do {
+            let client = try VarlinkClient(path: path)
+            var after: String?
+            var limit: Int64?
+            while true {
+                var parameters: [String: JSON] = [:]
+                parameters["after"] = after.map(JSON.string)
+                parameters["limit"] = limit.map(JSON.int)
+                let reply = try client.call(VaultMethod.listSessions.rawValue, parameters)
+                // Large sessions under a small MaxOutputPerConnection: ask for fewer at a time.
+                if reply.error == "\(VaultInterface.name).\(VaultError.Code.replyTooLarge.varlinkErrorName)",
+                    limit ?? 2 > 1
+                {
+                    limit = max(1, (limit ?? 100) / 2)
+                    continue
+                }
+                if let failure = daemonError(reply) { return failure }
+                sessions += reply.parameters["sessions"]?.arrayValue ?? []
+                guard let next = reply.parameters["next"]?.stringValue, next != after else { break }
+                after = next
             }
-            var rows = [["PROVIDER", "USER", "STATE", "EXPIRES", "OWNER"]]
-            for s in sessions {
-                rows.append([
-                    s["provider"]?.stringValue ?? "-", s["user"]?.stringValue ?? "-", s["state"]?.stringValue ?? "-",
-                    Format.time(s["expiresAt"]?.integerValue),
-                    s["ownerUid"]?.integerValue.map { String($0) } ?? "-",
-                ])
-            }
-            for line in Format.table(rows) { output.out(line) }
+        } catch {
+            return reportUnreachable(error)
         }
+        if json {
+            output.out(JSON.object(["sessions": .array(sessions)]).text)
+            return .ok
+        }
+        if sessions.isEmpty {
+            output.out("no sessions")
+            return .ok
+        }
+        var rows = [["PROVIDER", "USER", "STATE", "EXPIRES", "OWNER"]]
+        for s in sessions {
+            rows.append([
+                s["provider"]?.stringValue ?? "-", s["user"]?.stringValue ?? "-", s["state"]?.stringValue ?? "-",
+                Format.time(s["expiresAt"]?.integerValue),
+                s["ownerUid"]?.integerValue.map { String($0) } ?? "-",
+            ])
+        }
+        for line in Format.table(rows) { output.out(line) }
+        return .ok
     }
 
     mutating func token(_ operands: [String]) -> ExitCode {

@@ -33,7 +33,14 @@ public final class VarlinkClient {
     public func call(_ method: String, _ parameters: [String: JSON] = [:], more: Bool = false) throws(ClientError)
         -> VarlinkReply
     {
-        try send(VarlinkCall(method: method, parameters: parameters, more: more))
+        do {
+            try send(VarlinkCall(method: method, parameters: parameters, more: more))
+        } catch {
+            // vaultd may have refused the connection (TooManyConnections) with a
+            // reply and closed it before the call went out: that reply says why.
+            if let reply = try? receive(), reply.error != nil { return reply }
+            throw error
+        }
         return try receive()
     }
 

@@ -144,6 +144,8 @@ public struct VaultConfig: Sendable, Equatable {
     public var accounts: [Account: AccountSettings]
     /// What one local user may hold.
     public var limits: UserLimits
+    /// What one user may take of the socket server: connections, time, queued output.
+    public var serving = ServingLimits()
 
     /// A configuration with the given providers and default settings.
     public init(providers: [String: ProviderConfig] = [:], storeTimeoutSeconds: Int64 = 30) {
@@ -171,10 +173,11 @@ public struct VaultConfig: Sendable, Equatable {
 /// earlier one's. Every error names the file, the line and the key.
 public enum ConfigParser {
     /// The keys each kind of section accepts.
-    static let vaultKeys = [
-        "StoreTimeout", "StoreScope", "AdminGroup", "SocketMode", "MaxSessionsPerUser", "MaxSessionSize",
-        "MinRefreshInterval",
-    ]
+    static let vaultKeys =
+        [
+            "StoreTimeout", "StoreScope", "AdminGroup", "SocketMode", "MaxSessionsPerUser", "MaxSessionSize",
+            "MinRefreshInterval",
+        ] + ServingLimits.keys
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
         "MaxSessionLifetime", "ClientSecretFile", "Command", "Timeout", "MaxConcurrentHelpers", "MintUsers",
@@ -224,6 +227,7 @@ public enum ConfigParser {
             config.socketMode = value
         }
         try limits(merged.vault, into: &config.limits)
+        config.serving = try servingLimits(merged.vault)
         for (account, entries) in merged.accounts {
             var settings = AccountSettings(
                 readUsers: words(entries["TokenReadUsers"]), readGroups: words(entries["TokenReadGroups"]))

@@ -1,9 +1,15 @@
+/// Deadlines in wall-clock seconds, at most one per key: the session
+/// manager's timers.
+public typealias DeadlineQueue<Key: Hashable & Sendable> = DeadlineHeap<Key, UnixTime>
+
 /// Deadlines, at most one per key, ordered by time: an indexed binary heap, so
 /// that adding, moving or removing a key costs O(log n) and the nearest
 /// deadline is known in O(1). The daemon sleeps until `next` instead of
 /// scanning its sessions (as ssh-agent's reaper returns its next deadline).
-public struct DeadlineQueue<Key: Hashable & Sendable>: Sendable {
-    private var heap: [(deadline: UnixTime, key: Key)] = []
+/// `Time` is whatever the owner counts in: wall-clock `UnixTime` for sessions,
+/// monotonic milliseconds for the serving loop's connections.
+public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable>: Sendable {
+    private var heap: [(deadline: Time, key: Key)] = []
     private var positions: [Key: Int] = [:]
 
     /// An empty queue.
@@ -13,13 +19,13 @@ public struct DeadlineQueue<Key: Hashable & Sendable>: Sendable {
     public var count: Int { heap.count }
 
     /// The nearest deadline and its key.
-    public var next: (key: Key, deadline: UnixTime)? { heap.first.map { ($0.key, $0.deadline) } }
+    public var next: (key: Key, deadline: Time)? { heap.first.map { ($0.key, $0.deadline) } }
 
     /// The deadline of `key`, if scheduled.
-    public func deadline(of key: Key) -> UnixTime? { positions[key].map { heap[$0].deadline } }
+    public func deadline(of key: Key) -> Time? { positions[key].map { heap[$0].deadline } }
 
     /// Schedules `key` at `deadline`, moving it if it was scheduled already.
-    public mutating func schedule(_ key: Key, at deadline: UnixTime) {
+    public mutating func schedule(_ key: Key, at deadline: Time) {
         if let index = positions[key] {
             let old = heap[index].deadline
             heap[index].deadline = deadline
@@ -47,7 +53,7 @@ public struct DeadlineQueue<Key: Hashable & Sendable>: Sendable {
     }
 
     /// Removes and returns every key whose deadline is at or before `now`, nearest first.
-    public mutating func popDue(at now: UnixTime) -> [Key] {
+    public mutating func popDue(at now: Time) -> [Key] {
         var due: [Key] = []
         while let first = heap.first, first.deadline <= now {
             due.append(first.key)

@@ -22,6 +22,8 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case tooManySessions
         case sessionTooLarge
         case refreshTooSoon
+        case tooManyConnections
+        case replyTooLarge
         case internalError
 
         /// The seeds' error code for this kind, as the SDKs report it.
@@ -46,6 +48,8 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .tooManySessions: return "ERR_TOO_MANY_SESSIONS"
             case .sessionTooLarge: return "ERR_SESSION_TOO_LARGE"
             case .refreshTooSoon: return "ERR_REFRESH_TOO_SOON"
+            case .tooManyConnections: return "ERR_TOO_MANY_CONNECTIONS"
+            case .replyTooLarge: return "ERR_REPLY_TOO_LARGE"
             case .internalError: return "ERR_INTERNAL"
             }
         }
@@ -72,6 +76,8 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             case .tooManySessions: return "TooManySessions"
             case .sessionTooLarge: return "SessionTooLarge"
             case .refreshTooSoon: return "RefreshTooSoon"
+            case .tooManyConnections: return "TooManyConnections"
+            case .replyTooLarge: return "ReplyTooLarge"
             case .internalError: return "InternalError"
             }
         }

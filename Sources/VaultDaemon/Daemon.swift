@@ -192,11 +192,13 @@ public enum Daemon {
             watchdogProbe: { await manager.ping() },
             watchdog: { notifier.watchdog() },
             stopping: { notifier.stopping() },
-            reload: { reload(options, manager: manager, notifier: notifier, log: log) })
+            reload: { server in reload(options, manager: manager, server: server, notifier: notifier, log: log) },
+            privileged: { caller in manager.policy.policy.isAdmin(caller) })
         let server: VarlinkServer
         do {
             server = try VarlinkServer(
-                listenFD: listenFD, signalFD: signalFD, service: service, log: log, hooks: hooks)
+                listenFD: listenFD, signalFD: signalFD, service: service, log: log, hooks: hooks,
+                limits: config.serving)
         } catch {
             throw VaultError(.internalError, "cannot start serving: \(error)")
         }
@@ -248,7 +250,10 @@ public enum Daemon {
 
     /// SIGHUP: reads and validates the whole configuration again, then puts it
     /// in force at once; a broken one is refused and the old one stays.
-    static func reload(_ options: DaemonOptions, manager: SessionManager, notifier: ServiceNotifier, log: Logger) {
+    static func reload(
+        _ options: DaemonOptions, manager: SessionManager, server: VarlinkServer, notifier: ServiceNotifier,
+        log: Logger
+    ) {
         notifier.reloading()
         // Off the serving thread (reading files and resolving names can block),
         // and one reload after the other, so the last SIGHUP's file wins.
@@ -268,6 +273,7 @@ public enum Daemon {
             let change = try? blocking { () async throws(VaultError) in
                 await manager.apply(config, policy: policy)
             }
+            server.reload(config.serving)
             log.notice(
                 "configuration reloaded",
                 [

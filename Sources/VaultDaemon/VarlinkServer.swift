@@ -13,8 +13,6 @@ import VaultSystem
 public final class VarlinkServer: @unchecked Sendable {
     /// The largest message accepted from a client.
     public static let maximumMessageSize = 1 << 20
-    /// Queued reply bytes past which a connection's input is no longer read.
-    static let outputHighWater = 1 << 20
 
     private let service: VarlinkService
     private let log: Logger
@@ -26,11 +24,24 @@ public final class VarlinkServer: @unchecked Sendable {
     private var connections: [UInt64: Connection] = [:]
     private var nextID: UInt64 = 16
     private var stopping = false
-    /// Open connections in all, and per non-root uid, past which new ones are refused.
-    public static let maximumConnections = 8192
-    public static let maximumConnectionsPerUID = 2048
+    /// What one user may take: connections, time, queued output.
+    private var limits: ServingLimits
+    /// Limits a reload put in force, handed from the reload thread to the loop.
+    private let reloadedLimits = Mutex<ServingLimits?>(nil)
+    /// Queued reply bytes past which a connection's input is no longer read.
+    private var outputHighWater: Int
     private var connectionsPerUID: [UInt32: Int] = [:]
+    /// Open connections of callers neither root nor in the admin group.
+    private var unprivilegedConnections = 0
     private var nextRefusalLog: UInt64 = 0
+    private var nextReplyTooLargeLog: UInt64 = 0
+    /// When each connection is next looked at for lack of progress (monotonic
+    /// milliseconds). An entry may be earlier than the connection's real
+    /// deadline (activity only moves that later): it is then moved when it comes
+    /// due, so activity itself costs a few comparisons, not a heap update.
+    private var deadlines = DeadlineHeap<UInt64, UInt64>()
+    /// The monotonic time of the current loop iteration, in milliseconds.
+    private var now: UInt64 = Monotonic.milliseconds()
 
     /// Dropped subscribers whose final error is still being sent.
     private var dropping: Set<UInt64> = []
@@ -57,9 +68,12 @@ public final class VarlinkServer: @unchecked Sendable {
     /// Prepares to serve `service` on `listenFD`; `signalFD` delivers the
     /// signals that stop the loop.
     public init(
-        listenFD: Int32, signalFD: Int32, service: VarlinkService, log: Logger, hooks: ServerHooks = ServerHooks()
+        listenFD: Int32, signalFD: Int32, service: VarlinkService, log: Logger, hooks: ServerHooks = ServerHooks(),
+        limits: ServingLimits = ServingLimits()
     ) throws(SystemError) {
         self.hooks = hooks
+        self.limits = limits
+        self.outputHighWater = limits.outputHighWater
         self.listenFD = listenFD
         self.signalFD = signalFD
         self.service = service
@@ -95,14 +109,11 @@ public final class VarlinkServer: @unchecked Sendable {
             // ends when all are, or at the deadline.
             if stopping && (connections.isEmpty || Monotonic.milliseconds() >= drainDeadline) { break }
             var timeout: Int32 = stopping ? 100 : -1
-            if !dropping.isEmpty {
-                let now = Monotonic.milliseconds()
-                for id in dropping {
-                    guard let connection = connections[id] else { continue }
-                    if now >= connection.dropDeadline { disconnect(connection) }
-                }
-                dropping = dropping.filter { connections[$0] != nil }
-                if !dropping.isEmpty { timeout = timeout < 0 ? 1000 : min(timeout, 1000) }
+            now = Monotonic.milliseconds()
+            closeExpired()
+            if let next = deadlines.next {
+                let wait = Int32(clamping: next.deadline > now ? next.deadline - now : 0)
+                timeout = timeout < 0 ? wait : min(timeout, wait)
             }
             if let until = acceptPausedUntil {
                 let now = Monotonic.milliseconds()
@@ -134,6 +145,7 @@ public final class VarlinkServer: @unchecked Sendable {
                 log.error("epoll_wait failed", ["errno": String(errno)])
                 break
             }
+            now = Monotonic.milliseconds()
             // One round: answer every ready connection, then hand the round's log
             // (audit) lines to the log writer in one piece, then send the replies.
             var signalReady = false
@@ -158,7 +170,7 @@ public final class VarlinkServer: @unchecked Sendable {
                     beginStopping()
                     drainDeadline = Monotonic.milliseconds() + UInt64(drainSeconds) * 1000
                 } else if signal == SIGHUP {
-                    hooks.reload()
+                    hooks.reload(self)
                 } else if signal > 0 {
                     log.info("signal ignored", ["signal": String(signal)])
                 }
@@ -172,6 +184,14 @@ public final class VarlinkServer: @unchecked Sendable {
     /// events reach each subscriber in the order they were published.
     public func publish(_ event: VaultEvent) {
         pendingEvents.withLock { $0.append(event) }
+        var one: UInt64 = 1
+        _ = write(wakeFD, &one, 8)
+    }
+
+    /// Puts `limits` in force for connections accepted from now on (and the
+    /// timeouts and output bound of all). Thread-safe.
+    public func reload(_ limits: ServingLimits) {
+        reloadedLimits.withLock { $0 = limits }
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)
     }
@@ -270,35 +290,52 @@ public final class VarlinkServer: @unchecked Sendable {
                 Glibc.close(fd)
                 continue
             }
-            if connections.count >= VarlinkServer.maximumConnections
-                || (uid != 0 && (connectionsPerUID[uid] ?? 0) >= VarlinkServer.maximumConnectionsPerUID)
-            {
-                // Refused at once, so that one user cannot use up the daemon's descriptors.
-                if Monotonic.milliseconds() >= nextRefusalLog {
-                    log.warning(
-                        "connection limit reached; connection refused",
-                        ["uid": String(uid), "pid": String(pid), "open": String(connections.count)])
-                    nextRefusalLog = Monotonic.milliseconds() + 10_000
-                }
-                Glibc.close(fd)
+            var groups = [gid_t](repeating: 0, count: 256)
+            let groupCount = max(0, vaultd_peer_groups(fd, &groups, Int32(groups.count)))
+            var caller = Caller(uid: uid, gid: gid, pid: pid, groups: Array(groups.prefix(Int(groupCount))))
+            let privileged = caller.isRoot || hooks.privileged(caller)
+            let admission = limits.admission(
+                isRoot: caller.isRoot, privileged: privileged, open: connections.count,
+                openUnprivileged: unprivilegedConnections, openForUser: connectionsPerUID[uid] ?? 0)
+            guard admission == .admit else {
+                refuse(fd, caller, admission)
                 continue
             }
             connectionsPerUID[uid, default: 0] += 1
+            if !privileged { unprivilegedConnections += 1 }
+            caller.executable = VarlinkServer.executable(of: pid)
             let id = nextID
             nextID += 1
-            var groups = [gid_t](repeating: 0, count: 256)
-            let groupCount = max(0, vaultd_peer_groups(fd, &groups, Int32(groups.count)))
-            let caller = Caller(
-                uid: uid, gid: gid, pid: pid, groups: Array(groups.prefix(Int(groupCount))),
-                executable: VarlinkServer.executable(of: pid))
             let connection = Connection(
                 id: id, fd: fd, caller: caller,
                 maximumMessageSize: VarlinkServer.maximumMessageSize)
+            connection.privileged = privileged
+            connection.lastActivity = now
             connections[id] = connection
+            settleDeadline(connection)
             connection.interest = VAULTD_EPOLLIN
             if vaultd_epoll_add(epollFD, fd, VAULTD_EPOLLIN, id) != 0 {
                 disconnect(connection)
             }
+        }
+    }
+
+    /// Refuses a new connection at once, so that no user can use up the
+    /// daemon's descriptors or the connections kept for root and the admin
+    /// group: the refusal is its only reply, sent if the socket takes it now.
+    private func refuse(_ fd: Int32, _ caller: Caller, _ admission: ServingLimits.Admission) {
+        var reply = limits.refusal(admission, uid: caller.uid).varlinkReply.encoded()
+        reply.append(0)
+        _ = reply.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, VarlinkServer.sendFlags) }
+        Glibc.close(fd)
+        if now >= nextRefusalLog {
+            log.warning(
+                "connection limit reached; connection refused",
+                [
+                    "uid": String(caller.uid), "pid": String(caller.pid), "open": String(connections.count),
+                    "limit": "\(admission)",
+                ])
+            nextRefusalLog = now + 10_000
         }
     }
 
@@ -367,6 +404,7 @@ public final class VarlinkServer: @unchecked Sendable {
             if n > 0 { connection.decoder.append(UnsafeRawBufferPointer(rebasing: buffer[0..<n])) }
             return n
         }
+        if n > 0 { connection.lastActivity = now }
         if n == 0 {
             connection.peerClosedInput = true
         } else if n < 0, errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR {
@@ -377,11 +415,25 @@ public final class VarlinkServer: @unchecked Sendable {
     /// Answers the complete messages buffered on `connection`, one at a time,
     /// until a deferred call or a full output queue holds it back.
     private func process(_ connection: Connection) {
-        while !connection.closed, !connection.busy, connection.pendingOutput < VarlinkServer.outputHighWater {
+        answer(connection)
+        if inRound {
+            if !connection.answeredThisRound {
+                connection.answeredThisRound = true
+                answered.append(connection)
+            }
+            return
+        }
+        sendAndSettle(connection)
+    }
+
+    /// The loop of `process`: answers what is buffered, without sending.
+    private func answer(_ connection: Connection) {
+        while !connection.closed, !connection.busy, connection.pendingOutput < outputHighWater {
             let message: ArraySlice<UInt8>
             do throws(VarlinkFrameDecoder.Failure) {
                 guard let next = try connection.decoder.next() else { break }
                 message = next
+                connection.partialSince = nil
             } catch {
                 log.warning(
                     "message over \(VarlinkServer.maximumMessageSize) bytes; connection closed",
@@ -412,12 +464,9 @@ public final class VarlinkServer: @unchecked Sendable {
             }
             switch service.handle(call, caller: connection.caller) {
             case .reply(let reply):
-                if !call.oneway { queue(reply, on: connection) }
+                if !call.oneway { queueBounded(on: connection, method: call.method) { reply.encode(into: &$0) } }
             case .encoded(let write):
-                if !call.oneway {
-                    write(&connection.output)
-                    connection.output.append(0)
-                }
+                if !call.oneway { queueBounded(on: connection, method: call.method, write) }
             case .subscribe(let snapshot, let filter):
                 guard call.more else {
                     queue(VarlinkReply(error: "org.varlink.service.ExpectedMore"), on: connection)
@@ -433,10 +482,10 @@ public final class VarlinkServer: @unchecked Sendable {
                         ).varlinkReply, on: connection)
                     continue
                 }
-                subscriptionsPerUID[uid] = open + 1
                 var first = snapshot
                 first.continues = true
-                queue(first, on: connection)
+                guard queueBounded(on: connection, method: call.method, { first.encode(into: &$0) }) else { continue }
+                subscriptionsPerUID[uid] = open + 1
                 connection.subscribed = true
                 connection.busy = true
                 subscriptions[connection.id] = filter
@@ -451,14 +500,16 @@ public final class VarlinkServer: @unchecked Sendable {
                 }
             }
         }
-        if inRound {
-            if !connection.answeredThisRound {
-                connection.answeredThisRound = true
-                answered.append(connection)
-            }
-            return
+        connection.heldBack = !connection.closed && !connection.busy && connection.pendingOutput >= outputHighWater
+        // Bytes of an unfinished message start the request timeout while the
+        // connection is read; complete messages held back by queued output do not.
+        if connection.decoder.hasPartialMessage && connection.wantsInput
+            && connection.pendingOutput < outputHighWater
+        {
+            if connection.partialSince == nil { connection.partialSince = now }
+        } else {
+            connection.partialSince = nil
         }
-        sendAndSettle(connection)
     }
 
     /// Sends what is queued on `connection`, then closes it when it is done
@@ -466,6 +517,13 @@ public final class VarlinkServer: @unchecked Sendable {
     private func sendAndSettle(_ connection: Connection) {
         flush(connection)
         if connection.closed { return }
+        // Calls held back by queued output the peer has now taken: answer them,
+        // since no more input may come to wake this connection.
+        while connection.heldBack, !connection.busy, connection.pendingOutput < outputHighWater {
+            answer(connection)
+            flush(connection)
+            if connection.closed { return }
+        }
         let idle = !connection.busy && connection.pendingOutput == 0
         if idle && (connection.peerClosedInput || (stopping && !VarlinkServer.hasUnreadInput(connection.fd))) {
             disconnect(connection)
@@ -488,6 +546,11 @@ public final class VarlinkServer: @unchecked Sendable {
             return taken
         }
         if !events.isEmpty { deliver(events) }
+        if let reloaded = reloadedLimits.withLock({ $0.take() }) {
+            limits = reloaded
+            outputHighWater = reloaded.outputHighWater
+            log.info("serving limits reloaded", ["maxConnectionsPerUser": String(reloaded.maxConnectionsPerUser)])
+        }
         for (id, reply) in done {
             if id == VarlinkServer.watchdogProbeID {
                 watchdogProbeInFlight = false
@@ -535,7 +598,7 @@ public final class VarlinkServer: @unchecked Sendable {
                         "this subscriber did not read its events and was dropped; read events as they come and subscribe again"
                     ).varlinkReply, on: connection)
                 subscriptions[id] = nil
-                connection.dropDeadline = Monotonic.milliseconds() + 5000
+                connection.dropDeadline = now + 5000
                 dropping.insert(id)
                 flush(connection)
                 if connection.pendingOutput == 0 { disconnect(connection) }
@@ -548,6 +611,47 @@ public final class VarlinkServer: @unchecked Sendable {
     private func queue(_ reply: VarlinkReply, on connection: Connection) {
         reply.encode(into: &connection.output)
         connection.output.append(0)
+    }
+
+    /// Appends the reply `write` encodes, unless it would take the connection's
+    /// queued output past `MaxOutputPerConnection`: then it is taken back and
+    /// `ReplyTooLarge` goes in its place, and the result is false. Calls are
+    /// answered only below the high-water mark (at most half the bound), so the
+    /// error always fits.
+    @discardableResult
+    private func queueBounded(
+        on connection: Connection, method: String, _ write: (inout [UInt8]) -> Void
+    ) -> Bool {
+        let start = connection.output.count
+        write(&connection.output)
+        let size = connection.output.count - start + 1
+        guard connection.output.count + 1 - connection.outputOffset > limits.maxOutputPerConnection else {
+            connection.output.append(0)
+            return true
+        }
+        connection.output.removeSubrange(start...)
+        if connection.output.capacity > 2 * max(connection.output.count, 65536) {
+            // Give back what the reply took: a peer that does not read keeps it otherwise.
+            var kept: [UInt8] = []
+            kept.reserveCapacity(connection.output.count)
+            kept.append(contentsOf: connection.output)
+            connection.output = kept
+        }
+        queue(
+            VaultError(
+                .replyTooLarge,
+                "the reply to \(method) would take \(size) bytes, more than one connection may have queued (MaxOutputPerConnection=\(limits.maxOutputPerConnection) bytes); ask for less (ListSessions: a smaller limit, then follow next; Subscribe: narrow by provider or user), and read replies before sending more calls"
+            ).varlinkReply, on: connection)
+        if now >= nextReplyTooLargeLog {
+            log.warning(
+                "reply over the output bound refused",
+                [
+                    "method": method, "bytes": String(size), "uid": String(connection.caller.uid),
+                    "pid": String(connection.caller.pid),
+                ])
+            nextReplyTooLargeLog = now + 10_000
+        }
+        return false
     }
 
     private func flush(_ connection: Connection) {
@@ -565,6 +669,7 @@ public final class VarlinkServer: @unchecked Sendable {
                 return
             }
             connection.outputOffset += n
+            connection.lastActivity = now
         }
         if connection.pendingOutput == 0 {
             connection.output.removeAll(keepingCapacity: connection.output.capacity <= 65536)
@@ -580,7 +685,7 @@ public final class VarlinkServer: @unchecked Sendable {
 
     private func updateInterest(_ connection: Connection) {
         var wanted: UInt32 = 0
-        if connection.wantsInput && connection.pendingOutput < VarlinkServer.outputHighWater {
+        if connection.wantsInput && connection.pendingOutput < outputHighWater {
             wanted |= VAULTD_EPOLLIN
         }
         if connection.subscribed && !connection.peerClosedInput { wanted |= VAULTD_EPOLLIN }
@@ -589,6 +694,54 @@ public final class VarlinkServer: @unchecked Sendable {
             connection.interest = wanted
             _ = vaultd_epoll_mod(epollFD, connection.fd, wanted, connection.id)
         }
+        settleDeadline(connection)
+    }
+
+    // MARK: Deadlines
+
+    /// When `connection` is closed unless it makes progress; nil for never.
+    private func dueTime(_ connection: Connection) -> UInt64? {
+        if connection.dropDeadline != 0 { return connection.dropDeadline }
+        return limits.deadline(
+            subscribed: connection.subscribed, busy: connection.busy, lastActivity: connection.lastActivity,
+            partialSince: connection.partialSince)?.at
+    }
+
+    /// Keeps the connection's heap entry at or before its deadline: a few
+    /// comparisons unless the deadline came nearer (or went away).
+    private func settleDeadline(_ connection: Connection) {
+        guard let due = dueTime(connection) else {
+            if connection.scheduledAt != nil {
+                deadlines.cancel(connection.id)
+                connection.scheduledAt = nil
+            }
+            return
+        }
+        if let at = connection.scheduledAt, at <= due { return }
+        deadlines.schedule(connection.id, at: due)
+        connection.scheduledAt = due
+    }
+
+    /// Closes the connections whose deadline passed; moves the entries that
+    /// came due early (the connection was active since) to the real deadline.
+    private func closeExpired() {
+        guard let next = deadlines.next, next.deadline <= now else { return }
+        for id in deadlines.popDue(at: now) {
+            guard let connection = connections[id] else { continue }
+            connection.scheduledAt = nil
+            guard let due = dueTime(connection) else { continue }
+            if due > now {
+                settleDeadline(connection)
+                continue
+            }
+            let reason =
+                connection.dropDeadline != 0
+                ? "dropped subscriber" : connection.partialSince != nil ? "unfinished message" : "idle"
+            log.info(
+                "connection closed: \(reason) past its timeout",
+                ["uid": String(connection.caller.uid), "pid": String(connection.caller.pid)])
+            disconnect(connection)
+        }
     }
 
     private func disconnect(_ connection: Connection) {
@@ -596,6 +749,8 @@ public final class VarlinkServer: @unchecked Sendable {
         connection.closed = true
         connectionsPerUID[connection.caller.uid, default: 1] -= 1
         if connectionsPerUID[connection.caller.uid] == 0 { connectionsPerUID[connection.caller.uid] = nil }
+        if !connection.privileged { unprivilegedConnections -= 1 }
+        if connection.scheduledAt != nil { deadlines.cancel(connection.id) }
         subscriptions[connection.id] = nil
         if connection.subscribed {
             subscriptionsPerUID[connection.caller.uid, default: 1] -= 1
@@ -618,20 +773,26 @@ public struct ServerHooks: Sendable {
     public var watchdog: @Sendable () -> Void
     /// Called on the loop thread when SIGTERM or SIGINT arrives.
     public var stopping: @Sendable () -> Void
-    /// Called on the loop thread when SIGHUP arrives.
-    public var reload: @Sendable () -> Void
+    /// Called on the loop thread when SIGHUP arrives, with the server, so that
+    /// the reload can hand it new limits (`VarlinkServer.reload`).
+    public var reload: @Sendable (VarlinkServer) -> Void
+    /// Whether a caller other than root may use the connections kept for
+    /// root and the admin group.
+    public var privileged: @Sendable (Caller) -> Bool
 
     /// Hooks that do nothing.
     public init(
         watchdogIntervalMilliseconds: Int? = nil, watchdogProbe: @escaping @Sendable () async -> Void = {},
         watchdog: @escaping @Sendable () -> Void = {}, stopping: @escaping @Sendable () -> Void = {},
-        reload: @escaping @Sendable () -> Void = {}
+        reload: @escaping @Sendable (VarlinkServer) -> Void = { _ in },
+        privileged: @escaping @Sendable (Caller) -> Bool = { _ in false }
     ) {
         self.watchdogIntervalMilliseconds = watchdogIntervalMilliseconds
         self.watchdogProbe = watchdogProbe
         self.watchdog = watchdog
         self.stopping = stopping
         self.reload = reload
+        self.privileged = privileged
     }
 }
 
@@ -652,6 +813,16 @@ final class Connection {
     var answeredThisRound = false
     /// When a dropped subscriber is closed even if its final error is unsent.
     var dropDeadline: UInt64 = 0
+    /// The caller is root or in the admin group: it may use the reserved connections.
+    var privileged = false
+    /// When bytes last went either way (monotonic milliseconds).
+    var lastActivity: UInt64 = 0
+    /// When the unfinished message buffered now began to arrive.
+    var partialSince: UInt64?
+    /// The connection's entry in the server's deadline heap, if any.
+    var scheduledAt: UInt64?
+    /// Queued output stopped the answering of buffered calls.
+    var heldBack = false
     var closed = false
     var interest: UInt32 = 0
     /// The `interest` of a connection no longer registered with epoll.

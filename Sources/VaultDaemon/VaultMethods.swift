@@ -72,7 +72,10 @@ public enum VaultMethods {
         }
 
         service.methods[VaultMethod.listSessions.rawValue] = { call, caller in
-            .reply(VarlinkReply(parameters: ["sessions": .array(visibleSessions(table, policy.policy, caller))]))
+            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                let page = try SessionPage(visibleSessions(table, policy.policy, caller), parameters: p)
+                return .reply(VarlinkReply(parameters: page.parameters))
+            }
         }
 
         service.methods[VaultMethod.getToken.rawValue] = { call, caller in

@@ -93,8 +93,12 @@ public enum VaultInterface {
         # The session of one account (getLoggedInUser).
         method GetSession(provider: string, user: string, ownerUid: ?int) -> (session: Session)
 
-        # Every session the caller may see, ordered by provider, user and owner.
-        method ListSessions() -> (sessions: []Session)
+        # The sessions the caller may see, ordered by provider, user and owner, a page
+        # at a time: at most limit of them (default 100, at most 1000), starting after
+        # the cursor after. next is the cursor of the following page, absent on the
+        # last; pass it back as after, unchanged (it is opaque). A client that passes
+        # neither gets the first page.
+        method ListSessions(limit: ?int, after: ?string) -> (sessions: []Session, next: ?string)
 
         # The current access token of a session the caller owns, or of a declared
         # account whose TokenReadUsers=/TokenReadGroups= name the caller; ownerUid in
@@ -217,6 +221,16 @@ public enum VaultInterface {
         # The session's tokens were refreshed less than MinRefreshInterval= ago and are
         # still valid: no refresh was started.
         error RefreshTooSoon (code: string, message: string)
+
+        # The caller's user holds as many connections as vaultd allows one user
+        # (MaxConnectionsPerUser=), or vaultd serves as many as it may; sent as the only
+        # reply before the connection is closed.
+        error TooManyConnections (code: string, message: string)
+
+        # The reply would take more than the connection may have queued
+        # (MaxOutputPerConnection=): read replies before sending more calls, or ask for
+        # less (a smaller limit to ListSessions, a narrower Subscribe).
+        error ReplyTooLarge (code: string, message: string)
 
         # vaultd failed in a way it did not expect.
         error InternalError (code: string, message: string)
