@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Testing
+import VaultClient
 import VaultSystem
 
 /// Nobody but vaultd's user and root can stand in for vaultd's socket: vaultd
@@ -118,5 +119,69 @@ struct SocketSafetyTests {
         #expect(st.st_mode & 0o7777 == 0o600, "the symlink's target was chmod-ed")
         #expect(lstat(moved, &st) == 0)
         #expect(st.st_mode & 0o7777 == 0o666, "the socket itself has the configured mode")
+    }
+
+    @Test("Should make root's vaultctl refuse, sending nothing, a socket served by another uid")
+    func fakeServerOfAnotherUser() throws {
+        let dir = try TemporaryDirectory()
+        #expect(chmod(dir.url.path, 0o755) == 0)
+        let home = dir.path("a")
+        try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: false)
+        let uid = try #require(TestUsers.uid(TestUsers.a))
+        let gid = try #require(TestUsers.gid(TestUsers.a))
+        #expect(chown(home, uid, gid) == 0)
+        let socketPath = home + "/vaultd.sock"
+        // A stand-in: takes one connection, reads until the first message ends
+        // or the client hangs up, closes, and reports how many bytes it got.
+        let script = dir.path("fake.py")
+        try #"""
+        import socket, sys
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(sys.argv[1])
+        s.listen(1)
+        s.settimeout(30)
+        print("LISTENING", flush=True)
+        conn, _ = s.accept()
+        conn.settimeout(30)
+        got = b""
+        while not got.endswith(b"\0"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        conn.close()
+        print("RECEIVED", len(got), flush=True)
+        """#.write(toFile: script, atomically: true, encoding: .utf8)
+        let fake = Process()
+        fake.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        fake.arguments = ["--reuid=\(uid)", "--regid=\(gid)", "--init-groups", "/usr/bin/python3", script, socketPath]
+        let out = Pipe()
+        fake.standardOutput = out
+        fake.standardError = FileHandle.nullDevice
+        let collector = OutputCollector(out)
+        try fake.run()
+        defer {
+            kill(fake.processIdentifier, SIGKILL)
+            _ = try? reap(fake)
+        }
+        #expect(collector.wait(for: "LISTENING"), "\(collector.text)")
+
+        let login = try vaultctl(socketPath, ["login", "demo", "alice"], input: "tok_fake_server_must_not_see_1234")
+        #expect(login.status == 3, "\(login.stderr)")
+        #expect(
+            login.stderr.contains(
+                "the socket \(socketPath) is served by uid \(uid), not by root or you; refusing to send credentials"),
+            "\(login.stderr)")
+        #expect(collector.wait(for: "RECEIVED"), "\(collector.text)")
+        #expect(collector.text.contains("RECEIVED 0\n"), "the stand-in got bytes: \(collector.text)")
+    }
+
+    @Test("Should trust root, the caller's own uid and the system service user, nobody else")
+    func trustDecision() {
+        #expect(VarlinkClient.trusts(peer: 0, euid: 1000, serviceUID: { nil }))
+        #expect(VarlinkClient.trusts(peer: 1000, euid: 1000, serviceUID: { nil }))
+        #expect(VarlinkClient.trusts(peer: 61234, euid: 1000, serviceUID: { 61234 }))
+        #expect(!VarlinkClient.trusts(peer: 1001, euid: 1000, serviceUID: { 61234 }))
+        #expect(!VarlinkClient.trusts(peer: 1001, euid: 0, serviceUID: { nil }))
     }
 }
