@@ -63,6 +63,23 @@ struct StartupRobustnessTests {
         #expect(daemon.stop() == 0)
     }
 
+    @Test("Should name file and line of a file that is no configuration, never quoting its text")
+    func foreignFileIsNotQuoted() throws {
+        let dir = try TemporaryDirectory()
+        let secret = "root:$y$j9T$Sup3rS3cretHashMarker$Qx:19000:0:99999:7:::"
+        let shadowLike = dir.path("shadow")
+        try "\(secret)\ndaemon:*:19000:0:99999:7:::\n".write(toFile: shadowLike, atomically: true, encoding: .utf8)
+        let (status, output) = try checkConfig(shadowLike, dir)
+        #expect(status == 1, "\(output)")
+        #expect(output.contains("\(shadowLike):1: expected a Key=value line"), "\(output)")
+        #expect(!output.contains("Sup3rS3cret"), "\(output)")
+        let daemon = try RunningDaemon(
+            socketPath: dir.path("s"), configPath: shadowLike, waitForReady: false, extraArguments: ["--memory-store"])
+        #expect(daemon.waitForExit(seconds: 10) == 1)
+        #expect(daemon.output.text.contains("\(shadowLike):1: "), "\(daemon.output.text)")
+        #expect(!daemon.allOutput.contains("Sup3rS3cret"), "\(daemon.allOutput)")
+    }
+
     /// A "session bus" that takes connections and never answers, so vaultd's
     /// start-up blocks in the secret store; prints ACCEPTED per connection.
     final class SilentBus {
