@@ -416,6 +416,8 @@ public struct VaultCtl {
             )
         case .connection(let message):
             output.err("vaultctl: \(message)")
+        case .untrustedPeer:
+            output.err("vaultctl: \(error)")
         }
         return .unreachable
     }

@@ -9,6 +9,22 @@ public enum ClientError: Error, Sendable, Equatable {
     case unreachable(path: String, reason: String)
     /// The connection broke or the peer sent something that is not Varlink.
     case connection(String)
+    /// The process serving the socket runs as `uid`, which is neither root,
+    /// nor the caller, nor the system instance's service user: nothing was sent.
+    case untrustedPeer(path: String, uid: UInt32)
+}
+
+extension ClientError: CustomStringConvertible {
+    /// What happened and what to do, for a human.
+    public var description: String {
+        switch self {
+        case .unreachable(let path, let reason): return "vaultd is not reachable at \(path) (\(reason))"
+        case .connection(let message): return message
+        case .untrustedPeer(let path, let uid):
+            return
+                "the socket \(path) is served by uid \(uid), not by root or you; refusing to send credentials. Someone may have put their own socket in vaultd's place: check who owns its directory, or pass the right --socket PATH"
+        }
+    }
 }
 
 /// A blocking Varlink client on one Unix socket connection: send a call, read
@@ -19,12 +35,43 @@ public final class VarlinkClient {
     private let fd: Int32
     private var decoder = VarlinkFrameDecoder(maximumSize: 16 << 20)
 
-    /// Connects to `path`.
+    /// The user the system instance of vaultd runs as (`DynamicUser=` of
+    /// `vaultd.service` takes the unit's name); trusted like root.
+    public static let systemServiceUser = "vaultd"
+
+    /// Connects to `path` and checks, before anything is sent, that the process
+    /// serving it is root, this process's effective user, or the system
+    /// instance's service user: a socket someone else put in vaultd's place
+    /// never sees a token.
     public init(path: String) throws(ClientError) {
         self.path = path
         do { fd = try UnixSocket.connect(to: path) } catch {
             throw .unreachable(path: path, reason: error.description)
         }
+        let peer: uid_t
+        do { peer = try UnixSocket.peerUID(fd) } catch {
+            close(fd)
+            throw .connection("cannot tell who serves \(path): \(error)")
+        }
+        guard VarlinkClient.trusts(peer: peer, euid: geteuid(), serviceUID: VarlinkClient.serviceUID) else {
+            close(fd)
+            throw .untrustedPeer(path: path, uid: peer)
+        }
+    }
+
+    /// Whether a socket served by `peer` may receive this process's calls:
+    /// root, the process's own effective user, or the system service user.
+    /// `serviceUID` is asked only when the first two do not match, so the
+    /// usual case costs one `getsockopt` and no name lookup.
+    public static func trusts(peer: uid_t, euid: uid_t, serviceUID: () -> uid_t?) -> Bool {
+        if peer == 0 || peer == euid { return true }
+        return serviceUID() == peer
+    }
+
+    /// The uid of `systemServiceUser`, when that user exists (while the system
+    /// instance runs, through nss-systemd).
+    static func serviceUID() -> uid_t? {
+        getpwnam(systemServiceUser).map { $0.pointee.pw_uid }
     }
 
     deinit { close(fd) }

@@ -170,7 +170,9 @@ public struct VaultConfig: Sendable, Equatable {
 /// Reads vaultd's INI-style configuration, in the syntax of systemd's unit files:
 /// `[Section]` headers, `Key=value` lines, `#` and `;` comments. A main file may
 /// be followed by drop-ins, applied in order: a later file's key overrides an
-/// earlier one's. Every error names the file, the line and the key.
+/// earlier one's. Every error names the file, the line and the key, and says
+/// what was expected; none quotes a value or a line, since a value may be a
+/// secret and the file may not be a configuration at all (`--config /etc/shadow`).
 public enum ConfigParser {
     /// The keys each kind of section accepts.
     static let vaultKeys =
@@ -208,7 +210,7 @@ public enum ConfigParser {
         }
         if let group = merged.vault["AdminGroup"] {
             guard !group.value.isEmpty, !group.value.contains(" ") else {
-                throw group.error("key 'AdminGroup': expected one group name or gid, got '\(group.value)'")
+                throw group.error("key 'AdminGroup': expected one group name or gid")
             }
             config.adminGroup = group.value
         }
@@ -216,13 +218,14 @@ public enum ConfigParser {
             guard !scope.value.isEmpty, scope.value.utf8.count <= 64,
                 scope.value.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." })
             else {
-                throw scope.error("key 'StoreScope': expected letters, digits, '-', '_' or '.', got '\(scope.value)'")
+                throw scope.error("key 'StoreScope': expected 1 to 64 letters, digits, '-', '_' or '.'")
             }
             config.storeScope = scope.value
         }
         if let mode = merged.vault["SocketMode"] {
             guard let value = UInt32(mode.value, radix: 8), value <= 0o777, value & 0o600 == 0o600 else {
-                throw mode.error("key 'SocketMode': expected an octal mode such as 0600 or 0666, got '\(mode.value)'")
+                throw mode.error(
+                    "key 'SocketMode': expected an octal mode with owner read and write, such as 0600 or 0666")
             }
             config.socketMode = value
         }
@@ -247,12 +250,12 @@ public enum ConfigParser {
                     "\(section.file):\(section.line): [Provider \(name)] has no Type= (one of: \(typeNames))")
             }
             guard let providerType = ProviderType(rawValue: type.value) else {
-                throw type.error("key 'Type': unknown provider type '\(type.value)' (one of: \(typeNames))")
+                throw type.error("key 'Type': expected a provider type, one of: \(typeNames)")
             }
             var singleAccount = false
             if let entry = section.entries["SingleAccount"] {
                 guard let value = ConfigParser.boolean(entry.value) else {
-                    throw entry.error("key 'SingleAccount': expected yes or no, got '\(entry.value)'")
+                    throw entry.error("key 'SingleAccount': expected yes or no")
                 }
                 singleAccount = value
             }
@@ -291,13 +294,13 @@ public enum ConfigParser {
         func url(_ entry: Entry, _ key: String) throws(VaultError) -> String {
             let value = entry.value
             guard value.hasPrefix("https://") || value.hasPrefix("http://"), value.count > 8, !value.contains(" ")
-            else { throw entry.error("key '\(key)': expected an http:// or https:// URL, got '\(value)'") }
+            else { throw entry.error("key '\(key)': expected an http:// or https:// URL without spaces") }
             return value
         }
         func duration(_ key: String) throws(VaultError) -> Int64? {
             guard let entry = section.entries[key] else { return nil }
             guard let seconds = DurationParser.seconds(entry.value), seconds > 0 else {
-                throw entry.error("key '\(key)': bad duration '\(entry.value)' (e.g. 7200 or 2h)")
+                throw entry.error("key '\(key)': expected a duration of at least 1s, e.g. 7200 or 2h")
             }
             return seconds
         }
@@ -345,10 +348,10 @@ public enum ConfigParser {
     /// A timeout: a duration from 1 s to an hour.
     static func timeout(_ entry: Entry, key: String) throws(VaultError) -> Int64 {
         guard let seconds = DurationParser.seconds(entry.value), seconds > 0 else {
-            throw entry.error("key '\(key)': bad duration '\(entry.value)' (e.g. 30 or 15s or 1min)")
+            throw entry.error("key '\(key)': expected a duration of at least 1s, e.g. 30 or 15s or 1min")
         }
         guard seconds <= maximumTimeoutSeconds else {
-            throw entry.error("key '\(key)': \(entry.value) is longer than the most allowed, 1h")
+            throw entry.error("key '\(key)': the duration is longer than the most allowed, 1h")
         }
         return seconds
     }
@@ -360,7 +363,7 @@ public enum ConfigParser {
         }
         let argv = command.value.split(separator: " ", omittingEmptySubsequences: true).map(String.init)
         guard let program = argv.first, program.hasPrefix("/") else {
-            throw command.error("key 'Command': the program must be an absolute path, got '\(command.value)'")
+            throw command.error("key 'Command': expected the program as an absolute path, then its arguments")
         }
         var settings = ExecSettings(command: argv)
         if let timeout = section.entries["Timeout"] {
@@ -441,11 +444,11 @@ public enum ConfigParser {
                     section = .vault
                 } else if header.hasPrefix("Provider ") {
                     let name = LoginCredential.trimmed(String(header.dropFirst("Provider ".count)))
-                    do { _ = try Account.validate(provider: name, user: "-") } catch {
-                        throw fail(lineNumber, "bad provider name '\(name)': \(error.message)")
-                    }
-                    if name.contains(where: { $0 == " " }) {
-                        throw fail(lineNumber, "provider name '\(name)' must not contain spaces")
+                    guard (try? Account.validate(provider: name, user: "-")) != nil, !name.contains(" ") else {
+                        throw fail(
+                            lineNumber,
+                            "bad provider name in [Provider NAME]: expected 1 to 256 bytes, no spaces or control characters"
+                        )
                     }
                     guard seenProviders.insert(name).inserted else {
                         throw fail(lineNumber, "provider '\(name)' is defined twice")
@@ -458,7 +461,12 @@ public enum ConfigParser {
                 } else if header.hasPrefix("Account ") {
                     let words = header.split(separator: " ").map(String.init)
                     guard words.count == 3, let account = try? Account.validate(provider: words[1], user: words[2])
-                    else { throw fail(lineNumber, "expected [Account PROVIDER USER], got [\(header)]") }
+                    else {
+                        throw fail(
+                            lineNumber,
+                            "bad [Account PROVIDER USER] header: expected a provider and a user, without control characters"
+                        )
+                    }
                     guard seenProviders.insert("account \(words[1]) \(words[2])").inserted else {
                         throw fail(lineNumber, "account '\(words[2]) @ \(words[1])' is defined twice")
                     }
@@ -467,14 +475,17 @@ public enum ConfigParser {
                 } else {
                     throw fail(
                         lineNumber,
-                        "unknown section [\(header)] (expected [Vault], [Provider NAME] or [Account PROVIDER USER])")
+                        "unknown section (expected [Vault], [Provider NAME] or [Account PROVIDER USER])")
                 }
                 continue
             }
             guard let equals = line.firstIndex(of: "=") else {
-                throw fail(lineNumber, "expected Key=value, got '\(line)'")
+                throw fail(lineNumber, "expected a Key=value line, a [Section] header or a # comment")
             }
-            let key = LoginCredential.trimmed(String(line[..<equals]))
+            let rawKey = LoginCredential.trimmed(String(line[..<equals]))
+            // Known keys are named; an unknown one only when it looks like a key,
+            // since this text may be anything (a secret, another file).
+            let key = looksLikeKey(rawKey) ? rawKey : "(not a key name)"
             let entry = Entry(
                 value: LoginCredential.trimmed(String(line[line.index(after: equals)...])), file: file, line: lineNumber
             )
@@ -511,6 +522,14 @@ public enum ConfigParser {
                 merged.accounts[account]![key] = entry
             }
         }
+    }
+
+    /// A key name worth quoting in an error: ASCII letters, digits and '_', at most 64.
+    static func looksLikeKey(_ text: String) -> Bool {
+        !text.isEmpty && text.utf8.count <= 64
+            && text.utf8.allSatisfy {
+                $0 == UInt8(ascii: "_") || (($0 | 0x20) >= 97 && ($0 | 0x20) <= 122) || ($0 >= 48 && $0 <= 57)
+            }
     }
 
     static var typeNames: String { ProviderType.allCases.map(\.rawValue).joined(separator: ", ") }

@@ -47,12 +47,15 @@ extension SessionRecord {
         set.scope = tokens["scope"]?.stringValue
         set.instanceURL = tokens["instanceUrl"]?.stringValue
         set.clientID = tokens["clientId"]?.stringValue
-        set.issuedAt = tokens["issuedAt"]?.integerValue.map(UnixTime.init(seconds:))
+        // Stored times are kept in a sane range: a record from a bug or from
+        // another program must not overflow the arithmetic of the schedule.
+        set.issuedAt = tokens["issuedAt"]?.integerValue.map { UnixTime(seconds: $0).clampedToSaneRange }
         let profile = try UserProfile(json: json["profile"] ?? .object(["uid": .string(user)]))
         self.init(
             account: Account(provider: provider, user: user), user: profile, tokens: set,
-            createdAt: UnixTime(seconds: created),
-            expiresAt: json["expiresAt"]?.integerValue.map(UnixTime.init(seconds:)), ownerUID: ownerUID)
+            createdAt: UnixTime(seconds: created).clampedToSaneRange,
+            expiresAt: json["expiresAt"]?.integerValue.map { UnixTime(seconds: $0).clampedToSaneRange },
+            ownerUID: ownerUID)
         guard let phase = RecordPhase(rawValue: json["phase"]?.stringValue ?? "active") else {
             throw bad("unknown phase")
         }

@@ -20,13 +20,18 @@ public enum RefreshPolicy {
         return Double(hash % 1_000_000) / 1_000_000
     }
 
+    /// The longest `Retry-After` honoured: an hour. A server asking for more
+    /// is asked again after an hour, while the still-valid token is served.
+    public static let longestRetryAfter: Int64 = 3600
+
     /// The wait before retry number `attempt` (1 for the first retry): full
     /// jitter between 1 s and min(5 min, 2^attempt s), and never less than
-    /// the server's Retry-After. `random` is in 0..<1.
+    /// the server's Retry-After, itself capped at `longestRetryAfter`.
+    /// `random` is in 0..<1.
     public static func backoff(attempt: Int, random: Double, retryAfter: Int64? = nil) -> Int64 {
         let ceiling = min(300, Int64(1) << min(max(attempt, 1), 9))
         let wait = max(1, Int64((Double(ceiling) * min(max(random, 0), 0.999)).rounded(.up)))
-        return max(wait, retryAfter ?? 0)
+        return max(wait, min(retryAfter ?? 0, longestRetryAfter))
     }
 }
 

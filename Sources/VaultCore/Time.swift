@@ -20,6 +20,27 @@ public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible 
     /// The latest time vaultd accepts as an expiry: 9999-12-31T23:59:59Z.
     public static let latestExpiry = UnixTime(seconds: 253_402_300_799)
 
+    /// This time kept between the epoch and `latestExpiry`: for times read
+    /// from storage, which a bug or another program may have written.
+    public var clampedToSaneRange: UnixTime {
+        UnixTime(seconds: min(max(seconds, 0), UnixTime.latestExpiry.seconds))
+    }
+
+    /// The longest a deadline timer sleeps at once: a day. A later deadline
+    /// is armed again when the timer fires.
+    public static let longestTimerMilliseconds: Int64 = 86_400_000
+
+    /// The milliseconds a timer waits from `now` (seconds since the epoch,
+    /// with a fraction) until `deadline`, rounded up and kept in
+    /// 0...`longestTimerMilliseconds`, so that a deadline in year 9999 or at
+    /// `Int64.max` seconds never overflows the conversion.
+    public static func timerMilliseconds(until deadline: UnixTime, now: Double) -> Int64 {
+        let delay = (Double(deadline.seconds) - now) * 1000
+        guard delay > 0 else { return 0 }  // also NaN
+        guard delay < Double(longestTimerMilliseconds) else { return longestTimerMilliseconds }
+        return Int64(delay.rounded(.up))
+    }
+
     public var description: String { "\(seconds)" }
 }
 

@@ -135,8 +135,10 @@ public enum Daemon {
             let log = Logger(level: options.logLevel, target: Logger.automaticTarget())
             // Every line handed to the log writer is out before vaultd exits.
             defer { log.flush() }
+            // SIGTERM and SIGINT stop vaultd even while a start-up step blocks.
+            let startup = signalFD >= 0 ? StartupSignals(signalFD: signalFD, log: log) : nil
             do {
-                return try run(options, signalFD: signalFD, log: log)
+                return try run(options, signalFD: signalFD, log: log, startup: startup)
             } catch {
                 log.error(error.message, ["code": error.code.seedCode])
                 return 1
@@ -144,7 +146,9 @@ public enum Daemon {
         }
     }
 
-    static func run(_ options: DaemonOptions, signalFD: Int32, log: Logger) throws(VaultError) -> Int32 {
+    static func run(_ options: DaemonOptions, signalFD: Int32, log: Logger, startup: StartupSignals?)
+        throws(VaultError) -> Int32
+    {
         let config = try loadConfig(options.configPath, log: log)
         if options.checkConfigOnly {
             print("configuration is valid: \(config.providers.count) provider(s)")
@@ -170,6 +174,8 @@ public enum Daemon {
             return restored
         }
 
+        // From here the serving loop reads the signals; no socket file exists yet.
+        startup?.handOff()
         let listenFD: Int32
         let socketDescription: String
         var ownsSocketFile = false
@@ -320,15 +326,47 @@ public enum Daemon {
         return config
     }
 
+    /// Reads one configuration file, which must be a regular file: a FIFO, a
+    /// device or a directory is an error naming it, never a hang. Opened with
+    /// O_NONBLOCK (opening a FIFO does not wait for a writer) and checked with
+    /// fstat on the open descriptor, so nothing can be swapped in between.
     static func readConfigFile(_ path: String) throws(VaultError) -> String {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+        guard fd >= 0 else {
+            throw VaultError(.invalidConfig, "cannot read the configuration: \(SystemError("open \(path)"))")
+        }
+        defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0 else {
+            throw VaultError(.invalidConfig, "cannot read the configuration: \(SystemError("fstat \(path)"))")
+        }
+        guard st.st_mode & S_IFMT == S_IFREG else {
+            throw VaultError(
+                .invalidConfig,
+                "\(path) is \(fileKind(st.st_mode)), not a regular file; point --config (or vaultd.conf.d/) at regular files only"
+            )
+        }
         let bytes: [UInt8]
-        do { bytes = try Files.read(path) } catch {
+        do { bytes = try Files.readAll(fd, limit: 1 << 20, name: path) } catch {
             throw VaultError(.invalidConfig, "cannot read the configuration: \(error)")
         }
         guard let text = String(validating: bytes, as: UTF8.self) else {
             throw VaultError(.invalidConfig, "\(path) is not UTF-8 text")
         }
         return text
+    }
+
+    /// "a FIFO", "a directory", ... for a file's `st_mode`.
+    static func fileKind(_ mode: mode_t) -> String {
+        switch mode & S_IFMT {
+        case S_IFIFO: return "a FIFO"
+        case S_IFCHR: return "a character device"
+        case S_IFBLK: return "a block device"
+        case S_IFDIR: return "a directory"
+        case S_IFSOCK: return "a socket"
+        case S_IFLNK: return "a symlink"
+        default: return "of an unknown kind"
+        }
     }
 
     static func defaultConfigPath() -> String {

@@ -5,18 +5,25 @@ import VaultSystem
 /// Creates vaultd's listening socket: the directory 0700 when vaultd makes it
 /// (0755 when the socket is meant for every user), the socket 0600 unless
 /// configured otherwise, a stale socket file replaced, a live daemon left alone.
+///
+/// Whoever may write the socket's directory may rename vaultd's socket away and
+/// bind one of their own in its place, then receive what clients send, tokens
+/// included. So an existing directory must be a real directory (not a symlink)
+/// owned by vaultd's user or root and writable by no one else, sticky bit or
+/// not; and the socket gets its mode from the umask at bind, never from a chmod
+/// by path, which would follow a symlink planted there. A socket systemd passes
+/// (socket activation) is systemd's to place and is not checked here.
 public enum Listener {
     /// Binds and listens on `path`; errors say what to do.
     public static func bind(_ path: String, mode: UInt32 = 0o600) throws(VaultError) -> Int32 {
         let directory = parentDirectory(of: path)
-        if !Files.exists(directory) {
-            guard mkdir(directory, mode & 0o066 == 0 ? 0o700 : 0o755) == 0 || errno == EEXIST else {
-                throw VaultError(
-                    .internalError,
-                    "cannot create the socket directory \(directory): \(SystemError("mkdir").description); create it or pass --socket PATH"
-                )
-            }
+        if mkdir(directory, mode & 0o066 == 0 ? 0o700 : 0o755) != 0 && errno != EEXIST {
+            throw VaultError(
+                .internalError,
+                "cannot create the socket directory \(directory): \(SystemError("mkdir").description); create it or pass --socket PATH"
+            )
         }
+        try checkDirectory(directory)
         var st = stat()
         if lstat(path, &st) == 0 {
             guard (st.st_mode & S_IFMT) == S_IFSOCK else {
@@ -33,13 +40,8 @@ public enum Listener {
         }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw VaultError(.internalError, "socket: \(SystemError("socket"))") }
-        let previousMask = umask(0o177)
-        defer { umask(previousMask) }
         do throws(SystemError) {
-            try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
-                guard Glibc.bind(fd, address, length) == 0 else { throw SystemError("bind \(path)") }
-            }
-            guard chmod(path, mode_t(mode)) == 0 else { throw SystemError("chmod \(path)") }
+            try bindWithMode(fd, path, mode: mode)
             guard listen(fd, 512) == 0 else { throw SystemError("listen \(path)") }
         } catch {
             close(fd)
@@ -47,6 +49,51 @@ public enum Listener {
                 .internalError, "cannot listen on \(path): \(error.description); pass another --socket PATH")
         }
         return fd
+    }
+
+    /// Binds `fd` to `path` so that the socket file is created with exactly
+    /// `mode`. Linux gives a new socket file the mode 0777 less the umask, and
+    /// an fchmod of a socket descriptor changes the socket, not the file, so
+    /// the umask is the one way to set the mode without naming the path again.
+    /// The umask is the process's: it is set only for the bind.
+    static func bindWithMode(_ fd: Int32, _ path: String, mode: UInt32) throws(SystemError) {
+        let previousMask = umask(mode_t(~mode & 0o777))
+        defer { umask(previousMask) }
+        try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
+            guard Glibc.bind(fd, address, length) == 0 else { throw SystemError("bind \(path)") }
+        }
+    }
+
+    /// Refuses a socket directory that someone other than vaultd's user and
+    /// root could change: a symlink, not a directory, owned by another user,
+    /// or writable by group or others.
+    static func checkDirectory(_ directory: String) throws(VaultError) {
+        var st = stat()
+        guard lstat(directory, &st) == 0 else {
+            throw VaultError(
+                .internalError,
+                "cannot inspect the socket directory \(directory): \(SystemError("lstat").description); create it or pass --socket PATH"
+            )
+        }
+        let owner = geteuid()
+        let problem: String?
+        if (st.st_mode & S_IFMT) == S_IFLNK {
+            problem = "is a symlink"
+        } else if (st.st_mode & S_IFMT) != S_IFDIR {
+            problem = "is not a directory"
+        } else if st.st_uid != owner && st.st_uid != 0 {
+            problem = "is owned by uid \(st.st_uid), not by root or vaultd's uid \(owner)"
+        } else if st.st_mode & 0o022 != 0 {
+            problem = "has mode \(String(st.st_mode & 0o7777, radix: 8)), writable by group or others"
+        } else {
+            problem = nil
+        }
+        if let problem {
+            throw VaultError(
+                .internalError,
+                "the socket directory \(directory) \(problem), so another user could replace vaultd's socket; use a directory owned by root or uid \(owner) that only its owner may write (chmod go-w), or pass another --socket PATH"
+            )
+        }
     }
 
     static func parentDirectory(of path: String) -> String {

@@ -74,7 +74,10 @@ public struct OAuth2Client: Sendable {
         }
         let error = json?["error"]?.stringValue
         if status == 429 || status >= 500 {
-            let wait = retryAfter.flatMap { Int64(LoginCredential.trimmed($0)) }
+            // Delay-seconds only (RFC 9110 10.2.3), kept in 0...1 h.
+            let wait = retryAfter.flatMap { Int64(LoginCredential.trimmed($0)) }.map {
+                min(max($0, 0), RefreshPolicy.longestRetryAfter)
+            }
             return .transient(reason: "the token endpoint answered \(status)", retryAfter: wait)
         }
         if let error, ["invalid_grant", "invalid_client", "unauthorized_client"].contains(error) {

@@ -458,10 +458,10 @@ public actor SessionManager {
             expiryTimer = nil
             return
         }
-        let delay = Double(next.deadline.seconds) - clock.preciseNow()
+        let delay = UnixTime.timerMilliseconds(until: next.deadline, now: clock.preciseNow())
         expiryTimer = Task {
             if delay > 0 {
-                try? await Task.sleep(for: .milliseconds(Int64((delay * 1000).rounded(.up))))
+                try? await Task.sleep(for: .milliseconds(delay))
             }
             if Task.isCancelled { return }
             await self.expireDueSessions()

@@ -61,6 +61,21 @@ public enum UnixSocket {
         return fd
     }
 
+    /// The uid of the process on the other end of a connected Unix socket
+    /// (`SO_PEERCRED`, as it was when the peer called `listen` or `connect`).
+    public static func peerUID(_ fd: Int32) throws(SystemError) -> uid_t {
+        // struct ucred: pid_t pid, uid_t uid, gid_t gid.
+        var credentials: (pid: Int32, uid: UInt32, gid: UInt32) = (0, 0, 0)
+        var length = socklen_t(MemoryLayout.size(ofValue: credentials))
+        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else {
+            throw SystemError("getsockopt SO_PEERCRED")
+        }
+        guard Int(length) == MemoryLayout.size(ofValue: credentials) else {
+            throw SystemError("getsockopt SO_PEERCRED", errno: EPROTO)
+        }
+        return credentials.uid
+    }
+
     /// Writes all of `bytes`, retrying on EINTR and short writes. Never raises SIGPIPE.
     public static func sendAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(SystemError) {
         var offset = 0

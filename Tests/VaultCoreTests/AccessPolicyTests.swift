@@ -135,7 +135,7 @@ struct ConfigAccessTests {
         for (text, needle) in [
             ("[Vault]\nSocketMode=0400\n", "f:2: key 'SocketMode'"),
             ("[Provider p]\nType=static\nSingleAccount=maybe\n", "f:3: key 'SingleAccount'"),
-            ("[Account demo]\n", "f:1: expected [Account PROVIDER USER]"),
+            ("[Account demo]\n", "f:1: bad [Account PROVIDER USER] header"),
             ("[Account demo a]\nColour=1\n", "f:2: unknown key 'Colour'"),
             ("[Account demo a]\nOwner=a b\n", "f:2: key 'Owner'"),
             ("[Vault]\nMaxSessionsPerUser=0\n", "f:2: key 'MaxSessionsPerUser'"),

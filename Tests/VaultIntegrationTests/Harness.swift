@@ -96,14 +96,20 @@ final class RunningDaemon {
 
     /// Starts vaultd and waits (bounded) for its `ready` line. `environment`
     /// adds to the test's environment; `unsetEnvironment` removes variables from it.
+    /// `launcher` (a program and its arguments, e.g. strace) runs vaultd when given.
     init(
         socketPath: String, configPath: String?, environment: [String: String] = [:], waitForReady: Bool = true,
-        extraArguments: [String] = [], unsetEnvironment: [String] = []
+        extraArguments: [String] = [], unsetEnvironment: [String] = [], launcher: [String] = []
     ) throws {
         self.socketPath = socketPath
-        process.executableURL = Binaries.vaultd
         var arguments = ["--socket", socketPath, "--log-level", "debug"]
         if let configPath { arguments += ["--config", configPath] }
+        if let program = launcher.first {
+            process.executableURL = URL(fileURLWithPath: program)
+            arguments = launcher.dropFirst() + [Binaries.vaultd.path] + arguments
+        } else {
+            process.executableURL = Binaries.vaultd
+        }
         process.arguments = arguments + extraArguments
         var env = ProcessInfo.processInfo.environment
         // Suites run in parallel on one keyring: each daemon keeps to its own

@@ -58,4 +58,15 @@ struct OAuth2ClassifyTests {
             String(decoding: encoded, as: UTF8.self)
                 == "grant_type=refresh_token&refresh_token=a%2Bb%2Fc%3Dd%26e%20f&scope=%C3%A9~x_y.z-1")
     }
+
+    @Test("Should keep Retry-After in 0 s...1 h and ignore one that is no number")
+    func retryAfterClamped() {
+        for (header, expected): (String, Int64?) in [
+            ("86400000", 3600), ("-5", 0), ("99999999999999999999999", nil), ("30", 30),
+        ] {
+            #expect(
+                OAuth2Client.classify(status: 503, body: [], retryAfter: header)
+                    == .transient(reason: "the token endpoint answered 503", retryAfter: expected), "\(header)")
+        }
+    }
 }

@@ -1,0 +1,50 @@
+import Testing
+import VaultCore
+
+/// Every time and duration stays in range where it is converted: no trap on a
+/// huge lifetime, Retry-After or stored expiry.
+@Suite("Clamped times")
+struct TimeClampTests {
+    @Test("Should saturate UnixTime.adding at the ends of Int64 instead of trapping")
+    func addingSaturates() {
+        #expect(UnixTime(seconds: 1_700_000_000).adding(seconds: .max).seconds == .max)
+        #expect(UnixTime(seconds: -5).adding(seconds: .min).seconds == .min)
+        #expect(UnixTime(seconds: 10).adding(seconds: 5).seconds == 15)
+    }
+
+    @Test(
+        "Should keep a timer's wait in 0 ms...1 day, rounded up, however far or odd the deadline",
+        arguments: [
+            (Int64.max, 1_700_000_000.0, UnixTime.longestTimerMilliseconds),
+            (UnixTime.latestExpiry.seconds, 1_700_000_000.0, UnixTime.longestTimerMilliseconds),
+            (Int64.min, 1_700_000_000.0, 0),
+            (1_700_000_000, 1_700_000_010.5, 0),
+            (1_700_000_002, 1_700_000_000.5, 1500),
+            (1_700_000_001, 1_700_000_000.9999, 1),
+            (1_700_000_000, Double.nan, 0),
+        ] as [(Int64, Double, Int64)])
+    func timerMilliseconds(deadline: Int64, now: Double, expected: Int64) {
+        #expect(UnixTime.timerMilliseconds(until: UnixTime(seconds: deadline), now: now) == expected)
+    }
+
+    @Test("Should cap Retry-After at an hour in the backoff")
+    func retryAfterCapped() {
+        #expect(RefreshPolicy.backoff(attempt: 1, random: 0, retryAfter: .max) == RefreshPolicy.longestRetryAfter)
+        #expect(RefreshPolicy.backoff(attempt: 1, random: 0, retryAfter: 120) == 120)
+        #expect(RefreshPolicy.backoff(attempt: 1, random: 0, retryAfter: -9) == 1)
+    }
+
+    @Test("Should clamp the times of a stored record to the epoch...year 9999")
+    func storedTimesClamped() throws {
+        var record = Fixtures.record()
+        record.expiresAt = UnixTime(seconds: 8_999_999_999_999_999)
+        record.tokens.issuedAt = UnixTime(seconds: -8_999_999_999_999_999)
+        record.createdAt = UnixTime(seconds: -42)
+        let decoded = try SessionRecord(storedJSON: record.storedJSON())
+        #expect(decoded.expiresAt == UnixTime.latestExpiry)
+        #expect(decoded.tokens.issuedAt == UnixTime(seconds: 0))
+        #expect(decoded.createdAt == UnixTime(seconds: 0))
+        let normal = Fixtures.record()
+        #expect(try SessionRecord(storedJSON: normal.storedJSON()) == normal)
+    }
+}
