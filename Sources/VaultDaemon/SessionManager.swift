@@ -132,8 +132,10 @@ public actor SessionManager {
     /// Stores the client secret of an oauth2 provider (root, admins, or the
     /// user this vaultd runs as).
     public func setProviderSecret(_ provider: String, _ secret: Secret, caller: Caller) async throws(VaultError) {
-        guard caller.uid == getuid() || policy.policy.isAdmin(caller) else {
-            throw VaultError(.accessDenied, "only root, the admin group or uid \(getuid()) may set client secrets")
+        let access = policy.policy
+        guard caller.uid == access.vaultdUID || access.isAdmin(caller) else {
+            throw VaultError(
+                .accessDenied, "only root, the admin group or uid \(access.vaultdUID) may set client secrets")
         }
         guard config.providers[provider]?.type == .oauth2 else {
             throw VaultError(.invalidParameter, "provider '\(provider)' is not an oauth2 provider")

@@ -115,6 +115,40 @@ struct RefreshTests {
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
     }
 
+    @Test("Should not let GetToken past the token's lifetime, or Refresh, storm the token endpoint")
+    func noRefreshStorm() async throws {
+        // Tokens live 600 s; the login's own token expires in 120 s.
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, _) = try start(server)
+        let user = uniqueName("storm")
+        let soon = Int64(Date().timeIntervalSince1970) + 120
+        let login = try vaultctl(
+            fixture.socketPath, ["login", "oauth", user, "--expires-at", String(soon)], input: try await server.grant())
+        #expect(login.status == 0, "\(login.stderr)")
+        _ = try await server.post("/control/reset")
+        // 200 calls asking for more than any token of this provider lives.
+        let client = try VarlinkClient(path: fixture.socketPath)
+        var codes: [String: Int] = [:]
+        for _ in 0..<200 {
+            let reply = try client.call(
+                VaultMethod.getToken.rawValue,
+                ["provider": "oauth", "user": .string(user), "minValidSeconds": 100_000])
+            codes[reply.parameters["code"]?.stringValue ?? "ok", default: 0] += 1
+        }
+        #expect(codes == ["ERR_TOKEN_EXPIRED": 200], "\(codes)")
+        var stats = try await server.stats()
+        #expect(stats["refresh_requests"]?.integerValue == 1, "one refresh, then the lifetime is known: \(stats)")
+        // Within MinRefreshInterval= (60 s by default) an explicit refresh sends nothing either.
+        let again = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
+        #expect(again.status == 1 && again.stderr.contains("ERR_REFRESH_TOO_SOON"), "\(again.stderr)")
+        #expect(again.stderr.contains("MinRefreshInterval"))
+        stats = try await server.stats()
+        #expect(stats["refresh_requests"]?.integerValue == 1)
+        // The token itself is still served.
+        #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).status == 0)
+        _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+    }
+
     @Test("Should send one token request for 50 concurrent GetToken calls that need a refresh")
     func singleFlight() async throws {
         let server = try TokenServer(["--lifetime", "600"])
