@@ -23,6 +23,7 @@ extension SessionRecord {
             "phase": .string(phase.rawValue),
         ]
         document["expiresAt"] = expiresAt.map { .int($0.seconds) }
+        document["revocationId"] = revocationID.map(JSON.string)
         return .object(document)
     }
 
@@ -60,6 +61,7 @@ extension SessionRecord {
             throw bad("unknown phase")
         }
         self.phase = phase
+        self.revocationID = json["revocationId"]?.stringValue
     }
 }
 

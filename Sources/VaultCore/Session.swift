@@ -98,6 +98,7 @@ public struct SessionRecord: Sendable, Equatable {
         var expiresAt: UnixTime?
         var ownerUID: UInt32
         var phase: RecordPhase
+        var revocationID: String?
     }
 
     /// Mutated only when no other copy refers to it (see `fields`), so sharing
@@ -150,6 +151,13 @@ public struct SessionRecord: Sendable, Equatable {
         get { storage.fields.phase }
         set { fields.phase = newValue }
     }
+    /// The id under which the revocation of this session's tokens is queued,
+    /// set with the `loggingOut` mark: the intent to revoke is in the store
+    /// in the same write, before the provider is asked.
+    public var revocationID: String? {
+        get { storage.fields.revocationID }
+        set { fields.revocationID = newValue }
+    }
 
     /// Makes an active record.
     public init(
@@ -159,7 +167,7 @@ public struct SessionRecord: Sendable, Equatable {
         storage = Storage(
             Fields(
                 account: account, user: user, tokens: tokens, createdAt: createdAt, expiresAt: expiresAt,
-                ownerUID: ownerUID, phase: .active))
+                ownerUID: ownerUID, phase: .active, revocationID: nil))
     }
 
     public static func == (lhs: SessionRecord, rhs: SessionRecord) -> Bool {

@@ -51,9 +51,23 @@ public protocol WallClock: Sendable {
     /// The current time in seconds with a fraction, for timers that must not
     /// wake up to a second late.
     func preciseNow() -> Double
+    /// Waits until `preciseNow()` reaches `deadline` (seconds since the epoch),
+    /// or throws `CancellationError` when the waiting task is cancelled. A
+    /// test clock returns when it is moved past the deadline.
+    func sleep(until deadline: Double) async throws
 }
 
 extension WallClock {
     /// Whole seconds, for clocks that know no better.
     public func preciseNow() -> Double { Double(now().seconds) }
+
+    /// Sleeps in real time, in steps of at most a day, until the deadline.
+    public func sleep(until deadline: Double) async throws {
+        for _ in 0..<4096 {
+            let milliseconds = UnixTime.timerMilliseconds(
+                until: UnixTime(seconds: Int64(min(max(deadline, 0), 1e15).rounded(.up))), now: preciseNow())
+            if milliseconds == 0 { return }
+            try await Task.sleep(for: .milliseconds(milliseconds))
+        }
+    }
 }

@@ -218,6 +218,9 @@ public enum Daemon {
             ])
         notifier.ready(status: ServiceNotifier.statusLine(manager.table))
         let signal = server.run()
+        // Background work (refreshes, revocations, save retries) gets what is
+        // left of the drain time; revocations are queued in the store already.
+        try? blocking { () async throws(VaultError) in await manager.shutdown(graceSeconds: 5) }
         notifier.flush()
         log.notice("stopped", ["signal": String(signal)])
         return 0

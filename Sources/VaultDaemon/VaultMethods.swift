@@ -94,7 +94,9 @@ public enum VaultMethods {
                     manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
                     return .reply(error.varlinkReply)
                 }
-                guard let record = table.view(of: key)?.record else { return refuse(.notLoggedIn(account)) }
+                guard let view = table.view(of: key), let record = view.record else {
+                    return refuse(.notLoggedIn(account))
+                }
                 guard access.mayReadToken(caller, key) else {
                     return refuse(
                         VaultError(
@@ -102,7 +104,17 @@ public enum VaultMethods {
                             "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
                         ))
                 }
-                if let expiresAt = record.expiresAt, expiresAt <= clock.now().adding(seconds: r.minValidSeconds) {
+                // The rule the manager applies too. Whether the provider can refresh
+                // and the configured MinRefreshInterval= are the manager's to know:
+                // "maybe" (can, no interval) leaves those refusals to it.
+                let facts = TokenHandout.Facts(
+                    account: account, expiresAt: record.expiresAt,
+                    issuedAt: record.tokens.issuedAt ?? record.createdAt, lastRefreshAt: view.refresh?.lastRefreshAt,
+                    canRefresh: true, minRefreshIntervalSeconds: 0)
+                switch TokenHandout.decide(facts, minValidSeconds: r.minValidSeconds, now: clock.now()) {
+                case .serve: break
+                case .refuse(let error): return refuse(error)
+                case .refreshFirst:
                     // Not valid long enough: wait for the (shared) refresh, where the provider can.
                     return .deferred {
                         do throws(VaultError) {
@@ -114,16 +126,6 @@ public enum VaultMethods {
                             manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
                             return error.varlinkReply
                         }
-                    }
-                }
-                if let expiresAt = record.expiresAt {
-                    let now = clock.now()
-                    if expiresAt <= now.adding(seconds: r.minValidSeconds) {
-                        let what =
-                            expiresAt <= now
-                            ? "expired at \(expiresAt)"
-                            : "expires at \(expiresAt), before the \(r.minValidSeconds)s asked for"
-                        return refuse(VaultError(.tokenExpired, "the token of \(account) \(what); log in again"))
                     }
                 }
                 manager.audit("GetToken", key, caller: caller, result: "ok")

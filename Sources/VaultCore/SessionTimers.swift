@@ -1,0 +1,198 @@
+/// The timed part of one session's life, as a value: events go in (the
+/// session was stored, a deadline passed, a refresh ended one way or
+/// another, a write failed), actions come out (schedule a deadline, start a
+/// refresh, write again, end the session, report the connection state). The
+/// session manager performs the actions and waits on its injected clock, so
+/// every path of refresh, expiry, backoff and save retry can be tested with a
+/// hand-moved clock and no I/O. See docs/LIFECYCLE.md.
+public struct SessionTimers: Sendable, Equatable {
+    /// The deadlines a session may have, at most one of each.
+    public enum Timer: String, Sendable, Hashable, CaseIterable {
+        /// The access token stops being valid.
+        case expire
+        /// Time to refresh (ahead of expiry, or the next retry after a failure).
+        case refresh
+        /// `MaxSessionLifetime=` passed.
+        case maxLifetime
+        /// Refreshed tokens that could not be written are written again.
+        case saveRetry
+    }
+
+    /// What the schedule of a session rests on.
+    public struct Facts: Sendable, Equatable {
+        /// When the access token stops being valid, if known.
+        public var expiresAt: UnixTime?
+        /// When the current tokens were obtained (login, restore or refresh).
+        public var refreshedAt: UnixTime
+        /// When the session began, for `MaxSessionLifetime=`.
+        public var createdAt: UnixTime
+        /// Whether the provider can refresh this session.
+        public var canRefresh: Bool
+        /// `MaxSessionLifetime=`, in seconds, if set.
+        public var maxLifetimeSeconds: Int64?
+        /// The account's fixed point in the refresh window (`RefreshPolicy.jitter`).
+        public var jitter: Double
+
+        /// The facts.
+        public init(
+            expiresAt: UnixTime?, refreshedAt: UnixTime, createdAt: UnixTime, canRefresh: Bool,
+            maxLifetimeSeconds: Int64?, jitter: Double
+        ) {
+            self.expiresAt = expiresAt
+            self.refreshedAt = refreshedAt
+            self.createdAt = createdAt
+            self.canRefresh = canRefresh
+            self.maxLifetimeSeconds = maxLifetimeSeconds
+            self.jitter = jitter
+        }
+    }
+
+    /// Something that happened to the session.
+    public enum Event: Sendable, Equatable {
+        /// The session is in the store: logged in, or restored at start-up.
+        case stored(Facts, now: UnixTime)
+        /// A deadline passed; `expired` says whether the token has expired at `now`.
+        case due(Timer, now: UnixTime, expired: Bool)
+        /// A refresh was started (by a deadline or a client).
+        case refreshStarted
+        /// The refresh got new tokens; `saved` says whether they are in the store.
+        case refreshed(Facts, saved: Bool, now: UnixTime)
+        /// The refresh failed in a way worth retrying; `random` in 0..<1 picks the backoff.
+        case refreshFailed(reason: String, retryAfter: Int64?, random: Double, now: UnixTime, expired: Bool)
+        /// The provider refused for good (invalid_grant, 401, ...).
+        case refreshRefused(code: String, reason: String)
+        /// The refresh found the session gone or replaced; nothing to do.
+        case refreshAbandoned
+        /// The retried write of refreshed tokens succeeded.
+        case saved
+        /// The retried write failed again.
+        case saveFailed(now: UnixTime)
+    }
+
+    /// What the owner of the session must do.
+    public enum Action: Sendable, Equatable {
+        /// Arm `timer` at `at`, replacing an earlier deadline of it.
+        case schedule(Timer, at: UnixTime)
+        /// Disarm `timer`.
+        case cancel(Timer)
+        /// Start a refresh (none is in flight).
+        case startRefresh
+        /// Write the current record again.
+        case persist
+        /// End the session: log it out as vaultd, with this reason and event.
+        case end(reason: String, kind: EventKind)
+        /// The connection state changed: tell subscribers (`connectionChanged`).
+        case connection(ConnectionState, reason: String?)
+    }
+
+    /// How long refreshed tokens that could not be written wait before the next write.
+    public static let saveRetrySeconds: Int64 = 5
+
+    /// Refresh bookkeeping, as `vaultctl status` shows it.
+    public private(set) var status = RefreshStatus()
+    /// A refresh is in flight.
+    public private(set) var refreshing = false
+    /// The token expired while a refresh was in flight (or started because of
+    /// it): if that refresh fails, the session ends as `tokenExpired`.
+    public private(set) var expiredWhileRefreshing = false
+    /// The provider can refresh the session (from the last facts).
+    public private(set) var canRefresh = false
+
+    /// A session with no schedule yet.
+    public init() {}
+
+    /// Takes `event` and returns what to do, in order.
+    public mutating func handle(_ event: Event) -> [Action] {
+        switch event {
+        case .stored(let facts, let now):
+            return schedule(facts, now: now)
+        case .due(.expire, _, let expired):
+            guard expired else { return [] }
+            // After a suspend or a restart past the expiry a refresh may still
+            // work: only a session that cannot be refreshed now ends at once.
+            guard canRefresh else {
+                return [.end(reason: "tokenExpired", kind: .tokenExpired)]
+            }
+            expiredWhileRefreshing = true
+            return refreshing ? [] : [.startRefresh]
+        case .due(.refresh, _, _):
+            return refreshing ? [] : [.startRefresh]
+        case .due(.maxLifetime, _, _):
+            return [.end(reason: "maxSessionLifetime", kind: .tokenInvalid)]
+        case .due(.saveRetry, _, _):
+            return status.unsaved ? [.persist] : []
+        case .refreshStarted:
+            refreshing = true
+            status.connection = .connecting
+            return [.connection(.connecting, reason: nil)]
+        case .refreshed(let facts, let saved, let now):
+            refreshing = false
+            expiredWhileRefreshing = false
+            status.lastRefreshAt = now
+            status.consecutiveFailures = 0
+            status.lastError = nil
+            status.nextRetryAt = nil
+            status.unsaved = !saved
+            status.connection = .connected
+            var actions = schedule(facts, now: now)
+            actions.append(
+                saved ? .cancel(.saveRetry) : .schedule(.saveRetry, at: now.adding(seconds: Self.saveRetrySeconds)))
+            actions.append(.connection(.connected, reason: nil))
+            return actions
+        case .refreshFailed(let reason, let retryAfter, let random, let now, let expired):
+            refreshing = false
+            status.consecutiveFailures += 1
+            status.lastError = reason
+            status.connection = .connectFailed
+            if expired && expiredWhileRefreshing {
+                expiredWhileRefreshing = false
+                return [
+                    .connection(.connectFailed, reason: reason), .end(reason: "tokenExpired", kind: .tokenExpired),
+                ]
+            }
+            let wait = RefreshPolicy.backoff(
+                attempt: status.consecutiveFailures, random: random, retryAfter: retryAfter)
+            status.nextRetryAt = now.adding(seconds: wait)
+            return [.schedule(.refresh, at: now.adding(seconds: wait)), .connection(.connectFailed, reason: reason)]
+        case .refreshRefused(_, let reason):
+            refreshing = false
+            status.lastError = reason
+            return [.end(reason: "tokenInvalid", kind: .tokenInvalid)]
+        case .refreshAbandoned:
+            refreshing = false
+            expiredWhileRefreshing = false
+            return []
+        case .saved:
+            status.unsaved = false
+            return [.cancel(.saveRetry)]
+        case .saveFailed(let now):
+            return [.schedule(.saveRetry, at: now.adding(seconds: Self.saveRetrySeconds))]
+        }
+    }
+
+    /// The hard expiry, the refresh (80-90% into the lifetime, at most one a
+    /// second) and the maximum lifetime of a session.
+    private mutating func schedule(_ facts: Facts, now: UnixTime) -> [Action] {
+        canRefresh = facts.canRefresh
+        var actions: [Action] = []
+        if let expiresAt = facts.expiresAt {
+            actions.append(.schedule(.expire, at: expiresAt))
+        } else {
+            actions.append(.cancel(.expire))
+        }
+        if let expiresAt = facts.expiresAt, facts.canRefresh {
+            let at = max(
+                RefreshPolicy.refreshAt(issuedAt: facts.refreshedAt, expiresAt: expiresAt, jitter: facts.jitter),
+                now.adding(seconds: 1))
+            status.refreshAt = at
+            actions.append(.schedule(.refresh, at: at))
+        } else {
+            status.refreshAt = nil
+            actions.append(.cancel(.refresh))
+        }
+        if let maximum = facts.maxLifetimeSeconds {
+            actions.append(.schedule(.maxLifetime, at: facts.createdAt.adding(seconds: maximum)))
+        }
+        return actions
+    }
+}

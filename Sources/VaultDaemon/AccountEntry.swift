@@ -1,0 +1,48 @@
+import VaultCore
+
+/// Everything vaultd knows about one session, in one place: its login and
+/// logout state, the work in flight on it, and its timed lifecycle. Nothing
+/// about a session lives anywhere else in the session manager (its deadlines
+/// sit in the manager's one queue, under the session's key).
+struct AccountEntry {
+    /// Unique per entry: work started for an earlier session of the same key
+    /// finds a different id and leaves this entry alone.
+    let id: UInt64
+    /// Login and logout (see `AccountStateMachine`).
+    var machine: AccountStateMachine
+    /// Refresh, expiry, backoff and save retry (see `SessionTimers`).
+    var timers = SessionTimers()
+    /// The login in flight, which later logins join and logouts wait for.
+    var login: Task<Result<SessionRecord, VaultError>, Never>?
+    /// The logout in flight, which later logouts join and logins wait for.
+    var logout: Task<Result<Void, VaultError>, Never>?
+    /// The refresh in flight: every caller and the scheduler share it.
+    var refresh: Task<Result<SessionRecord, VaultError>, Never>?
+
+    /// The record, when the session is logged in.
+    var record: SessionRecord? {
+        if case .loggedIn(let record) = machine.state { return record }
+        return nil
+    }
+}
+
+/// One deadline of one session.
+struct TimedWork: Hashable, Sendable {
+    var key: SessionKey
+    var timer: SessionTimers.Timer
+}
+
+/// What a logout is, for its event and audit line.
+struct LogoutKind {
+    var event: EventKind
+    var auditAction: String
+
+    init(reason: String?, kind: EventKind?) {
+        event = kind ?? (reason == nil ? .logoutSuccess : .kickedOffline)
+        switch event {
+        case .logoutSuccess: auditAction = "Logout"
+        case .tokenExpired: auditAction = "Expire"
+        default: auditAction = "ForceLogout"
+        }
+    }
+}

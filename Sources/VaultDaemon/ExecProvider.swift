@@ -1,0 +1,287 @@
+import Dispatch
+import Glibc
+import VaultCore
+import VaultSystem
+
+/// A helper program that logs in, refreshes and revokes for vaultd (the
+/// seeds' "trusted backend": CometChat's REST API, OpenIM's admin API). It is
+/// run directly, never through a shell, with one JSON object on stdin; it
+/// answers one JSON object on stdout: a token response, or
+/// `{"error": CODE, "message": ...}`. Its run time and output are bounded,
+/// it runs on vaultd's helper pool within its provider's
+/// `MaxConcurrentHelpers=`, and nothing it prints is logged or kept without
+/// going through `Redactor` first.
+public struct ExecProvider: TokenProvider {
+    /// The helper's command line and time limit.
+    public let settings: ExecSettings
+    /// Where the helper's stderr goes.
+    public let log: Logger
+    /// The most stdout read from one run.
+    public static let maximumOutput = 64 * 1024
+
+    /// A provider running `settings.command`.
+    public init(settings: ExecSettings, log: Logger) {
+        self.settings = settings
+        self.log = log
+    }
+
+    /// The seeds' codes after which retrying cannot help.
+    static let permanentCodes: Set<String> = [
+        "AUTH_ERR_AUTH_TOKEN_NOT_FOUND", "ERR_UID_NOT_FOUND", "ERR_USER_DEACTIVATED", "AUTH_ERR_APIKEY_NOT_FOUND",
+    ]
+
+    public func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
+        var input: [String: JSON] = [
+            "action": "login", "provider": .string(account.provider), "user": .string(account.user),
+        ]
+        input["credential"] = credential.map { .string($0.revealed) }
+        return await run(input, credential.map { [$0.revealed] } ?? [])
+    }
+
+    /// A token given at login goes to the helper as `credential` (CometChat's
+    /// UID + auth key login); the helper answers with the session's token.
+    public var exchangesCredentials: Bool { true }
+
+    public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
+        await run(input("refresh", record), secrets(record))
+    }
+
+    public func canRefresh(_ record: SessionRecord) -> Bool { true }
+
+    public func revokes(_ record: SessionRecord) -> Bool { true }
+
+    public func revoke(_ record: SessionRecord) async -> Bool {
+        if case .refreshed = await run(input("revoke", record), secrets(record)) { return true }
+        return false
+    }
+
+    private func input(_ action: String, _ record: SessionRecord) -> [String: JSON] {
+        var o: [String: JSON] = [
+            "action": .string(action), "provider": .string(record.account.provider),
+            "user": .string(record.account.user), "accessToken": .string(record.tokens.accessToken.revealed),
+        ]
+        o["refreshToken"] = record.tokens.refreshToken.map { .string($0.revealed) }
+        return o
+    }
+
+    private func secrets(_ record: SessionRecord) -> [String] {
+        [record.tokens.accessToken.revealed] + (record.tokens.refreshToken.map { [$0.revealed] } ?? [])
+    }
+
+    /// The most of a helper's stderr read per run.
+    static let capturedStderr = 8192
+    /// The most of a helper's stderr (or of stdout that is no JSON answer)
+    /// logged per run, after masking.
+    static let loggedStderr = 2048
+    /// The most of a helper's `message` kept, after masking.
+    static let keptMessage = 512
+
+    /// Runs the helper once and sorts its answer. Nothing the helper printed
+    /// leaves this function unmasked: stderr, the `message` and `error` of its
+    /// answer and its stdout go through `Redactor` (secret-looking keys,
+    /// `knownSecrets`, the tokens of its answer) before they are logged or
+    /// returned as a reason (which becomes the session's last error).
+    func run(_ input: [String: JSON], _ knownSecrets: [String]) async -> RefreshOutcome {
+        let provider = input["provider"]?.stringValue ?? "?"
+        var result = await ExecProvider.spawn(settings, provider: provider, input: input)
+        // The helper's answer holds tokens: wipe it once it is read.
+        defer {
+            result.stdout.wipe()
+            result.stderr.wipe()
+        }
+        let action = input["action"]?.stringValue ?? "?"
+        let program = settings.command[0]
+        // Parsed once: its strings are Swift strings, which cannot be wiped.
+        let answer = try? JSON.parse(result.stdout)
+        var secrets = knownSecrets
+        for key in ["access_token", "refresh_token", "id_token"] {
+            if let token = answer?[key]?.stringValue { secrets.append(token) }
+        }
+        func masked(_ bytes: [UInt8], cut: Bool = false, limit: Int) -> String {
+            Redactor.redact(utf8: bytes, cut: cut, knownSecrets: secrets, limit: limit) { $0.wipe() }
+        }
+        func masked(_ text: String, limit: Int) -> String {
+            var bytes = Array(text.utf8)
+            defer { bytes.wipe() }
+            return masked(bytes, limit: limit)
+        }
+        if !result.stderr.isEmpty {
+            log.info(
+                "helper stderr",
+                [
+                    "action": action, "program": program,
+                    "stderr": masked(
+                        result.stderr, cut: result.stderr.count > ExecProvider.capturedStderr,
+                        limit: ExecProvider.loggedStderr),
+                ])
+        }
+        if let failure = result.failure { return .transient(reason: failure, retryAfter: nil) }
+        guard let json = answer, case .object = json else {
+            if !result.stdout.isEmpty {
+                log.info(
+                    "helper stdout",
+                    [
+                        "action": action, "program": program,
+                        "stdout": masked(
+                            result.stdout, cut: result.stdout.count > ExecProvider.maximumOutput,
+                            limit: ExecProvider.loggedStderr),
+                    ])
+            }
+            return .transient(
+                reason: "the helper \(program) exited \(result.status) without a JSON answer", retryAfter: nil)
+        }
+        if let error = json["error"]?.stringValue {
+            let code = ExecProvider.plausibleCode(error) ? error : "ERR_HELPER"
+            let message = json["message"]?.stringValue.map { masked($0, limit: ExecProvider.keptMessage) } ?? code
+            if ExecProvider.permanentCodes.contains(code) { return .permanent(code: code, reason: message) }
+            return .transient(reason: "\(code): \(message)", retryAfter: nil)
+        }
+        if action == "revoke" { return .refreshed(TokenSet(accessToken: Secret("-")), expiresIn: nil) }
+        guard result.status == 0, let credential = try? LoginCredential(tokenResponse: json) else {
+            return .transient(reason: "the helper answered without an access_token", retryAfter: nil)
+        }
+        return .refreshed(credential.tokens, expiresIn: credential.expiresIn)
+    }
+
+    /// True for an `error` a helper may answer that can be shown as it is: a
+    /// code such as `ERR_UID_NOT_FOUND` (letters, digits, `_`, `-`, `.`, at
+    /// most 64), not free text that could hold a secret.
+    static func plausibleCode(_ code: String) -> Bool {
+        !code.isEmpty && code.utf8.count <= 64
+            && code.utf8.allSatisfy { byte in
+                (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
+                    || byte == UInt8(ascii: "_") || byte == UInt8(ascii: "-") || byte == UInt8(ascii: ".")
+            }
+    }
+
+    struct RunResult {
+        var status: Int32 = -1
+        var stdout: [UInt8] = []
+        var stderr: [UInt8] = []
+        var failure: String?
+    }
+
+    /// Runs the helper of `settings` on vaultd's helper pool once a slot of
+    /// `provider` is free (`MaxConcurrentHelpers=`); the time spent waiting
+    /// for it counts against `Timeout=`.
+    static func spawn(_ settings: ExecSettings, provider: String, input: [String: JSON], pool: HelperPool = .shared)
+        async -> RunResult
+    {
+        let argv = settings.command
+        let timeout = settings.timeoutSeconds
+        let deadline = Monotonic.milliseconds() + UInt64(timeout) * 1000
+        let result = await pool.run(provider: provider, cap: settings.maxConcurrentHelpers, deadline: deadline) {
+            () -> RunResult? in
+            guard Monotonic.milliseconds() < deadline else { return nil }
+            // Serialized here, so that this is the only copy of the input and wiping it counts.
+            var bytes = JSON.object(input).serialized()
+            defer { bytes.wipe() }
+            return spawnBlocking(argv, input: bytes, deadline: deadline, timeoutSeconds: timeout)
+        }
+        if let ran = result ?? nil { return ran }
+        var waited = RunResult()
+        waited.failure =
+            "the helper \(argv[0]) did not start within \(timeout)s: it waited the whole time for a free helper slot (provider '\(provider)' runs at most \(settings.maxConcurrentHelpers) at once; raise MaxConcurrentHelpers= or Timeout=, or fix the helpers that hang)"
+        return waited
+    }
+
+    /// Starts `argv` (no shell), feeds `input`, collects bounded output, and
+    /// kills it at `deadline` (CLOCK_MONOTONIC milliseconds; `timeoutSeconds`
+    /// names the limit in the message). Blocks: call it on a helper worker.
+    static func spawnBlocking(_ argv: [String], input: [UInt8], deadline: UInt64, timeoutSeconds: Int64) -> RunResult {
+        var result = RunResult()
+        var environment = ["PATH": "/usr/local/bin:/usr/bin:/bin"]
+        for key in ["CREDENTIALS_DIRECTORY", "HOME", "LANG"] {
+            if let value = Environment.get(key) { environment[key] = value }
+        }
+        let child: ChildProcess
+        do {
+            child = try ChildProcess.spawn(argv, environment: environment)
+        } catch {
+            result.failure = "the helper \(argv[0]) could not be started: \(error)"
+            return result
+        }
+        var stdinFD = child.stdin
+        defer {
+            for fd in [stdinFD, child.stdout, child.stderr] where fd >= 0 { close(fd) }
+        }
+        // One loop writes the input and reads both pipes with poll() against one
+        // deadline. A helper whose children keep the pipes open cannot hold
+        // vaultd: reading stops shortly after the helper itself exited, or at
+        // the deadline.
+        var pendingInput = input[...]
+        var streams = [
+            (fd: child.stdout, limit: maximumOutput, data: [UInt8](), open: true),
+            (fd: child.stderr, limit: capturedStderr, data: [UInt8](), open: true),
+        ]
+        // Room for all that is kept up front: a buffer that grew would leave
+        // copies of the helper's answer behind in freed memory.
+        for index in streams.indices { streams[index].data.reserveCapacity(streams[index].limit + 1) }
+        var exitedAt: UInt64?
+        var exitStatus: Int32?
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        func reapIfExited() -> Bool {
+            guard exitStatus == nil else { return true }
+            var status: Int32 = 0
+            guard waitpid(child.pid, &status, WNOHANG) == child.pid else { return false }
+            exitStatus = ChildProcess.exitCode(fromWaitStatus: status)
+            return true
+        }
+        func closeInput() {
+            close(stdinFD)
+            stdinFD = -1
+        }
+        if pendingInput.isEmpty { closeInput() }
+        while streams.contains(where: { $0.open }) {
+            let now = Monotonic.milliseconds()
+            if exitedAt == nil, reapIfExited() { exitedAt = now }
+            if let exitedAt, now > exitedAt + 200 { break }
+            if now >= deadline {
+                // A helper that exited just now is not killed (its pid may be reused).
+                if exitStatus == nil {
+                    kill(child.pid, SIGKILL)
+                    result.failure = "the helper \(argv[0]) did not finish within \(timeoutSeconds)s and was killed"
+                }
+                break
+            }
+            var fds = streams.filter { $0.open }.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
+            if stdinFD >= 0 { fds.append(pollfd(fd: stdinFD, events: Int16(POLLOUT), revents: 0)) }
+            _ = poll(&fds, nfds_t(fds.count), Int32(min(100, deadline - now)))
+            if stdinFD >= 0 {
+                let n = pendingInput.withUnsafeBytes { write(stdinFD, $0.baseAddress, $0.count) }
+                if n > 0 { pendingInput = pendingInput.dropFirst(n) }
+                // Done, or the helper closed its input without reading it all.
+                if pendingInput.isEmpty || (n < 0 && errno != EAGAIN && errno != EINTR) { closeInput() }
+            }
+            for index in streams.indices where streams[index].open {
+                let n = buffer.withUnsafeMutableBytes { read(streams[index].fd, $0.baseAddress, $0.count) }
+                if n == 0 {
+                    streams[index].open = false
+                } else if n > 0 {
+                    let room = streams[index].limit + 1 - streams[index].data.count
+                    if room > 0 { streams[index].data.append(contentsOf: buffer.prefix(min(n, room))) }
+                }
+            }
+        }
+        if !reapIfExited() {
+            kill(child.pid, SIGKILL)
+            for _ in 0..<500 where !reapIfExited() { usleep(10_000) }
+            if exitStatus == nil {
+                // Killed but not gone yet (stuck in the kernel): reap it whenever it goes.
+                let pid = child.pid
+                DispatchQueue.global().async {
+                    var status: Int32 = 0
+                    _ = waitpid(pid, &status, 0)
+                }
+            }
+        }
+        buffer.wipe()
+        result.status = exitStatus ?? -1
+        result.stdout = streams[0].data
+        result.stderr = streams[1].data
+        if result.failure == nil, result.stdout.count > maximumOutput {
+            result.failure = "the helper \(argv[0]) wrote more than \(maximumOutput) bytes"
+        }
+        return result
+    }
+}

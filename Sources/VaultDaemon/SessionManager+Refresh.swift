@@ -1,0 +1,286 @@
+import VaultCore
+
+/// The timed life of sessions: the one timer, the actions of `SessionTimers`,
+/// refresh (single-flight per session), and the token handout that may wait
+/// for one.
+extension SessionManager {
+    // MARK: The lifecycle state machine's actions
+
+    /// Feeds `event` to the session's `SessionTimers` and performs what it
+    /// returns: deadlines into the queue, refreshes and save retries as
+    /// background work, an end as vaultd's own logout (awaited).
+    func handle(_ key: SessionKey, _ event: SessionTimers.Event) async {
+        guard var entry = entries[key] else { return }
+        let actions = entry.timers.handle(event)
+        entries[key] = entry
+        var ending: (reason: String, kind: EventKind)?
+        for action in actions {
+            switch action {
+            case .schedule(let timer, let at):
+                deadlines.schedule(TimedWork(key: key, timer: timer), at: at)
+            case .cancel(let timer):
+                deadlines.cancel(TimedWork(key: key, timer: timer))
+            case .startRefresh:
+                spawn { _ = try? await self.refresh(key, caller: nil) }
+            case .persist:
+                spawn { await self.persist(key) }
+            case .end(let reason, let kind):
+                ending = (reason, kind)
+            case .connection(let state, let reason):
+                events(
+                    VaultEvent(
+                        kind: .connectionChanged, account: key.account, ownerUID: key.owner, time: clock.now(),
+                        reason: reason.map { "\(state.rawValue): \($0)" } ?? state.rawValue))
+            }
+        }
+        publishView(key)
+        rearmTimer()
+        if let ending { await end(key, reason: ending.reason, kind: ending.kind) }
+    }
+
+    /// Sleeps on the injected clock until the nearest deadline, then does
+    /// what is due. One timer for all sessions; re-armed whenever the
+    /// nearest deadline may have changed.
+    func rearmTimer() {
+        guard armsTimer, !stopping else { return }
+        timer?.cancel()
+        guard let next = deadlines.next else {
+            timer = nil
+            return
+        }
+        let clock = self.clock
+        let deadline = Double(next.deadline.seconds)
+        timer = Task {
+            do { try await clock.sleep(until: deadline) } catch { return }
+            await self.runDueWork()
+        }
+    }
+
+    /// Does what is due at the clock's now: ends sessions whose token expired
+    /// (or whose maximum lifetime passed), starts refreshes, retries unsaved
+    /// writes. The timer calls it; the simulation calls it after moving its clock.
+    public func runDueWork() async {
+        let now = clock.now()
+        for work in deadlines.popDue(at: now) {
+            guard let record = entries[work.key]?.record else { continue }
+            await handle(work.key, .due(work.timer, now: now, expired: record.isExpired(at: now)))
+        }
+        rearmTimer()
+    }
+
+    /// Writes the session's current record again (refreshed tokens whose first write failed).
+    func persist(_ key: SessionKey) async {
+        guard let record = entries[key]?.record else { return }
+        do throws(VaultError) {
+            try await store.save(record)
+            await handle(key, .saved)
+        } catch {
+            await handle(key, .saveFailed(now: clock.now()))
+        }
+    }
+
+    /// Logs the session out as vaultd itself.
+    func end(_ key: SessionKey, reason: String, kind: EventKind) async {
+        do throws(VaultError) {
+            try await performLogout(key, by: .vaultd, reason: reason, kind: kind)
+        } catch {
+            log.error("a session could not be ended", fields(key, event: kind.rawValue, by: .vaultd, code: error.code))
+        }
+    }
+
+    // MARK: Refresh
+
+    /// Refreshes the tokens of the session `key` now, or joins the refresh in
+    /// flight. `caller` nil is vaultd's own scheduler; a refresh a client asked
+    /// for (`Refresh`, or `GetToken` through `freshToken`) starts at most once
+    /// per `MinRefreshInterval=` while the token has not expired.
+    public func refresh(
+        _ key: SessionKey, caller: Caller?, clientAsked: Bool = false, respectBackoff: Bool = false
+    ) async throws(VaultError) -> SessionRecord {
+        let account = key.account
+        if let caller, !policy.policy.mayManage(caller, key) { throw AccessPolicy.notYours(key) }
+        guard let entry = entries[key], let record = entry.record else { throw .notLoggedIn(account) }
+        if let task = entry.refresh { return try await task.value.get() }
+        let now = clock.now()
+        let status = entry.timers.status
+        if respectBackoff, let retryAt = status.nextRetryAt, retryAt > now {
+            // Clients asking for fresh tokens must not hammer a failing endpoint.
+            throw VaultError(
+                .networkError,
+                "refreshing \(account) failed (\(status.lastError ?? "unknown error")); the next try is at \(retryAt)")
+        }
+        guard let provider = client(for: account.provider) else {
+            throw VaultError(
+                .tokenExpired, "provider '\(account.provider)' cannot refresh tokens; log \(account) in again")
+        }
+        guard provider.canRefresh(record) else {
+            throw VaultError(.tokenExpired, "\(account) has no refresh token; log in again")
+        }
+        let interval = config.limits.minRefreshIntervalSeconds
+        if clientAsked, !record.isExpired(at: now), let last = status.lastRefreshAt,
+            last.adding(seconds: interval) > now
+        {
+            // One local user must not be able to make vaultd hammer the token
+            // endpoint (and get a shared client_id rate-limited for everyone).
+            throw VaultError(
+                .refreshTooSoon,
+                "the tokens of \(account) were refreshed at \(last), less than \(interval)s ago (MinRefreshInterval=); they can be refreshed again from \(last.adding(seconds: interval)) on"
+            )
+        }
+        await handle(key, .refreshStarted)
+        let id = entry.id
+        let task = Task { () -> Result<SessionRecord, VaultError> in
+            await self.performRefresh(key, entryID: id, provider: provider, snapshot: record)
+        }
+        entries[key]?.refresh = task
+        return try await task.value.get()
+    }
+
+    /// The facts `TokenHandout` decides on, for a session's entry.
+    func handoutFacts(_ entry: AccountEntry, _ record: SessionRecord) -> TokenHandout.Facts {
+        TokenHandout.Facts(
+            account: record.account, expiresAt: record.expiresAt,
+            issuedAt: record.tokens.issuedAt ?? record.createdAt, lastRefreshAt: entry.timers.status.lastRefreshAt,
+            canRefresh: client(for: record.account.provider)?.canRefresh(record) ?? false,
+            minRefreshIntervalSeconds: config.limits.minRefreshIntervalSeconds)
+    }
+
+    /// A token valid at least `minValidSeconds` for `caller`, refreshing first
+    /// when `TokenHandout` says so (the serving thread's fast path decides
+    /// with the same rule).
+    public func freshToken(_ key: SessionKey, minValidSeconds: Int64, caller: Caller) async throws(VaultError)
+        -> SessionRecord
+    {
+        let account = key.account
+        guard let entry = entries[key], let record = entry.record else { throw .notLoggedIn(account) }
+        guard policy.policy.mayReadToken(caller, key) else {
+            throw VaultError(.accessDenied, "the token of \(account) is handed only to its owner")
+        }
+        switch TokenHandout.decide(handoutFacts(entry, record), minValidSeconds: minValidSeconds, now: clock.now()) {
+        case .serve: return record
+        case .refuse(let error): throw error
+        case .refreshFirst: break
+        }
+        let fresh = try await refresh(key, caller: nil, clientAsked: true, respectBackoff: true)
+        guard let again = entries[key] else { throw .notLoggedIn(account) }
+        switch TokenHandout.decide(handoutFacts(again, fresh), minValidSeconds: minValidSeconds, now: clock.now()) {
+        case .serve: return fresh
+        case .refuse(let error): throw error
+        case .refreshFirst:
+            throw VaultError(
+                .tokenExpired,
+                "the token of \(account) expires at \(fresh.expiresAt.map { "\($0)" } ?? "?"), before the \(minValidSeconds)s asked for"
+            )
+        }
+    }
+
+    /// Asks the provider, writes the new tokens before anyone gets them, and
+    /// feeds the outcome to the session's `SessionTimers`. Tokens obtained for
+    /// a session that ended (or was replaced) meanwhile are revoked.
+    func performRefresh(_ key: SessionKey, entryID: UInt64, provider: any TokenProvider, snapshot: SessionRecord)
+        async -> Result<SessionRecord, VaultError>
+    {
+        let account = key.account
+        let outcome = await provider.refresh(snapshot)
+        defer { if entries[key]?.id == entryID { entries[key]?.refresh = nil } }
+        func stillCurrent() -> SessionRecord? {
+            guard let entry = entries[key], entry.id == entryID, let current = entry.record,
+                current.tokens == snapshot.tokens
+            else { return nil }
+            return current
+        }
+        guard let current = stillCurrent() else {
+            if case .refreshed(let tokens, _) = outcome { await revokeOrphaned(tokens, of: snapshot) }
+            if entries[key]?.id == entryID { await handle(key, .refreshAbandoned) }
+            return .failure(.notLoggedIn(account))
+        }
+        let now = clock.now()
+        switch outcome {
+        case .refreshed(var tokens, let expiresIn):
+            // RFC 6749 6: the server may keep the refresh token; then the old one stays valid.
+            if tokens.refreshToken == nil { tokens.refreshToken = current.tokens.refreshToken }
+            tokens.instanceURL = tokens.instanceURL ?? current.tokens.instanceURL
+            tokens.clientID = tokens.clientID ?? current.tokens.clientID
+            tokens.issuedAt = now
+            var updated = current
+            updated.tokens = tokens
+            let lifetime = expiresIn ?? config.providers[account.provider]?.oauth2?.defaultLifetime ?? 3600
+            updated.expiresAt = now.adding(seconds: lifetime)
+            // Write-through before anyone gets the new access token: a rotated
+            // refresh token that is not stored would be lost at a crash.
+            var saved = true
+            do throws(VaultError) {
+                try await store.save(updated)
+            } catch {
+                saved = false
+                log.error(
+                    "refreshed tokens could not be stored; kept in memory and retried",
+                    fields(key, event: "tokenRefreshed", code: error.code))
+            }
+            guard stillCurrent() != nil else {
+                // The session ended or was replaced while the write was out: put the
+                // current record back if it is another session's.
+                if let again = entries[key]?.record { try? await store.save(again) }
+                await revokeOrphaned(tokens, of: snapshot)
+                if entries[key]?.id == entryID { await handle(key, .refreshAbandoned) }
+                return .failure(.notLoggedIn(account))
+            }
+            entries[key]?.machine.refreshed(updated)
+            log.info("token refreshed", fields(key, event: "tokenRefreshed"))
+            events(
+                VaultEvent(
+                    kind: .tokenRefreshed, account: account, ownerUID: key.owner, time: now,
+                    expiresAt: updated.expiresAt))
+            await handle(key, .refreshed(facts(updated, refreshedAt: now), saved: saved, now: now))
+            return .success(updated)
+        case .transient(let reason, let retryAfter):
+            await handle(
+                key,
+                .refreshFailed(
+                    reason: reason, retryAfter: retryAfter, random: random(), now: now,
+                    expired: current.isExpired(at: now)))
+            let retryAt = entries[key]?.timers.status.nextRetryAt
+            log.warning(
+                "refresh failed; the current token is still served and the refresh retried",
+                fields(key, event: "connectFailed").merging([
+                    "reason": reason, "retryAt": retryAt.map { "\($0)" } ?? "-",
+                ]) { a, _ in a })
+            return .failure(
+                VaultError(
+                    .networkError,
+                    "refreshing \(account) failed: \(reason); retrying at \(retryAt.map { "\($0)" } ?? "-")"))
+        case .permanent(let code, let reason):
+            log.error(
+                "refresh refused; the session is logged out",
+                fields(key, event: "tokenInvalid").merging(["reason": code]) { a, _ in a })
+            await handle(key, .refreshRefused(code: code, reason: reason))
+            return .failure(
+                VaultError(.invalidCredential, "the provider refused to refresh \(account) (\(code)); log in again"))
+        }
+    }
+
+    /// Revokes tokens a refresh obtained for a session that ended (or was
+    /// replaced) while the request was out: nobody will use them, and they
+    /// would stay valid at the provider. Only a new refresh token needs it; an
+    /// unrotated one is the ended session's, which its logout revokes. Queued
+    /// in the store before it is attempted.
+    func revokeOrphaned(_ issued: TokenSet, of snapshot: SessionRecord) async {
+        guard let rotated = issued.refreshToken, rotated != snapshot.tokens.refreshToken,
+            let provider = client(for: snapshot.account.provider)
+        else { return }
+        var orphan = snapshot
+        orphan.tokens = issued
+        log.info(
+            "a refresh finished after its session ended; the tokens it obtained are revoked",
+            fields(snapshot.key, event: "revokeOrphaned"))
+        let revocation = PendingRevocation(queueing: orphan)
+        do throws(VaultError) {
+            try await store.savePendingRevocation(revocation)
+        } catch {
+            log.warning(
+                "a revocation could not be queued in the store; it is attempted all the same",
+                fields(snapshot.key, event: "revokeOrphaned", code: error.code))
+        }
+        startRevocation(revocation, provider: provider)
+    }
+}

@@ -1,0 +1,330 @@
+import VaultCore
+
+/// Login and logout: the session's key is decided by the access policy, the
+/// login and logout state machine says what to do, the store is written
+/// before anything is acknowledged.
+extension SessionManager {
+    // MARK: Login
+
+    /// Logs `request` in for `caller`; answers the existing session when it
+    /// is already logged in (created false). The session is the caller's own,
+    /// the declared owner's for a declared account, or, for an administrator,
+    /// the one `request.ownerUID` names.
+    public func login(_ request: LoginRequest, caller: Caller) async throws(VaultError) -> (SessionRecord, Bool) {
+        let account = try Account.validate(provider: request.provider, user: request.user)
+        guard let provider = config.providers[account.provider] else { throw .unknownProvider(account.provider) }
+        let access = policy.policy
+        let key = SessionKey(
+            owner: try access.owner(of: account, for: caller, requested: request.ownerUID), account: account)
+        guard access.mayManage(caller, key) else {
+            Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.accessDenied.seedCode)
+            throw access.declared[account] != nil
+                ? VaultError(
+                    .accessDenied,
+                    "[Account \(account.provider) \(account.user)] is declared for uid \(key.owner) (Owner=); only that user, root or the admin group may log it in or out"
+                ) : AccessPolicy.notYours(key)
+        }
+        if Self.mints(request, provider: provider), !access.mayMint(caller, account) {
+            Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.accessDenied.seedCode)
+            throw AccessPolicy.mintDenied(account)
+        }
+        // Bounded: each pass waits for one in-flight operation to end.
+        for _ in 0..<64 {
+            var entry = entries[key] ?? makeEntry(account)
+            let action = entry.machine.loginRequested()
+            entries[key] = entry
+            switch action {
+            case .returnExisting(let record):
+                Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
+                return (record, false)
+            case .joinInFlight:
+                guard let task = entries[key]?.login else { continue }
+                let record = try await task.value.get()
+                Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
+                return (record, true)
+            case .waitThenRetry:
+                if let task = entries[key]?.logout { _ = await task.value }
+                continue
+            case .startLogin:
+                if key.owner != 0, table.sessionCount(of: key.owner) >= config.limits.sessionsPerUser {
+                    entries[key]?.machine.loginFailed()
+                    forget(key)
+                    Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.tooManySessions.seedCode)
+                    throw VaultError(
+                        .tooManySessions,
+                        "uid \(key.owner) already holds \(config.limits.sessionsPerUser) sessions, the most one user may (MaxSessionsPerUser=); log one out first"
+                    )
+                }
+                if provider.singleAccount,
+                    let other = entries.first(where: {
+                        $0.key.owner == key.owner && $0.key.account.provider == account.provider && $0.key != key
+                            && $0.value.machine.state != .loggedOut
+                    })
+                {
+                    // Account switching (OpenIM), within one owner's sessions: the old
+                    // session is logged out first.
+                    entries[key]?.machine.loginFailed()
+                    forget(key)
+                    log.info("switching accounts", fields(other.key, event: "switch", by: .peer(caller)))
+                    do throws(VaultError) {
+                        try await performLogout(other.key, by: .peer(caller), reason: "switched")
+                    } catch  where error.code == .notLoggedIn {
+                        // Gone meanwhile: nothing to switch from.
+                    }
+                    continue
+                }
+                table.publish(key, SessionView(state: .logging, record: nil))
+                // The task ends only after the state changed, so that whoever
+                // awaits it (a joiner, a waiting logout) sees the new state.
+                let task = Task { () -> Result<SessionRecord, VaultError> in
+                    await self.performLogin(request, key: key, caller: caller)
+                }
+                entries[key]?.login = task
+                return (try await task.value.get(), true)
+            }
+        }
+        throw VaultError(.loginInProgress, "\(account) kept changing while logging in; try again")
+    }
+
+    /// True when `request` has the provider issue tokens with its own
+    /// credential: a login without a token, or any login through an exec
+    /// helper (which acts with the provider's credential, and refreshes with it).
+    static func mints(_ request: LoginRequest, provider: ProviderConfig) -> Bool {
+        switch provider.type {
+        case .static: return false
+        case .exec: return true
+        case .oauth2: return request.token == nil && request.tokenResponse == nil
+        }
+    }
+
+    /// Builds the session (asking the provider for tokens when the client
+    /// brought none), then stores it.
+    func performLogin(_ request: LoginRequest, key: SessionKey, caller: Caller) async -> Result<
+        SessionRecord, VaultError
+    > {
+        let account = key.account
+        var obtained: LoginCredential?
+        var request = request
+        let provider = client(for: account.provider)
+        let exchange = provider?.exchangesCredentials == true && request.tokenResponse == nil
+        if let provider, exchange || (request.token == nil && request.tokenResponse == nil) {
+            let credential = exchange ? request.token.map(Secret.init) : nil
+            request.token = nil
+            switch await provider.login(account, credential: credential) {
+            case .refreshed(let tokens, let expiresIn):
+                obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
+            case .transient(let reason, _):
+                return failLogin(key, caller, VaultError(.networkError, "logging \(account) in failed: \(reason)"))
+            case .permanent(let code, let reason):
+                let known = VaultError.Code(seedCode: code) ?? .invalidCredential
+                return failLogin(key, caller, VaultError(known, "the provider refused \(account): \(reason)"))
+            }
+        }
+        let record: SessionRecord
+        do throws(VaultError) {
+            record = try makeRecord(request, key: key, obtained: obtained)
+        } catch {
+            return failLogin(key, caller, error)
+        }
+        return await commitLogin(record, caller: caller)
+    }
+
+    func failLogin(_ key: SessionKey, _ caller: Caller, _ error: VaultError) -> Result<
+        SessionRecord, VaultError
+    > {
+        entries[key]?.login = nil
+        entries[key]?.machine.loginFailed()
+        forget(key)
+        log.error("login failed", fields(key, event: "loginFailed", by: .peer(caller), code: error.code))
+        emit(.loginFailed, key, code: error.code)
+        Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
+        return .failure(error)
+    }
+
+    func commitLogin(_ record: SessionRecord, caller: Caller) async -> Result<SessionRecord, VaultError> {
+        let key = record.key
+        defer { entries[key]?.login = nil }
+        do throws(VaultError) {
+            try await store.save(record)
+        } catch {
+            // A write abandoned at the timeout may still land in the keyring: remove it.
+            try? await store.delete(key)
+            return failLogin(key, caller, error)
+        }
+        entries[key]?.machine.loginSucceeded(record)
+        // Scheduled before it is published, so that the view shows when the refresh is due.
+        await handle(key, .stored(facts(record, refreshedAt: clock.now()), now: clock.now()))
+        log.info("logged in", fields(key, event: "loginSuccess", by: .peer(caller)))
+        emit(.loginSuccess, key)
+        Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
+        return .success(record)
+    }
+
+    func makeRecord(_ request: LoginRequest, key: SessionKey, obtained: LoginCredential? = nil)
+        throws(VaultError) -> SessionRecord
+    {
+        let account = key.account
+        let credential: LoginCredential
+        switch (request.token, request.tokenResponse) {
+        case (nil, nil) where obtained != nil:
+            credential = obtained!
+        case (let token?, nil): credential = try LoginCredential(token: token)
+        case (nil, let response?): credential = try LoginCredential(tokenResponse: response)
+        case (nil, nil):
+            throw VaultError(
+                .invalidCredential, "no token given; pass either token or tokenResponse (vaultctl: on stdin)")
+        case (_?, _?):
+            throw VaultError(.invalidParameter, "pass either token or tokenResponse, not both")
+        }
+        let now = clock.now()
+        var expiresAt = credential.expiry(explicit: request.expiresAt.map(UnixTime.init(seconds:)), now: now)
+        if expiresAt == nil, let settings = config.providers[account.provider]?.oauth2 {
+            // Salesforce sends no expires_in: assume the provider's DefaultLifetime.
+            expiresAt = (credential.tokens.issuedAt ?? now).adding(seconds: settings.defaultLifetime)
+        }
+        if let expiresAt, expiresAt > UnixTime.latestExpiry {
+            throw VaultError(.invalidParameter, "the expiry of the token for \(account) is past the year 9999")
+        }
+        if let expiresAt, expiresAt <= now {
+            throw VaultError(
+                .tokenExpired,
+                "the token for \(account) expired at \(expiresAt) (now \(now)); obtain a new token and log in again")
+        }
+        var profile = UserProfile(uid: account.user)
+        if let json = request.profile {
+            profile = try UserProfile(json: json)
+            guard profile.uid == account.user else {
+                throw VaultError(.invalidParameter, "profile.uid '\(profile.uid)' differs from user '\(account.user)'")
+            }
+        }
+        if profile.deactivatedAt != nil {
+            throw VaultError(.userDeactivated, "\(account) is deactivated; reactivate the user at the provider")
+        }
+        let record = SessionRecord(
+            account: account, user: profile, tokens: credential.tokens, createdAt: now, expiresAt: expiresAt,
+            ownerUID: key.owner)
+        var document = record.storedJSON().serialized()
+        let size = document.count
+        document.wipe()
+        guard size <= config.limits.sessionBytes else {
+            throw VaultError(
+                .sessionTooLarge,
+                "the session of \(account) would take \(size) bytes, more than the \(config.limits.sessionBytes) one session may (MaxSessionSize=); send a smaller profile or token"
+            )
+        }
+        return record
+    }
+
+    // MARK: Logout
+
+    /// Logs the session `key` out for `caller`: withdraws the token and tells the
+    /// subscribers at once, then marks the stored record logging-out and
+    /// deletes it (a crash in between finishes the logout at start-up), and
+    /// returns once the store is updated. Should the store fail, the session is
+    /// served again and subscribers get `logoutFailed`.
+    ///
+    /// With a `reason` it is a forced logout (the chat server kicked the client
+    /// offline, or an administrator): subscribers get `kickedOffline` instead of
+    /// `logoutSuccess`.
+    public func logout(_ key: SessionKey, caller: Caller, reason: String? = nil, kind: EventKind? = nil)
+        async throws(VaultError)
+    {
+        try await performLogout(key, by: .peer(caller), reason: reason, kind: kind)
+    }
+
+    /// `logout` for a peer, or for vaultd itself (an expiry, a refused grant).
+    func performLogout(_ key: SessionKey, by principal: Principal, reason: String? = nil, kind: EventKind? = nil)
+        async throws(VaultError)
+    {
+        let account = key.account
+        let action = LogoutKind(reason: reason, kind: kind).auditAction
+        if let caller = principal.caller, !policy.policy.mayManage(caller, key) {
+            Audit.log(log, action, key, by: principal, result: VaultError.Code.accessDenied.seedCode)
+            throw AccessPolicy.notYours(key)
+        }
+        for _ in 0..<64 {
+            var entry = entries[key] ?? makeEntry(account)
+            let step = entry.machine.logoutRequested()
+            entries[key] = entry
+            switch step {
+            case .fail(let error):
+                forget(key)
+                Audit.log(log, action, key, by: principal, result: error.code.seedCode)
+                throw error
+            case .joinInFlight:
+                guard let task = entries[key]?.logout else { continue }
+                return try await task.value.get()
+            case .waitThenRetry:
+                if let task = entries[key]?.login { _ = await task.value }
+                continue
+            case .startLogout(let record):
+                // Nobody gets the token from here on, even before the store answered,
+                // and every subscriber learns so now: the store's writes take tens of
+                // milliseconds (gnome-keyring rewrites its file), a client should not
+                // go on using the token meanwhile.
+                table.publish(key, SessionView(state: .logout, record: nil))
+                emit(LogoutKind(reason: reason, kind: kind).event, key, reason: reason)
+                let task = Task { () -> Result<Void, VaultError> in
+                    await self.commitLogout(record, by: principal, reason: reason, kind: kind)
+                }
+                entries[key]?.logout = task
+                return try await task.value.get()
+            }
+        }
+        throw VaultError(.loginInProgress, "\(account) kept changing while logging out; try again")
+    }
+
+    /// Marks the stored record logging-out, with the revocation it needs,
+    /// queues that revocation and deletes the record, then publishes the
+    /// outcome and starts the revocation; the task that runs this ends only
+    /// after the state changed. The revocation is in the store before the
+    /// provider is asked, so a SIGTERM or a crash at any point loses it not.
+    func commitLogout(_ record: SessionRecord, by principal: Principal, reason: String?, kind: EventKind?) async
+        -> Result<Void, VaultError>
+    {
+        let key = record.key
+        let what = LogoutKind(reason: reason, kind: kind)
+        defer { entries[key]?.logout = nil }
+        let provider = client(for: record.account.provider)
+        let revocation = provider?.revokes(record) == true ? PendingRevocation(queueing: record) : nil
+        var marked = record
+        marked.phase = .loggingOut
+        marked.revocationID = revocation?.id
+        do throws(VaultError) {
+            try await store.save(marked)
+            if let revocation { try await store.savePendingRevocation(revocation) }
+            try await store.delete(key)
+        } catch {
+            // Served again: put the store back as it was, as far as it lets us
+            // (what stays marked is finished at the next start).
+            if let revocation { try? await store.deletePendingRevocation(revocation) }
+            try? await store.save(record)
+            entries[key]?.machine.logoutFinished(succeeded: false)
+            publishView(key)
+            log.error("logout failed", fields(key, event: "logoutFailed", by: principal, code: error.code))
+            emit(.logoutFailed, key, reason: reason, code: error.code)
+            Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)
+            return .failure(error)
+        }
+        entries[key]?.machine.logoutFinished(succeeded: true)
+        forget(key)
+        rearmTimer()
+        if let revocation, let provider { startRevocation(revocation, provider: provider) }
+        var logFields = fields(key, event: what.event.rawValue, by: principal)
+        logFields["reason"] = reason
+        log.info("logged out", logFields)
+        Audit.log(log, what.auditAction, key, by: principal, result: "ok")
+        return .success(())
+    }
+
+    /// Asks the provider to revoke a queued revocation, in the background.
+    func startRevocation(_ revocation: PendingRevocation, provider: any TokenProvider) {
+        let store = self.store
+        let log = self.log
+        let clock = self.clock
+        let random = self.random
+        spawn {
+            await Revocations.run(revocation, provider: provider, store: store, log: log, clock: clock, random: random)
+        }
+    }
+}
