@@ -46,6 +46,8 @@ let package = Package(
 
         .testTarget(name: "VaultCoreTests", dependencies: ["VaultCore"]),
         .testTarget(name: "VaultProtocolTests", dependencies: ["VaultProtocol"]),
+        // The session manager without processes: fakes, a manual clock, the simulation.
+        .testTarget(name: "VaultDaemonTests", dependencies: ["VaultDaemon", "VaultCore"]),
         .testTarget(
             name: "VaultIntegrationTests",
             dependencies: ["VaultClient", "VaultProtocol", "VaultSystem", "VaultDaemon"]

@@ -36,6 +36,8 @@ public final class Logger: Sendable {
     public enum Target: Sendable {
         case stderr
         case journal
+        /// Nowhere: for tests that run the session manager in-process.
+        case discard
     }
 
     /// The least severe level written.
@@ -67,7 +69,7 @@ public final class Logger: Sendable {
     /// (sorted by key, as `log(_:_:_:)` writes them), when `severity` is at
     /// or above the logger's level.
     public func log(_ severity: Level, _ message: String, sortedFields fields: [(key: String, value: String)]) {
-        guard severity <= level else { return }
+        guard severity <= level, target != .discard else { return }
         if target == .journal {
             let size = message.utf8.count + fields.reduce(64) { $0 + $1.key.utf8.count + $1.value.utf8.count }
             enqueue(size: size) { self.sendToJournal(severity, message, fields) }

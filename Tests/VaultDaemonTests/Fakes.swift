@@ -1,0 +1,277 @@
+import Synchronization
+import VaultCore
+import VaultDaemon
+
+/// A clock moved by hand. Sleepers wake when it is moved past their deadline
+/// (or when their task is cancelled).
+final class ManualClock: WallClock, Sendable {
+    private struct State {
+        var now: Double
+        var sleepers: [(id: UInt64, deadline: Double, continuation: CheckedContinuation<Void, any Error>)] = []
+        var nextID: UInt64 = 0
+    }
+    private let state: Mutex<State>
+
+    init(_ seconds: Int64 = 1_800_000_000) { state = Mutex(State(now: Double(seconds))) }
+
+    func now() -> UnixTime { UnixTime(seconds: Int64(state.withLock { $0.now }.rounded(.down))) }
+    func preciseNow() -> Double { state.withLock { $0.now } }
+
+    /// Tasks waiting on this clock.
+    var sleeping: Int { state.withLock { $0.sleepers.count } }
+
+    func sleep(until deadline: Double) async throws {
+        let id = state.withLock { state -> UInt64 in
+            state.nextID += 1
+            return state.nextID
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let resumeNow = state.withLock { state -> Bool in
+                    if state.now >= deadline || Task.isCancelled { return true }
+                    state.sleepers.append((id, deadline, continuation))
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        } onCancel: {
+            let woken = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+                guard let index = state.sleepers.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.sleepers.remove(at: index).continuation
+            }
+            woken?.resume(throwing: CancellationError())
+        }
+        try Task.checkCancellation()
+    }
+
+    /// Moves the clock forward by `seconds` and wakes the sleepers now due.
+    func advance(by seconds: Double) {
+        let due = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
+            state.now += seconds
+            let now = state.now
+            let due = state.sleepers.filter { $0.deadline <= now }.map(\.continuation)
+            state.sleepers.removeAll { $0.deadline <= now }
+            return due
+        }
+        for continuation in due { continuation.resume() }
+    }
+}
+
+/// A session store in memory whose writes can be made to fail, and whose
+/// contents can be copied at any instant (a crash: the next manager starts
+/// from what the store held then).
+final class FaultyStore: SessionStore, Sendable {
+    struct Contents: Sendable {
+        var records: [SessionKey: SessionRecord] = [:]
+        var providerSecrets: [String: Secret] = [:]
+        var pending: [String: PendingRevocation] = [:]
+    }
+    private struct State {
+        var contents = Contents()
+        /// Writes that fail from now on, counted down (Int.max: all).
+        var failingWrites = 0
+        /// Writes to skip before the failures start.
+        var writesBeforeFailing = 0
+        var writes = 0
+    }
+    private let state: Mutex<State>
+
+    let location = "faulty memory store (tests)"
+
+    init(_ contents: Contents = Contents()) { state = Mutex(State(contents: contents)) }
+
+    /// What the store holds now.
+    var contents: Contents { state.withLock { $0.contents } }
+    /// Writes attempted so far.
+    var writes: Int { state.withLock { $0.writes } }
+
+    /// Makes the next `count` writes fail, after `after` more succeed.
+    func failWrites(_ count: Int, after: Int = 0) {
+        state.withLock {
+            $0.failingWrites = count
+            $0.writesBeforeFailing = after
+        }
+    }
+
+    private func write(_ what: String, _ body: (inout Contents) -> Void) throws(VaultError) {
+        let failed = state.withLock { state -> Bool in
+            state.writes += 1
+            if state.writesBeforeFailing > 0 {
+                state.writesBeforeFailing -= 1
+            } else if state.failingWrites > 0 {
+                if state.failingWrites != Int.max { state.failingWrites -= 1 }
+                return true
+            }
+            body(&state.contents)
+            return false
+        }
+        if failed { throw VaultError(.storeFailed, "\(what) failed (injected fault)") }
+    }
+
+    func loadAll() async throws(VaultError) -> StoreContents {
+        let records = state.withLock { $0.contents.records.values.sorted { $0.key < $1.key } }
+        return StoreContents(records: records, unreadable: [])
+    }
+
+    func save(_ record: SessionRecord) async throws(VaultError) {
+        try write("writing \(record.account)") { $0.records[record.key] = record }
+    }
+
+    func delete(_ key: SessionKey) async throws(VaultError) {
+        try write("deleting \(key)") { _ = $0.records.removeValue(forKey: key) }
+    }
+
+    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
+        try write("writing a client secret") { $0.providerSecrets[provider] = secret }
+    }
+
+    func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
+        state.withLock { $0.contents.providerSecrets[provider] }
+    }
+
+    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        try write("queueing a revocation") { $0.pending[revocation.id] = revocation }
+    }
+
+    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        try write("removing a revocation") { _ = $0.pending.removeValue(forKey: revocation.id) }
+    }
+
+    func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
+        state.withLock { $0.contents.pending.values.sorted { ($0.record.key, $0.id) < ($1.record.key, $1.id) } }
+    }
+}
+
+/// An OAuth 2.0 token endpoint as vaultd sees it, in memory: grants whose
+/// refresh tokens rotate on every refresh, reuse detection (a rotated
+/// refresh token sent again counts as reuse and revokes its grant, as RFC
+/// 9700 advises), revocation, and faults chosen by the test.
+final class FakeProvider: TokenProvider, Sendable {
+    enum Mode: Sendable { case normal, transient, refused }
+
+    struct State {
+        var grantOfToken: [String: Int] = [:]
+        /// The refresh token of each grant that is valid now.
+        var current: [Int: String] = [:]
+        var revokedGrants: Set<Int> = []
+        var rotated: Set<String> = []
+        /// Grants on which a rotated refresh token was sent again.
+        var reusedGrants: [Int] = []
+        var inFlight: [Int: Int] = [:]
+        var mostInFlight = 0
+        var refreshCalls = 0
+        var revokeCalls = 0
+        var mode = Mode.normal
+        var revocationsFail = false
+        var issued = 0
+        var lifetime: Int64 = 300
+        /// Every token ever issued (to check that none reaches an event or a log).
+        var everIssued: [String] = []
+    }
+    let state = Mutex(State())
+
+    var exchangesCredentials: Bool { false }
+
+    /// A new grant: the token response a client would bring to `Login`.
+    func grant(lifetime: Int64) -> (grant: Int, response: JSON) {
+        state.withLock { state in
+            state.issued += 1
+            let grant = state.issued
+            let access = "at-\(grant)-0-" + String(repeating: "a", count: 16)
+            let refresh = "rt-\(grant)-0-" + String(repeating: "r", count: 16)
+            state.grantOfToken[refresh] = grant
+            state.current[grant] = refresh
+            state.everIssued += [access, refresh]
+            return (
+                grant,
+                .object([
+                    "access_token": .string(access), "refresh_token": .string(refresh),
+                    "expires_in": .int(lifetime), "token_type": "Bearer",
+                ])
+            )
+        }
+    }
+
+    func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
+        .permanent(code: "unsupported_grant_type", reason: "the fake issues grants to tests only")
+    }
+
+    func refresh(_ record: SessionRecord) async -> RefreshOutcome {
+        guard let token = record.tokens.refreshToken?.revealed else {
+            return .permanent(code: "invalid_request", reason: "no refresh token")
+        }
+        let grant = state.withLock { state -> Int? in
+            state.refreshCalls += 1
+            guard let grant = state.grantOfToken[token] else { return nil }
+            state.inFlight[grant, default: 0] += 1
+            state.mostInFlight = max(state.mostInFlight, state.inFlight[grant]!)
+            return grant
+        }
+        guard let grant else { return .permanent(code: "invalid_grant", reason: "unknown refresh token") }
+        // Let whatever else is runnable run while the request is "out".
+        for _ in 0..<3 { await Task.yield() }
+        return state.withLock { state -> RefreshOutcome in
+            state.inFlight[grant]! -= 1
+            switch state.mode {
+            case .transient: return .transient(reason: "HTTP 503 (injected)", retryAfter: nil)
+            case .refused: return .permanent(code: "invalid_grant", reason: "refused (injected)")
+            case .normal: break
+            }
+            if state.rotated.contains(token) {
+                state.reusedGrants.append(grant)
+                state.revokedGrants.insert(grant)
+                return .permanent(code: "invalid_grant", reason: "refresh token reused")
+            }
+            if state.revokedGrants.contains(grant) {
+                return .permanent(code: "invalid_grant", reason: "grant revoked")
+            }
+            state.issued += 1
+            let access = "at-\(grant)-\(state.issued)-" + String(repeating: "a", count: 16)
+            let refresh = "rt-\(grant)-\(state.issued)-" + String(repeating: "r", count: 16)
+            state.rotated.insert(token)
+            state.grantOfToken[refresh] = grant
+            state.current[grant] = refresh
+            state.everIssued += [access, refresh]
+            var tokens = TokenSet(accessToken: Secret(access))
+            tokens.refreshToken = Secret(refresh)
+            tokens.tokenType = "Bearer"
+            return .refreshed(tokens, expiresIn: state.lifetime)
+        }
+    }
+
+    func canRefresh(_ record: SessionRecord) -> Bool { record.tokens.refreshToken != nil }
+
+    func revokes(_ record: SessionRecord) -> Bool { record.tokens.refreshToken != nil }
+
+    func revoke(_ record: SessionRecord) async -> Bool {
+        state.withLock { state in
+            state.revokeCalls += 1
+            if state.revocationsFail { return false }
+            if let token = record.tokens.refreshToken?.revealed, let grant = state.grantOfToken[token] {
+                state.revokedGrants.insert(grant)
+            }
+            return true
+        }
+    }
+}
+
+/// The configuration the in-process tests run with: one oauth2 provider
+/// (served by `FakeProvider`) and one static provider.
+enum TestConfig {
+    static func make(_ extra: String = "") throws -> VaultConfig {
+        try ConfigParser.parse(
+            """
+            [Vault]
+            MinRefreshInterval=0
+            \(extra)
+            [Provider oauth]
+            Type=oauth2
+            TokenURL=http://127.0.0.1:9/token
+            ClientID=sim
+            RevocationURL=http://127.0.0.1:9/revoke
+
+            [Provider demo]
+            Type=static
+            """, file: "test.conf")
+    }
+}

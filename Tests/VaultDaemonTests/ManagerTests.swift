@@ -1,0 +1,191 @@
+import Synchronization
+import Testing
+import VaultCore
+import VaultDaemon
+
+/// A session manager over a faulty in-memory store, a fake token endpoint and
+/// a manual clock: no processes, no real time.
+struct ManagerHarness {
+    let clock = ManualClock()
+    let store: FaultyStore
+    let provider: FakeProvider
+    let events = EventLog()
+    let manager: SessionManager
+    static let alice = Caller(uid: 1000, gid: 1000, pid: 42)
+
+    init(store: FaultyStore = FaultyStore(), provider: FakeProvider = FakeProvider(), config: VaultConfig? = nil)
+        throws
+    {
+        self.store = store
+        self.provider = provider
+        let events = self.events
+        manager = SessionManager(
+            store: store, config: try config ?? TestConfig.make(), clock: clock,
+            log: Logger(level: .debug, target: .discard), policy: AccessPolicy(vaultdUID: 0),
+            providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
+            armsTimer: false, events: { event in events.append(event) })
+    }
+
+    func key(_ user: String, owner: UInt32 = 1000) -> SessionKey {
+        SessionKey(owner: owner, account: Account(provider: "oauth", user: user))
+    }
+
+    /// Logs `user` in for alice with a fresh grant living `lifetime` seconds.
+    @discardableResult
+    func login(_ user: String, lifetime: Int64 = 300) async throws(VaultError) -> SessionRecord {
+        let (_, response) = provider.grant(lifetime: lifetime)
+        let request = LoginRequest(provider: "oauth", user: user, tokenResponse: response)
+        return try await manager.login(request, caller: Self.alice).0
+    }
+
+    func kinds(_ user: String) -> [EventKind] {
+        events.all.filter { $0.account.user == user }.map(\.kind)
+    }
+
+    /// Moves the clock and does what is due, then lets background work settle.
+    func advance(by seconds: Double) async {
+        clock.advance(by: seconds)
+        await manager.runDueWork()
+        await settle()
+    }
+
+    /// Waits (bounded) until every background task is done or asleep on the clock.
+    func settle() async {
+        for _ in 0..<10_000 {
+            if await manager.backgroundWork <= clock.sleeping { return }
+            await Task.yield()
+        }
+    }
+}
+
+/// The events a manager published, in order.
+final class EventLog: Sendable {
+    private let items = Mutex<[VaultEvent]>([])
+    func append(_ event: VaultEvent) { items.withLock { $0.append(event) } }
+    var all: [VaultEvent] { items.withLock { $0 } }
+}
+
+@Suite("SessionManager: store failures, in process")
+struct StoreFailureTests {
+    @Test("Should keep refreshed tokens whose write failed in memory as unsaved, serve them, and write them later")
+    func refreshWriteFails() async throws {
+        let h = try ManagerHarness()
+        try await h.login("u")
+        h.store.failWrites(1)
+        let refreshed = try await h.manager.refresh(h.key("u"), caller: ManagerHarness.alice)
+        let view = try #require(h.manager.table.view(of: h.key("u")))
+        #expect(view.refresh?.unsaved == true)
+        #expect(view.record?.tokens == refreshed.tokens, "the new tokens are served")
+        #expect(h.store.contents.records[h.key("u")]?.tokens != refreshed.tokens, "not yet in the store")
+        // The retry comes 5 s later, on the clock.
+        await h.advance(by: Double(SessionTimers.saveRetrySeconds))
+        #expect(h.store.contents.records[h.key("u")]?.tokens == refreshed.tokens)
+        #expect(h.manager.table.view(of: h.key("u"))?.refresh?.unsaved != true)
+    }
+
+    @Test("Should serve a session again, with logoutFailed, when the logout's store write fails")
+    func logoutWriteFails() async throws {
+        let h = try ManagerHarness()
+        let record = try await h.login("u")
+        h.store.failWrites(1)
+        await #expect(throws: VaultError.self) {
+            try await h.manager.logout(h.key("u"), caller: ManagerHarness.alice)
+        }
+        #expect(h.kinds("u") == [.loginSuccess, .logoutSuccess, .logoutFailed])
+        #expect(h.manager.table.view(of: h.key("u"))?.record?.tokens == record.tokens, "served again")
+        #expect(h.store.contents.records[h.key("u")]?.phase == .active)
+        #expect(h.store.contents.pending.isEmpty, "no revocation of a session that goes on")
+        // A later logout works.
+        try await h.manager.logout(h.key("u"), caller: ManagerHarness.alice)
+        #expect(h.store.contents.records.isEmpty)
+    }
+
+    @Test("Should refuse a login whose store write fails, leaving nothing behind")
+    func loginWriteFails() async throws {
+        let h = try ManagerHarness()
+        h.store.failWrites(1)
+        await #expect(throws: VaultError.self) { try await h.login("u") }
+        #expect(h.kinds("u") == [.loginFailed])
+        #expect(h.manager.table.view(of: h.key("u")) == nil)
+        #expect(h.store.contents.records.isEmpty)
+        try await h.login("u")
+        #expect(h.manager.table.view(of: h.key("u"))?.state == .logged)
+    }
+
+    @Test("Should queue a revocation with the logout, before the first attempt, and finish it after a crash")
+    func durableRevocation() async throws {
+        let h = try ManagerHarness()
+        try await h.login("u")
+        h.provider.state.withLock { $0.revocationsFail = true }
+        try await h.manager.logout(h.key("u"), caller: ManagerHarness.alice)
+        await h.settle()
+        #expect(h.store.contents.pending.count == 1, "queued before it was attempted")
+        #expect(h.provider.state.withLock { $0.revokeCalls } >= 1)
+        #expect(h.provider.state.withLock { $0.revokedGrants.isEmpty })
+        // Crash: a new manager over what the store held, the endpoint healthy again.
+        await h.manager.shutdown(graceSeconds: 0)
+        h.provider.state.withLock { $0.revocationsFail = false }
+        let next = try ManagerHarness(store: FaultyStore(h.store.contents), provider: h.provider)
+        _ = try await next.manager.restore()
+        await next.manager.resumePendingRevocations()
+        await next.settle()
+        #expect(h.provider.state.withLock { $0.revokedGrants } == [1])
+        #expect(next.store.contents.pending.isEmpty, "it leaves the queue once the provider took it")
+    }
+
+    @Test("Should finish a logout cut short after its mark, queueing its revocation at the next start")
+    func markedLogoutIsFinished() async throws {
+        let h = try ManagerHarness()
+        try await h.login("u")
+        // The mark is written, then the store fails: the logout fails, the mark stays.
+        h.store.failWrites(Int.max, after: 1)
+        await #expect(throws: VaultError.self) {
+            try await h.manager.logout(h.key("u"), caller: ManagerHarness.alice)
+        }
+        let marked = try #require(h.store.contents.records[h.key("u")])
+        #expect(marked.phase == .loggingOut && marked.revocationID != nil)
+        let next = try ManagerHarness(store: FaultyStore(h.store.contents), provider: h.provider)
+        let restored = try await next.manager.restore()
+        #expect(restored.finishedLogouts == 1)
+        #expect(next.store.contents.records.isEmpty)
+        #expect(next.store.contents.pending.keys.first == marked.revocationID)
+        await next.manager.resumePendingRevocations()
+        await next.settle()
+        #expect(h.provider.state.withLock { $0.revokedGrants } == [1])
+    }
+}
+
+@Suite("SessionManager: the timed lifecycle on a manual clock")
+struct TimedLifecycleTests {
+    @Test("Should refresh ahead of expiry on its own, once, and end a session whose refresh keeps failing past expiry")
+    func refreshThenExpire() async throws {
+        let h = try ManagerHarness()
+        try await h.login("u", lifetime: 100)
+        await h.advance(by: 95)
+        #expect(h.provider.state.withLock { $0.refreshCalls } == 1)
+        #expect(h.kinds("u").contains(.tokenRefreshed))
+        h.provider.state.withLock { $0.mode = .transient }
+        // 300 s tokens: the next refresh is due at 80-90%, then backs off until the token expires.
+        for _ in 0..<40 { await h.advance(by: 15) }
+        #expect(h.kinds("u").last == .tokenExpired, "\(h.kinds("u"))")
+        #expect(h.manager.table.view(of: h.key("u")) == nil)
+        #expect(h.store.contents.records.isEmpty)
+    }
+
+    @Test("Should share one refresh among concurrent GetToken calls")
+    func singleFlight() async throws {
+        let h = try ManagerHarness()
+        try await h.login("u", lifetime: 100)
+        let manager = h.manager
+        let key = h.key("u")
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<20 {
+                group.addTask {
+                    _ = try? await manager.freshToken(key, minValidSeconds: 200, caller: ManagerHarness.alice)
+                }
+            }
+        }
+        #expect(h.provider.state.withLock { $0.refreshCalls } == 1)
+        #expect(h.provider.state.withLock { $0.reusedGrants.isEmpty })
+    }
+}
