@@ -158,7 +158,8 @@ public actor SessionManager {
     }
 
     /// Stops the timer, lets background work (refreshes, revocations, save
-    /// retries) finish for at most `graceSeconds`, then cancels the rest.
+    /// retries) finish for at most `graceSeconds`, then cancels the rest and
+    /// returns without waiting for it.
     /// Nothing is lost by the cancel: revocations are queued in the store
     /// before they are attempted, and an unsaved refresh is retried from the
     /// store's tokens at the next start.
@@ -170,8 +171,9 @@ public actor SessionManager {
         for _ in 0..<100_000 where !background.isEmpty && clock.preciseNow() < deadline {
             try? await clock.sleep(until: min(deadline, clock.preciseNow() + 0.05))
         }
+        // Cancelled work that does not stop (a request blocked in libcurl or a
+        // helper) is left behind: what it was doing is in the store already.
         for task in background.values { task.cancel() }
-        for task in background.values { await task.value }
     }
 
     /// Runs `body` as background work owned by the manager.
