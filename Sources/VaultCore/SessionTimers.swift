@@ -67,6 +67,15 @@ public struct SessionTimers: Sendable, Equatable {
         case saved
         /// The retried write failed again.
         case saveFailed(now: UnixTime)
+        /// The store no longer holds the session as it is served (a failed
+        /// logout whose mark could not be taken back): write it again.
+        case storeStale(now: UnixTime)
+        /// A refresh the schedule started could not begin: the provider can no
+        /// longer refresh the session (a reload removed it, or it lost its
+        /// refresh token). `expired`: the token has expired.
+        case refreshImpossible(expired: Bool)
+        /// Ending the session failed (its logout could not be written): try again.
+        case endFailed(reason: String, kind: EventKind, now: UnixTime)
     }
 
     /// What the owner of the session must do.
@@ -97,6 +106,19 @@ public struct SessionTimers: Sendable, Equatable {
     public private(set) var expiredWhileRefreshing = false
     /// The provider can refresh the session (from the last facts).
     public private(set) var canRefresh = false
+    /// The provider refused the session's grant for good: it is never sent
+    /// again (a dead refresh token sent over and over is a storm), and the
+    /// session is ended until that succeeds.
+    public private(set) var refused = false
+    /// The end still to be done, when ending failed.
+    public private(set) var pendingEnd: (reason: String, kind: EventKind)?
+
+    public static func == (lhs: SessionTimers, rhs: SessionTimers) -> Bool {
+        lhs.status == rhs.status && lhs.refreshing == rhs.refreshing
+            && lhs.expiredWhileRefreshing == rhs.expiredWhileRefreshing && lhs.canRefresh == rhs.canRefresh
+            && lhs.refused == rhs.refused && lhs.pendingEnd?.reason == rhs.pendingEnd?.reason
+            && lhs.pendingEnd?.kind == rhs.pendingEnd?.kind
+    }
 
     /// A session with no schedule yet.
     public init() {}
@@ -116,7 +138,8 @@ public struct SessionTimers: Sendable, Equatable {
             expiredWhileRefreshing = true
             return refreshing ? [] : [.startRefresh]
         case .due(.refresh, _, _):
-            return refreshing ? [] : [.startRefresh]
+            if let pendingEnd { return [.end(reason: pendingEnd.reason, kind: pendingEnd.kind)] }
+            return refreshing || refused ? [] : [.startRefresh]
         case .due(.maxLifetime, _, _):
             return [.end(reason: "maxSessionLifetime", kind: .tokenInvalid)]
         case .due(.saveRetry, _, _):
@@ -156,6 +179,7 @@ public struct SessionTimers: Sendable, Equatable {
             return [.schedule(.refresh, at: now.adding(seconds: wait)), .connection(.connectFailed, reason: reason)]
         case .refreshRefused(_, let reason):
             refreshing = false
+            refused = true
             status.lastError = reason
             return [.end(reason: "tokenInvalid", kind: .tokenInvalid)]
         case .refreshAbandoned:
@@ -166,6 +190,19 @@ public struct SessionTimers: Sendable, Equatable {
             status.unsaved = false
             return [.cancel(.saveRetry)]
         case .saveFailed(let now):
+            return [.schedule(.saveRetry, at: now.adding(seconds: Self.saveRetrySeconds))]
+        case .refreshImpossible(let expired):
+            refreshing = false
+            canRefresh = false
+            status.refreshAt = nil
+            let ended = expired && expiredWhileRefreshing
+            expiredWhileRefreshing = false
+            return ended ? [.cancel(.refresh), .end(reason: "tokenExpired", kind: .tokenExpired)] : [.cancel(.refresh)]
+        case .endFailed(let reason, let kind, let now):
+            pendingEnd = (reason, kind)
+            return [.schedule(.refresh, at: now.adding(seconds: Self.saveRetrySeconds))]
+        case .storeStale(let now):
+            status.unsaved = true
             return [.schedule(.saveRetry, at: now.adding(seconds: Self.saveRetrySeconds))]
         }
     }

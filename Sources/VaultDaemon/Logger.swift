@@ -61,7 +61,7 @@ public final class Logger: Sendable {
 
     /// Writes one line when `severity` is at or above the logger's level.
     public func log(_ severity: Level, _ message: String, _ fields: [String: String] = [:]) {
-        guard severity <= level else { return }
+        guard severity <= level, target != .discard else { return }
         log(severity, message, sortedFields: fields.sorted(by: { $0.key < $1.key }))
     }
 

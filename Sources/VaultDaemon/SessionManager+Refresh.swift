@@ -21,7 +21,7 @@ extension SessionManager {
             case .cancel(let timer):
                 deadlines.cancel(TimedWork(key: key, timer: timer))
             case .startRefresh:
-                spawn { _ = try? await self.refresh(key, caller: nil) }
+                spawn { await self.scheduledRefresh(key) }
             case .persist:
                 spawn { await self.persist(key) }
             case .end(let reason, let kind):
@@ -42,7 +42,7 @@ extension SessionManager {
     /// what is due. One timer for all sessions; re-armed whenever the
     /// nearest deadline may have changed.
     func rearmTimer() {
-        guard armsTimer, !stopping else { return }
+        guard armsTimer, !stopping, !runningDueWork else { return }
         timer?.cancel()
         guard let next = deadlines.next else {
             timer = nil
@@ -61,11 +61,28 @@ extension SessionManager {
     /// writes. The timer calls it; the simulation calls it after moving its clock.
     public func runDueWork() async {
         let now = clock.now()
+        // The timer running this is not re-armed (cancelled) halfway through.
+        runningDueWork = true
         for work in deadlines.popDue(at: now) {
             guard let record = entries[work.key]?.record else { continue }
             await handle(work.key, .due(work.timer, now: now, expired: record.isExpired(at: now)))
         }
+        runningDueWork = false
         rearmTimer()
+    }
+
+    /// A refresh the schedule asked for. One that cannot begin (the provider
+    /// cannot refresh this session any more) is reported to the session's
+    /// timers, which end an expired session instead of waiting for nothing.
+    func scheduledRefresh(_ key: SessionKey) async {
+        do throws(VaultError) {
+            _ = try await refresh(key, caller: nil)
+        } catch  where error.code == .tokenExpired {
+            guard let record = entries[key]?.record, entries[key]?.refresh == nil else { return }
+            await handle(key, .refreshImpossible(expired: record.isExpired(at: clock.now())))
+        } catch {
+            // Reported by the refresh itself (its outcome went to the timers).
+        }
     }
 
     /// Writes the session's current record again (refreshed tokens whose first write failed).
@@ -85,6 +102,9 @@ extension SessionManager {
             try await performLogout(key, by: .vaultd, reason: reason, kind: kind)
         } catch {
             log.error("a session could not be ended", fields(key, event: kind.rawValue, by: .vaultd, code: error.code))
+            if error.code != .notLoggedIn {
+                await handle(key, .endFailed(reason: reason, kind: kind, now: clock.now()))
+            }
         }
     }
 
@@ -115,6 +135,11 @@ extension SessionManager {
         }
         guard provider.canRefresh(record) else {
             throw VaultError(.tokenExpired, "\(account) has no refresh token; log in again")
+        }
+        guard !entry.timers.refused else {
+            throw VaultError(
+                .invalidCredential,
+                "the provider refused to refresh \(account) and it is being logged out; log in again")
         }
         let interval = config.limits.minRefreshIntervalSeconds
         if clientAsked, !record.isExpired(at: now), let last = status.lastRefreshAt,

@@ -35,6 +35,16 @@ extension SessionManager {
             entries[key] = entry
             switch action {
             case .returnExisting(let record):
+                if entries[key]?.timers.status.unsaved == true {
+                    // Acknowledged only once the store holds what is served.
+                    do throws(VaultError) {
+                        try await store.save(record)
+                    } catch {
+                        Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
+                        throw error
+                    }
+                    await handle(key, .saved)
+                }
                 Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
                 return (record, false)
             case .joinInFlight:
@@ -295,12 +305,22 @@ extension SessionManager {
             if let revocation { try await store.savePendingRevocation(revocation) }
             try await store.delete(key)
         } catch {
-            // Served again: put the store back as it was, as far as it lets us
-            // (what stays marked is finished at the next start).
+            // Served again: put the store back as it was. Should it not let us, the
+            // record is written again until it does (a mark left in the store would
+            // end the session at the next start).
             if let revocation { try? await store.deletePendingRevocation(revocation) }
-            try? await store.save(record)
+            let restored: Bool
+            do throws(VaultError) {
+                try await store.save(record)
+                restored = true
+            } catch {
+                restored = false
+            }
             entries[key]?.machine.logoutFinished(succeeded: false)
-            publishView(key)
+            // Deadlines that came due while the logout was out were dropped: schedule anew.
+            await handle(
+                key, .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
+            if !restored { await handle(key, .storeStale(now: clock.now())) }
             log.error("logout failed", fields(key, event: "logoutFailed", by: principal, code: error.code))
             emit(.logoutFailed, key, reason: reason, code: error.code)
             Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)

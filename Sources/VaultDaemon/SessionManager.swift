@@ -51,6 +51,8 @@ public actor SessionManager {
     var nextBackgroundID: UInt64 = 0
     /// Set by `shutdown`: no new background work starts.
     var stopping = false
+    /// `runDueWork` is running: the timer is re-armed when it ends.
+    var runningDueWork = false
 
     /// A manager over `store`, reading time from `clock`.
     public init(
@@ -167,8 +169,21 @@ public actor SessionManager {
         stopping = true
         timer?.cancel()
         timer = nil
+        // Refreshed tokens not yet in the store get one last write: a rotated
+        // refresh token lost here would end the session at the next start.
+        for (key, entry) in entries where entry.timers.status.unsaved {
+            guard let record = entry.record else { continue }
+            do throws(VaultError) {
+                try await store.save(record)
+            } catch {
+                log.error(
+                    "refreshed tokens could not be stored before stopping",
+                    fields(key, event: "tokenRefreshed", code: error.code))
+            }
+        }
         let deadline = clock.preciseNow() + graceSeconds
-        for _ in 0..<100_000 where !background.isEmpty && clock.preciseNow() < deadline {
+        for _ in 0..<100_000 {
+            guard !background.isEmpty, clock.preciseNow() < deadline else { break }
             try? await clock.sleep(until: min(deadline, clock.preciseNow() + 0.05))
         }
         // Cancelled work that does not stop (a request blocked in libcurl or a

@@ -1,0 +1,413 @@
+import Foundation
+import Synchronization
+import Testing
+import VaultCore
+import VaultDaemon
+
+/// A small, fast, seedable generator (SplitMix64), so that a seed names one
+/// schedule exactly.
+struct SplitMix64: RandomNumberGenerator {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// A deterministic simulation of the session manager, as FoundationDB and
+/// TigerBeetle test: a seeded random schedule of logins, logouts, kicks,
+/// token reads (alone and in bursts), refreshes, clock moves, store faults,
+/// endpoint faults and crashes (a new manager restored from what the store
+/// held at that instant), with the invariants checked after every step.
+/// A failure names its seed; `VAULTD_SIM_SEED=N` replays that one seed.
+final class Simulation {
+    enum Violation: Error, CustomStringConvertible {
+        case broken(String)
+        var description: String {
+            switch self {
+            case .broken(let text): return text
+            }
+        }
+    }
+
+    let seed: UInt64
+    var rng: SplitMix64
+    let provider = FakeProvider()
+    let clock = ManualClock()
+    let events = EventLog()
+    var store = FaultyStore()
+    var manager: SessionManager
+    var trace: [String] = []
+    let config: VaultConfig
+
+    /// Per session: true after an acknowledged login, false after an
+    /// acknowledged logout; absent once vaultd ended it (or nothing is known).
+    var acknowledged: [SessionKey: Bool] = [:]
+    /// Sessions a failed change left as either the old or the new state.
+    var uncertain: Set<SessionKey> = []
+    /// The grant of each session's latest login.
+    var grantOf: [SessionKey: Int] = [:]
+    /// Grants of sessions whose end was acknowledged: revoked, or queued in the store.
+    var endedGrants: Set<Int> = []
+    /// Grants whose refreshed tokens were unsaved at a crash: the server
+    /// rotated, vaultd lost the new tokens; one reuse, ending as tokenInvalid.
+    var limboGrants: Set<Int> = []
+    /// Per session, whether the events so far say it is live.
+    var live: [SessionKey: Bool] = [:]
+    var eventsSeen = 0
+
+    static let owners: [UInt32] = [1000, 1001]
+    static let users = ["u0", "u1", "u2"]
+
+    init(seed: UInt64) throws {
+        self.seed = seed
+        rng = SplitMix64(state: seed)
+        config = try TestConfig.make()
+        manager = Simulation.makeManager(
+            store: store, clock: clock, provider: provider, events: events, config: config)
+    }
+
+    static func makeManager(
+        store: FaultyStore, clock: ManualClock, provider: FakeProvider, events: EventLog, config: VaultConfig
+    ) -> SessionManager {
+        SessionManager(
+            store: store, config: config, clock: clock, log: Logger(level: .debug, target: .discard),
+            policy: AccessPolicy(vaultdUID: 0),
+            providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil },
+            random: { 0.5 }, armsTimer: false, events: { event in events.append(event) })
+    }
+
+    func caller(_ owner: UInt32) -> Caller { Caller(uid: owner, gid: owner, pid: 7) }
+
+    func pick<T>(_ items: [T]) -> T { items[Int(rng.next() % UInt64(items.count))] }
+    func number(_ range: ClosedRange<Int64>) -> Int64 {
+        range.lowerBound + Int64(rng.next() % UInt64(range.upperBound - range.lowerBound + 1))
+    }
+
+    func randomKey() -> SessionKey {
+        SessionKey(owner: pick(Self.owners), account: Account(provider: "oauth", user: pick(Self.users)))
+    }
+
+    /// Waits (bounded) until all background work is done or asleep on the clock.
+    func settle() async {
+        for i in 0..<20_000 {
+            if await manager.backgroundWork <= clock.sleeping {
+                SimStats.add(i)
+                return
+            }
+            await Task.yield()
+        }
+        SimStats.add(20_000)
+    }
+
+    /// Runs `steps` random steps, checking the invariants after each.
+    func run(steps: Int) async throws {
+        for step in 0..<steps {
+            let roll = rng.next() % 100
+            switch roll {
+            case 0..<24: await login()
+            case 24..<34: await logout(kick: false)
+            case 34..<39: await logout(kick: true)
+            case 39..<52: await getToken()
+            case 52..<57: await burst()
+            case 57..<61: await refresh()
+            case 61..<82: await advance()
+            case 82..<87: storeFault()
+            case 87..<94: providerFault()
+            default: try await crash()
+            }
+            await settle()
+            do { try check() } catch {
+                throw Violation.broken(
+                    "seed \(seed) step \(step): \(error)\nreplay: VAULTD_SIM_SEED=\(seed) swift test --filter Simulation\n"
+                        + trace.suffix(15).joined(separator: "\n"))
+            }
+        }
+    }
+
+    // MARK: Operations
+
+    func login() async {
+        let key = randomKey()
+        let lifetime = number(5...400)
+        let (grant, response) = provider.grant(lifetime: lifetime)
+        let request = LoginRequest(provider: "oauth", user: key.account.user, tokenResponse: response)
+        do throws(VaultError) {
+            let (_, created) = try await manager.login(request, caller: caller(key.owner))
+            acknowledged[key] = true
+            uncertain.remove(key)
+            if created { grantOf[key] = grant }
+            trace.append("login \(key) lifetime \(lifetime): \(created ? "created grant \(grant)" : "existing")")
+        } catch {
+            trace.append("login \(key): \(error.code)")
+        }
+    }
+
+    func logout(kick: Bool) async {
+        let key = randomKey()
+        do throws(VaultError) {
+            try await manager.logout(key, caller: caller(key.owner), reason: kick ? "kicked" : nil)
+            acknowledged[key] = false
+            uncertain.remove(key)
+            if let grant = grantOf[key] { endedGrants.insert(grant) }
+            trace.append("\(kick ? "kick" : "logout") \(key): ok")
+        } catch {
+            if error.code != .notLoggedIn { uncertain.insert(key) }
+            trace.append("\(kick ? "kick" : "logout") \(key): \(error.code)")
+        }
+    }
+
+    func getToken() async {
+        let key = randomKey()
+        let minValid = number(0...500)
+        do throws(VaultError) {
+            let record = try await manager.freshToken(key, minValidSeconds: minValid, caller: caller(key.owner))
+            let current = manager.table.view(of: key)?.record
+            if current?.tokens.accessToken != record.tokens.accessToken {
+                trace.append("BROKEN: GetToken handed out a token that is not the session's current one")
+            }
+            trace.append("token \(key) min \(minValid): ok")
+        } catch {
+            trace.append("token \(key) min \(minValid): \(error.code)")
+        }
+    }
+
+    /// Several clients at once on one session: token reads that need a refresh and explicit refreshes.
+    func burst() async {
+        let key = randomKey()
+        let manager = self.manager
+        let owner = caller(key.owner)
+        await withTaskGroup(of: Void.self) { group in
+            for index in 0..<6 {
+                group.addTask {
+                    if index % 3 == 0 {
+                        _ = try? await manager.refresh(key, caller: owner, clientAsked: true)
+                    } else {
+                        _ = try? await manager.freshToken(key, minValidSeconds: 350, caller: owner)
+                    }
+                }
+            }
+        }
+        trace.append("burst \(key)")
+    }
+
+    func refresh() async {
+        let key = randomKey()
+        do throws(VaultError) {
+            _ = try await manager.refresh(key, caller: caller(key.owner), clientAsked: true)
+            trace.append("refresh \(key): ok")
+        } catch {
+            trace.append("refresh \(key): \(error.code)")
+        }
+    }
+
+    func advance() async {
+        let seconds = Double(number(1...200))
+        clock.advance(by: seconds)
+        await manager.runDueWork()
+        trace.append("advance \(Int(seconds))s")
+    }
+
+    func storeFault() {
+        let count = Int(number(1...3))
+        let after = Int(number(0...2))
+        store.failWrites(count, after: after)
+        trace.append("store: fail \(count) writes after \(after)")
+    }
+
+    func providerFault() {
+        let mode = pick([FakeProvider.Mode.normal, .normal, .transient, .refused])
+        let revocationsFail = rng.next() % 3 == 0
+        provider.state.withLock {
+            $0.mode = mode
+            $0.revocationsFail = revocationsFail
+        }
+        trace.append("provider: \(mode), revocations \(revocationsFail ? "fail" : "work")")
+    }
+
+    /// The process dies: what the store holds now is all the next one gets.
+    func crash() async throws {
+        let contents = store.contents
+        for (key, view) in manager.table.all() where view.refresh?.unsaved == true {
+            if let grant = grantOf[key] { limboGrants.insert(grant) }
+        }
+        await manager.shutdown(graceSeconds: 0)
+        store = FaultyStore(contents)
+        manager = Simulation.makeManager(
+            store: store, clock: clock, provider: provider, events: events, config: config)
+        do throws(VaultError) {
+            _ = try await manager.restore()
+        } catch {
+            throw Violation.broken("restore failed after a crash: \(error)")
+        }
+        await manager.resumePendingRevocations()
+        // Failed logouts that left their mark were finished by the restore.
+        for key in uncertain where manager.table.view(of: key) == nil { acknowledged[key] = nil }
+        uncertain.removeAll()
+        for key in Set(live.keys) { live[key] = manager.table.view(of: key) != nil }
+        trace.append("crash: \(contents.records.count) records, \(contents.pending.count) revocations queued")
+    }
+
+    // MARK: Invariants
+
+    /// True when `text` holds a piece of a token the fake issued (they all
+    /// end in a run of 16 'a's or 'r's), searched byte by byte.
+    static func holdsToken(_ text: String) -> Bool {
+        var run: UInt8 = 0
+        var length = 0
+        for byte in text.utf8 {
+            if byte == run {
+                length += 1
+                if length >= 16 { return true }
+            } else {
+                run = byte == UInt8(ascii: "a") || byte == UInt8(ascii: "r") ? byte : 0
+                length = run == 0 ? 0 : 1
+            }
+        }
+        return false
+    }
+
+    func check() throws {
+        let contents = store.contents
+        let views = Dictionary(uniqueKeysWithValues: manager.table.all())
+        let state = provider.state.withLock { $0 }
+
+        if let broken = trace.last(where: { $0.hasPrefix("BROKEN") }) { throw Violation.broken(broken) }
+
+        // Events: in order, one per change, never a secret.
+        let all = events.all
+        for event in all[eventsSeen...] {
+            let key = SessionKey(owner: event.ownerUID, account: event.account)
+            let text = event.json().text
+            if Self.holdsToken(text) {
+                throw Violation.broken("an event carries a token: \(text)")
+            }
+            let isLive = live[key] ?? false
+            switch event.kind {
+            case .loginSuccess, .logoutFailed:
+                if isLive { throw Violation.broken("\(event.kind) for \(key), which is live") }
+                live[key] = true
+            case .logoutSuccess, .kickedOffline, .tokenExpired, .tokenInvalid:
+                if !isLive { throw Violation.broken("\(event.kind) for \(key), which is not live") }
+                live[key] = false
+                if event.kind == .tokenExpired || event.kind == .tokenInvalid { acknowledged[key] = nil }
+            case .tokenRefreshed, .connectionChanged:
+                if !isLive { throw Violation.broken("\(event.kind) for \(key), which is not live") }
+            case .loginFailed,
+                .logoutFailed where false:
+                break
+            default: break
+            }
+        }
+        eventsSeen = all.count
+
+        // No acknowledged login lost, no acknowledged logout undone.
+        for (key, expected) in acknowledged where !uncertain.contains(key) {
+            let present = views[key]?.record != nil
+            if expected && !present { throw Violation.broken("the acknowledged login of \(key) is lost") }
+            if !expected && present { throw Violation.broken("the acknowledged logout of \(key) is undone") }
+        }
+
+        // What is served is in the store (unless marked unsaved), and the store holds nothing else.
+        for (key, view) in views {
+            guard let record = view.record else { continue }
+            let stored = contents.records[key]
+            if view.refresh?.unsaved == true { continue }
+            guard let stored else { throw Violation.broken("\(key) is served but not in the store") }
+            if stored.tokens != record.tokens && !uncertain.contains(key) {
+                throw Violation.broken("\(key) is served with tokens the store does not hold")
+            }
+        }
+        for (key, record) in contents.records where views[key] == nil {
+            if record.phase == .active || !uncertain.contains(key) {
+                if record.phase == .loggingOut && uncertain.contains(key) { continue }
+                throw Violation.broken("the store holds \(key) (\(record.phase)), which is not served")
+            }
+        }
+
+        // Never two refreshes of one session at once; no rotated refresh token sent twice.
+        if state.mostInFlight > 1 { throw Violation.broken("two refreshes of one grant were in flight at once") }
+        for grant in state.reusedGrants where !limboGrants.contains(grant) {
+            throw Violation.broken("a rotated refresh token of grant \(grant) was sent again")
+        }
+        if state.reusedGrants.count != Set(state.reusedGrants).count {
+            throw Violation.broken("a grant's rotated refresh token was sent again more than once")
+        }
+
+        // Every refresh token of an ended session is revoked or durably queued.
+        let queuedGrants = Set(
+            contents.pending.values.compactMap { revocation in
+                revocation.record.tokens.refreshToken.flatMap { state.grantOfToken[$0.revealed] }
+            })
+        for grant in endedGrants where !state.revokedGrants.contains(grant) && !queuedGrants.contains(grant) {
+            throw Violation.broken("grant \(grant) ended but is neither revoked nor queued for revocation")
+        }
+    }
+}
+
+enum SimStats {
+    static let total = Mutex<(Int, Int, Int)>((0, 0, 0))
+    static func add(_ n: Int) {
+        total.withLock {
+            $0.0 += n
+            $0.1 += 1
+            if n >= 20_000 { $0.2 += 1 }
+        }
+    }
+}
+
+/// Failures found by the simulation's lanes.
+final class FailureLog: Sendable {
+    private let items = Mutex<[String]>([])
+    func append(_ text: String) { items.withLock { $0.append(text) } }
+    var count: Int { items.withLock { $0.count } }
+    var all: [String] { items.withLock { $0 } }
+}
+
+@Suite("Deterministic simulation of the session manager")
+struct SimulationTests {
+    /// `VAULTD_SIM_SEED` replays one seed; `VAULTD_SIM_SEEDS` sets how many (default 10,000).
+    static var seeds: [UInt64] {
+        let environment = ProcessInfo.processInfo.environment
+        if let one = environment["VAULTD_SIM_SEED"].flatMap(UInt64.init) { return [one] }
+        let count = environment["VAULTD_SIM_SEEDS"].flatMap(Int.init) ?? 10_000
+        return (0..<UInt64(count)).map { $0 &* 0x9E37_79B9 &+ 1 }
+    }
+
+    @Test("Should keep every invariant over thousands of seeded schedules of operations, faults and crashes")
+    func simulate() async throws {
+        let seeds = Self.seeds
+        let failures = FailureLog()
+        let steps = Int(ProcessInfo.processInfo.environment["VAULTD_SIM_STEPS"] ?? "") ?? 30
+        await withTaskGroup(of: Void.self) { group in
+            for lane in 0..<4 {
+                group.addTask {
+                    for index in stride(from: lane, to: seeds.count, by: 4) {
+                        if failures.count >= 3 { return }
+                        do {
+                            let simulation = try Simulation(seed: seeds[index])
+                            try await simulation.run(steps: steps)
+                        } catch {
+                            failures.append("\(error)")
+                        }
+                    }
+                }
+            }
+        }
+        let found = failures.all
+        print("SETTLE", SimStats.total.withLock { $0 })
+        #expect(found.isEmpty, "\(found.joined(separator: "\n\n"))")
+    }
+
+    @Test("Should replay a seed exactly")
+    func replay() async throws {
+        let first = try Simulation(seed: 12345)
+        try? await first.run(steps: 30)
+        let second = try Simulation(seed: 12345)
+        try? await second.run(steps: 30)
+        #expect(first.trace == second.trace)
+    }
+}
