@@ -164,13 +164,15 @@ public struct ExecProvider: TokenProvider {
     /// Runs the helper of `settings` on vaultd's helper pool once a slot of
     /// `provider` is free (`MaxConcurrentHelpers=`); the time spent waiting
     /// for it counts against `Timeout=`.
-    static func spawn(_ settings: ExecSettings, provider: String, input: [String: JSON], pool: HelperPool = .shared)
+    static func spawn(
+        _ settings: ExecSettings, provider: String, input: [String: JSON], pool: BlockingExecutor = .helpers
+    )
         async -> RunResult
     {
         let argv = settings.command
         let timeout = settings.timeoutSeconds
         let deadline = Monotonic.milliseconds() + UInt64(timeout) * 1000
-        let result = await pool.run(provider: provider, cap: settings.maxConcurrentHelpers, deadline: deadline) {
+        let result = await pool.run(lane: provider, cap: settings.maxConcurrentHelpers, deadline: deadline) {
             () -> RunResult? in
             guard Monotonic.milliseconds() < deadline else { return nil }
             // Serialized here, so that this is the only copy of the input and wiping it counts.

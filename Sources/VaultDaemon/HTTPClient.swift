@@ -16,12 +16,15 @@ struct HTTPFailure: Error, Sendable, CustomStringConvertible {
 }
 
 /// Form POSTs to OAuth 2.0 endpoints through libcurl. Each request blocks a
-/// thread of its own (never one of the cooperative pool) and ends by its
-/// timeout at the latest.
+/// thread of `BlockingExecutor.io` (never one of the cooperative pool), at
+/// most `requestsPerHost` at once to one host, and ends by its timeout at the
+/// latest, the wait for a thread included.
 enum HTTPClient {
     /// The largest response body read; a token response is a few kilobytes.
     static let maximumBody = 1 << 20
-    private static let queue = DispatchQueue(label: "vaultd.http", attributes: .concurrent)
+    /// Requests to one host at once; more wait their turn (a hanging token
+    /// endpoint holds at most this many of the executor's threads).
+    static let requestsPerHost = 2
 
     /// Loads libcurl now, so that a missing library is reported at start-up
     /// instead of at the first refresh. Nil when it is usable, else why not.
@@ -35,14 +38,32 @@ enum HTTPClient {
     static func postForm(_ url: String, _ form: [(String, String)], timeoutSeconds: Double) async throws(HTTPFailure)
         -> HTTPResponse
     {
-        let result: Result<HTTPResponse, HTTPFailure> = await withCheckedContinuation { continuation in
-            queue.async {
-                // Encoded here, so that this is the body's only copy and wiping it counts.
-                var body = formEncoded(form)
-                continuation.resume(returning: post(url, &body, timeoutMilliseconds: Int(timeoutSeconds * 1000)))
+        let timeout = UInt64(max(0, min(timeoutSeconds, 3600)) * 1000)
+        let deadline = Monotonic.milliseconds() + timeout
+        let result = await BlockingExecutor.io.run(
+            lane: "http " + host(of: url), cap: requestsPerHost, deadline: deadline
+        ) { () -> Result<HTTPResponse, HTTPFailure> in
+            let left = Int(deadline.subtractingReportingOverflow(Monotonic.milliseconds()).partialValue)
+            guard Monotonic.milliseconds() < deadline, left > 0 else {
+                return .failure(HTTPFailure(reason: "timed out waiting for a free connection to \(host(of: url))"))
             }
+            // Encoded here, so that this is the body's only copy and wiping it counts.
+            var body = formEncoded(form)
+            return post(url, &body, timeoutMilliseconds: left)
+        }
+        guard let result else {
+            throw HTTPFailure(
+                reason:
+                    "no answer within \(Int(timeoutSeconds))s: the request waited the whole time for a free connection to \(host(of: url))"
+            )
         }
         return try result.get()
+    }
+
+    /// The host (and port) part of an http(s) URL, naming its lane.
+    static func host(of url: String) -> String {
+        let rest = url.split(separator: "/", maxSplits: 3, omittingEmptySubsequences: false)
+        return rest.count > 2 ? String(rest[2]) : url
     }
 
     private static func post(_ url: String, _ body: inout [UInt8], timeoutMilliseconds: Int) -> Result<

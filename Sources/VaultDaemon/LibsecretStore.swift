@@ -17,7 +17,6 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     public static let schemaName = "io.vaultd.Session"
 
     public let location: String
-    private let queue = DispatchQueue(label: "io.vaultd.secret-store")
     private let timeoutSeconds: Int64
     /// Keeps the sessions of several vaultd instances on one keyring apart (StoreScope=).
     private let scope: String
@@ -115,19 +114,27 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         UnsafeMutablePointer<SecretService>(service)
     }
 
-    /// Runs `body` on the store's queue with a cancellable that fires after the timeout.
+    /// Runs `body` on the store's lane of `BlockingExecutor.io` (one call at
+    /// a time) with a cancellable that fires after the timeout; a call that
+    /// waited the whole timeout for its turn never starts.
     private func perform<T: Sendable>(
         _ what: String, _ body: @escaping @Sendable (Cancellable) throws(VaultError) -> T
     ) async throws(VaultError) -> T {
-        let result: Result<T, VaultError> = await withCheckedContinuation { continuation in
-            queue.async {
-                let cancellable = Cancellable(timeoutSeconds: self.timeoutSeconds)
-                do throws(VaultError) {
-                    continuation.resume(returning: .success(try body(cancellable)))
-                } catch {
-                    continuation.resume(returning: .failure(error))
-                }
+        let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
+        let result = await BlockingExecutor.io.run(lane: "secret-store", cap: 1, deadline: deadline) {
+            () -> Result<T, VaultError> in
+            let cancellable = Cancellable(timeoutSeconds: self.timeoutSeconds)
+            do throws(VaultError) {
+                return .success(try body(cancellable))
+            } catch {
+                return .failure(error)
             }
+        }
+        guard let result else {
+            throw VaultError(
+                .storeUnavailable,
+                "\(what) in the Secret Service waited \(timeoutSeconds)s for the calls before it and was abandoned (\(location)); check that the keyring is running and unlocked"
+            )
         }
         return try result.get()
     }

@@ -1,17 +1,23 @@
 import Glibc
 import VaultCore
 
-/// vaultd's own threads for exec helper runs: a fixed number of workers
-/// (never the cooperative pool, never libdispatch's global queues, which
-/// add a thread a second without a cap while helpers hang), admitted by a
-/// `HelperAdmission`: at most `MaxConcurrentHelpers=` runs of one provider at
-/// once, the others waiting in that provider's FIFO queue until their
-/// deadline, which a timer thread enforces.
-final class HelperPool: @unchecked Sendable {
-    /// The pool every exec provider uses, started on first use.
-    static let shared = HelperPool(workers: defaultWorkers)
-    /// The worker threads of the shared pool.
-    static let defaultWorkers = 8
+/// The one way vaultd runs blocking C calls (libsecret over D-Bus, libcurl,
+/// fork/exec/waitpid of helpers): a fixed number of threads of vaultd's own
+/// (never the cooperative pool, never libdispatch's global queues, which add
+/// a thread a second without a cap while calls hang), admitted by a
+/// `HelperAdmission`: at most `cap` runs of one lane at once, the others
+/// waiting in that lane's FIFO queue until their deadline, which a timer
+/// thread enforces. A run that waited past its deadline never starts.
+///
+/// Two executors of this kind: `helpers` for exec helper runs (one lane per
+/// provider, `MaxConcurrentHelpers=`), and `io` for the secret store (one
+/// lane, one call at a time) and HTTP requests (one lane per host), so that
+/// hanging helpers never hold the threads the store needs.
+final class BlockingExecutor: @unchecked Sendable {
+    /// The executor exec helpers run on, started on first use.
+    static let helpers = BlockingExecutor(workers: 8)
+    /// The executor the secret store and HTTP requests run on, started on first use.
+    static let io = BlockingExecutor(workers: 4)
 
     /// One run: `start` runs it on a worker, `expire` reports that its
     /// deadline passed while it waited. Exactly one of them is called.
@@ -44,30 +50,30 @@ final class HelperPool: @unchecked Sendable {
         pthread_cond_init(timerCondition, &attributes)
         pthread_condattr_destroy(&attributes)
         for index in 0..<admission.workers {
-            HelperPool.startThread("vaultd-helper\(index)") { [self] in workerLoop() }
+            BlockingExecutor.startThread("vaultd-helper\(index)") { [self] in workerLoop() }
         }
-        HelperPool.startThread("vaultd-helpertm") { [self] in timerLoop() }
+        BlockingExecutor.startThread("vaultd-helpertm") { [self] in timerLoop() }
     }
 
-    /// Runs `work` on a worker once `provider` has fewer than `cap` runs
-    /// going and a worker is free; nil when `deadline` (CLOCK_MONOTONIC
+    /// Runs `work` on a worker once `lane` has fewer than `cap` runs going
+    /// and a worker is free; nil when `deadline` (CLOCK_MONOTONIC
     /// milliseconds) passed first, the run never started.
-    func run<T: Sendable>(provider: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> T) async
+    func run<T: Sendable>(lane: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> T) async
         -> T?
     {
         await withCheckedContinuation { (continuation: CheckedContinuation<T?, Never>) in
             submit(
-                provider: provider, cap: cap, deadline: deadline,
+                lane: lane, cap: cap, deadline: deadline,
                 Job(start: { continuation.resume(returning: work()) }, expire: { continuation.resume(returning: nil) }))
         }
     }
 
-    private func submit(provider: String, cap: Int, deadline: UInt64, _ job: Job) {
+    private func submit(lane: String, cap: Int, deadline: UInt64, _ job: Job) {
         pthread_mutex_lock(mutex)
         lastTicket += 1
         let ticket = lastTicket
         jobs[ticket] = job
-        makeReady(admission.arrive(ticket, provider: provider, cap: cap, deadline: deadline))
+        makeReady(admission.arrive(ticket, provider: lane, cap: cap, deadline: deadline))
         pthread_cond_signal(timerCondition)
         pthread_mutex_unlock(mutex)
     }
