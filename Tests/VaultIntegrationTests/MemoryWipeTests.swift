@@ -139,7 +139,8 @@ struct MemoryWipeTests {
             for _ in 0..<3 {
                 for (user, token) in [(plain.user, plain.token), (oauth.user, oauth.token)] {
                     for c in [client, open] {
-                        let reply = try c.call(VaultMethod.getToken.rawValue, ["provider": "demo", "user": .string(user)])
+                        let reply = try c.call(
+                            VaultMethod.getToken.rawValue, ["provider": "demo", "user": .string(user)])
                         #expect(reply.parameters["token"]?.stringValue == token)
                     }
                 }
@@ -153,18 +154,19 @@ struct MemoryWipeTests {
         }
         // Logged out: GetSession says so, and the closed connection is gone from vaultd.
         for user in [plain.user, oauth.user] {
-            let reply = try await eventually({
-                try open.call(VaultMethod.getSession.rawValue, ["provider": "demo", "user": .string(user)])
-            }) { $0.error == "io.vaultd.Vault.NotLoggedIn" }
+            let reply = try await eventually(
+                { try open.call(VaultMethod.getSession.rawValue, ["provider": "demo", "user": .string(user)]) },
+                until: { $0.error == "io.vaultd.Vault.NotLoggedIn" })
             #expect(reply.error == "io.vaultd.Vault.NotLoggedIn")
         }
-        let sockets = try await eventually({ Self.openSockets(pid) }) { $0 <= idleSockets + 1 }
+        let sockets = try await eventually({ Self.openSockets(pid) }, until: { $0 <= idleSockets + 1 })
         #expect(sockets <= idleSockets + 1, "vaultd still holds the closed connection")
 
         var report: [String] = []
         for (name, secret) in zip(["token", "oauth access token", "refresh token"], secrets) {
             for hit in try ProcessMemory.find(Array(secret.utf8), in: pid) { report.append("\(name) at \(hit)") }
         }
-        #expect(report.isEmpty, "\(report.count) copies survive logout (\(store) store):\n\(report.joined(separator: "\n"))")
+        let list = report.joined(separator: "\n")
+        #expect(report.isEmpty, "\(report.count) copies survive logout (\(store) store):\n\(list)")
     }
 }
