@@ -25,6 +25,8 @@ let package = Package(
         .target(name: "CShim"),
         // An HTTP client on libcurl, loaded with dlopen on first use.
         .target(name: "CHTTP", linkerSettings: [.linkedLibrary("dl")]),
+        // A free() that zeroes every heap block it releases; vaultd's executable only.
+        .target(name: "CWipeOnFree"),
 
         // The domain: accounts, sessions, states, errors, config. No C, no I/O.
         .target(name: "VaultCore"),
@@ -41,7 +43,7 @@ let package = Package(
             name: "VaultDaemon",
             dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CSecret", "CSystemd", "CShim", "CHTTP"]),
 
-        .executableTarget(name: "vaultd", dependencies: ["VaultDaemon"]),
+        .executableTarget(name: "vaultd", dependencies: ["VaultDaemon", "CWipeOnFree"]),
         .executableTarget(name: "vaultctl", dependencies: ["VaultCLI"]),
 
         .testTarget(name: "VaultCoreTests", dependencies: ["VaultCore"]),

@@ -59,6 +59,8 @@ public final class VarlinkServer: @unchecked Sendable {
     /// with the queue limit, what one user can make vaultd hold for it.
     public static let maximumSubscriptionsPerUID = 64
     private var subscriptionsPerUID: [UInt32: Int] = [:]
+    /// What one `recv` reads into, zeroed after each (loop thread only).
+    private let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65536, alignment: 16)
 
     private static let sendFlags = Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)
     private static let listenerToken: UInt64 = 1
@@ -93,6 +95,7 @@ public final class VarlinkServer: @unchecked Sendable {
     deinit {
         Glibc.close(epollFD)
         Glibc.close(wakeFD)
+        readBuffer.deallocate()
     }
 
     /// Serves until SIGTERM or SIGINT, then (for at most `drainSeconds`)
@@ -398,11 +401,11 @@ public final class VarlinkServer: @unchecked Sendable {
 
     private func readOnce(_ connection: Connection) {
         let fd = connection.fd
-        let n: Int = withUnsafeTemporaryAllocation(byteCount: 65536, alignment: 16) {
-            (buffer: UnsafeMutableRawBufferPointer) -> Int in
-            let n: Int = recv(fd, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
-            if n > 0 { connection.decoder.append(UnsafeRawBufferPointer(rebasing: buffer[0..<n])) }
-            return n
+        let n: Int = recv(fd, readBuffer.baseAddress, readBuffer.count, Int32(MSG_DONTWAIT))
+        if n > 0 {
+            connection.decoder.append(UnsafeRawBufferPointer(rebasing: readBuffer[0..<n]))
+            // A call may carry a token: the decoder keeps the only copy.
+            vaultd_explicit_bzero(readBuffer.baseAddress, n)
         }
         if n > 0 { connection.lastActivity = now }
         if n == 0 {
@@ -609,6 +612,7 @@ public final class VarlinkServer: @unchecked Sendable {
     }
 
     private func queue(_ reply: VarlinkReply, on connection: Connection) {
+        connection.output.reserveWiping(Connection.replyReserve)
         reply.encode(into: &connection.output)
         connection.output.append(0)
     }
@@ -622,6 +626,7 @@ public final class VarlinkServer: @unchecked Sendable {
     private func queueBounded(
         on connection: Connection, method: String, _ write: (inout [UInt8]) -> Void
     ) -> Bool {
+        connection.output.reserveWiping(Connection.replyReserve)
         let start = connection.output.count
         write(&connection.output)
         let size = connection.output.count - start + 1
@@ -629,6 +634,7 @@ public final class VarlinkServer: @unchecked Sendable {
             connection.output.append(0)
             return true
         }
+        connection.output.wipe(start..<connection.output.count)
         connection.output.removeSubrange(start...)
         if connection.output.capacity > 2 * max(connection.output.count, 65536) {
             // Give back what the reply took: a peer that does not read keeps it otherwise.
@@ -672,6 +678,8 @@ public final class VarlinkServer: @unchecked Sendable {
             connection.lastActivity = now
         }
         if connection.pendingOutput == 0 {
+            // Sent: a reply may carry a token (GetToken), so zero what was queued.
+            connection.output.wipe(0..<connection.output.count)
             connection.output.removeAll(keepingCapacity: connection.output.capacity <= 65536)
             connection.outputOffset = 0
         }
@@ -757,6 +765,8 @@ public final class VarlinkServer: @unchecked Sendable {
             if subscriptionsPerUID[connection.caller.uid] == 0 { subscriptionsPerUID[connection.caller.uid] = nil }
         }
         dropping.remove(connection.id)
+        connection.output.wipe(0..<connection.output.count)
+        connection.decoder.wipe()
         if connection.interest != Connection.detached { _ = vaultd_epoll_del(epollFD, connection.fd) }
         Glibc.close(connection.fd)
         connections[connection.id] = nil
@@ -827,6 +837,10 @@ final class Connection {
     var interest: UInt32 = 0
     /// The `interest` of a connection no longer registered with epoll.
     static let detached = UInt32.max
+    /// Room made in `output` before a reply is written, so that a reply of up
+    /// to this size (a GetToken reply is about 150 bytes) never makes Array
+    /// grow it and free the old storage, token and all, unzeroed.
+    static let replyReserve = 1024
 
     init(id: UInt64, fd: Int32, caller: Caller, maximumMessageSize: Int) {
         self.id = id
