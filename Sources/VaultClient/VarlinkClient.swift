@@ -42,11 +42,18 @@ public final class VarlinkClient {
     /// Connects to `path` and checks, before anything is sent, that the process
     /// serving it is root, this process's effective user, or the system
     /// instance's service user: a socket someone else put in vaultd's place
-    /// never sees a token.
-    public init(path: String) throws(ClientError) {
+    /// never sees a token. With `timeoutSeconds`, a send or a receive that
+    /// waits longer fails (tests, and callers that must not hang).
+    public init(path: String, timeoutSeconds: Int? = nil) throws(ClientError) {
         self.path = path
         do { fd = try UnixSocket.connect(to: path) } catch {
             throw .unreachable(path: path, reason: error.description)
+        }
+        if let timeoutSeconds {
+            var limit = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
+            let size = socklen_t(MemoryLayout<timeval>.size)
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, size)
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, size)
         }
         let peer: uid_t
         do { peer = try UnixSocket.peerUID(fd) } catch {

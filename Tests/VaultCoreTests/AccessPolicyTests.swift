@@ -1,7 +1,7 @@
 import Testing
 import VaultCore
 
-@Suite("AccessPolicy")
+@Suite("AccessPolicy", .timeLimit(.minutes(5)))
 struct AccessPolicyTests {
     let alice = Account(provider: "demo", user: "alice")
     let bob = Account(provider: "demo", user: "bob")
@@ -72,7 +72,7 @@ struct AccessPolicyTests {
     }
 }
 
-@Suite("EventFilter")
+@Suite("EventFilter", .timeLimit(.minutes(5)))
 struct EventFilterTests {
     func event(_ kind: EventKind, _ provider: String, _ user: String) -> VaultEvent {
         VaultEvent(
@@ -99,7 +99,7 @@ struct EventFilterTests {
     }
 }
 
-@Suite("ConfigParser access and layering")
+@Suite("ConfigParser access and layering", .timeLimit(.minutes(5)))
 struct ConfigAccessTests {
     @Test("Should read AdminGroup, SocketMode, SingleAccount, Mint lists and [Account] owners and readers")
     func accessKeys() throws {

@@ -14,7 +14,7 @@ private func failure(_ action: AccountStateMachine.LogoutAction) -> VaultError? 
     return nil
 }
 
-@Suite("AccountStateMachine: login")
+@Suite("AccountStateMachine: login", .timeLimit(.minutes(5)))
 struct AccountStateMachineLoginTests {
     @Test func newMachine_isLoggedOut() {
         let m = AccountStateMachine(account: Fixtures.account)
@@ -79,7 +79,7 @@ struct AccountStateMachineLoginTests {
     }
 }
 
-@Suite("AccountStateMachine: logout")
+@Suite("AccountStateMachine: logout", .timeLimit(.minutes(5)))
 struct AccountStateMachineLogoutTests {
     @Test func logoutRequested_whenLoggedOut_failsNotLoggedIn() throws {
         var m = machine()
@@ -137,7 +137,7 @@ struct AccountStateMachineLogoutTests {
     }
 }
 
-@Suite("AccountStateMachine: a whole life")
+@Suite("AccountStateMachine: a whole life", .timeLimit(.minutes(5)))
 struct AccountStateMachineLifecycleTests {
     @Test func loginThenLogoutThenLoginAgain_followsTheStates() {
         var m = machine()
@@ -157,7 +157,7 @@ struct AccountStateMachineLifecycleTests {
     }
 }
 
-@Suite("Caller")
+@Suite("Caller", .timeLimit(.minutes(5)))
 struct CallerTests {
     @Test func isRoot_onlyForUidZero() {
         #expect(root.isRoot)

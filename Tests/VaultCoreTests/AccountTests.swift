@@ -1,7 +1,7 @@
 import Testing
 import VaultCore
 
-@Suite("Account")
+@Suite("Account", .timeLimit(.minutes(5)))
 struct AccountTests {
     @Test("Should accept usable names, up to 256 bytes")
     func valid() throws {

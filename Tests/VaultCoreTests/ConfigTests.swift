@@ -16,7 +16,7 @@ private func configError(_ lines: String...) throws -> VaultError {
     return error
 }
 
-@Suite("ConfigParser")
+@Suite("ConfigParser", .timeLimit(.minutes(5)))
 struct ConfigParserTests {
     @Test("Should parse the built-in text to the static provider demo")
     func builtIn() throws {
@@ -266,7 +266,7 @@ struct ConfigParserTests {
     }
 }
 
-@Suite("DurationParser")
+@Suite("DurationParser", .timeLimit(.minutes(5)))
 struct DurationParserTests {
     @Test(
         "Should read systemd-style durations in seconds",

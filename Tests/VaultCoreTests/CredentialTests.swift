@@ -19,7 +19,7 @@ private func credential(_ json: JSON) throws(VaultError) -> LoginCredential {
     try LoginCredential(tokenResponse: json)
 }
 
-@Suite("LoginCredential from a raw token")
+@Suite("LoginCredential from a raw token", .timeLimit(.minutes(5)))
 struct RawTokenCredentialTests {
     @Test("Should take the text as the access token, surrounding whitespace removed")
     func trimmed() throws {
@@ -85,7 +85,7 @@ struct RawTokenCredentialTests {
     }
 }
 
-@Suite("LoginCredential from an OAuth 2.0 token response")
+@Suite("LoginCredential from an OAuth 2.0 token response", .timeLimit(.minutes(5)))
 struct TokenResponseCredentialTests {
     @Test("Should read every member of a token response")
     func fullResponse() throws {
@@ -198,7 +198,7 @@ struct TokenResponseCredentialTests {
     }
 }
 
-@Suite("LoginCredential expiry")
+@Suite("LoginCredential expiry", .timeLimit(.minutes(5)))
 struct CredentialExpiryTests {
     private let now = UnixTime(seconds: 1_700_000_000)
 
@@ -232,7 +232,7 @@ struct CredentialExpiryTests {
     }
 }
 
-@Suite("JWT")
+@Suite("JWT", .timeLimit(.minutes(5)))
 struct JWTTests {
     @Test("Should read exp from a base64url payload without padding")
     func exp() {

@@ -1,7 +1,7 @@
 import Testing
 import VaultCore
 
-@Suite("DeadlineQueue")
+@Suite("DeadlineQueue", .timeLimit(.minutes(5)))
 struct DeadlineQueueTests {
     func t(_ seconds: Int64) -> UnixTime { UnixTime(seconds: seconds) }
 

@@ -3,7 +3,7 @@ import VaultCore
 
 /// The admission of exec helper runs: fixed workers, a cap per provider, a
 /// FIFO queue per provider with deadlines. Time is a plain number here.
-@Suite("HelperAdmission")
+@Suite("HelperAdmission", .timeLimit(.minutes(5)))
 struct HelperAdmissionTests {
     @Test("Should start runs up to the provider's cap and queue the rest first come first served")
     func capAndFIFO() {

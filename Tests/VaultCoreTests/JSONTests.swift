@@ -11,7 +11,7 @@ private func expectParseError(
     #expect(error?.offset == offset, sourceLocation: sourceLocation)
 }
 
-@Suite("JSON parsing")
+@Suite("JSON parsing", .timeLimit(.minutes(5)))
 struct JSONParsingTests {
     @Test("Should parse every kind of scalar")
     func scalars() throws {
@@ -149,7 +149,7 @@ struct JSONParsingTests {
     }
 }
 
-@Suite("JSON serialization")
+@Suite("JSON serialization", .timeLimit(.minutes(5)))
 struct JSONSerializationTests {
     @Test("Should print object members in sorted key order, compactly")
     func sortedKeys() {
@@ -206,7 +206,7 @@ struct JSONSerializationTests {
     }
 }
 
-@Suite("JSON accessors")
+@Suite("JSON accessors", .timeLimit(.minutes(5)))
 struct JSONAccessorTests {
     @Test("Should give an integer only for integral numbers in range")
     func integerValue() {

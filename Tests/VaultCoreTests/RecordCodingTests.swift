@@ -1,7 +1,7 @@
 import Testing
 import VaultCore
 
-@Suite("SessionRecord stored JSON")
+@Suite("SessionRecord stored JSON", .timeLimit(.minutes(5)))
 struct RecordCodingTests {
     @Test("Should read back a record with every optional field set")
     func roundTripFull() throws {
@@ -98,7 +98,7 @@ struct RecordCodingTests {
     }
 }
 
-@Suite("SessionRecord")
+@Suite("SessionRecord", .timeLimit(.minutes(5)))
 struct SessionRecordTests {
     @Test("Should be expired at and after its expiry, never without one")
     func expiry() {
@@ -121,7 +121,7 @@ struct SessionRecordTests {
     }
 }
 
-@Suite("UserProfile JSON")
+@Suite("UserProfile JSON", .timeLimit(.minutes(5)))
 struct UserProfileTests {
     @Test("Should read back every field it writes")
     func roundTrip() throws {

@@ -1,7 +1,7 @@
 import Testing
 import VaultCore
 
-@Suite("Redactor")
+@Suite("Redactor", .timeLimit(.minutes(5)))
 struct RedactorTests {
     private let token = "SECRETMARKER_0123456789abcdef"
 

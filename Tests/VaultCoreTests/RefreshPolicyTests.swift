@@ -1,7 +1,7 @@
 import Testing
 import VaultCore
 
-@Suite("RefreshPolicy")
+@Suite("RefreshPolicy", .timeLimit(.minutes(5)))
 struct RefreshPolicyTests {
     func t(_ seconds: Int64) -> UnixTime { UnixTime(seconds: seconds) }
 

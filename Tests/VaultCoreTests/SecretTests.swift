@@ -1,7 +1,7 @@
 import Testing
 import VaultCore
 
-@Suite("Secret")
+@Suite("Secret", .timeLimit(.minutes(5)))
 struct SecretTests {
     private let raw = "invalid_token_abcdefghij_xyz"
 

@@ -1,7 +1,7 @@
 import Testing
 import VaultCore
 
-@Suite("ServingLimits")
+@Suite("ServingLimits", .timeLimit(.minutes(5)))
 struct ServingLimitsTests {
     func parse(_ vault: String) throws(VaultError) -> ServingLimits {
         try ConfigParser.parse("[Vault]\n" + vault, file: "test.conf").serving

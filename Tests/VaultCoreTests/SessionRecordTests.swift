@@ -2,7 +2,7 @@ import Testing
 import VaultCore
 
 /// SessionRecord is a value, even though its copies share their storage.
-@Suite("SessionRecord copies")
+@Suite("SessionRecord copies", .timeLimit(.minutes(5)))
 struct SessionRecordCopyTests {
     @Test("Should leave a copy untouched when the original changes, field by field and nested")
     func copiesAreIndependent() {

@@ -33,7 +33,7 @@ private func deadline(_ timer: SessionTimers.Timer, in actions: [SessionTimers.A
 
 private let expiredEnd = SessionTimers.Action.end(reason: "tokenExpired", kind: .tokenExpired)
 
-@Suite("SessionTimers: stored")
+@Suite("SessionTimers: stored", .timeLimit(.minutes(5)))
 struct SessionTimersStoredTests {
     @Test(
         "Should arm the expiry, a refresh 80-90% into the lifetime and the maximum lifetime",
@@ -101,7 +101,7 @@ struct SessionTimersStoredTests {
     }
 }
 
-@Suite("SessionTimers: deadlines")
+@Suite("SessionTimers: deadlines", .timeLimit(.minutes(5)))
 struct SessionTimersDueTests {
     @Test("Should start a refresh when it is due, and none while one is in flight")
     func dueRefresh_startsOnlyWhenNoneInFlight() throws {
@@ -209,7 +209,7 @@ struct SessionTimersDueTests {
     }
 }
 
-@Suite("SessionTimers: refresh outcomes")
+@Suite("SessionTimers: refresh outcomes", .timeLimit(.minutes(5)))
 struct SessionTimersRefreshTests {
     @Test("Should back off after a failure, count failures and report connectFailed")
     func refreshFailed_schedulesBackoffAndCounts() {
@@ -336,7 +336,7 @@ struct SessionTimersRefreshTests {
     }
 }
 
-@Suite("SessionTimers: save retry")
+@Suite("SessionTimers: save retry", .timeLimit(.minutes(5)))
 struct SessionTimersSaveTests {
     /// Timers whose last refresh could not be written, at `clock.now`.
     private func unsaved(_ clock: HandClock) -> SessionTimers {

@@ -3,7 +3,7 @@ import VaultCore
 
 /// Every time and duration stays in range where it is converted: no trap on a
 /// huge lifetime, Retry-After or stored expiry.
-@Suite("Clamped times")
+@Suite("Clamped times", .timeLimit(.minutes(5)))
 struct TimeClampTests {
     @Test("Should saturate UnixTime.adding at the ends of Int64 instead of trapping")
     func addingSaturates() {

@@ -19,7 +19,7 @@ private func refusal(_ decision: TokenHandout.Decision) -> VaultError? {
     return nil
 }
 
-@Suite("TokenHandout")
+@Suite("TokenHandout", .timeLimit(.minutes(5)))
 struct TokenHandoutTests {
     @Test("Should serve a token valid longer than asked for, or one without an expiry")
     func serve_whenValidLongEnough() {

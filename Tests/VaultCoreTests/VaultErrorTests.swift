@@ -1,7 +1,7 @@
 import Testing
 import VaultCore
 
-@Suite("VaultError")
+@Suite("VaultError", .timeLimit(.minutes(5)))
 struct VaultErrorTests {
     private let codes = VaultError.Code.allCases
 

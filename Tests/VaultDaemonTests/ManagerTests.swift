@@ -65,7 +65,7 @@ final class EventLog: Sendable {
     var all: [VaultEvent] { items.withLock { $0 } }
 }
 
-@Suite("SessionManager: store failures, in process")
+@Suite("SessionManager: store failures, in process", .timeLimit(.minutes(5)))
 struct StoreFailureTests {
     @Test("Should keep refreshed tokens whose write failed in memory as unsaved, serve them, and write them later")
     func refreshWriteFails() async throws {
@@ -155,7 +155,7 @@ struct StoreFailureTests {
     }
 }
 
-@Suite("SessionManager: the timed lifecycle on a manual clock")
+@Suite("SessionManager: the timed lifecycle on a manual clock", .timeLimit(.minutes(5)))
 struct TimedLifecycleTests {
     @Test("Should refresh ahead of expiry on its own, once, and end a session whose refresh keeps failing past expiry")
     func refreshThenExpire() async throws {

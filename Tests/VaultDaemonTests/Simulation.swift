@@ -361,7 +361,7 @@ final class FailureLog: Sendable {
     var all: [String] { items.withLock { $0 } }
 }
 
-@Suite("Deterministic simulation of the session manager")
+@Suite("Deterministic simulation of the session manager", .timeLimit(.minutes(5)))
 struct SimulationTests {
     /// `VAULTD_SIM_SEED` replays one seed; `VAULTD_SIM_SEEDS` sets how many (default 10,000).
     static var seeds: [UInt64] {

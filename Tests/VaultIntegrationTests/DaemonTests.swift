@@ -7,7 +7,7 @@ import VaultProtocol
 
 /// vaultd as its users meet it: the real binary, the real keyring on the
 /// session bus, the real socket, vaultctl and an independent Python client.
-@Suite("vaultd against the real keyring", .serialized)
+@Suite("vaultd against the real keyring", .timeLimit(.minutes(5)), .serialized)
 struct DaemonTests {
     static let token = "tok_live_8f3k2m9q7w1e5r4t6y0u"
 
@@ -78,7 +78,7 @@ struct DaemonTests {
         let replies = Mutex<[VarlinkReply]>([])
         let socket = fixture.socketPath
         DispatchQueue.concurrentPerform(iterations: count) { i in
-            let reply = try? VarlinkClient(path: socket).call(
+            let reply = try? VarlinkClient(path: socket, timeoutSeconds: 60).call(
                 VaultMethod.login.rawValue,
                 ["provider": "demo", "user": .string(user), "token": .string("token-\(i)-abcdefghijklmnopqrstuvwxyz")])
             if let reply { replies.withLock { $0.append(reply) } }

@@ -186,7 +186,7 @@ final class ConfiguredDaemon {
         daemon = try RunningDaemon(socketPath: socketPath, configPath: configPath)
     }
 
-    func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath) }
+    func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath, timeoutSeconds: 60) }
 
     deinit { daemon.stop() }
 }
@@ -251,7 +251,7 @@ func describeEvent(_ event: JSON) -> String {
 
 /// Subscribe, the events it streams, ForceLogout and `vaultctl watch`/`kick`,
 /// against the real daemon and keyring.
-@Suite("Events and forced logout", .serialized)
+@Suite("Events and forced logout", .timeLimit(.minutes(5)), .serialized)
 struct EventsTests {
     static let token = "tok_events_4k2m9q7w1e5r4t6y0u8i"
     static let config = "[Provider demo]\nType=static\n\n[Provider other]\nType=static\n"
@@ -356,7 +356,7 @@ struct EventsTests {
         d.daemon.stop()
         let again = try RunningDaemon(socketPath: d.socketPath, configPath: d.configPath)
         defer { again.stop() }
-        let restarted = try VarlinkClient(path: d.socketPath).getToken("demo", user)
+        let restarted = try VarlinkClient(path: d.socketPath, timeoutSeconds: 60).getToken("demo", user)
         #expect(restarted.error == "io.vaultd.Vault.NotLoggedIn")
     }
 

@@ -242,7 +242,7 @@ final class DaemonFixture {
         return d
     }
 
-    func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath) }
+    func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath, timeoutSeconds: 60) }
 
     /// The store scope of this fixture's daemons.
     var scope: String { RunningDaemon.scope(for: socketPath) }

@@ -44,7 +44,7 @@ final class RawConnection {
 }
 
 /// The Varlink socket under bad and unusual input.
-@Suite("Varlink protocol", .serialized)
+@Suite("Varlink protocol", .timeLimit(.minutes(5)), .serialized)
 struct ProtocolTests {
     let fixture: DaemonFixture
 

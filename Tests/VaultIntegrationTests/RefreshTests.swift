@@ -57,7 +57,7 @@ final class TokenServer {
 
 /// Refresh against a real token endpoint: ahead of expiry, once for all
 /// clients, with backoff on transient failures and logout on permanent ones.
-@Suite("Token refresh", .serialized)
+@Suite("Token refresh", .timeLimit(.minutes(5)), .serialized)
 struct RefreshTests {
     func start(_ server: TokenServer, revocation: Bool = false, extra: String = "") throws -> (
         DaemonFixture, RunningDaemon
@@ -127,7 +127,7 @@ struct RefreshTests {
         #expect(login.status == 0, "\(login.stderr)")
         _ = try await server.post("/control/reset")
         // 200 calls asking for more than any token of this provider lives.
-        let client = try VarlinkClient(path: fixture.socketPath)
+        let client = try VarlinkClient(path: fixture.socketPath, timeoutSeconds: 60)
         var codes: [String: Int] = [:]
         for _ in 0..<200 {
             let reply = try client.call(
@@ -164,7 +164,7 @@ struct RefreshTests {
         let tokens = Mutex<[String]>([])
         let socket = fixture.socketPath
         DispatchQueue.concurrentPerform(iterations: 50) { _ in
-            let reply = try? VarlinkClient(path: socket).call(
+            let reply = try? VarlinkClient(path: socket, timeoutSeconds: 60).call(
                 VaultMethod.getToken.rawValue,
                 ["provider": "oauth", "user": .string(user), "minValidSeconds": 300])
             if let token = reply?.parameters["token"]?.stringValue { tokens.withLock { $0.append(token) } }

@@ -73,7 +73,7 @@ final class NotifyListener: @unchecked Sendable {
 
 /// vaultd under a service manager: sd_notify, socket activation, the watchdog,
 /// SIGTERM and SIGHUP.
-@Suite("vaultd under systemd", .serialized)
+@Suite("vaultd under systemd", .timeLimit(.minutes(5)), .serialized)
 struct ServiceManagerTests {
     /// The fixture's daemon, started with NOTIFY_SOCKET pointing at a listener the test reads.
     func startNotified(_ fixture: DaemonFixture) throws -> (NotifyListener, RunningDaemon) {
@@ -113,7 +113,7 @@ struct ServiceManagerTests {
         #expect(output.wait(for: "Listening on"), "\(output.text)")
 
         // The first connection starts vaultd; the call waits in the socket until it serves.
-        let reply = try VarlinkClient(path: socketPath).call(
+        let reply = try VarlinkClient(path: socketPath, timeoutSeconds: 60).call(
             VaultMethod.getSession.rawValue, ["provider": "demo", "user": .string(user)])
         #expect(reply.parameters["session"]?["state"]?.stringValue == "logged")
         let ready = try #require(notify.wait(for: "READY=1"))

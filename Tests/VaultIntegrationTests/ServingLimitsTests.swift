@@ -23,7 +23,7 @@ final class LimitedDaemon {
         daemon = try RunningDaemon(socketPath: socketPath, configPath: configPath, extraArguments: ["--memory-store"])
     }
 
-    func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath) }
+    func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath, timeoutSeconds: 60) }
 
     /// Logs in `count` sessions `prefix-NNNN` as root, each with a status message of `padding` bytes.
     func login(_ prefix: String, count: Int, padding: Int = 0) throws {
@@ -204,7 +204,9 @@ func holdConnections(
 /// The limits of issue 10, each against a real vaultd with real other uids:
 /// connections per uid and the reserve for root and admins, idle and request
 /// timeouts, the output bound per connection, and ListSessions pages.
-@Suite("Serving limits per user", .serialized, .enabled(if: getuid() == 0, "needs root to switch uids"))
+@Suite(
+    "Serving limits per user", .timeLimit(.minutes(5)), .serialized,
+    .enabled(if: getuid() == 0, "needs root to switch uids"))
 struct ServingLimitsIntegrationTests {
     static let tooMany = "io.vaultd.Vault.TooManyConnections"
 

@@ -8,7 +8,9 @@ import VaultSystem
 /// refuses a socket directory others could write, sets the socket's mode
 /// without a chmod by path, and vaultctl sends nothing to a socket served by
 /// another uid. Real vaultd, real sockets, a real second uid.
-@Suite("The socket on a shared host", .serialized, .enabled(if: getuid() == 0, "needs root to create users"))
+@Suite(
+    "The socket on a shared host", .timeLimit(.minutes(5)), .serialized,
+    .enabled(if: getuid() == 0, "needs root to create users"))
 struct SocketSafetyTests {
     init() throws { try TestUsers.ensure() }
 

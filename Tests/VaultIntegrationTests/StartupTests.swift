@@ -6,7 +6,7 @@ import VaultProtocol
 import VaultSystem
 
 /// How vaultd starts, and how it refuses to.
-@Suite("vaultd start-up", .serialized)
+@Suite("vaultd start-up", .timeLimit(.minutes(5)), .serialized)
 struct StartupTests {
     @Test("Should refuse to start, in one line, when no Secret Service is reachable")
     func noSecretService() throws {
@@ -66,12 +66,12 @@ struct StartupTests {
         close(fd)
         #expect(Files.exists(path))
         let first = try RunningDaemon(socketPath: path, configPath: nil)
-        #expect(try VarlinkClient(path: path).call(ServiceMethod.getInfo.rawValue).error == nil)
+        #expect(try VarlinkClient(path: path, timeoutSeconds: 60).call(ServiceMethod.getInfo.rawValue).error == nil)
 
         let second = try RunningDaemon(socketPath: path, configPath: nil, waitForReady: false)
         #expect(second.waitForExit() == 1)
         #expect(second.output.text.contains("another vaultd is already listening on \(path)"))
-        #expect(try VarlinkClient(path: path).call(ServiceMethod.getInfo.rawValue).error == nil)
+        #expect(try VarlinkClient(path: path, timeoutSeconds: 60).call(ServiceMethod.getInfo.rawValue).error == nil)
         #expect(first.stop() == 0)
         #expect(!Files.exists(path), "the socket is removed at exit")
     }

@@ -6,7 +6,7 @@ import VaultProtocol
 
 /// The systemd units (systemd/), scripts/install and the system instance's
 /// own keyring (scripts/vaultd-system-keyring).
-@Suite(.serialized)
+@Suite(.serialized, .timeLimit(.minutes(5)))
 struct SystemdUnitTests {
     private static let analyze = URL(fileURLWithPath: "/usr/bin/systemd-analyze")
     private static let root = Binaries.packageRoot
@@ -100,7 +100,7 @@ struct SystemdUnitTests {
         let token = "sys_token_abcdefghijklmnopqrstuvwxyz"
 
         let first = try SystemInstance(directory: dir, socket: socket)
-        let login = try VarlinkClient(path: socket).call(
+        let login = try VarlinkClient(path: socket, timeoutSeconds: 60).call(
             VaultMethod.login.rawValue, ["provider": "demo", "user": .string(user), "token": .string(token)])
         #expect(login.error == nil, "\(login)")
         #expect(login.parameters["session"]?["state"]?.stringValue == "logged")
@@ -112,11 +112,11 @@ struct SystemdUnitTests {
         Self.killProcesses(mentioning: dir.url.path)
 
         let second = try SystemInstance(directory: dir, socket: socket)
-        let session = try VarlinkClient(path: socket).call(
+        let session = try VarlinkClient(path: socket, timeoutSeconds: 60).call(
             VaultMethod.getSession.rawValue, ["provider": "demo", "user": .string(user)])
         #expect(session.error == nil, "\(session)")
         #expect(session.parameters["session"]?["state"]?.stringValue == "logged")
-        let stored = try VarlinkClient(path: socket).call(
+        let stored = try VarlinkClient(path: socket, timeoutSeconds: 60).call(
             VaultMethod.getToken.rawValue, ["provider": "demo", "user": .string(user)])
         #expect(stored.parameters["token"]?.stringValue == token)
         #expect(second.stop() == 0, "\(second.output.text)")

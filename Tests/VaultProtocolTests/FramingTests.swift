@@ -10,7 +10,7 @@ private func drain(_ decoder: inout VarlinkFrameDecoder) throws -> [String] {
     return messages
 }
 
-@Suite("VarlinkFrameDecoder")
+@Suite("VarlinkFrameDecoder", .timeLimit(.minutes(5)))
 struct VarlinkFrameDecoderTests {
     @Test("Should have nothing before any bytes arrive")
     func empty() throws {

@@ -14,7 +14,7 @@ private func invalidParameter<T>(_ read: () throws(ParameterReader.Invalid) -> T
     }
 }
 
-@Suite("ParameterReader")
+@Suite("ParameterReader", .timeLimit(.minutes(5)))
 struct ParameterReaderTests {
     @Test("Should read present values of the right type")
     func present() throws {
@@ -50,7 +50,7 @@ struct ParameterReaderTests {
     }
 }
 
-@Suite("LoginRequest")
+@Suite("LoginRequest", .timeLimit(.minutes(5)))
 struct LoginRequestTests {
     @Test("Should read every parameter")
     func full() throws {
@@ -98,7 +98,7 @@ struct LoginRequestTests {
     }
 }
 
-@Suite("GetTokenRequest")
+@Suite("GetTokenRequest", .timeLimit(.minutes(5)))
 struct GetTokenRequestTests {
     @Test("Should default minValidSeconds to zero, also for null")
     func defaults() throws {
@@ -131,7 +131,7 @@ struct GetTokenRequestTests {
     }
 }
 
-@Suite("VaultMethod")
+@Suite("VaultMethod", .timeLimit(.minutes(5)))
 struct VaultMethodTests {
     @Test("Should name every method in io.vaultd.Vault")
     func names() {
@@ -141,7 +141,7 @@ struct VaultMethodTests {
     }
 }
 
-@Suite("Session wire JSON")
+@Suite("Session wire JSON", .timeLimit(.minutes(5)))
 struct WireJSONTests {
     private let rawToken = "invalid_token_abcdefghij_xyz"
 

@@ -2,7 +2,7 @@ import Testing
 import VaultCore
 import VaultProtocol
 
-@Suite("SessionPage")
+@Suite("SessionPage", .timeLimit(.minutes(5)))
 struct SessionPageTests {
     /// Sessions sorted by (provider, user, ownerUid), some without an owner.
     func sessions(_ count: Int) -> [JSON] {

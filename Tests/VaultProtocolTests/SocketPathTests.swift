@@ -1,7 +1,7 @@
 import Testing
 import VaultProtocol
 
-@Suite("SocketPath")
+@Suite("SocketPath", .timeLimit(.minutes(5)))
 struct SocketPathTests {
     @Test("Should prefer VAULTD_SOCKET over everything")
     func explicit() {

@@ -8,7 +8,7 @@ private func decodeCall(_ text: String) throws(VarlinkCall.DecodingFailure) -> V
     try VarlinkCall(message: message(text))
 }
 
-@Suite("VarlinkCall")
+@Suite("VarlinkCall", .timeLimit(.minutes(5)))
 struct VarlinkCallTests {
     @Test("Should decode a call with parameters")
     func withParameters() throws {
@@ -91,7 +91,7 @@ struct VarlinkCallTests {
     }
 }
 
-@Suite("VarlinkReply")
+@Suite("VarlinkReply", .timeLimit(.minutes(5)))
 struct VarlinkReplyTests {
     @Test("Should read back a successful reply")
     func successRoundTrip() throws {
@@ -156,7 +156,7 @@ struct VarlinkReplyTests {
     }
 }
 
-@Suite("VaultError as a Varlink reply")
+@Suite("VaultError as a Varlink reply", .timeLimit(.minutes(5)))
 struct VaultErrorReplyTests {
     @Test("Should name the error in io.vaultd.Vault and carry code and message")
     func reply() {

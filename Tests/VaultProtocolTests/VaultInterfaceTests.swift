@@ -7,7 +7,7 @@ import VaultProtocol
 private let repositoryRoot = URL(fileURLWithPath: #filePath)
     .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
-@Suite("VaultInterface")
+@Suite("VaultInterface", .timeLimit(.minutes(5)))
 struct VaultInterfaceTests {
     @Test("Should embed exactly the text of docs/io.vaultd.Vault.varlink")
     func matchesDocs() throws {
