@@ -18,6 +18,10 @@ struct AccountEntry {
     var logout: Task<Result<Void, VaultError>, Never>?
     /// The refresh in flight: every caller and the scheduler share it.
     var refresh: Task<Result<SessionRecord, VaultError>, Never>?
+    /// A revocation a failed logout queued and could not take back: removed
+    /// from the store with the next write of the record, so that it never
+    /// revokes the session that goes on.
+    var unqueue: PendingRevocation?
 
     /// The record, when the session is logged in.
     var record: SessionRecord? {

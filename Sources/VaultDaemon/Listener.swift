@@ -94,6 +94,40 @@ public enum Listener {
                 "the socket directory \(directory) \(problem), so another user could replace vaultd's socket; use a directory owned by root or uid \(owner) that only its owner may write (chmod go-w), or pass another --socket PATH"
             )
         }
+        try checkAncestors(of: directory)
+    }
+
+    /// Refuses a socket directory inside one that another user could change:
+    /// whoever may rename an ancestor may put a directory of their own in the
+    /// socket directory's place. Every ancestor (of the path with symlinks
+    /// resolved) must be owned by root or vaultd's user, and writable by group
+    /// or others only when it is sticky and root's (like /tmp).
+    static func checkAncestors(of directory: String) throws(VaultError) {
+        guard let resolved = realpath(directory, nil) else { return }
+        var path = String(cString: resolved)
+        free(resolved)
+        let owner = geteuid()
+        for _ in 0..<256 where path != "/" {
+            path = parentDirectory(of: path)
+            var st = stat()
+            guard lstat(path, &st) == 0 else { return }
+            let sticky = st.st_mode & S_ISVTX != 0
+            let problem: String?
+            if st.st_uid != owner && st.st_uid != 0 {
+                problem = "is owned by uid \(st.st_uid), not by root or vaultd's uid \(owner)"
+            } else if st.st_mode & 0o022 != 0 && !(sticky && st.st_uid == 0) {
+                problem =
+                    "has mode \(String(st.st_mode & 0o7777, radix: 8)), writable by group or others without the sticky bit"
+            } else {
+                problem = nil
+            }
+            if let problem {
+                throw VaultError(
+                    .internalError,
+                    "\(path), above the socket directory \(directory), \(problem), so another user could replace the socket directory; put the socket under directories only root or uid \(owner) may change, or pass another --socket PATH"
+                )
+            }
+        }
     }
 
     static func parentDirectory(of path: String) -> String {

@@ -87,10 +87,20 @@ extension SessionManager {
 
     /// Writes the session's current record again (refreshed tokens whose first write failed).
     func persist(_ key: SessionKey) async {
-        guard let record = entries[key]?.record else { return }
+        guard let entry = entries[key], let record = entry.record else { return }
+        if let revocation = entry.unqueue {
+            // A failed logout's revocation must not outlive it.
+            guard (try? await store.deletePendingRevocation(revocation)) != nil else {
+                await handle(key, .saveFailed(now: clock.now()))
+                return
+            }
+            if entries[key]?.id == entry.id { entries[key]?.unqueue = nil }
+        }
         do throws(VaultError) {
             try await store.save(record)
-            await handle(key, .saved)
+            // Only what is served now counts as saved: a refresh may have
+            // replaced the tokens while this write was out.
+            if entries[key]?.record?.tokens == record.tokens { await handle(key, .saved) }
         } catch {
             await handle(key, .saveFailed(now: clock.now()))
         }

@@ -16,6 +16,12 @@ extension SessionManager {
         let access = policy.policy
         let key = SessionKey(
             owner: try access.owner(of: account, for: caller, requested: request.ownerUID), account: account)
+        if let declaration = access.declared[account], declaration.owner != key.owner {
+            throw VaultError(
+                .invalidParameter,
+                "[Account \(account.provider) \(account.user)] is declared for uid \(declaration.owner) (Owner=); no other user's session of it can be logged in"
+            )
+        }
         guard access.mayManage(caller, key) else {
             Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.accessDenied.seedCode)
             throw access.declared[account] != nil
@@ -43,6 +49,8 @@ extension SessionManager {
                         Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
                         throw error
                     }
+                    // A refresh may have replaced the tokens meanwhile: look again.
+                    guard entries[key]?.record?.tokens == record.tokens else { continue }
                     await handle(key, .saved)
                 }
                 Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
@@ -308,7 +316,10 @@ extension SessionManager {
             // Served again: put the store back as it was. Should it not let us, the
             // record is written again until it does (a mark left in the store would
             // end the session at the next start).
-            if let revocation { try? await store.deletePendingRevocation(revocation) }
+            var stillQueued: PendingRevocation?
+            if let revocation, (try? await store.deletePendingRevocation(revocation)) == nil {
+                stillQueued = revocation
+            }
             let restored: Bool
             do throws(VaultError) {
                 try await store.save(record)
@@ -317,10 +328,11 @@ extension SessionManager {
                 restored = false
             }
             entries[key]?.machine.logoutFinished(succeeded: false)
+            entries[key]?.unqueue = stillQueued
             // Deadlines that came due while the logout was out were dropped: schedule anew.
             await handle(
                 key, .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
-            if !restored { await handle(key, .storeStale(now: clock.now())) }
+            if !restored || stillQueued != nil { await handle(key, .storeStale(now: clock.now())) }
             log.error("logout failed", fields(key, event: "logoutFailed", by: principal, code: error.code))
             emit(.logoutFailed, key, reason: reason, code: error.code)
             Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)

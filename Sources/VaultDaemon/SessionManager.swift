@@ -111,7 +111,20 @@ public actor SessionManager {
                 "the provider of a session was removed from the configuration; the session is kept",
                 fields(key, event: "reload"))
         }
+        warnOfUndeclaredHolders()
         return (new.subtracting(old).sorted(), removed, orphaned)
+    }
+
+    /// Logs the sessions held by another user than their account's declared
+    /// `Owner=` (held before the declaration): they are kept and served to
+    /// their holder; an administrator may log them out naming `ownerUid`.
+    func warnOfUndeclaredHolders() {
+        let declared = policy.policy.declared
+        for key in entries.keys.sorted() where declared[key.account].map({ $0.owner != key.owner }) == true {
+            log.warning(
+                "a session is held by another user than its account's declared Owner=; an administrator may log it out with ownerUid (vaultctl --owner)",
+                fields(key, event: "declared"))
+        }
     }
 
     // MARK: Start-up and shutdown
@@ -147,13 +160,24 @@ public actor SessionManager {
                 .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
         }
         rearmTimer()
+        warnOfUndeclaredHolders()
         return (table.count, finished)
     }
 
     /// Retries the revocations a previous run queued and could not finish.
+    /// One whose tokens are those of a session still served (a logout that
+    /// failed and could not take its revocation back) is dropped instead.
     public func resumePendingRevocations() async {
         guard let pending = try? await store.loadPendingRevocations() else { return }
         for revocation in pending {
+            let queued = revocation.record
+            if let live = entries[queued.key]?.record,
+                live.tokens.accessToken == queued.tokens.accessToken
+                    || (live.tokens.refreshToken != nil && live.tokens.refreshToken == queued.tokens.refreshToken)
+            {
+                try? await store.deletePendingRevocation(revocation)
+                continue
+            }
             guard let provider = client(for: revocation.record.account.provider) else { continue }
             startRevocation(revocation, provider: provider)
         }
@@ -171,8 +195,9 @@ public actor SessionManager {
         timer = nil
         // Refreshed tokens not yet in the store get one last write: a rotated
         // refresh token lost here would end the session at the next start.
-        for (key, entry) in entries where entry.timers.status.unsaved {
-            guard let record = entry.record else { continue }
+        for key in entries.keys {
+            // Read again at each step: the awaits below let refreshes finish.
+            guard let entry = entries[key], entry.timers.status.unsaved, let record = entry.record else { continue }
             do throws(VaultError) {
                 try await store.save(record)
             } catch {

@@ -94,15 +94,16 @@ public enum VaultMethods {
                     manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
                     return .reply(error.varlinkReply)
                 }
-                guard let view = table.view(of: key), let record = view.record else {
-                    return refuse(.notLoggedIn(account))
-                }
+                // Asked before the table: whether another user holds a session is theirs to know.
                 guard access.mayReadToken(caller, key) else {
                     return refuse(
                         VaultError(
                             .accessDenied,
                             "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
                         ))
+                }
+                guard let view = table.view(of: key), let record = view.record else {
+                    return refuse(.notLoggedIn(account))
                 }
                 // The rule the manager applies too. Whether the provider can refresh
                 // and the configured MinRefreshInterval= are the manager's to know:

@@ -133,6 +133,31 @@ struct StoreFailureTests {
         #expect(next.store.contents.pending.isEmpty, "it leaves the queue once the provider took it")
     }
 
+    @Test("Should never revoke a session served again after a failed logout, even if its revocation stayed queued")
+    func failedLogoutKeepsNoRevocation() async throws {
+        let h = try ManagerHarness()
+        try await h.login("u")
+        // The mark and the queue entry are written; the delete and the removal of
+        // the queue entry fail; the record is put back.
+        h.store.failWrites(2, after: 2)
+        await #expect(throws: VaultError.self) {
+            try await h.manager.logout(h.key("u"), caller: ManagerHarness.alice)
+        }
+        #expect(h.store.contents.records[h.key("u")]?.phase == .active)
+        #expect(h.store.contents.pending.count == 1, "the removal failed")
+        // A crash now: the next start must drop it, not revoke the live session.
+        let next = try ManagerHarness(store: FaultyStore(h.store.contents), provider: h.provider)
+        _ = try await next.manager.restore()
+        await next.manager.resumePendingRevocations()
+        await next.settle()
+        #expect(next.store.contents.pending.isEmpty)
+        #expect(h.provider.state.withLock { $0.revokeCalls } == 0)
+        // Without a crash, the next write of the record removes it.
+        await h.advance(by: Double(SessionTimers.saveRetrySeconds))
+        #expect(h.store.contents.pending.isEmpty)
+        #expect(h.provider.state.withLock { $0.revokeCalls } == 0)
+    }
+
     @Test("Should finish a logout cut short after its mark, queueing its revocation at the next start")
     func markedLogoutIsFinished() async throws {
         let h = try ManagerHarness()

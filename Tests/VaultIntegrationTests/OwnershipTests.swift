@@ -53,6 +53,9 @@ struct OwnershipTests {
             let r = try vaultctl(as: TestUsers.a, d.socketPath, ["--owner", String(uidB)] + arguments)
             #expect(r.status == 1 && r.stderr.contains("ERR_ACCESS_DENIED"), "\(arguments): \(r.stderr)")
         }
+        // Naming another user's session tells nothing of whether it exists.
+        let probe = try vaultctl(as: TestUsers.a, d.socketPath, ["--owner", String(uidB), "token", "demo", "nobody-x"])
+        #expect(probe.stderr.contains("ERR_ACCESS_DENIED"), "\(probe.stderr)")
         // a's logout ends a's session only.
         #expect(try vaultctl(as: TestUsers.a, d.socketPath, ["logout", "demo", user]).status == 0)
         #expect(try token(d, as: TestUsers.b, user).1?["token"]?.stringValue == "tok_victim_b1b2c3d4e5")

@@ -49,6 +49,33 @@ struct SocketSafetyTests {
         }
     }
 
+    @Test("Should refuse a good socket directory inside one another user could change")
+    func writableAncestor() throws {
+        let dir = try TemporaryDirectory()
+        let shared = dir.path("shared")
+        let run = shared + "/run"
+        try FileManager.default.createDirectory(atPath: run, withIntermediateDirectories: true)
+        #expect(chmod(run, 0o700) == 0)
+        // Group-writable without the sticky bit: its group could rename run away.
+        #expect(chmod(shared, 0o775) == 0)
+        let daemon = try RunningDaemon(
+            socketPath: run + "/vaultd.sock", configPath: nil, waitForReady: false,
+            extraArguments: ["--memory-store"])
+        #expect(daemon.waitForExit() == 1, "\(daemon.output.text)")
+        let text = daemon.output.text
+        #expect(text.contains("\(shared), above the socket directory \(run), has mode 775"), "\(text)")
+        #expect(!Files.exists(run + "/vaultd.sock"))
+        // Owned by another user, even 0755: refused too.
+        #expect(chmod(shared, 0o755) == 0)
+        let uid = try #require(TestUsers.uid(TestUsers.a))
+        #expect(chown(shared, uid, TestUsers.gid(TestUsers.a)!) == 0)
+        let again = try RunningDaemon(
+            socketPath: run + "/vaultd.sock", configPath: nil, waitForReady: false,
+            extraArguments: ["--memory-store"])
+        #expect(again.waitForExit() == 1, "\(again.output.text)")
+        #expect(again.output.text.contains("is owned by uid \(uid)"), "\(again.output.text)")
+    }
+
     @Test("Should refuse a socket directory that is a symlink, even to a good directory")
     func symlinkDirectory() throws {
         let dir = try TemporaryDirectory()
