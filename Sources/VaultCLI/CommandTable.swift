@@ -52,7 +52,7 @@ public struct OptionSpec: Sendable {
     public var takesValue: Bool { valueName != nil }
 
     /// `--token-file FILE`, `--kind KIND...`, `--json`.
-    var synopsis: String {
+    public var synopsis: String {
         guard let valueName else { return name }
         return "\(name) \(valueName)" + (repeatable ? "..." : "")
     }

@@ -40,7 +40,7 @@ public struct VaultCtl {
     }
 
     /// Parses `arguments` against `CommandTable` and runs the command they name.
-    mutating func run(_ arguments: [String]) -> ExitCode {
+    public mutating func run(_ arguments: [String]) -> ExitCode {
         let invocation: Invocation
         switch CommandLineParser.parse(arguments) {
         case .success(let parsed): invocation = parsed
