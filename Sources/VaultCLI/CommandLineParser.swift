@@ -147,7 +147,8 @@ enum CommandLineParser {
         for (argument, word) in zip(all, given) {
             if case .oneOf(let words) = argument.kind, !words.contains(word) {
                 return UsageError(
-                    message: "\(spec.name): \(argument.name) must be one of \(words.joined(separator: ", ")), not '\(word)'",
+                    message:
+                        "\(spec.name): \(argument.name) must be one of \(words.joined(separator: ", ")), not '\(word)'",
                     command: spec.name)
             }
         }

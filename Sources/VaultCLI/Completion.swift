@@ -75,7 +75,8 @@ enum Completion {
             case .file: return #"compopt -o filenames 2>/dev/null; mapfile -t COMPREPLY < <(compgen -f -- "$cur")"#
             case .localUser: return #"mapfile -t COMPREPLY < <(compgen -u -- "$cur")"#
             case .provider:
-                return #"mapfile -t COMPREPLY < <(compgen -W "$(_vaultctl_sessions | cut -d' ' -f1 | sort -u)" -- "$cur")"#
+                return
+                    #"mapfile -t COMPREPLY < <(compgen -W "$(_vaultctl_sessions | cut -d' ' -f1 | sort -u)" -- "$cur")"#
             case .user:
                 return
                     #"mapfile -t COMPREPLY < <(compgen -W "$(_vaultctl_sessions | awk -v p="${args[\#(providerIndex)]}" '$1 == p { print $2 }')" -- "$cur")"#

@@ -15,7 +15,8 @@ enum Help {
         }
         let width = (names.map(\.count).max() ?? 0) + 3
         for (name, spec) in zip(names, CommandTable.commands) {
-            lines += wrap(spec.summary, first: "  " + Format.pad(name, width), rest: String(repeating: " ", count: width + 2))
+            lines += wrap(
+                spec.summary, first: "  " + Format.pad(name, width), rest: String(repeating: " ", count: width + 2))
         }
         lines += ["", "Options:"]
         lines += optionLines(CommandTable.globalOptions)
@@ -51,7 +52,8 @@ enum Help {
         let width = (names.map(\.count).max() ?? 0) + 3
         var lines: [String] = []
         for (name, option) in zip(names, options) {
-            lines += wrap(option.help, first: "  " + Format.pad(name, width), rest: String(repeating: " ", count: width + 2))
+            lines += wrap(
+                option.help, first: "  " + Format.pad(name, width), rest: String(repeating: " ", count: width + 2))
         }
         return lines
     }

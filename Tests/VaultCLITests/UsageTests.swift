@@ -6,7 +6,9 @@ import VaultCLI
 @Suite("vaultctl usage errors", .timeLimit(.minutes(5)))
 struct UsageTests {
     /// Expects exit status 2 and a message with `needle` and the hint to `help`.
-    func expectUsage(_ arguments: [String], _ needle: String, help: String?, sourceLocation: SourceLocation = #_sourceLocation) {
+    func expectUsage(
+        _ arguments: [String], _ needle: String, help: String?, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
         let result = ctl(["--socket", noSocket] + arguments)
         #expect(result.status == .usage, "\(arguments): \(result.stderr)", sourceLocation: sourceLocation)
         #expect(result.stderr.hasPrefix("vaultctl: "), sourceLocation: sourceLocation)
@@ -70,8 +72,10 @@ struct UsageTests {
 
     @Test("Should refuse bad option values with the command's help")
     func badValues() {
-        expectUsage(["login", "demo", "alice", "--expires-at", "soon"], "--expires-at needs Unix seconds", help: "login")
-        expectUsage(["token", "demo", "alice", "--min-valid", "-1"], "--min-valid needs a number of seconds", help: "token")
+        expectUsage(
+            ["login", "demo", "alice", "--expires-at", "soon"], "--expires-at needs Unix seconds", help: "login")
+        expectUsage(
+            ["token", "demo", "alice", "--min-valid", "-1"], "--min-valid needs a number of seconds", help: "token")
         expectUsage(["token", "demo", "alice", "--min-valid", "x"], "not 'x'", help: "token")
         expectUsage(["completion", "ksh"], "SHELL must be one of bash, zsh, fish, not 'ksh'", help: "completion")
     }
@@ -93,7 +97,8 @@ struct UsageTests {
         let commands = [
             ["status"], ["status", "demo", "alice"], ["list"], ["token", "demo", "alice"], ["logout", "demo", "alice"],
             ["refresh", "demo", "alice"], ["kick", "demo", "alice", "--reason", "admin"],
-            ["watch", "--kind", "loginSuccess", "--kind", "kickedOffline"], ["login", "demo", "alice", "--from-provider"],
+            ["watch", "--kind", "loginSuccess", "--kind", "kickedOffline"],
+            ["login", "demo", "alice", "--from-provider"],
         ]
         for arguments in commands {
             let result = ctl(["--socket", noSocket] + arguments)
