@@ -110,12 +110,6 @@ public struct CommandSpec: Sendable {
         return parts
     }
 
-    /// The argument at `index` among the positional ones, if any.
-    func argument(at index: Int) -> ArgumentSpec? {
-        let all = required + optional
-        return index < all.count ? all[index] : nil
-    }
-
     /// The option `word` spells, if the command has one.
     func option(_ word: String) -> OptionSpec? { options.first { $0.matches(word) } }
 }
