@@ -48,6 +48,8 @@ let package = Package(
 
         .testTarget(name: "VaultCoreTests", dependencies: ["VaultCore"]),
         .testTarget(name: "VaultProtocolTests", dependencies: ["VaultProtocol"]),
+        // vaultctl in-process: parsing, help, usage errors, completion scripts; no daemon.
+        .testTarget(name: "VaultCLITests", dependencies: ["VaultCLI"]),
         // The session manager without processes: fakes, a manual clock, the simulation.
         .testTarget(name: "VaultDaemonTests", dependencies: ["VaultDaemon", "VaultCore"]),
         .testTarget(

@@ -39,124 +39,52 @@ public struct VaultCtl {
         return ctl.run(arguments).rawValue
     }
 
-    mutating func run(_ arguments: [String]) -> ExitCode {
-        var rest: [String] = []
-        var index = 0
-        var wantsHelp = false
-        while index < arguments.count {
-            let argument = arguments[index]
-            switch argument {
-            case "--json": json = true
-            case "--socket":
-                index += 1
-                guard index < arguments.count else { return usage("--socket needs a path") }
-                socketPath = arguments[index]
-            case "--owner":
-                index += 1
-                guard index < arguments.count else { return usage("--owner needs a user name or uid") }
-                if let uid = UInt32(arguments[index]) {
-                    owner = uid
-                } else if let entry = getpwnam(arguments[index]) {
-                    owner = entry.pointee.pw_uid
-                } else {
-                    return usage("--owner: no user '\(arguments[index])' on this host")
-                }
-            case "--help", "-h": wantsHelp = true
-            case "--version":
-                output.out("vaultctl \(VaultCtl.version)")
-                return .ok
-            default: rest.append(argument)
-            }
-            index += 1
+    /// Parses `arguments` against `CommandTable` and runs the command they name.
+    public mutating func run(_ arguments: [String]) -> ExitCode {
+        let invocation: Invocation
+        switch CommandLineParser.parse(arguments) {
+        case .success(let parsed): invocation = parsed
+        case .failure(let error): return usage(error.message, command: error.command)
         }
-        guard let name = rest.first else {
-            if wantsHelp {
-                output.out(Help.tool)
-                return .ok
-            }
-            return usage("no command given")
-        }
-        if name == "help" {
-            guard rest.count > 1 else {
-                output.out(Help.tool)
-                return .ok
-            }
-            guard let text = Help.commands[rest[1]] else { return usage("unknown command '\(rest[1])'") }
-            output.out(text)
+        if invocation.wantsVersion {
+            output.out("vaultctl \(VaultCtl.version)")
             return .ok
         }
-        guard let help = Help.commands[name] else { return usage("unknown command '\(name)'") }
-        if wantsHelp {
-            output.out(help)
+        guard let command = invocation.command else {
+            output.out(Help.tool)
             return .ok
         }
-        let operands = Array(rest.dropFirst())
-        switch name {
-        case "login": return login(operands)
-        case "logout": return logout(operands)
-        case "status": return status(operands)
-        case "list": return operands.isEmpty ? list() : usage("list takes no arguments", command: name)
-        case "token": return token(operands)
-        case "watch": return watch(operands)
-        case "kick": return kick(operands)
-        case "provider-secret":
-            guard operands.count == 1 else {
-                return usage("provider-secret needs PROVIDER (the secret comes on stdin)", command: "provider-secret")
-            }
-            let text: String
-            switch readCredential(nil) {
-            case .success(let read): text = read
-            case .failure(let message):
-                output.err("vaultctl: \(message)")
-                return .usage
-            }
-            let secret = LoginCredential.trimmed(text)
-            return call(
-                VaultMethod.setProviderSecret.rawValue, ["provider": .string(operands[0]), "secret": .string(secret)]
-            ) { _ in
-                output.out("client secret of \(operands[0]) stored in the secret store")
-            }
-        case "refresh":
-            guard operands.count == 2 else { return usage("refresh needs PROVIDER and USER", command: "refresh") }
-            return call(VaultMethod.refresh.rawValue, account(operands)) { reply in
-                output.out("refreshed: \(describe(reply.parameters["session"] ?? .null))")
-            }
-        default: return usage("unknown command '\(name)'")
+        if invocation.wantsHelp {
+            output.out(Help.command(command.spec))
+            return .ok
         }
+        json = invocation.globalFlags.contains("--json")
+        socketPath = invocation.globalValues["--socket"]
+        if let name = invocation.globalValues["--owner"] {
+            if let uid = UInt32(name) {
+                owner = uid
+            } else if let entry = getpwnam(name) {
+                owner = entry.pointee.pw_uid
+            } else {
+                return usage("--owner: no user '\(name)' on this host")
+            }
+        }
+        return command.spec.handler(&self, command)
     }
 
     // MARK: Commands
 
-    mutating func login(_ operands: [String]) -> ExitCode {
-        var positional: [String] = []
-        var tokenFile: String?
+    mutating func login(_ command: ParsedCommand) -> ExitCode {
+        let positional = command.arguments
+        let tokenFile = command.value("--token-file")
         var expiresAt: Int64?
-        var fromProvider = false
-        var index = 0
-        while index < operands.count {
-            switch operands[index] {
-            case "--token-file":
-                index += 1
-                guard index < operands.count else { return usage("--token-file needs a path", command: "login") }
-                tokenFile = operands[index]
-            case "--from-provider":
-                fromProvider = true
-            case "--expires-at":
-                index += 1
-                guard index < operands.count, let value = Int64(operands[index]) else {
-                    return usage("--expires-at needs Unix seconds", command: "login")
-                }
-                expiresAt = value
-            case let option where option.hasPrefix("--"):
-                return usage("unknown option '\(option)'", command: "login")
-            default: positional.append(operands[index])
+        if let text = command.value("--expires-at") {
+            guard let value = Int64(text) else {
+                return usage("login: --expires-at needs Unix seconds, not '\(text)'", command: "login")
             }
-            index += 1
+            expiresAt = value
         }
-        guard positional.count == 2 else {
-            return usage("login needs PROVIDER and USER (the token comes on stdin)", command: "login")
-        }
-        if fromProvider {
+        if command.has("--from-provider") {
             // The provider obtains the tokens itself (client credentials, an exec helper).
             return call(VaultMethod.login.rawValue, account(positional)) { reply in
                 output.out("logged in: \(describe(reply.parameters["session"] ?? .null))")
@@ -191,16 +119,38 @@ public struct VaultCtl {
         }
     }
 
-    mutating func logout(_ operands: [String]) -> ExitCode {
-        guard operands.count == 2 else { return usage("logout needs PROVIDER and USER", command: "logout") }
+    mutating func logout(_ command: ParsedCommand) -> ExitCode {
+        let operands = command.arguments
         return call(VaultMethod.logout.rawValue, account(operands)) { _ in
             output.out("logged out: \(operands[1]) @ \(operands[0])")
         }
     }
 
-    mutating func status(_ operands: [String]) -> ExitCode {
+    mutating func providerSecret(_ command: ParsedCommand) -> ExitCode {
+        let provider = command.arguments[0]
+        let text: String
+        switch readCredential(nil) {
+        case .success(let read): text = read
+        case .failure(let message):
+            output.err("vaultctl: \(message)")
+            return .usage
+        }
+        let secret = LoginCredential.trimmed(text)
+        return call(VaultMethod.setProviderSecret.rawValue, ["provider": .string(provider), "secret": .string(secret)])
+        { _ in
+            output.out("client secret of \(provider) stored in the secret store")
+        }
+    }
+
+    mutating func refresh(_ command: ParsedCommand) -> ExitCode {
+        call(VaultMethod.refresh.rawValue, account(command.arguments)) { reply in
+            output.out("refreshed: \(describe(reply.parameters["session"] ?? .null))")
+        }
+    }
+
+    mutating func status(_ command: ParsedCommand) -> ExitCode {
+        let operands = command.arguments
         if operands.isEmpty { return list() }
-        guard operands.count == 2 else { return usage("status takes PROVIDER USER or nothing", command: "status") }
         return call(VaultMethod.getSession.rawValue, account(operands)) { reply in
             let session = reply.parameters["session"] ?? .null
             var lines: [(String, String)] = [
@@ -276,76 +226,49 @@ public struct VaultCtl {
         return .ok
     }
 
-    mutating func token(_ operands: [String]) -> ExitCode {
-        var positional: [String] = []
-        var minValid: Int64?
-        var index = 0
-        while index < operands.count {
-            if operands[index] == "--min-valid" {
-                index += 1
-                guard index < operands.count, let value = Int64(operands[index]), value >= 0 else {
-                    return usage("--min-valid needs a number of seconds", command: "token")
-                }
-                minValid = value
-            } else if operands[index].hasPrefix("--") {
-                return usage("unknown option '\(operands[index])'", command: "token")
-            } else {
-                positional.append(operands[index])
+    mutating func token(_ command: ParsedCommand) -> ExitCode {
+        var parameters = account(command.arguments)
+        if let text = command.value("--min-valid") {
+            guard let value = Int64(text), value >= 0 else {
+                return usage("token: --min-valid needs a number of seconds, not '\(text)'", command: "token")
             }
-            index += 1
+            parameters["minValidSeconds"] = .int(value)
         }
-        guard positional.count == 2 else { return usage("token needs PROVIDER and USER", command: "token") }
-        var parameters = account(positional)
-        if let minValid { parameters["minValidSeconds"] = .int(minValid) }
         return call(VaultMethod.getToken.rawValue, parameters) { reply in
             output.out(reply.parameters["token"]?.stringValue ?? "")
         }
     }
 
-    mutating func kick(_ operands: [String]) -> ExitCode {
-        var positional: [String] = []
-        var reason: String?
-        var index = 0
-        while index < operands.count {
-            if operands[index] == "--reason" {
-                index += 1
-                guard index < operands.count else { return usage("--reason needs a value", command: "kick") }
-                reason = operands[index]
-            } else if operands[index].hasPrefix("--") {
-                return usage("unknown option '\(operands[index])'", command: "kick")
-            } else {
-                positional.append(operands[index])
-            }
-            index += 1
-        }
-        guard positional.count == 2 else { return usage("kick needs PROVIDER and USER", command: "kick") }
+    mutating func kick(_ command: ParsedCommand) -> ExitCode {
+        let positional = command.arguments
         var parameters = account(positional)
-        if let reason { parameters["reason"] = .string(reason) }
+        if let reason = command.value("--reason") { parameters["reason"] = .string(reason) }
         return call(VaultMethod.forceLogout.rawValue, parameters) { _ in
             output.out("kicked offline: \(positional[1]) @ \(positional[0])")
         }
     }
 
+    /// Prints vaultctl's help, or one command's.
+    mutating func help(_ command: ParsedCommand) -> ExitCode {
+        guard let name = command.arguments.first else {
+            output.out(Help.tool)
+            return .ok
+        }
+        guard let spec = CommandTable.command(name) else { return usage("unknown command '\(name)'") }
+        output.out(Help.command(spec))
+        return .ok
+    }
+
+    /// Prints the completion script for the shell named.
+    mutating func completion(_ command: ParsedCommand) -> ExitCode {
+        output.out(Completion.script(for: command.arguments[0]))
+        return .ok
+    }
+
     /// Prints events as they come, one line each, until vaultd closes the stream.
-    mutating func watch(_ operands: [String]) -> ExitCode {
-        var positional: [String] = []
-        var kinds: [JSON] = []
-        var index = 0
-        while index < operands.count {
-            if operands[index] == "--kind" {
-                index += 1
-                guard index < operands.count else { return usage("--kind needs an event kind", command: "watch") }
-                kinds.append(.string(operands[index]))
-            } else if operands[index].hasPrefix("--") {
-                return usage("unknown option '\(operands[index])'", command: "watch")
-            } else {
-                positional.append(operands[index])
-            }
-            index += 1
-        }
-        guard positional.isEmpty || positional.count == 2 else {
-            return usage("watch takes PROVIDER USER or nothing", command: "watch")
-        }
+    mutating func watch(_ command: ParsedCommand) -> ExitCode {
+        let positional = command.arguments
+        let kinds = (command.values["--kind"] ?? []).map(JSON.string)
         var parameters: [String: JSON] = positional.isEmpty ? [:] : account(positional)
         if !kinds.isEmpty { parameters["kinds"] = .array(kinds) }
         let path = socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
@@ -450,8 +373,9 @@ public struct VaultCtl {
         return "\(user) @ \(provider)\(expires)"
     }
 
+    /// Reports bad usage on stderr, pointing to the help of `command` (or of vaultctl).
     func usage(_ message: String, command: String? = nil) -> ExitCode {
-        let hint = command.map { "vaultctl \($0) --help" } ?? "vaultctl --help"
+        let hint = command.map { "vaultctl help \($0)" } ?? "vaultctl help"
         output.err("vaultctl: \(message); see '\(hint)'")
         return .usage
     }

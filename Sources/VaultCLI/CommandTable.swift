@@ -1,0 +1,280 @@
+import VaultCore
+
+/// What a word on vaultctl's command line stands for: how a shell completes
+/// it, and for `oneOf` the only words accepted.
+public enum ValueKind: Sendable, Equatable {
+    /// Any text; nothing to complete.
+    case text
+    /// A file name.
+    case file
+    /// A local user name (or a uid).
+    case localUser
+    /// A provider, completed from the sessions vaultd lists.
+    case provider
+    /// A user of the provider named just before it, completed from the sessions vaultd lists.
+    case user
+    /// One of vaultctl's commands.
+    case command
+    /// Any text; these words are suggested.
+    case suggest([String])
+    /// Exactly one of these words.
+    case oneOf([String])
+}
+
+/// One option of vaultctl or of one of its commands, as declared.
+public struct OptionSpec: Sendable {
+    /// The spelling, with its dashes: `--token-file`.
+    public let name: String
+    /// Other spellings of the same option: `-h`.
+    public let aliases: [String]
+    /// The name of the value in help texts (`FILE`), nil for a flag.
+    public let valueName: String?
+    /// What the value is, for completion.
+    public let valueKind: ValueKind
+    /// Whether the option may be given more than once, each value kept.
+    public let repeatable: Bool
+    /// One line of help.
+    public let help: String
+
+    /// A flag: an option without a value.
+    static func flag(_ name: String, aliases: [String] = [], _ help: String) -> OptionSpec {
+        OptionSpec(name: name, aliases: aliases, valueName: nil, valueKind: .text, repeatable: false, help: help)
+    }
+
+    /// An option that takes the next word as its value.
+    static func value(
+        _ name: String, _ valueName: String, _ kind: ValueKind, repeatable: Bool = false, _ help: String
+    ) -> OptionSpec {
+        OptionSpec(name: name, aliases: [], valueName: valueName, valueKind: kind, repeatable: repeatable, help: help)
+    }
+
+    /// Whether the option takes a value.
+    public var takesValue: Bool { valueName != nil }
+
+    /// `--token-file FILE`, `--kind KIND...`, `--json`.
+    public var synopsis: String {
+        guard let valueName else { return name }
+        return "\(name) \(valueName)" + (repeatable ? "..." : "")
+    }
+
+    /// Whether `word` spells this option.
+    func matches(_ word: String) -> Bool { word == name || aliases.contains(word) }
+}
+
+/// One positional argument of a command.
+public struct ArgumentSpec: Sendable {
+    /// The name in help texts: `PROVIDER`.
+    public let name: String
+    /// What it is, for completion and (with `oneOf`) checking.
+    public let kind: ValueKind
+
+    init(_ name: String, _ kind: ValueKind = .text) {
+        self.name = name
+        self.kind = kind
+    }
+
+    static let provider = ArgumentSpec("PROVIDER", .provider)
+    static let user = ArgumentSpec("USER", .user)
+}
+
+/// A vaultctl command, declared once: parsing, help, usage errors and the
+/// completion scripts all derive from it.
+public struct CommandSpec: Sendable {
+    /// The word that selects the command.
+    public let name: String
+    /// The arguments that must be given, in order.
+    public let required: [ArgumentSpec]
+    /// Arguments that follow the required ones, all of them or none.
+    public let optional: [ArgumentSpec]
+    /// The command's own options (the global ones apply too).
+    public let options: [OptionSpec]
+    /// One line for the list of commands.
+    public let summary: String
+    /// The longer help of `vaultctl help COMMAND`.
+    public let details: String
+    /// Example command lines, each with what it does.
+    public let examples: [(command: String, what: String)]
+    /// Runs the parsed command.
+    let handler: @Sendable (inout VaultCtl, ParsedCommand) -> VaultCtl.ExitCode
+
+    /// The arguments and options as the help texts show them:
+    /// `PROVIDER USER [--token-file FILE] [--from-provider]`.
+    public var synopsis: String {
+        (argumentSynopsis + options.map { "[\($0.synopsis)]" }).joined(separator: " ")
+    }
+
+    /// The positional part of the synopsis: `PROVIDER USER`, `[COMMAND]`.
+    var argumentSynopsis: [String] {
+        var parts = required.map(\.name)
+        if !optional.isEmpty { parts.append("[" + optional.map(\.name).joined(separator: " ") + "]") }
+        return parts
+    }
+
+    /// The option `word` spells, if the command has one.
+    func option(_ word: String) -> OptionSpec? { options.first { $0.matches(word) } }
+}
+
+/// The table of vaultctl's global options and commands.
+public enum CommandTable {
+    /// Options of vaultctl itself, accepted before or after the command.
+    public static let globalOptions: [OptionSpec] = [
+        .flag("--json", "print stable JSON instead of tables"),
+        .value(
+            "--socket", "PATH", .file,
+            "vaultd's socket (default: $VAULTD_SOCKET, else $XDG_RUNTIME_DIR/vaultd/socket, else /run/vaultd/socket for root)"
+        ),
+        .value(
+            "--owner", "USER", .localUser,
+            "address USER's (a name or uid) session instead of your own: for root and the admin group"),
+        .flag("--help", aliases: ["-h"], "show help (also after a command)"),
+        .flag("--version", "show the version"),
+    ]
+
+    /// The global option `word` spells, if any.
+    static func globalOption(_ word: String) -> OptionSpec? { globalOptions.first { $0.matches(word) } }
+
+    /// The command called `name`, if any.
+    public static func command(_ name: String) -> CommandSpec? { commands.first { $0.name == name } }
+
+    /// Every command, in the order `vaultctl --help` lists them.
+    public static let commands: [CommandSpec] = [
+        CommandSpec(
+            name: "login", required: [.provider, .user], optional: [],
+            options: [
+                .value("--token-file", "FILE", .file, "read the token or token response from FILE, not stdin"),
+                .value("--expires-at", "UNIX_SECONDS", .text, "when a bare token expires"),
+                .flag("--from-provider", "the provider obtains the tokens; nothing is read"),
+            ],
+            summary: "log in; the token comes on stdin or from FILE (or the provider obtains it)",
+            details: """
+                Logs USER in at PROVIDER (a [Provider] section of vaultd.conf). The
+                credential is read from stdin, or from FILE: either a bare token
+                (CometChat authToken, OpenIM token) or an OAuth 2.0 token response as
+                JSON (access_token, refresh_token, expires_in, instance_url, ...), so
+                `curl ... | vaultctl login PROVIDER USER` works. Never pass a token as an
+                argument. An account that is already logged in keeps its session.
+                With --from-provider nothing is read: the provider obtains the tokens
+                itself (oauth2: client credentials; exec: its helper's login).
+                """,
+            examples: [
+                ("echo -n \"$TOKEN\" | vaultctl login demo alice", "log in with a bare token"),
+                ("vaultctl login demo alice --token-file token.json", "log in with a token response from a file"),
+                ("vaultctl login cometchat alice --from-provider", "have the provider's helper log alice in"),
+            ],
+            handler: { ctl, parsed in ctl.login(parsed) }),
+        CommandSpec(
+            name: "logout", required: [.provider, .user], optional: [], options: [],
+            summary: "log out and delete the stored session",
+            details: """
+                Logs USER out at PROVIDER and deletes the stored session. Fails with
+                ERR_NOT_LOGGED_IN when the account is not logged in.
+                """,
+            examples: [("vaultctl logout demo alice", "log alice out at demo")],
+            handler: { ctl, parsed in ctl.logout(parsed) }),
+        CommandSpec(
+            name: "status", required: [], optional: [.provider, .user], options: [],
+            summary: "one session in detail, or all of them",
+            details: "Shows one session in detail (the token masked), or lists every session.",
+            examples: [
+                ("vaultctl status demo alice", "alice's session at demo"),
+                ("vaultctl --json status", "every session, as JSON"),
+            ],
+            handler: { ctl, parsed in ctl.status(parsed) }),
+        CommandSpec(
+            name: "list", required: [], optional: [], options: [],
+            summary: "every session you may see",
+            details: "Lists every session you may see: provider, user, state, expiry, owner.",
+            examples: [("vaultctl --json list", "the same, as JSON")],
+            handler: { ctl, _ in ctl.list() }),
+        CommandSpec(
+            name: "token", required: [.provider, .user], optional: [],
+            options: [.value("--min-valid", "SECONDS", .text, "fail unless the token stays valid this long")],
+            summary: "print the access token (for $(vaultctl token ...))",
+            details: """
+                Prints the access token and nothing else, for $(vaultctl token P U).
+                With --min-valid, fails unless the token stays valid that long.
+                """,
+            examples: [
+                (
+                    "curl -H \"Authorization: Bearer $(vaultctl token demo alice)\" https://api.example.com/",
+                    "call an API with alice's token"
+                ),
+                ("vaultctl token demo alice --min-valid 300", "a token good for five more minutes"),
+            ],
+            handler: { ctl, parsed in ctl.token(parsed) }),
+        CommandSpec(
+            name: "refresh", required: [.provider, .user], optional: [], options: [],
+            summary: "refresh the tokens now (oauth2, exec providers)",
+            details: """
+                Refreshes the account's tokens now at its provider's token endpoint,
+                joining a refresh already under way, and shows the session afterwards.
+                vaultd refreshes by itself ahead of expiry; this is for when you know
+                the token went bad early.
+                """,
+            examples: [("vaultctl refresh salesforce alice", "refresh alice's tokens at salesforce")],
+            handler: { ctl, parsed in ctl.refresh(parsed) }),
+        CommandSpec(
+            name: "provider-secret", required: [.provider], optional: [], options: [],
+            summary: "store an oauth2 client secret, read from stdin",
+            details: """
+                Reads an OAuth 2.0 client secret from stdin (without echo on a
+                terminal) and stores it in the secret store for the oauth2 provider
+                PROVIDER; vaultd uses it from then on. A client secret never goes into
+                vaultd.conf or onto a command line.
+                """,
+            examples: [("vaultctl provider-secret salesforce < client-secret.txt", "store salesforce's secret")],
+            handler: { ctl, parsed in ctl.providerSecret(parsed) }),
+        CommandSpec(
+            name: "watch", required: [], optional: [.provider, .user],
+            options: [
+                .value(
+                    "--kind", "KIND", .suggest(EventKind.allCases.map(\.rawValue)), repeatable: true,
+                    "only events of this kind (may be given more than once)")
+            ],
+            summary: "print session events as they happen",
+            details: """
+                Prints events as they happen, one line each, until interrupted: login,
+                logout, kicks and (with refreshing providers) token changes, for the
+                sessions you may see. --json prints one JSON object per line: first
+                {"sessions":[...]}, then one {"event":{...}} per event. Kinds:
+                \(EventKind.allCases.map(\.rawValue).joined(separator: ", ")).
+                """,
+            examples: [
+                ("vaultctl watch", "every event of every session you may see"),
+                ("vaultctl watch demo alice --kind kickedOffline", "only when alice is kicked offline"),
+            ],
+            handler: { ctl, parsed in ctl.watch(parsed) }),
+        CommandSpec(
+            name: "kick", required: [.provider, .user], optional: [],
+            options: [.value("--reason", "REASON", .text, "why, as subscribers see it (default: kicked)")],
+            summary: "force a logout (the chat server kicked the client)",
+            details: """
+                Logs the account out at once, as when its chat server kicked the client
+                offline; subscribers get kickedOffline with REASON (default: kicked).
+                The owner, root and members of the configured AdminGroup may do this.
+                """,
+            examples: [("vaultctl kick demo alice --reason revoked", "withdraw alice's token now")],
+            handler: { ctl, parsed in ctl.kick(parsed) }),
+        CommandSpec(
+            name: "completion", required: [ArgumentSpec("SHELL", .oneOf(Completion.shells))], optional: [],
+            options: [],
+            summary: "print a completion script for bash, zsh or fish",
+            details: """
+                Prints a script that completes vaultctl's commands and options in
+                SHELL, and providers and users from the sessions vaultd lists when it
+                answers. Load it in the shell's start-up file.
+                """,
+            examples: [
+                ("source <(vaultctl completion bash)", "in ~/.bashrc"),
+                ("source <(vaultctl completion zsh)", "in ~/.zshrc, after compinit"),
+                ("vaultctl completion fish > ~/.config/fish/completions/vaultctl.fish", "for fish"),
+            ],
+            handler: { ctl, parsed in ctl.completion(parsed) }),
+        CommandSpec(
+            name: "help", required: [], optional: [ArgumentSpec("COMMAND", .command)], options: [],
+            summary: "show help",
+            details: "Shows what vaultctl, or one of its commands, does and takes.",
+            examples: [("vaultctl help login", "how to log in")],
+            handler: { ctl, parsed in ctl.help(parsed) }),
+    ]
+}

@@ -1,0 +1,112 @@
+import Foundation
+import Synchronization
+import VaultCLI
+
+/// What one in-process vaultctl run printed and returned.
+struct CtlResult {
+    var status: VaultCtl.ExitCode
+    var stdout: String
+    var stderr: String
+}
+
+/// Lines written through an `Output`, kept for the test to read.
+private final class Capture: Sendable {
+    let out = Mutex<[String]>([])
+    let err = Mutex<[String]>([])
+
+    var output: Output {
+        Output(
+            out: { line in self.out.withLock { $0.append(line) } },
+            err: { line in self.err.withLock { $0.append(line) } })
+    }
+}
+
+/// A socket path nothing listens on, so no test reaches a real vaultd.
+let noSocket = "/nonexistent/vaultctl-tests/socket"
+
+/// Runs vaultctl in this process with `arguments`, its output captured.
+func ctl(_ arguments: [String]) -> CtlResult {
+    let capture = Capture()
+    var vaultctl = VaultCtl(output: capture.output)
+    let status = vaultctl.run(arguments)
+    return CtlResult(
+        status: status,
+        stdout: capture.out.withLock { $0.joined(separator: "\n") },
+        stderr: capture.err.withLock { $0.joined(separator: "\n") })
+}
+
+/// Words that fill a command's positional arguments validly: every required
+/// one and, with `optional`, the optional ones too.
+func validArguments(_ spec: CommandSpec, optional: Bool = false) -> [String] {
+    (spec.required + (optional ? spec.optional : [])).map { argument in
+        switch argument.kind {
+        case .provider: return "demo"
+        case .user: return "alice"
+        case .command: return "login"
+        case .oneOf(let words): return words[0]
+        default: return "x"
+        }
+    }
+}
+
+/// The first executable called `name` on PATH (or in /usr/bin, /bin).
+func findProgram(_ name: String) -> String? {
+    let path = ProcessInfo.processInfo.environment["PATH"] ?? ""
+    for directory in path.split(separator: ":").map(String.init) + ["/usr/bin", "/bin"] {
+        let candidate = directory + "/" + name
+        if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
+    }
+    return nil
+}
+
+/// The result of running a program to its end.
+struct ProgramResult {
+    var status: Int32
+    var stdout: String
+    var stderr: String
+}
+
+/// Runs `program` with `arguments` and the given extra environment; stdin is empty.
+func runProgram(_ program: String, _ arguments: [String], environment: [String: String] = [:]) throws
+    -> ProgramResult
+{
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: program)
+    process.arguments = arguments
+    process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+    let out = Pipe()
+    let err = Pipe()
+    process.standardOutput = out
+    process.standardError = err
+    process.standardInput = FileHandle.nullDevice
+    try process.run()
+    // The scripts' output is small: read both to the end, then reap.
+    let outData = out.fileHandleForReading.readDataToEndOfFile()
+    let errData = err.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return ProgramResult(
+        status: process.terminationStatus, stdout: String(decoding: outData, as: UTF8.self),
+        stderr: String(decoding: errData, as: UTF8.self))
+}
+
+/// A temporary directory removed at the end of a test.
+final class TemporaryDirectory {
+    let url: URL
+
+    init() throws {
+        url = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent(
+            "vaultctl-test-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+
+    /// Writes `text` to `name` in the directory, executable when asked, and returns its path.
+    @discardableResult
+    func write(_ name: String, _ text: String, executable: Bool = false) throws -> String {
+        let path = url.appendingPathComponent(name).path
+        try text.write(toFile: path, atomically: true, encoding: .utf8)
+        if executable { try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: path) }
+        return path
+    }
+
+    deinit { try? FileManager.default.removeItem(at: url) }
+}
