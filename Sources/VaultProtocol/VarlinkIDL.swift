@@ -221,7 +221,9 @@ public struct VarlinkSignature: Sendable {
             case (.nullable(let wrapped), _): return wrapped.accepts(value)
             case (.bool, .bool), (.float, .number), (.string, .string), (.object, .object): return true
             case (.int, _): return value.integerValue != nil
-            case (.array(let element), .array(let values)): return values.allSatisfy(element.accepts)
+            case (.array(let element), .array(let values)):
+                for value in values where !element.accepts(value) { return false }
+                return true
             case (.structure(let members), .object(let object)): return Check.offending(members, in: object) == nil
             case (.enumeration(let names), .string(let name)): return names.contains(name)
             default: return false
