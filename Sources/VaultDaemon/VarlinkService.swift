@@ -70,9 +70,6 @@ public struct VarlinkService: Sendable {
         }
     }
 
-    /// The names of the methods bound, for tests.
-    public var methodNames: [String] { methods.keys.sorted() }
-
     /// Answers one call: the `org.varlink.service` error for a call the
     /// interface does not allow, else the handler's outcome.
     public func handle(_ call: VarlinkCall, caller: Caller) -> HandlerOutcome {
