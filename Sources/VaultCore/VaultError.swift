@@ -26,61 +26,135 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case replyTooLarge
         case internalError
 
-        /// The seeds' error code for this kind, as the SDKs report it.
-        public var seedCode: String {
+        /// How a kind of failure is named on the wire and by the SDKs, and what
+        /// it means: the `io.vaultd.Vault` error's name and doc comment, and
+        /// the seed-style code its replies carry.
+        public struct Declaration: Sendable, Equatable {
+            /// The Varlink error name's suffix in `io.vaultd.Vault` (`NotLoggedIn`).
+            public var varlinkName: String
+            /// The seeds' error code, as the SDKs report it (`ERR_NOT_LOGGED_IN`).
+            public var seedCode: String
+            /// The error's doc comment in the interface definition.
+            public var doc: String
+        }
+
+        /// The one table of names: every code's Varlink name, seed code and doc.
+        /// The interface definition's errors derive from it.
+        public var declaration: Declaration {
             switch self {
-            case .notLoggedIn: return "ERR_NOT_LOGGED_IN"
-            case .loginInProgress: return "ERR_LOGIN_IN_PROGRESS"
-            case .unknownProvider: return "ERR_PROVIDER_NOT_FOUND"
-            case .invalidCredential: return "AUTH_ERR_AUTH_TOKEN_NOT_FOUND"
-            case .tokenExpired: return "ERR_TOKEN_EXPIRED"
-            case .userDeactivated: return "ERR_USER_DEACTIVATED"
-            case .uidNotFound: return "ERR_UID_NOT_FOUND"
-            case .accessDenied: return "ERR_ACCESS_DENIED"
-            case .storeUnavailable: return "ERR_SECRET_STORE_UNAVAILABLE"
-            case .storeLocked: return "ERR_SECRET_STORE_LOCKED"
-            case .storeFailed: return "ERR_SECRET_STORE_FAILED"
-            case .invalidParameter: return "ERR_INVALID_PARAMETER"
-            case .networkError: return "ERR_NETWORK_ERROR"
-            case .invalidConfig: return "ERR_INVALID_CONFIG"
-            case .subscriberTooSlow: return "ERR_SUBSCRIBER_TOO_SLOW"
-            case .tooManySubscriptions: return "ERR_TOO_MANY_SUBSCRIPTIONS"
-            case .tooManySessions: return "ERR_TOO_MANY_SESSIONS"
-            case .sessionTooLarge: return "ERR_SESSION_TOO_LARGE"
-            case .refreshTooSoon: return "ERR_REFRESH_TOO_SOON"
-            case .tooManyConnections: return "ERR_TOO_MANY_CONNECTIONS"
-            case .replyTooLarge: return "ERR_REPLY_TOO_LARGE"
-            case .internalError: return "ERR_INTERNAL"
+            case .notLoggedIn:
+                return Declaration(
+                    varlinkName: "NotLoggedIn", seedCode: "ERR_NOT_LOGGED_IN",
+                    doc: "The account is not logged in (ERR_NOT_LOGGED_IN).")
+            case .loginInProgress:
+                return Declaration(
+                    varlinkName: "LoginInProgress", seedCode: "ERR_LOGIN_IN_PROGRESS",
+                    doc: "A login of the account is already in progress.")
+            case .unknownProvider:
+                return Declaration(
+                    varlinkName: "UnknownProvider", seedCode: "ERR_PROVIDER_NOT_FOUND",
+                    doc: "The provider is not defined in vaultd.conf.")
+            case .invalidCredential:
+                return Declaration(
+                    varlinkName: "InvalidCredential", seedCode: "AUTH_ERR_AUTH_TOKEN_NOT_FOUND",
+                    doc: "The token is missing, empty or malformed (AUTH_ERR_AUTH_TOKEN_NOT_FOUND).")
+            case .tokenExpired:
+                return Declaration(
+                    varlinkName: "TokenExpired", seedCode: "ERR_TOKEN_EXPIRED",
+                    doc: "The token has expired, or would before minValidSeconds.")
+            case .userDeactivated:
+                return Declaration(
+                    varlinkName: "UserDeactivated", seedCode: "ERR_USER_DEACTIVATED",
+                    doc: "The user is deactivated at the provider (ERR_USER_DEACTIVATED).")
+            case .uidNotFound:
+                return Declaration(
+                    varlinkName: "UidNotFound", seedCode: "ERR_UID_NOT_FOUND",
+                    doc: "The user id is unknown at the provider (ERR_UID_NOT_FOUND).")
+            case .accessDenied:
+                return Declaration(
+                    varlinkName: "AccessDenied", seedCode: "ERR_ACCESS_DENIED",
+                    doc: "The caller may not use this account.")
+            case .storeUnavailable:
+                return Declaration(
+                    varlinkName: "StoreUnavailable", seedCode: "ERR_SECRET_STORE_UNAVAILABLE",
+                    doc: "The secret store cannot be reached.")
+            case .storeLocked:
+                return Declaration(
+                    varlinkName: "StoreLocked", seedCode: "ERR_SECRET_STORE_LOCKED",
+                    doc: "The secret store's collection is locked.")
+            case .storeFailed:
+                return Declaration(
+                    varlinkName: "StoreFailed", seedCode: "ERR_SECRET_STORE_FAILED",
+                    doc: "The secret store refused or failed a read or write.")
+            case .invalidParameter:
+                return Declaration(
+                    varlinkName: "InvalidParameter", seedCode: "ERR_INVALID_PARAMETER",
+                    doc: "A parameter has a bad value.")
+            case .networkError:
+                return Declaration(
+                    varlinkName: "NetworkError", seedCode: "ERR_NETWORK_ERROR",
+                    doc: "The provider could not be reached (ERR_NETWORK_ERROR).")
+            case .invalidConfig:
+                return Declaration(
+                    varlinkName: "InvalidConfig", seedCode: "ERR_INVALID_CONFIG",
+                    doc: "The configuration is invalid.")
+            case .subscriberTooSlow:
+                return Declaration(
+                    varlinkName: "SubscriberTooSlow", seedCode: "ERR_SUBSCRIBER_TOO_SLOW",
+                    doc: "The subscriber did not read its events fast enough and was dropped.")
+            case .tooManySubscriptions:
+                return Declaration(
+                    varlinkName: "TooManySubscriptions", seedCode: "ERR_TOO_MANY_SUBSCRIPTIONS",
+                    doc: """
+                        The caller's user has as many Subscribe streams open as vaultd allows one
+                        user (root is not limited).
+                        """)
+            case .tooManySessions:
+                return Declaration(
+                    varlinkName: "TooManySessions", seedCode: "ERR_TOO_MANY_SESSIONS",
+                    doc: """
+                        The session's owner holds as many sessions as vaultd allows one user
+                        (MaxSessionsPerUser=; root is not limited).
+                        """)
+            case .sessionTooLarge:
+                return Declaration(
+                    varlinkName: "SessionTooLarge", seedCode: "ERR_SESSION_TOO_LARGE",
+                    doc: "The session record (tokens and profile) is larger than MaxSessionSize=.")
+            case .refreshTooSoon:
+                return Declaration(
+                    varlinkName: "RefreshTooSoon", seedCode: "ERR_REFRESH_TOO_SOON",
+                    doc: """
+                        The session's tokens were refreshed less than MinRefreshInterval= ago and are
+                        still valid: no refresh was started.
+                        """)
+            case .tooManyConnections:
+                return Declaration(
+                    varlinkName: "TooManyConnections", seedCode: "ERR_TOO_MANY_CONNECTIONS",
+                    doc: """
+                        The caller's user holds as many connections as vaultd allows one user
+                        (MaxConnectionsPerUser=), or vaultd serves as many as it may; sent as the only
+                        reply before the connection is closed.
+                        """)
+            case .replyTooLarge:
+                return Declaration(
+                    varlinkName: "ReplyTooLarge", seedCode: "ERR_REPLY_TOO_LARGE",
+                    doc: """
+                        The reply would take more than the connection may have queued
+                        (MaxOutputPerConnection=): read replies before sending more calls, or ask for
+                        less (a smaller limit to ListSessions, a narrower Subscribe).
+                        """)
+            case .internalError:
+                return Declaration(
+                    varlinkName: "InternalError", seedCode: "ERR_INTERNAL",
+                    doc: "vaultd failed in a way it did not expect.")
             }
         }
 
+        /// The seeds' error code for this kind, as the SDKs report it.
+        public var seedCode: String { declaration.seedCode }
+
         /// The code's Varlink error name suffix in `io.vaultd.Vault`.
-        public var varlinkErrorName: String {
-            switch self {
-            case .notLoggedIn: return "NotLoggedIn"
-            case .loginInProgress: return "LoginInProgress"
-            case .unknownProvider: return "UnknownProvider"
-            case .invalidCredential: return "InvalidCredential"
-            case .tokenExpired: return "TokenExpired"
-            case .userDeactivated: return "UserDeactivated"
-            case .uidNotFound: return "UidNotFound"
-            case .accessDenied: return "AccessDenied"
-            case .storeUnavailable: return "StoreUnavailable"
-            case .storeLocked: return "StoreLocked"
-            case .storeFailed: return "StoreFailed"
-            case .invalidParameter: return "InvalidParameter"
-            case .networkError: return "NetworkError"
-            case .invalidConfig: return "InvalidConfig"
-            case .subscriberTooSlow: return "SubscriberTooSlow"
-            case .tooManySubscriptions: return "TooManySubscriptions"
-            case .tooManySessions: return "TooManySessions"
-            case .sessionTooLarge: return "SessionTooLarge"
-            case .refreshTooSoon: return "RefreshTooSoon"
-            case .tooManyConnections: return "TooManyConnections"
-            case .replyTooLarge: return "ReplyTooLarge"
-            case .internalError: return "InternalError"
-            }
-        }
+        public var varlinkErrorName: String { declaration.varlinkName }
 
         /// Finds the code for a seed-style code string.
         public init?(seedCode: String) {

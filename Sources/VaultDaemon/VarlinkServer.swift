@@ -460,6 +460,7 @@ public final class VarlinkServer: @unchecked Sendable {
                 }
             }
             if stopping {
+                if call.oneway { continue }
                 queue(
                     VaultError(.internalError, "vaultd is stopping; retry when it is back").varlinkReply,
                     on: connection)
@@ -471,10 +472,6 @@ public final class VarlinkServer: @unchecked Sendable {
             case .encoded(let write):
                 if !call.oneway { queueBounded(on: connection, method: call.method, write) }
             case .subscribe(let snapshot, let filter):
-                guard call.more else {
-                    queue(VarlinkReply(error: "org.varlink.service.ExpectedMore"), on: connection)
-                    continue
-                }
                 let uid = connection.caller.uid
                 let open = subscriptionsPerUID[uid, default: 0]
                 guard uid == 0 || open < VarlinkServer.maximumSubscriptionsPerUID else {

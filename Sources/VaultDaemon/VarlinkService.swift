@@ -18,13 +18,25 @@ public enum HandlerOutcome: Sendable {
 /// A method handler: the call and who made it in, an outcome out.
 public typealias MethodHandler = @Sendable (VarlinkCall, Caller) -> HandlerOutcome
 
-/// A Varlink service as data: interfaces with their descriptions and a table
-/// from full method name to handler. The serving loop knows nothing else.
+/// A Varlink service as data: the interfaces it implements, declared as
+/// tables, with a handler bound to each method. Every call is checked against
+/// its method's declaration before the handler runs: unknown interface or
+/// method, `upgrade` (not supported), a streaming method without `more`, and
+/// parameters that are missing, null, mistyped or undeclared are answered
+/// with the `org.varlink.service` errors the Varlink specification names. The
+/// serving loop knows nothing else.
 public struct VarlinkService: Sendable {
-    /// Interface name → interface definition text.
-    public var interfaces: [String: String]
-    /// Full method name → handler.
-    public var methods: [String: MethodHandler]
+    /// A method's checks, precomputed from its declaration, and its handler
+    /// (nil for the `org.varlink.service` methods, which the service answers).
+    struct Binding: Sendable {
+        var signature: VarlinkSignature
+        var handler: MethodHandler?
+    }
+
+    /// Interface name → interface definition text, rendered once.
+    public private(set) var interfaces: [String: String] = [:]
+    /// Full method name → its checks and handler.
+    private var methods: [String: Binding] = [:]
     /// What GetInfo answers.
     public var vendor: String
     public var product: String
@@ -37,77 +49,72 @@ public struct VarlinkService: Sendable {
         self.product = product
         self.version = version
         self.url = url
-        self.interfaces = [:]
-        self.methods = [:]
+        bind(VarlinkServiceInterface.declaration) { _ in nil }
     }
 
-    /// Answers one call.
+    /// Adds `interface`, binding each of its methods to the handler `handler`
+    /// gives for it.
+    public mutating func add(
+        _ interface: VarlinkInterfaceDeclaration, handler: (VarlinkMethodDeclaration) -> MethodHandler
+    ) {
+        bind(interface, handler: handler)
+    }
+
+    private mutating func bind(
+        _ interface: VarlinkInterfaceDeclaration, handler: (VarlinkMethodDeclaration) -> MethodHandler?
+    ) {
+        interfaces[interface.name] = interface.idl
+        for method in interface.methods {
+            guard let signature = interface.signature(of: method.name) else { continue }
+            methods[signature.method] = Binding(signature: signature, handler: handler(method))
+        }
+    }
+
+    /// Answers one call: the `org.varlink.service` error for a call the
+    /// interface does not allow, else the handler's outcome.
     public func handle(_ call: VarlinkCall, caller: Caller) -> HandlerOutcome {
+        guard let binding = methods[call.method] else {
+            let interface = call.interface
+            if interfaces[interface] != nil { return .reply(VarlinkServiceError.methodNotFound(call.method)) }
+            return .reply(VarlinkServiceError.interfaceNotFound(interface))
+        }
+        // No method here takes over the connection: the specification names no
+        // error for that, so the flag is refused as an invalid parameter of the call.
+        if call.upgrade { return .reply(VarlinkServiceError.invalidParameter("upgrade")) }
+        // A stream needs more; without it (or with oneway, which wants no reply
+        // at all) nothing is started. A method that does not stream answers a
+        // call with more once, without continues, as the specification allows.
+        if binding.signature.streams && (!call.more || call.oneway) {
+            return .reply(VarlinkServiceError.expectedMore())
+        }
+        if let parameter = binding.signature.invalidParameter(in: call.parameters) {
+            return .reply(VarlinkServiceError.invalidParameter(parameter))
+        }
+        guard let handler = binding.handler else { return answerService(call) }
+        return handler(call, caller)
+    }
+
+    /// Answers the `org.varlink.service` methods.
+    private func answerService(_ call: VarlinkCall) -> HandlerOutcome {
         switch call.method {
         case ServiceMethod.getInfo.rawValue:
-            let names = ([VarlinkServiceError.interface] + interfaces.keys.sorted()).map(JSON.string)
+            // org.varlink.service first, then the others by name.
+            let names =
+                [VarlinkServiceInterface.name]
+                + interfaces.keys.filter { $0 != VarlinkServiceInterface.name }.sorted()
             return .reply(
                 VarlinkReply(parameters: [
                     "vendor": .string(vendor), "product": .string(product), "version": .string(version),
-                    "url": .string(url), "interfaces": .array(names),
+                    "url": .string(url), "interfaces": .array(names.map(JSON.string)),
                 ]))
         case ServiceMethod.getInterfaceDescription.rawValue:
-            guard let name = call.parameters["interface"]?.stringValue else {
-                return .reply(VarlinkServiceError.invalidParameter("interface"))
-            }
-            if name == VarlinkServiceError.interface {
-                return .reply(VarlinkReply(parameters: ["description": .string(VarlinkService.serviceInterface)]))
-            }
+            let name = call.parameters["interface"]?.stringValue ?? ""
             guard let description = interfaces[name] else {
                 return .reply(VarlinkServiceError.interfaceNotFound(name))
             }
             return .reply(VarlinkReply(parameters: ["description": .string(description)]))
         default:
-            if let handler = methods[call.method] { return handler(call, caller) }
-            let interface = call.interface
-            if interface == VarlinkServiceError.interface || interfaces[interface] != nil {
-                return .reply(VarlinkServiceError.methodNotFound(call.method))
-            }
-            return .reply(VarlinkServiceError.interfaceNotFound(interface))
+            return .reply(VarlinkServiceError.methodNotImplemented(call.method))
         }
     }
-
-    /// The standard `org.varlink.service` interface, as the Varlink spec defines it.
-    static let serviceInterface = """
-        # The Varlink Service Interface is provided by every varlink service. It
-        # describes the service and the interfaces it implements.
-        interface org.varlink.service
-
-        # Get a list of all the interfaces a service provides and information
-        # about the implementation.
-        method GetInfo() -> (
-          vendor: string,
-          product: string,
-          version: string,
-          url: string,
-          interfaces: []string
-        )
-
-        # Get the description of an interface that is implemented by this service.
-        method GetInterfaceDescription(interface: string) -> (description: string)
-
-        # The requested interface was not found.
-        error InterfaceNotFound (interface: string)
-
-        # The requested method was not found
-        error MethodNotFound (method: string)
-
-        # The interface defines the requested method, but the service does not
-        # implement it.
-        error MethodNotImplemented (method: string)
-
-        # One of the passed parameters is invalid.
-        error InvalidParameter (parameter: string)
-
-        # Client is denied access
-        error PermissionDenied ()
-
-        # Method is expected to be called with 'more' set to true, but wasn't
-        error ExpectedMore ()
-        """
 }

@@ -12,203 +12,232 @@ public enum VaultMethods {
     public static func service(manager: SessionManager, clock: any WallClock) -> VarlinkService {
         var service = VarlinkService(
             vendor: "vaultd", product: "vaultd", version: version, url: "https://github.com/vaultd/vaultd")
-        service.interfaces[VaultInterface.name] = VaultInterface.description
         let table = manager.table
-
-        service.methods[VaultMethod.login.rawValue] = { call, caller in
-            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let input = try LoginRequest(p)
-                return .deferred {
-                    do throws(VaultError) {
-                        let (record, created) = try await manager.login(input, caller: caller)
-                        return VarlinkReply(parameters: [
-                            "session": record.wireJSON(state: .logged), "created": .bool(created),
-                        ])
-                    } catch {
-                        return error.varlinkReply
-                    }
-                }
-            }
-        }
-
         let policy = manager.policy
 
-        service.methods[VaultMethod.logout.rawValue] = { call, caller in
-            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let (account, requested) = try addressed(p)
-                return .deferred {
-                    do throws(VaultError) {
-                        let key = try sessionKey(account, requested, caller, policy.policy, table)
-                        try await manager.logout(key, caller: caller)
-                        return VarlinkReply()
-                    } catch {
-                        return error.varlinkReply
+        /// The handler of each method; the switch makes a method without one a compile error.
+        func handler(_ method: VaultMethod) -> MethodHandler {
+            switch method {
+            case .login:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let input = try LoginRequest(p)
+                        return .deferred {
+                            do throws(VaultError) {
+                                let (record, created) = try await manager.login(input, caller: caller)
+                                return VarlinkReply(parameters: [
+                                    "session": record.wireJSON(state: .logged), "created": .bool(created),
+                                ])
+                            } catch {
+                                return error.varlinkReply
+                            }
+                        }
                     }
                 }
-            }
-        }
 
-        service.methods[VaultMethod.getSession.rawValue] = { call, caller in
-            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let (account, requested) = try addressed(p)
-                let access = policy.policy
-                let key: SessionKey
-                do throws(VaultError) { key = try sessionKey(account, requested, caller, access, table) } catch {
-                    return .reply(error.varlinkReply)
+            case .logout:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let (account, requested) = try addressed(p)
+                        return .deferred {
+                            do throws(VaultError) {
+                                let key = try sessionKey(account, requested, caller, policy.policy, table)
+                                try await manager.logout(key, caller: caller)
+                                return VarlinkReply()
+                            } catch {
+                                return error.varlinkReply
+                            }
+                        }
+                    }
                 }
-                guard access.maySee(caller, ownerUID: key.owner) else {
-                    return .reply(AccessPolicy.notYours(key).varlinkReply)
-                }
-                guard let view = table.view(of: key) else {
-                    return .reply(VaultError.notLoggedIn(account).varlinkReply)
-                }
-                guard let record = view.record else {
-                    // A login or logout in flight.
-                    return .reply(VarlinkReply(parameters: ["session": pendingSessionJSON(key, state: view.state)]))
-                }
-                return .reply(
-                    VarlinkReply(parameters: ["session": record.wireJSON(state: view.state, refresh: view.refresh)]))
-            }
-        }
 
-        service.methods[VaultMethod.listSessions.rawValue] = { call, caller in
-            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let page = try SessionPage(visibleSessions(table, policy.policy, caller), parameters: p)
-                return .reply(VarlinkReply(parameters: page.parameters))
-            }
-        }
+            case .getSession:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let (account, requested) = try addressed(p)
+                        let access = policy.policy
+                        let key: SessionKey
+                        do throws(VaultError) { key = try sessionKey(account, requested, caller, access, table) } catch
+                        {
+                            return .reply(error.varlinkReply)
+                        }
+                        guard access.maySee(caller, ownerUID: key.owner) else {
+                            return .reply(AccessPolicy.notYours(key).varlinkReply)
+                        }
+                        guard let view = table.view(of: key) else {
+                            return .reply(VaultError.notLoggedIn(account).varlinkReply)
+                        }
+                        guard let record = view.record else {
+                            // A login or logout in flight.
+                            return .reply(
+                                VarlinkReply(parameters: ["session": pendingSessionJSON(key, state: view.state)]))
+                        }
+                        return .reply(
+                            VarlinkReply(parameters: [
+                                "session": record.wireJSON(state: view.state, refresh: view.refresh)
+                            ]))
+                    }
+                }
 
-        service.methods[VaultMethod.getToken.rawValue] = { call, caller in
-            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let r = try GetTokenRequest(p)
-                let account = Account(provider: r.provider, user: r.user)
-                let access = policy.policy
-                let key: SessionKey
-                do throws(VaultError) {
-                    key = SessionKey(
-                        owner: try access.owner(of: account, for: caller, requested: r.ownerUID), account: account)
-                } catch {
-                    return .reply(error.varlinkReply)
+            case .listSessions:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let page = try SessionPage(visibleSessions(table, policy.policy, caller), parameters: p)
+                        return .reply(VarlinkReply(parameters: page.parameters))
+                    }
                 }
-                func refuse(_ error: VaultError) -> HandlerOutcome {
-                    manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                    return .reply(error.varlinkReply)
-                }
-                // Asked before the table: whether another user holds a session is theirs to know.
-                guard access.mayReadToken(caller, key) else {
-                    return refuse(
-                        VaultError(
-                            .accessDenied,
-                            "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
-                        ))
-                }
-                guard let view = table.view(of: key), let record = view.record else {
-                    return refuse(.notLoggedIn(account))
-                }
-                // The rule the manager applies too. Whether the provider can refresh
-                // and the configured MinRefreshInterval= are the manager's to know:
-                // "maybe" (can, no interval) leaves those refusals to it.
-                let facts = TokenHandout.Facts(
-                    account: account, expiresAt: record.expiresAt,
-                    issuedAt: record.tokens.issuedAt ?? record.createdAt, lastRefreshAt: view.refresh?.lastRefreshAt,
-                    canRefresh: true, minRefreshIntervalSeconds: 0)
-                switch TokenHandout.decide(facts, minValidSeconds: r.minValidSeconds, now: clock.now()) {
-                case .serve: break
-                case .refuse(let error): return refuse(error)
-                case .refreshFirst:
-                    // Not valid long enough: wait for the (shared) refresh, where the provider can.
-                    return .deferred {
+
+            case .getToken:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let r = try GetTokenRequest(p)
+                        let account = Account(provider: r.provider, user: r.user)
+                        let access = policy.policy
+                        let key: SessionKey
                         do throws(VaultError) {
-                            let fresh = try await manager.freshToken(
-                                key, minValidSeconds: r.minValidSeconds, caller: caller)
-                            manager.audit("GetToken", key, caller: caller, result: "ok")
-                            return VarlinkReply(parameters: tokenReply(fresh))
+                            key = SessionKey(
+                                owner: try access.owner(of: account, for: caller, requested: r.ownerUID),
+                                account: account)
                         } catch {
+                            return .reply(error.varlinkReply)
+                        }
+                        func refuse(_ error: VaultError) -> HandlerOutcome {
                             manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                            return error.varlinkReply
+                            return .reply(error.varlinkReply)
                         }
-                    }
-                }
-                manager.audit("GetToken", key, caller: caller, result: "ok")
-                return .encoded { out in writeTokenReply(record, into: &out) }
-            }
-        }
-
-        service.methods[VaultMethod.refresh.rawValue] = { call, caller in
-            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let (account, requested) = try addressed(p)
-                return .deferred {
-                    do throws(VaultError) {
-                        let key = try sessionKey(account, requested, caller, policy.policy, table)
-                        _ = try await manager.refresh(key, caller: caller, clientAsked: true)
+                        // Asked before the table: whether another user holds a session is theirs to know.
+                        guard access.mayReadToken(caller, key) else {
+                            return refuse(
+                                VaultError(
+                                    .accessDenied,
+                                    "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
+                                ))
+                        }
                         guard let view = table.view(of: key), let record = view.record else {
-                            return VaultError.notLoggedIn(account).varlinkReply
+                            return refuse(.notLoggedIn(account))
                         }
-                        return VarlinkReply(parameters: [
-                            "session": record.wireJSON(state: view.state, refresh: view.refresh)
-                        ])
-                    } catch {
-                        return error.varlinkReply
-                    }
-                }
-            }
-        }
-
-        service.methods[VaultMethod.setProviderSecret.rawValue] = { call, caller in
-            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let provider = try p.string("provider")
-                let secret = Secret(try p.string("secret"))
-                return .deferred {
-                    do throws(VaultError) {
-                        try await manager.setProviderSecret(provider, secret, caller: caller)
-                        return VarlinkReply()
-                    } catch {
-                        return error.varlinkReply
-                    }
-                }
-            }
-        }
-
-        service.methods[VaultMethod.forceLogout.rawValue] = { call, caller in
-            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                let (account, requested) = try addressed(p)
-                let reason = try p.optionalString("reason") ?? "kicked"
-                // The reason goes into every subscriber's event and the log: keep it short and plain.
-                guard reason.utf8.count <= 64, !reason.isEmpty,
-                    reason.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F })
-                else { throw ParameterReader.Invalid(parameter: "reason") }
-                return .deferred {
-                    do throws(VaultError) {
-                        let key = try sessionKey(account, requested, caller, policy.policy, table)
-                        try await manager.logout(key, caller: caller, reason: reason)
-                        return VarlinkReply()
-                    } catch {
-                        return error.varlinkReply
-                    }
-                }
-            }
-        }
-
-        service.methods[VaultMethod.subscribe.rawValue] = { call, caller in
-            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                var filter = EventFilter(provider: try p.optionalString("provider"), user: try p.optionalString("user"))
-                if let kinds = p.parameters["kinds"], kinds != .null {
-                    guard let names = kinds.arrayValue else { throw ParameterReader.Invalid(parameter: "kinds") }
-                    for name in names {
-                        guard let kind = name.stringValue.flatMap(EventKind.init(rawValue:)) else {
-                            throw ParameterReader.Invalid(parameter: "kinds")
+                        // The rule the manager applies too. Whether the provider can refresh
+                        // and the configured MinRefreshInterval= are the manager's to know:
+                        // "maybe" (can, no interval) leaves those refusals to it.
+                        let facts = TokenHandout.Facts(
+                            account: account, expiresAt: record.expiresAt,
+                            issuedAt: record.tokens.issuedAt ?? record.createdAt,
+                            lastRefreshAt: view.refresh?.lastRefreshAt,
+                            canRefresh: true, minRefreshIntervalSeconds: 0)
+                        switch TokenHandout.decide(facts, minValidSeconds: r.minValidSeconds, now: clock.now()) {
+                        case .serve: break
+                        case .refuse(let error): return refuse(error)
+                        case .refreshFirst:
+                            // Not valid long enough: wait for the (shared) refresh, where the provider can.
+                            return .deferred {
+                                do throws(VaultError) {
+                                    let fresh = try await manager.freshToken(
+                                        key, minValidSeconds: r.minValidSeconds, caller: caller)
+                                    manager.audit("GetToken", key, caller: caller, result: "ok")
+                                    return VarlinkReply(parameters: tokenReply(fresh))
+                                } catch {
+                                    manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
+                                    return error.varlinkReply
+                                }
+                            }
                         }
-                        filter.kinds.insert(kind)
+                        manager.audit("GetToken", key, caller: caller, result: "ok")
+                        return .encoded { out in writeTokenReply(record, into: &out) }
                     }
                 }
-                let sessions = visibleSessions(table, policy.policy, caller) { filter.matches($0.account) }
-                let subscriptionFilter = filter
-                return .subscribe(
-                    snapshot: VarlinkReply(parameters: ["sessions": .array(sessions)]),
-                    filter: { event in
-                        subscriptionFilter.matches(event) && policy.policy.maySee(caller, ownerUID: event.ownerUID)
-                    })
+
+            case .refresh:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let (account, requested) = try addressed(p)
+                        return .deferred {
+                            do throws(VaultError) {
+                                let key = try sessionKey(account, requested, caller, policy.policy, table)
+                                _ = try await manager.refresh(key, caller: caller, clientAsked: true)
+                                guard let view = table.view(of: key), let record = view.record else {
+                                    return VaultError.notLoggedIn(account).varlinkReply
+                                }
+                                return VarlinkReply(parameters: [
+                                    "session": record.wireJSON(state: view.state, refresh: view.refresh)
+                                ])
+                            } catch {
+                                return error.varlinkReply
+                            }
+                        }
+                    }
+                }
+
+            case .setProviderSecret:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let provider = try p.string("provider")
+                        let secret = Secret(try p.string("secret"))
+                        return .deferred {
+                            do throws(VaultError) {
+                                try await manager.setProviderSecret(provider, secret, caller: caller)
+                                return VarlinkReply()
+                            } catch {
+                                return error.varlinkReply
+                            }
+                        }
+                    }
+                }
+
+            case .forceLogout:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let (account, requested) = try addressed(p)
+                        let reason = try p.optionalString("reason") ?? "kicked"
+                        // The reason goes into every subscriber's event and the log: keep it short and plain.
+                        guard reason.utf8.count <= 64, !reason.isEmpty,
+                            reason.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F })
+                        else { throw ParameterReader.Invalid(parameter: "reason") }
+                        return .deferred {
+                            do throws(VaultError) {
+                                let key = try sessionKey(account, requested, caller, policy.policy, table)
+                                try await manager.logout(key, caller: caller, reason: reason)
+                                return VarlinkReply()
+                            } catch {
+                                return error.varlinkReply
+                            }
+                        }
+                    }
+                }
+
+            case .subscribe:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        var filter = EventFilter(
+                            provider: try p.optionalString("provider"), user: try p.optionalString("user"))
+                        if let kinds = p.parameters["kinds"], kinds != .null {
+                            guard let names = kinds.arrayValue else {
+                                throw ParameterReader.Invalid(parameter: "kinds")
+                            }
+                            for name in names {
+                                guard let kind = name.stringValue.flatMap(EventKind.init(rawValue:)) else {
+                                    throw ParameterReader.Invalid(parameter: "kinds")
+                                }
+                                filter.kinds.insert(kind)
+                            }
+                        }
+                        let sessions = visibleSessions(table, policy.policy, caller) { filter.matches($0.account) }
+                        let subscriptionFilter = filter
+                        return .subscribe(
+                            snapshot: VarlinkReply(parameters: ["sessions": .array(sessions)]),
+                            filter: { event in
+                                subscriptionFilter.matches(event)
+                                    && policy.policy.maySee(caller, ownerUID: event.ownerUID)
+                            })
+                    }
+                }
             }
+        }
+
+        service.add(VaultInterface.declaration) { declaration in
+            guard let method = VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)") else {
+                preconditionFailure("io.vaultd.Vault declares \(declaration.name), which is no VaultMethod")
+            }
+            return handler(method)
         }
         return service
     }

@@ -58,19 +58,6 @@ public struct ParameterReader {
     }
 }
 
-/// The methods of `io.vaultd.Vault`, by their full names.
-public enum VaultMethod: String, Sendable, CaseIterable {
-    case login = "io.vaultd.Vault.Login"
-    case logout = "io.vaultd.Vault.Logout"
-    case getSession = "io.vaultd.Vault.GetSession"
-    case listSessions = "io.vaultd.Vault.ListSessions"
-    case getToken = "io.vaultd.Vault.GetToken"
-    case subscribe = "io.vaultd.Vault.Subscribe"
-    case forceLogout = "io.vaultd.Vault.ForceLogout"
-    case refresh = "io.vaultd.Vault.Refresh"
-    case setProviderSecret = "io.vaultd.Vault.SetProviderSecret"
-}
-
 /// The methods of `org.varlink.service`.
 public enum ServiceMethod: String, Sendable, CaseIterable {
     case getInfo = "org.varlink.service.GetInfo"

@@ -10,13 +10,19 @@ public struct VarlinkCall: Sendable, Equatable {
     public var more: Bool
     /// The client wants no reply at all.
     public var oneway: Bool
+    /// The client asks for the connection to be handed to another protocol.
+    public var upgrade: Bool
 
     /// Makes a call.
-    public init(method: String, parameters: [String: JSON] = [:], more: Bool = false, oneway: Bool = false) {
+    public init(
+        method: String, parameters: [String: JSON] = [:], more: Bool = false, oneway: Bool = false,
+        upgrade: Bool = false
+    ) {
         self.method = method
         self.parameters = parameters
         self.more = more
         self.oneway = oneway
+        self.upgrade = upgrade
     }
 
     /// The interface part of the method name.
@@ -31,6 +37,7 @@ public struct VarlinkCall: Sendable, Equatable {
         if !parameters.isEmpty { o["parameters"] = .object(parameters) }
         if more { o["more"] = true }
         if oneway { o["oneway"] = true }
+        if upgrade { o["upgrade"] = true }
         return JSON.object(o).serialized()
     }
 
@@ -56,6 +63,7 @@ public struct VarlinkCall: Sendable, Equatable {
         }
         more = o["more"]?.boolValue ?? false
         oneway = o["oneway"]?.boolValue ?? false
+        upgrade = o["upgrade"]?.boolValue ?? false
     }
 }
 
@@ -131,14 +139,25 @@ public enum VarlinkServiceError {
         VarlinkReply(error: "org.varlink.service.MethodNotFound", parameters: ["method": .string(method)])
     }
 
+    /// The interface declares the method, but the service does not implement it.
+    public static func methodNotImplemented(_ method: String) -> VarlinkReply {
+        VarlinkReply(error: "org.varlink.service.MethodNotImplemented", parameters: ["method": .string(method)])
+    }
+
     /// The interface does not exist.
     public static func interfaceNotFound(_ interface: String) -> VarlinkReply {
         VarlinkReply(error: "org.varlink.service.InterfaceNotFound", parameters: ["interface": .string(interface)])
     }
 
-    /// A parameter is missing or has the wrong type.
+    /// A parameter is missing, null where that is not allowed, of the wrong
+    /// type or not declared at all; or a call flag (`upgrade`) is not supported.
     public static func invalidParameter(_ parameter: String) -> VarlinkReply {
         VarlinkReply(error: "org.varlink.service.InvalidParameter", parameters: ["parameter": .string(parameter)])
+    }
+
+    /// A streaming method was called without `more`.
+    public static func expectedMore() -> VarlinkReply {
+        VarlinkReply(error: "org.varlink.service.ExpectedMore")
     }
 }
 
