@@ -9,6 +9,8 @@ let package = Package(
     products: [
         .executable(name: "vaultd", targets: ["vaultd"]),
         .executable(name: "vaultctl", targets: ["vaultctl"]),
+        // The Swift client library: typed calls of io.vaultd.Vault and its event stream.
+        .library(name: "VaultClient", targets: ["VaultClient"]),
     ],
     targets: [
         // C glue only.
@@ -34,7 +36,8 @@ let package = Package(
         .target(name: "VaultProtocol", dependencies: ["VaultCore"]),
         // Typed system-call helpers shared by the client and the daemon.
         .target(name: "VaultSystem"),
-        // A blocking Varlink client over a Unix socket (vaultctl and tests).
+        // A blocking Varlink client over a Unix socket, with typed calls of
+        // io.vaultd.Vault (vaultctl, tests, and Swift programs through the library product).
         .target(name: "VaultClient", dependencies: ["VaultProtocol", "VaultSystem"]),
         // vaultctl's commands, as a library so tests can drive them.
         .target(name: "VaultCLI", dependencies: ["VaultClient"]),

@@ -179,35 +179,15 @@ public struct VaultCtl {
     }
 
     mutating func list() -> ExitCode {
-        // ListSessions answers a page at a time: follow `next` to the last one.
-        let path = socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
-        var sessions: [JSON] = []
+        let sessions: [Session]
         do {
-            let client = try VarlinkClient(path: path)
-            var after: String?
-            var limit: Int64?
-            while true {
-                var parameters: [String: JSON] = [:]
-                parameters["after"] = after.map(JSON.string)
-                parameters["limit"] = limit.map(JSON.int)
-                let reply = try client.call(VaultMethod.listSessions.rawValue, parameters)
-                // Large sessions under a small MaxOutputPerConnection: ask for fewer at a time.
-                if reply.error == "\(VaultInterface.name).\(VaultError.Code.replyTooLarge.varlinkErrorName)",
-                    limit ?? 2 > 1
-                {
-                    limit = max(1, (limit ?? 100) / 2)
-                    continue
-                }
-                if let failure = daemonError(reply) { return failure }
-                sessions += reply.parameters["sessions"]?.arrayValue ?? []
-                guard let next = reply.parameters["next"]?.stringValue, next != after else { break }
-                after = next
-            }
+            // Every page, to the last; a page too large for vaultd's output limit is asked for in halves.
+            sessions = try VaultConnection(path: socketPath).sessions()
         } catch {
-            return reportUnreachable(error)
+            return report(error)
         }
         if json {
-            output.out(JSON.object(["sessions": .array(sessions)]).text)
+            output.out(JSON.object(["sessions": .array(sessions.map(\.json))]).text)
             return .ok
         }
         if sessions.isEmpty {
@@ -217,9 +197,8 @@ public struct VaultCtl {
         var rows = [["PROVIDER", "USER", "STATE", "EXPIRES", "OWNER"]]
         for s in sessions {
             rows.append([
-                s["provider"]?.stringValue ?? "-", s["user"]?.stringValue ?? "-", s["state"]?.stringValue ?? "-",
-                Format.time(s["expiresAt"]?.integerValue),
-                s["ownerUid"]?.integerValue.map { String($0) } ?? "-",
+                s.account.provider, s.account.user, s.state.rawValue, Format.time(s.expiresAt?.seconds),
+                s.ownerUID.map { String($0) } ?? "-",
             ])
         }
         for line in Format.table(rows) { output.out(line) }
@@ -331,6 +310,19 @@ public struct VaultCtl {
         return .ok
     }
 
+    /// Reports a failed typed call as `daemonError` and `reportUnreachable` do.
+    func report(_ error: VaultClientError) -> ExitCode {
+        switch error {
+        case .reply(let reply):
+            return daemonError(VarlinkReply(error: reply.name, parameters: reply.parameters)) ?? .daemonError
+        case .client(let failure):
+            return reportUnreachable(failure)
+        case .unexpectedReply:
+            output.err("vaultctl: \(error)")
+            return .daemonError
+        }
+    }
+
     func reportUnreachable(_ error: ClientError) -> ExitCode {
         switch error {
         case .unreachable(let path, let reason):
@@ -339,7 +331,7 @@ public struct VaultCtl {
             )
         case .connection(let message):
             output.err("vaultctl: \(message)")
-        case .untrustedPeer:
+        case .untrustedPeer, .timedOut:
             output.err("vaultctl: \(error)")
         }
         return .unreachable

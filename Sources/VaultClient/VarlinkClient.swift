@@ -12,6 +12,8 @@ public enum ClientError: Error, Sendable, Equatable {
     /// The process serving the socket runs as `uid`, which is neither root,
     /// nor the caller, nor the system instance's service user: nothing was sent.
     case untrustedPeer(path: String, uid: UInt32)
+    /// A connect, send or receive waited longer than the client's timeout.
+    case timedOut(path: String, waiting: String)
 }
 
 extension ClientError: CustomStringConvertible {
@@ -23,6 +25,7 @@ extension ClientError: CustomStringConvertible {
         case .untrustedPeer(let path, let uid):
             return
                 "the socket \(path) is served by uid \(uid), not by root or you; refusing to send credentials. Someone may have put their own socket in vaultd's place: check who owns its directory, or pass the right --socket PATH"
+        case .timedOut(let path, let waiting): return "vaultd at \(path) did not answer in time (\(waiting))"
         }
     }
 }
@@ -43,28 +46,59 @@ public final class VarlinkClient {
     /// serving it is root, this process's effective user, or the system
     /// instance's service user: a socket someone else put in vaultd's place
     /// never sees a token. With `timeoutSeconds`, a send or a receive that
-    /// waits longer fails (tests, and callers that must not hang).
-    public init(path: String, timeoutSeconds: Int? = nil) throws(ClientError) {
+    /// waits longer fails with `timedOut` (tests, and callers that must not hang).
+    ///
+    /// `connectTimeoutSeconds` bounds the connect itself (default: the same as
+    /// `timeoutSeconds`). A Unix socket connect does not go over a network, but
+    /// it does wait when the listener's backlog is full (a vaultd that stopped
+    /// accepting): Linux bounds that wait by the socket's send timeout, which is
+    /// set before connecting.
+    public init(path: String, timeoutSeconds: Int? = nil, connectTimeoutSeconds: Int? = nil) throws(ClientError) {
         self.path = path
-        do { fd = try UnixSocket.connect(to: path) } catch {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else {
+            throw .unreachable(path: path, reason: SystemError("socket").description)
+        }
+        if let connectTimeout = connectTimeoutSeconds ?? timeoutSeconds {
+            VarlinkClient.setTimeout(fd, SO_SNDTIMEO, seconds: connectTimeout)
+        }
+        do {
+            try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
+                while Glibc.connect(fd, address, length) != 0 {
+                    if errno == EINTR { continue }
+                    throw SystemError("connect")
+                }
+            }
+        } catch {
+            close(fd)
+            if error.errno == EAGAIN || error.errno == EINPROGRESS {
+                throw .timedOut(path: path, waiting: "connect: vaultd accepts no connections")
+            }
             throw .unreachable(path: path, reason: error.description)
         }
-        if let timeoutSeconds {
-            var limit = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
-            let size = socklen_t(MemoryLayout<timeval>.size)
-            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, size)
-            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, size)
-        }
+        self.fd = fd
+        // Unset when only the connect is bounded, so a long watch is not cut short.
+        VarlinkClient.setTimeout(fd, SO_SNDTIMEO, seconds: timeoutSeconds ?? 0)
+        if let timeoutSeconds { VarlinkClient.setTimeout(fd, SO_RCVTIMEO, seconds: timeoutSeconds) }
         let peer: uid_t
         do { peer = try UnixSocket.peerUID(fd) } catch {
-            close(fd)
             throw .connection("cannot tell who serves \(path): \(error)")
         }
         guard VarlinkClient.trusts(peer: peer, euid: geteuid(), serviceUID: VarlinkClient.serviceUID) else {
-            close(fd)
             throw .untrustedPeer(path: path, uid: peer)
         }
     }
+
+    /// Sets `SO_SNDTIMEO` or `SO_RCVTIMEO`; 0 waits forever.
+    private static func setTimeout(_ fd: Int32, _ option: Int32, seconds: Int) {
+        var limit = timeval(tv_sec: seconds, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, option, &limit, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    /// The connected socket, for callers that poll it, shut it down, or write
+    /// to it in ways `send` does not (tests of malformed input). The client
+    /// owns it and closes it when it goes away.
+    public var fileDescriptor: Int32 { fd }
 
     /// Whether a socket served by `peer` may receive this process's calls:
     /// root, the process's own effective user, or the system service user.
@@ -102,19 +136,38 @@ public final class VarlinkClient {
     public func send(_ call: VarlinkCall) throws(ClientError) {
         var message = call.encoded()
         message.append(0)
-        let failure: SystemError? = message.withUnsafeBytes { bytes in
+        try send(bytes: message)
+    }
+
+    /// Sends `bytes` as they are: no framing is added, nothing is checked.
+    /// For tests of what a well-behaved client never sends (bad JSON, a
+    /// message cut short, pipelined calls in one write).
+    public func send(bytes: [UInt8]) throws(ClientError) {
+        let failure: SystemError? = bytes.withUnsafeBytes { raw in
             do throws(SystemError) {
-                try UnixSocket.sendAll(fd, bytes)
+                try UnixSocket.sendAll(fd, raw)
                 return nil
             } catch {
                 return error
             }
         }
-        if let failure { throw .connection("sending to \(path): \(failure)") }
+        guard let failure else { return }
+        if failure.errno == EAGAIN { throw .timedOut(path: path, waiting: "send") }
+        throw .connection("sending to \(path): \(failure)")
     }
 
-    /// Reads the next reply.
+    /// Reads the next reply; a connection vaultd closed before replying is an error.
     public func receive() throws(ClientError) -> VarlinkReply {
+        guard let reply = try nextReply() else {
+            throw .connection("vaultd at \(path) closed the connection before replying")
+        }
+        return reply
+    }
+
+    /// Reads the next reply, or nil when vaultd closed the connection between
+    /// messages (the end of a stream, a connection it dropped). A close in the
+    /// middle of a message is an error.
+    public func nextReply() throws(ClientError) -> VarlinkReply? {
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
             do {
@@ -136,9 +189,16 @@ public final class VarlinkClient {
             let n: Int
             switch received {
             case .success(let count): n = count
-            case .failure(let error): throw .connection("reading from \(path): \(error)")
+            case .failure(let error):
+                if error.errno == EAGAIN { throw .timedOut(path: path, waiting: "a reply") }
+                throw .connection("reading from \(path): \(error)")
             }
-            if n == 0 { throw .connection("vaultd at \(path) closed the connection before replying") }
+            if n == 0 {
+                if decoder.hasPartialMessage {
+                    throw .connection("vaultd at \(path) closed the connection in the middle of a reply")
+                }
+                return nil
+            }
             decoder.append(buffer[0..<n])
         }
     }

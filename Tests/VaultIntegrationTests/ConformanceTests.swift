@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import VaultClient
 import VaultCore
 import VaultProtocol
 
@@ -12,14 +13,14 @@ struct ConformanceTests {
     init() throws { fixture = try DaemonFixture() }
 
     /// Sends one raw call and returns its reply.
-    func call(_ c: RawConnection, _ text: String) throws -> VarlinkReply {
+    func call(_ c: VarlinkClient, _ text: String) throws -> VarlinkReply {
         try c.send(text)
-        return try #require(try c.receive())
+        return try #require(try c.nextReply())
     }
 
     @Test("Should answer a method of an unknown interface with InterfaceNotFound naming the interface")
     func interfaceNotFound() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let reply = try call(c, #"{"method":"com.example.Nope.Call","parameters":{}}"#)
         #expect(reply.error == "org.varlink.service.InterfaceNotFound")
         #expect(reply.parameters["interface"]?.stringValue == "com.example.Nope")
@@ -32,7 +33,7 @@ struct ConformanceTests {
 
     @Test("Should answer an unknown method of a known interface with MethodNotFound naming the method")
     func methodNotFound() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         for method in ["io.vaultd.Vault.Frobnicate", "org.varlink.service.Frobnicate"] {
             let reply = try call(c, #"{"method":"\#(method)"}"#)
             #expect(reply.error == "org.varlink.service.MethodNotFound")
@@ -54,7 +55,7 @@ struct ConformanceTests {
             (#"{"provider":"demo","user":"u","colour":"blue"}"#, "colour"),
         ])
     func invalidParameter(parameters: String, name: String) throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let reply = try call(c, #"{"method":"io.vaultd.Vault.GetToken","parameters":\#(parameters)}"#)
         #expect(reply.error == "org.varlink.service.InvalidParameter")
         #expect(reply.parameters["parameter"]?.stringValue == name)
@@ -62,7 +63,7 @@ struct ConformanceTests {
 
     @Test("Should check the org.varlink.service methods and named types the same way")
     func invalidParameterElsewhere() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let extra = try call(c, #"{"method":"org.varlink.service.GetInfo","parameters":{"verbose":true}}"#)
         #expect(extra.parameters["parameter"]?.stringValue == "verbose")
         let missing = try call(c, #"{"method":"org.varlink.service.GetInterfaceDescription"}"#)
@@ -82,7 +83,7 @@ struct ConformanceTests {
 
     @Test("Should send nothing for oneway calls, not even errors, and answer the next call")
     func oneway() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let calls = [
             #"{"method":"io.vaultd.Vault.GetToken","oneway":true,"parameters":{"provider":"demo","user":"nobody"}}"#,
             #"{"method":"io.vaultd.Vault.Frobnicate","oneway":true}"#,
@@ -91,15 +92,15 @@ struct ConformanceTests {
             #"{"method":"io.vaultd.Vault.Logout","oneway":true,"parameters":{"provider":"demo","user":"nobody"}}"#,
             #"{"method":"org.varlink.service.GetInfo"}"#,
         ]
-        try c.send(calls.map { Array($0.utf8) + [0] }.flatMap { $0 })
-        let reply = try #require(try c.receive())
+        try c.send(bytes: calls.map { Array($0.utf8) + [0] }.flatMap { $0 })
+        let reply = try #require(try c.nextReply())
         #expect(reply.error == nil)
         #expect(reply.parameters["vendor"]?.stringValue == "vaultd")
     }
 
     @Test("Should answer a non-streaming method called with more once, without continues")
     func moreOnPlainMethod() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let reply = try call(c, #"{"method":"io.vaultd.Vault.ListSessions","more":true}"#)
         #expect(reply.error == nil)
         #expect(!reply.continues)
@@ -113,7 +114,7 @@ struct ConformanceTests {
 
     @Test("Should answer Subscribe without more with ExpectedMore, and stream with it")
     func subscribeNeedsMore() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let refused = try call(c, #"{"method":"io.vaultd.Vault.Subscribe","parameters":{}}"#)
         #expect(refused.error == "org.varlink.service.ExpectedMore")
         #expect(!refused.continues)
@@ -125,7 +126,7 @@ struct ConformanceTests {
 
     @Test("Should refuse upgrade with InvalidParameter naming upgrade and stay on Varlink")
     func upgradeRefused() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let reply = try call(c, #"{"method":"io.vaultd.Vault.ListSessions","upgrade":true}"#)
         #expect(reply.error == "org.varlink.service.InvalidParameter")
         #expect(reply.parameters["parameter"]?.stringValue == "upgrade")
@@ -136,7 +137,7 @@ struct ConformanceTests {
 
     @Test("Should serve the interface text the table renders, and org.varlink.service's")
     func descriptions() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let vault = try call(
             c, #"{"method":"org.varlink.service.GetInterfaceDescription","parameters":{"interface":"io.vaultd.Vault"}}"#
         )
@@ -158,7 +159,7 @@ struct ConformanceTests {
         if source == "served" {
             // The text the running daemon serves.
             let reply = try call(
-                try RawConnection(fixture.socketPath),
+                try VarlinkClient.raw(fixture.socketPath),
                 #"{"method":"org.varlink.service.GetInterfaceDescription","parameters":{"interface":"io.vaultd.Vault"}}"#
             )
             path = fixture.directory.path("served.varlink")

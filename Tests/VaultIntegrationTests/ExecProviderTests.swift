@@ -70,20 +70,20 @@ struct ExecProviderTests {
     func openIMRefreshes() throws {
         let standIns = try ChatStandIns()
         let fixture = try start(standIns)
-        let watcher = try RawConnection(fixture.socketPath)
+        let watcher = try VarlinkClient.raw(fixture.socketPath)
         try watcher.send(
             JSON.object([
                 "method": .string(VaultMethod.subscribe.rawValue), "more": true,
                 "parameters": ["provider": "openim", "user": "bob"],
             ]).text)
-        _ = try watcher.receive()
+        _ = try watcher.nextReply()
         let login = try vaultctl(fixture.socketPath, ["login", "openim", "bob", "--from-provider"])
         #expect(login.status == 0, "\(login.stderr)")
         let first = try vaultctl(fixture.socketPath, ["token", "openim", "bob"]).stdout
         #expect(first.hasPrefix("oi_bob_"))
         var refreshed = false
         for _ in 0..<10 {
-            guard let event = try watcher.receive()?.parameters["event"] else { break }
+            guard let event = try watcher.nextReply()?.parameters["event"] else { break }
             if event["kind"]?.stringValue == "tokenRefreshed" {
                 refreshed = true
                 break

@@ -13,22 +13,22 @@ struct ExpiryTests {
     func expiresOnSchedule() async throws {
         let fixture = try DaemonFixture()
         let user = uniqueName("expiring")
-        let watcher = try RawConnection(fixture.socketPath)
+        let watcher = try VarlinkClient.raw(fixture.socketPath)
         try watcher.send(
             JSON.object([
                 "method": .string(VaultMethod.subscribe.rawValue), "more": true,
                 "parameters": ["provider": "demo", "user": .string(user)],
             ]).text)
-        #expect(try watcher.receive()?.parameters["sessions"] != nil)
+        #expect(try watcher.nextReply()?.parameters["sessions"] != nil)
 
         let expiresAt = Int64(Date().timeIntervalSince1970) + 2
         let login = try vaultctl(
             fixture.socketPath, ["login", "demo", user, "--expires-at", String(expiresAt)], input: DaemonTests.token)
         #expect(login.status == 0, "\(login.stderr)")
-        #expect(try watcher.receive()?.parameters["event"]?["kind"]?.stringValue == "loginSuccess")
+        #expect(try watcher.nextReply()?.parameters["event"]?["kind"]?.stringValue == "loginSuccess")
 
         // The next event comes when the daemon's timer fires: bounded by the socket's 10 s receive timeout.
-        let expired = try #require(try watcher.receive()?.parameters["event"])
+        let expired = try #require(try watcher.nextReply()?.parameters["event"])
         #expect(expired["kind"]?.stringValue == "tokenExpired")
         #expect(expired["reason"]?.stringValue == "tokenExpired")
         #expect((expired["time"]?.integerValue ?? 0) >= expiresAt)

@@ -6,40 +6,14 @@ import VaultCore
 import VaultProtocol
 import VaultSystem
 
-/// A raw connection for sending what a well-behaved client never would.
-final class RawConnection {
-    let fd: Int32
-    private var decoder = VarlinkFrameDecoder(maximumSize: 16 << 20)
+extension VarlinkClient {
+    /// A connection for sending what a well-behaved client never would; every
+    /// read and write bounded by 10 s.
+    static func raw(_ path: String) throws -> VarlinkClient { try VarlinkClient(path: path, timeoutSeconds: 10) }
 
-    init(_ path: String) throws {
-        fd = try UnixSocket.connect(to: path)
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-    }
-
-    deinit { close(fd) }
-
-    func send(_ bytes: [UInt8]) throws {
-        try bytes.withUnsafeBytes { try UnixSocket.sendAll(fd, $0) }
-    }
-
+    /// Sends `text` as it is, with the NUL that ends a message unless `terminated` is false.
     func send(_ text: String, terminated: Bool = true) throws {
-        try send(Array(text.utf8) + (terminated ? [0] : []))
-    }
-
-    /// The next reply, or nil when the daemon closed the connection. Bounded by SO_RCVTIMEO.
-    func receive() throws -> VarlinkReply? {
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while true {
-            if let message = try decoder.next() { return try VarlinkReply(message: message) }
-            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n == 0 { return nil }
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw SystemError("recv")
-            }
-            decoder.append(buffer[0..<n])
-        }
+        try send(bytes: Array(text.utf8) + (terminated ? [0] : []))
     }
 }
 
@@ -52,92 +26,98 @@ struct ProtocolTests {
 
     @Test("Should answer an unknown method with MethodNotFound and keep the connection")
     func unknownMethod() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         try c.send(#"{"method":"io.vaultd.Vault.Frobnicate","parameters":{}}"#)
-        let reply = try #require(try c.receive())
+        let reply = try #require(try c.nextReply())
         #expect(reply.error == "org.varlink.service.MethodNotFound")
         #expect(reply.parameters["method"]?.stringValue == "io.vaultd.Vault.Frobnicate")
         try c.send(#"{"method":"com.example.Nope.Call"}"#)
-        #expect(try c.receive()?.error == "org.varlink.service.InterfaceNotFound")
+        #expect(try c.nextReply()?.error == "org.varlink.service.InterfaceNotFound")
         try c.send(#"{"method":"org.varlink.service.GetInfo"}"#)
-        let info = try #require(try c.receive())
+        let info = try #require(try c.nextReply())
         #expect(info.error == nil)
         #expect(info.parameters["interfaces"]?.arrayValue?.contains("io.vaultd.Vault") == true)
     }
 
     @Test("Should answer wrong parameter types with InvalidParameter naming the parameter")
     func wrongTypes() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         try c.send(#"{"method":"io.vaultd.Vault.GetToken","parameters":{"provider":42,"user":"u"}}"#)
-        let reply = try #require(try c.receive())
+        let reply = try #require(try c.nextReply())
         #expect(reply.error == "org.varlink.service.InvalidParameter")
         #expect(reply.parameters["parameter"]?.stringValue == "provider")
         try c.send(#"{"method":"io.vaultd.Vault.Login","parameters":{"provider":"demo"}}"#)
-        #expect(try c.receive()?.parameters["parameter"]?.stringValue == "user")
+        #expect(try c.nextReply()?.parameters["parameter"]?.stringValue == "user")
         try c.send(#"{"parameters":{}}"#)
-        #expect(try c.receive()?.parameters["parameter"]?.stringValue == "method")
+        #expect(try c.nextReply()?.parameters["parameter"]?.stringValue == "method")
         try c.send(#"{"method":"io.vaultd.Vault.Login","parameters":{"provider":"nope","user":"u","token":"abc"}}"#)
-        let unknown = try #require(try c.receive())
+        let unknown = try #require(try c.nextReply())
         #expect(unknown.error == "io.vaultd.Vault.UnknownProvider")
         #expect(unknown.parameters["code"]?.stringValue == "ERR_PROVIDER_NOT_FOUND")
         try c.send(#"{"method":"io.vaultd.Vault.ListSessions"}"#)
-        #expect(try c.receive()?.error == nil)
+        #expect(try c.nextReply()?.error == nil)
     }
 
     @Test("Should close only the connection that sent invalid JSON")
     func invalidJSONClosesConnection() throws {
-        let bystander = try RawConnection(fixture.socketPath)
-        let c = try RawConnection(fixture.socketPath)
+        let bystander = try VarlinkClient.raw(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         try c.send("{not json")
-        #expect(try c.receive() == nil)
+        #expect(try c.nextReply() == nil)
         try bystander.send(#"{"method":"org.varlink.service.GetInfo"}"#)
-        #expect(try bystander.receive()?.error == nil)
+        #expect(try bystander.nextReply()?.error == nil)
     }
 
     @Test("Should close a connection whose message grows past 1 MiB")
     func oversizedMessage() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let chunk = [UInt8](repeating: UInt8(ascii: "a"), count: 64 * 1024)
         // 17 chunks without a NUL: past the cap. The daemon may close before all is sent.
-        for _ in 0..<17 { try? c.send(chunk) }
-        #expect((try? c.receive()) == .some(nil))
+        for _ in 0..<17 { try? c.send(bytes: chunk) }
+        // Closed between messages: no reply, no error.
+        let end = Result { try c.nextReply() }
+        var closed = false
+        if case .success(.none) = end { closed = true }
+        #expect(closed, "vaultd closed the connection: \(end)")
         let other = try fixture.client().call(ServiceMethod.getInfo.rawValue)
         #expect(other.error == nil)
     }
 
     @Test("Should answer pipelined calls in order and send nothing for oneway calls")
     func pipelining() throws {
-        let c = try RawConnection(fixture.socketPath)
+        let c = try VarlinkClient.raw(fixture.socketPath)
         let calls = [
             #"{"method":"io.vaultd.Vault.GetSession","parameters":{"provider":"demo","user":"p1"}}"#,
             #"{"method":"org.varlink.service.GetInfo","oneway":true}"#,
             #"{"method":"io.vaultd.Vault.Logout","parameters":{"provider":"demo","user":"p2"}}"#,
             #"{"method":"org.varlink.service.GetInterfaceDescription","parameters":{"interface":"io.vaultd.Vault"}}"#,
         ]
-        try c.send(calls.map { Array($0.utf8) + [0] }.flatMap { $0 })
-        let first = try #require(try c.receive())
+        try c.send(bytes: calls.map { Array($0.utf8) + [0] }.flatMap { $0 })
+        let first = try #require(try c.nextReply())
         #expect(first.error == "io.vaultd.Vault.NotLoggedIn")
         #expect(first.parameters["message"]?.stringValue?.contains("p1") == true)
-        let second = try #require(try c.receive())
+        let second = try #require(try c.nextReply())
         #expect(second.error == "io.vaultd.Vault.NotLoggedIn")
         #expect(second.parameters["message"]?.stringValue?.contains("p2") == true)
-        let third = try #require(try c.receive())
+        let third = try #require(try c.nextReply())
         #expect(third.parameters["description"]?.stringValue == VaultInterface.description)
     }
 
     @Test("Should serve other clients while one is stuck mid-message or not reading")
     func stuckClientsDoNotDelayOthers() throws {
-        let half = try RawConnection(fixture.socketPath)
+        let half = try VarlinkClient.raw(fixture.socketPath)
         try half.send(#"{"method":"org.varlink.serv"#, terminated: false)
         // A client that floods calls and never reads its replies.
-        let flooder = try RawConnection(fixture.socketPath)
+        let flooder = try VarlinkClient.raw(fixture.socketPath)
         let call = Array(#"{"method":"io.vaultd.Vault.ListSessions"}"#.utf8) + [0]
         var flood: [UInt8] = []
         for _ in 0..<2000 { flood += call }
-        let flags = fcntl(flooder.fd, F_GETFL)
-        _ = fcntl(flooder.fd, F_SETFL, flags | O_NONBLOCK)
+        let flags = fcntl(flooder.fileDescriptor, F_GETFL)
+        _ = fcntl(flooder.fileDescriptor, F_SETFL, flags | O_NONBLOCK)
         for _ in 0..<50 {
-            let n = flood.withUnsafeBytes { send(flooder.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let n = flood.withUnsafeBytes {
+                send(flooder.fileDescriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+            }
             if n < 0 { break }
         }
         for i in 0..<20 {

@@ -69,21 +69,21 @@ struct RefreshTests {
         return (fixture, try fixture.start())
     }
 
-    func subscribe(_ socket: String, _ user: String) throws -> RawConnection {
-        let watcher = try RawConnection(socket)
+    func subscribe(_ socket: String, _ user: String) throws -> VarlinkClient {
+        let watcher = try VarlinkClient.raw(socket)
         try watcher.send(
             JSON.object([
                 "method": .string(VaultMethod.subscribe.rawValue), "more": true,
                 "parameters": ["provider": "oauth", "user": .string(user)],
             ]).text)
-        _ = try watcher.receive()
+        _ = try watcher.nextReply()
         return watcher
     }
 
     /// The next event of `kind`, skipping others; bounded by the socket timeout and a count.
-    func next(_ kind: String, on watcher: RawConnection) throws -> JSON? {
+    func next(_ kind: String, on watcher: VarlinkClient) throws -> JSON? {
         for _ in 0..<20 {
-            guard let event = try watcher.receive()?.parameters["event"] else { return nil }
+            guard let event = try watcher.nextReply()?.parameters["event"] else { return nil }
             if event["kind"]?.stringValue == kind { return event }
         }
         return nil

@@ -157,7 +157,7 @@ struct ServiceManagerTests {
         let fixture = try DaemonFixture(start: false)
         let (notify, daemon) = try startNotified(fixture)
         let users = (0..<20).map { uniqueName("stop\($0)") }
-        let connections = try users.map { _ in try RawConnection(fixture.socketPath) }
+        let connections = try users.map { _ in try VarlinkClient.raw(fixture.socketPath) }
         for (connection, user) in zip(connections, users) {
             try connection.send(
                 JSON.object([
@@ -169,7 +169,7 @@ struct ServiceManagerTests {
         kill(daemon.process.processIdentifier, SIGTERM)
         var acknowledged: [String] = []
         for (connection, user) in zip(connections, users) {
-            if let reply = try? connection.receive(), reply.error == nil { acknowledged.append(user) }
+            if let reply = try? connection.nextReply(), reply.error == nil { acknowledged.append(user) }
         }
         #expect(daemon.waitForExit() == 0)
         #expect(notify.wait(for: "STOPPING=1") != nil)
@@ -194,7 +194,7 @@ struct ServiceManagerTests {
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token).status == 0)
         // Pipelined calls, none of whose replies is read yet: vaultd answers
         // until about 1 MiB of replies waits, then stops reading.
-        let connection = try RawConnection(fixture.socketPath)
+        let connection = try VarlinkClient.raw(fixture.socketPath)
         let call =
             Array(
                 JSON.object([
@@ -206,23 +206,23 @@ struct ServiceManagerTests {
         let calls = Array([[UInt8]](repeating: call, count: 12_000).joined())
         var sentBytes = 0
         while sentBytes < calls.count {
-            var ready = pollfd(fd: connection.fd, events: Int16(POLLOUT), revents: 0)
+            var ready = pollfd(fd: connection.fileDescriptor, events: Int16(POLLOUT), revents: 0)
             guard poll(&ready, 1, 500) > 0 else { break }
             let n = calls[sentBytes...].withUnsafeBytes {
-                Glibc.send(connection.fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT))
+                Glibc.send(connection.fileDescriptor, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT))
             }
             if n > 0 { sentBytes += n } else if errno != EAGAIN && errno != EINTR { break }
         }
         let sent = sentBytes / call.count
         // A call cut in half is never answered: end the input there.
-        if sentBytes % call.count != 0 { shutdown(connection.fd, Int32(SHUT_WR)) }
+        if sentBytes % call.count != 0 { shutdown(connection.fileDescriptor, Int32(SHUT_WR)) }
         #expect(sent > 4000, "enough calls to queue more than vaultd's 1 MiB of replies")
         #expect(daemon.output.wait(for: "audit action=Login"))
         kill(daemon.process.processIdentifier, SIGTERM)
         var answered = 0
         var stopping = 0
         var otherErrors: [String] = []
-        while let reply = try connection.receive() {
+        while let reply = try connection.nextReply() {
             answered += 1
             if reply.parameters["message"]?.stringValue?.hasPrefix("vaultd is stopping") == true {
                 stopping += 1

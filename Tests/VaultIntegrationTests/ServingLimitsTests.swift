@@ -256,21 +256,21 @@ struct ServingLimitsIntegrationTests {
     @Test("Should close an idle connection and a half-sent one after their timeouts, and keep a subscription")
     func timeouts() throws {
         let d = try LimitedDaemon("IdleTimeout=2s\nRequestTimeout=1s\n")
-        let subscriber = try RawConnection(d.socketPath)
+        let subscriber = try VarlinkClient.raw(d.socketPath)
         try subscriber.send(#"{"method":"io.vaultd.Vault.Subscribe","more":true,"parameters":{}}"#)
-        #expect(try subscriber.receive()?.parameters["sessions"] != nil)
-        let idle = try RawConnection(d.socketPath)
+        #expect(try subscriber.nextReply()?.parameters["sessions"] != nil)
+        let idle = try VarlinkClient.raw(d.socketPath)
         try idle.send(#"{"method":"org.varlink.service.GetInfo"}"#)
-        #expect(try idle.receive()?.error == nil)
-        let halfSent = try RawConnection(d.socketPath)
+        #expect(try idle.nextReply()?.error == nil)
+        let halfSent = try VarlinkClient.raw(d.socketPath)
         try halfSent.send(#"{"method":"org.varlink.service.GetInfo""#, terminated: false)
         // Sends a byte of its unfinished message every 200 ms: busy, but never done.
-        let trickle = try RawConnection(d.socketPath)
+        let trickle = try VarlinkClient.raw(d.socketPath)
         try trickle.send(#"{"method":"org.varlink.service.GetInfo","parameters":{"#, terminated: false)
 
         let start = Date()
         var closedAt: [Int32: Double] = [:]
-        let watched = [idle.fd, halfSent.fd, trickle.fd]
+        let watched = [idle.fileDescriptor, halfSent.fileDescriptor, trickle.fileDescriptor]
         while closedAt.count < watched.count, Date().timeIntervalSince(start) < 15 {
             var fds = watched.filter { closedAt[$0] == nil }.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
             _ = poll(&fds, nfds_t(fds.count), 200)
@@ -280,20 +280,22 @@ struct ServingLimitsIntegrationTests {
                     closedAt[entry.fd] = Date().timeIntervalSince(start)
                 }
             }
-            if closedAt[trickle.fd] == nil { _ = Glibc.send(trickle.fd, " ", 1, Int32(MSG_NOSIGNAL)) }
+            if closedAt[trickle.fileDescriptor] == nil {
+                _ = Glibc.send(trickle.fileDescriptor, " ", 1, Int32(MSG_NOSIGNAL))
+            }
         }
-        let idleClosed = try #require(closedAt[idle.fd], "the idle connection stayed open")
-        let halfClosed = try #require(closedAt[halfSent.fd], "the half-sent connection stayed open")
-        let trickleClosed = try #require(closedAt[trickle.fd], "the trickling connection stayed open")
+        let idleClosed = try #require(closedAt[idle.fileDescriptor], "the idle connection stayed open")
+        let halfClosed = try #require(closedAt[halfSent.fileDescriptor], "the half-sent connection stayed open")
+        let trickleClosed = try #require(closedAt[trickle.fileDescriptor], "the trickling connection stayed open")
         #expect(idleClosed >= 1.5, "idle for 2 s")
         #expect(halfClosed >= 0.7 && halfClosed < idleClosed, "1 s to finish a message: \(halfClosed) \(idleClosed)")
         #expect(trickleClosed >= 0.7 && trickleClosed < idleClosed, "\(trickleClosed) \(idleClosed)")
 
         // The subscription is open and still gets events.
         var byte: UInt8 = 0
-        #expect(recv(subscriber.fd, &byte, 1, Int32(MSG_DONTWAIT) | Int32(MSG_PEEK)) < 0 && errno == EAGAIN)
+        #expect(recv(subscriber.fileDescriptor, &byte, 1, Int32(MSG_DONTWAIT) | Int32(MSG_PEEK)) < 0 && errno == EAGAIN)
         try d.login(uniqueName("timeouts"), count: 1)
-        let event = try #require(try subscriber.receive())
+        let event = try #require(try subscriber.nextReply())
         #expect(event.parameters["event"]?["kind"]?.stringValue == "loginSuccess", "\(event)")
         #expect(d.daemon.output.text.contains("connection closed: idle past its timeout"))
         #expect(d.daemon.output.text.contains("connection closed: unfinished message past its timeout"))
@@ -303,14 +305,14 @@ struct ServingLimitsIntegrationTests {
     func replyTooLarge() throws {
         let d = try LimitedDaemon("MaxOutputPerConnection=64K\n")
         try d.login("big", count: 40, padding: 2000)
-        let c = try RawConnection(d.socketPath)
+        let c = try VarlinkClient.raw(d.socketPath)
         try c.send(#"{"method":"io.vaultd.Vault.ListSessions"}"#)
-        let refused = try #require(try c.receive())
+        let refused = try #require(try c.nextReply())
         #expect(refused.error == "io.vaultd.Vault.ReplyTooLarge")
         #expect(refused.parameters["code"]?.stringValue == "ERR_REPLY_TOO_LARGE")
         #expect(refused.parameters["message"]?.stringValue?.contains("a smaller limit") == true)
         try c.send(#"{"method":"io.vaultd.Vault.ListSessions","parameters":{"limit":10}}"#)
-        let page = try #require(try c.receive())
+        let page = try #require(try c.nextReply())
         #expect(page.error == nil)
         #expect(page.parameters["sessions"]?.arrayValue?.count == 10)
         #expect(page.parameters["next"]?.stringValue != nil)

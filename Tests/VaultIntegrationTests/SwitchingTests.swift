@@ -21,10 +21,10 @@ struct SwitchingTests {
         let second = uniqueName("second")
         let bystander = uniqueName("by")
 
-        let watcher = try RawConnection(socket)
+        let watcher = try VarlinkClient.raw(socket)
         try watcher.send(
             JSON.object(["method": .string(VaultMethod.subscribe.rawValue), "more": true]).text)
-        #expect(try watcher.receive()?.parameters["sessions"] != nil)
+        #expect(try watcher.nextReply()?.parameters["sessions"] != nil)
 
         #expect(try vaultctl(socket, ["login", "chat", first], input: DaemonTests.token).status == 0)
         #expect(try vaultctl(socket, ["login", "other", bystander], input: DaemonTests.token).status == 0)
@@ -32,7 +32,7 @@ struct SwitchingTests {
 
         var kinds: [String] = []
         for _ in 0..<4 {
-            guard let event = try watcher.receive()?.parameters["event"] else { break }
+            guard let event = try watcher.nextReply()?.parameters["event"] else { break }
             kinds.append(
                 "\(event["kind"]?.stringValue ?? "") \(event["user"]?.stringValue ?? "") \(event["reason"]?.stringValue ?? "")"
             )

@@ -1,0 +1,483 @@
+import Glibc
+import VaultCore
+import VaultProtocol
+import VaultSystem
+
+/// An error reply from vaultd, as the wire carries it: the Varlink error name,
+/// the seed-style code and the message (vaultd's own errors carry both; the
+/// `org.varlink.service` ones carry their parameter instead).
+public struct VarlinkErrorReply: Sendable, Equatable, CustomStringConvertible {
+    /// The full Varlink error name: `io.vaultd.Vault.NotLoggedIn`.
+    public var name: String
+    /// The seed-style code (`ERR_NOT_LOGGED_IN`); nil for `org.varlink.service` errors.
+    public var code: String?
+    /// What happened, for a human.
+    public var message: String
+    /// The reply's parameters as they came.
+    public var parameters: [String: JSON]
+
+    /// The error of `reply`; nil when it is not an error.
+    public init?(_ reply: VarlinkReply) {
+        guard let name = reply.error else { return nil }
+        self.name = name
+        parameters = reply.parameters
+        code = reply.parameters["code"]?.stringValue
+        if let message = reply.parameters["message"]?.stringValue {
+            self.message = message
+        } else if let parameter = reply.parameters["parameter"]?.stringValue {
+            self.message = "invalid parameter '\(parameter)'"
+        } else {
+            self.message = name
+        }
+    }
+
+    /// vaultd's error code, when this is one of `io.vaultd.Vault`'s errors.
+    public var vaultCode: VaultError.Code? {
+        VaultError(reply: VarlinkReply(error: name, parameters: parameters))?.code
+    }
+
+    /// The message and the code, as vaultctl prints them.
+    public var description: String { "\(message) (\(code ?? name))" }
+}
+
+/// Why a typed call of `io.vaultd.Vault` failed.
+public enum VaultClientError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// vaultd answered with an error.
+    case reply(VarlinkErrorReply)
+    /// No answer: vaultd is not reachable, not trusted, too slow, or the connection broke.
+    case client(ClientError)
+    /// vaultd answered with something the interface does not declare.
+    case unexpectedReply(method: String, detail: String)
+
+    /// The Varlink error name of an error reply.
+    public var varlinkName: String? {
+        if case .reply(let reply) = self { return reply.name }
+        return nil
+    }
+
+    /// The seed-style code of an error reply (`ERR_NOT_LOGGED_IN`).
+    public var code: String? {
+        if case .reply(let reply) = self { return reply.code }
+        return nil
+    }
+
+    /// What happened, for a human.
+    public var message: String {
+        switch self {
+        case .reply(let reply): return reply.message
+        case .client(let error): return error.description
+        case .unexpectedReply(let method, let detail): return "vaultd answered \(method) with \(detail)"
+        }
+    }
+
+    /// vaultd's error code, when vaultd answered with one of its errors.
+    public var vaultCode: VaultError.Code? {
+        if case .reply(let reply) = self { return reply.vaultCode }
+        return nil
+    }
+
+    public var description: String {
+        if case .reply(let reply) = self { return reply.description }
+        return message
+    }
+}
+
+/// A session as vaultd shows it (`io.vaultd.Vault` type `Session`). Never
+/// holds a secret: `maskedToken` is masked by vaultd.
+public struct Session: Sendable, Equatable {
+    public var account: Account
+    public var state: LoginState
+    public var profile: UserProfile?
+    public var createdAt: UnixTime?
+    public var expiresAt: UnixTime?
+    /// Whose session it is.
+    public var ownerUID: UInt32?
+    public var tokenType: String?
+    public var scope: String?
+    /// Salesforce's instance URL: where API calls for this session go.
+    public var instanceURL: String?
+    public var hasRefreshToken: Bool
+    /// The access token as vaultd shows it: masked.
+    public var maskedToken: String?
+    /// When the next refresh is due (refreshing providers).
+    public var refreshAt: UnixTime?
+    public var lastRefreshAt: UnixTime?
+    /// Refresh failures since the last success.
+    public var consecutiveFailures: Int64?
+    public var lastError: String?
+    public var nextRetryAt: UnixTime?
+    /// connecting, connected or connectFailed (providers with a connection).
+    public var connection: String?
+    /// The session object as vaultd sent it, fields this client does not know included.
+    public var json: JSON
+
+    /// Reads a session object; nil names the field that is missing or malformed.
+    init(json: JSON) throws(FieldError) {
+        guard let o = json.objectValue else { throw FieldError("session") }
+        let p = ParameterReader(o)
+        do {
+            account = Account(provider: try p.string("provider"), user: try p.string("user"))
+            guard let state = LoginState(rawValue: try p.string("state")) else { throw FieldError("state") }
+            self.state = state
+            if let profile = try p.optionalObject("profile") {
+                do { self.profile = try UserProfile(json: profile) } catch { throw FieldError("profile") }
+            }
+            createdAt = try p.optionalInt("createdAt").map(UnixTime.init(seconds:))
+            expiresAt = try p.optionalInt("expiresAt").map(UnixTime.init(seconds:))
+            ownerUID = try p.optionalUID("ownerUid")
+            tokenType = try p.optionalString("tokenType")
+            scope = try p.optionalString("scope")
+            instanceURL = try p.optionalString("instanceUrl")
+            hasRefreshToken = o["hasRefreshToken"]?.boolValue ?? false
+            maskedToken = try p.optionalString("token")
+            refreshAt = try p.optionalInt("refreshAt").map(UnixTime.init(seconds:))
+            lastRefreshAt = try p.optionalInt("lastRefreshAt").map(UnixTime.init(seconds:))
+            consecutiveFailures = try p.optionalInt("consecutiveFailures")
+            lastError = try p.optionalString("lastError")
+            nextRetryAt = try p.optionalInt("nextRetryAt").map(UnixTime.init(seconds:))
+            connection = try p.optionalString("connection")
+        } catch let invalid as ParameterReader.Invalid {
+            throw FieldError(invalid.parameter)
+        } catch let error as FieldError {
+            throw error
+        } catch {
+            throw FieldError("session")
+        }
+        self.json = json
+    }
+}
+
+/// A field of a reply that is missing or of the wrong type.
+struct FieldError: Error {
+    var field: String
+    init(_ field: String) { self.field = field }
+}
+
+/// The answer to `Login`.
+public struct LoginResult: Sendable, Equatable {
+    /// The session, new or the one already there.
+    public var session: Session
+    /// False when the account was already logged in and kept its session.
+    public var created: Bool
+}
+
+/// An access token from `GetToken`. The token is a `Secret`: printing it shows it masked.
+public struct Token: Sendable, Equatable {
+    public var value: Secret
+    public var tokenType: String?
+    public var expiresAt: UnixTime?
+    /// Salesforce's instance URL: where API calls with this token go.
+    public var instanceURL: String?
+    /// Whose session the token came from.
+    public var ownerUID: UInt32
+}
+
+/// One page of `ListSessions`.
+public struct SessionListPage: Sendable, Equatable {
+    public var sessions: [Session]
+    /// The cursor of the next page (pass it back as `after`); nil on the last.
+    public var next: String?
+}
+
+/// A typed client of `io.vaultd.Vault` on one connection: one method per
+/// interface method, typed values back, `VaultClientError` on failure.
+/// Blocking, like `VarlinkClient`, whose raw calls stay available as `raw`.
+///
+///     let vault = try VaultConnection()
+///     try vault.login(provider: "demo", user: "alice", token: token)
+///     let token = try vault.token(provider: "demo", user: "alice", minValidSeconds: 300)
+public final class VaultConnection {
+    /// The underlying connection, for raw calls (`call`, `send`, `receive`).
+    public let raw: VarlinkClient
+    private let timeoutSeconds: Int?
+    private let connectTimeoutSeconds: Int?
+
+    /// Connects to vaultd at `path` (default: where vaultctl looks), with the
+    /// timeouts of `VarlinkClient.init(path:timeoutSeconds:connectTimeoutSeconds:)`.
+    public init(path: String? = nil, timeoutSeconds: Int? = nil, connectTimeoutSeconds: Int? = nil)
+        throws(VaultClientError)
+    {
+        let path = path ?? SocketPath.default(environment: Environment.all(), uid: getuid())
+        do {
+            raw = try VarlinkClient(
+                path: path, timeoutSeconds: timeoutSeconds, connectTimeoutSeconds: connectTimeoutSeconds)
+        } catch {
+            throw .client(error)
+        }
+        self.timeoutSeconds = timeoutSeconds
+        self.connectTimeoutSeconds = connectTimeoutSeconds
+    }
+
+    /// The socket this connection is on.
+    public var path: String { raw.path }
+
+    // MARK: Methods of io.vaultd.Vault
+
+    /// Logs an account in with a ready token (CometChat authToken, OpenIM token).
+    /// `expiresAt` overrides a JWT's `exp`; `ownerUID` names whose session (root and admins).
+    @discardableResult
+    public func login(
+        provider: String, user: String, token: String, expiresAt: UnixTime? = nil, profile: UserProfile? = nil,
+        ownerUID: UInt32? = nil
+    ) throws(VaultClientError) -> LoginResult {
+        var parameters = Self.account(provider, user, ownerUID)
+        parameters["token"] = .string(token)
+        return try login(parameters, expiresAt: expiresAt, profile: profile)
+    }
+
+    /// Logs an account in with an OAuth 2.0 token response as the token
+    /// endpoint sent it (`access_token`, `refresh_token`, `expires_in`, ...).
+    @discardableResult
+    public func login(
+        provider: String, user: String, tokenResponse: JSON, expiresAt: UnixTime? = nil,
+        profile: UserProfile? = nil, ownerUID: UInt32? = nil
+    ) throws(VaultClientError) -> LoginResult {
+        var parameters = Self.account(provider, user, ownerUID)
+        parameters["tokenResponse"] = tokenResponse
+        return try login(parameters, expiresAt: expiresAt, profile: profile)
+    }
+
+    /// Logs an account in with tokens the provider obtains itself (client
+    /// credentials, an exec provider's helper).
+    @discardableResult
+    public func loginFromProvider(
+        provider: String, user: String, profile: UserProfile? = nil, ownerUID: UInt32? = nil
+    ) throws(VaultClientError) -> LoginResult {
+        try login(Self.account(provider, user, ownerUID), expiresAt: nil, profile: profile)
+    }
+
+    /// Logs an account out and deletes its stored session.
+    public func logout(provider: String, user: String, ownerUID: UInt32? = nil) throws(VaultClientError) {
+        _ = try call(.logout, Self.account(provider, user, ownerUID))
+    }
+
+    /// The session of one account.
+    public func session(provider: String, user: String, ownerUID: UInt32? = nil) throws(VaultClientError)
+        -> Session
+    {
+        let reply = try call(.getSession, Self.account(provider, user, ownerUID))
+        return try Self.session(reply.parameters["session"], of: .getSession)
+    }
+
+    /// One page of the sessions the caller may see: at most `limit` (vaultd's
+    /// default when nil) after the cursor `after`.
+    public func sessionsPage(limit: Int? = nil, after: String? = nil) throws(VaultClientError) -> SessionListPage {
+        var parameters: [String: JSON] = [:]
+        parameters["limit"] = limit.map { .int(Int64($0)) }
+        parameters["after"] = after.map(JSON.string)
+        let reply = try call(.listSessions, parameters)
+        guard let list = reply.parameters["sessions"]?.arrayValue else {
+            throw .unexpectedReply(method: VaultMethod.listSessions.rawValue, detail: "no sessions array")
+        }
+        var sessions: [Session] = []
+        for json in list { sessions.append(try Self.session(json, of: .listSessions)) }
+        return SessionListPage(sessions: sessions, next: reply.parameters["next"]?.stringValue)
+    }
+
+    /// Every session the caller may see, following `ListSessions`' pages to
+    /// the last. A page too large for the connection's output limit
+    /// (`ReplyTooLarge`) is asked for again in halves.
+    public func sessions(pageSize: Int? = nil) throws(VaultClientError) -> [Session] {
+        var sessions: [Session] = []
+        var after: String?
+        var limit = pageSize
+        while true {
+            let page: SessionListPage
+            do { page = try sessionsPage(limit: limit, after: after) } catch {
+                guard error.vaultCode == .replyTooLarge, limit ?? 2 > 1 else { throw error }
+                limit = max(1, (limit ?? SessionPage.defaultLimit) / 2)
+                continue
+            }
+            sessions += page.sessions
+            guard let next = page.next, next != after else { return sessions }
+            after = next
+        }
+    }
+
+    /// The current access token of a session; with `minValidSeconds`, one
+    /// valid at least that long (vaultd refreshes first where it can).
+    public func token(provider: String, user: String, minValidSeconds: Int64? = nil, ownerUID: UInt32? = nil)
+        throws(VaultClientError) -> Token
+    {
+        var parameters = Self.account(provider, user, ownerUID)
+        parameters["minValidSeconds"] = minValidSeconds.map(JSON.int)
+        let reply = try call(.getToken, parameters)
+        let p = ParameterReader(reply.parameters)
+        do throws(ParameterReader.Invalid) {
+            guard let owner = try p.optionalUID("ownerUid") else {
+                throw ParameterReader.Invalid(parameter: "ownerUid")
+            }
+            return Token(
+                value: Secret(try p.string("token")), tokenType: try p.optionalString("tokenType"),
+                expiresAt: try p.optionalInt("expiresAt").map(UnixTime.init(seconds:)),
+                instanceURL: try p.optionalString("instanceUrl"), ownerUID: owner)
+        } catch {
+            throw .unexpectedReply(method: VaultMethod.getToken.rawValue, detail: "a bad '\(error.parameter)'")
+        }
+    }
+
+    /// Refreshes the session's tokens now and returns the session afterwards.
+    @discardableResult
+    public func refresh(provider: String, user: String, ownerUID: UInt32? = nil) throws(VaultClientError) -> Session {
+        let reply = try call(.refresh, Self.account(provider, user, ownerUID))
+        return try Self.session(reply.parameters["session"], of: .refresh)
+    }
+
+    /// Logs an account out at once (its chat server kicked it, or an admin
+    /// says so); subscribers see `kickedOffline` with `reason` (default: kicked).
+    public func forceLogout(provider: String, user: String, reason: String? = nil, ownerUID: UInt32? = nil)
+        throws(VaultClientError)
+    {
+        var parameters = Self.account(provider, user, ownerUID)
+        parameters["reason"] = reason.map(JSON.string)
+        _ = try call(.forceLogout, parameters)
+    }
+
+    /// Stores the OAuth 2.0 client secret of an oauth2 provider in the secret store.
+    public func setProviderSecret(provider: String, secret: Secret) throws(VaultClientError) {
+        _ = try call(.setProviderSecret, ["provider": .string(provider), "secret": .string(secret.revealed)])
+    }
+
+    /// Subscribes to what happens to the sessions the caller may see, narrowed
+    /// by `provider`, `user` and `kinds`, on a connection of its own (a stream
+    /// holds its connection for as long as it lasts) with this one's timeouts.
+    /// The stream starts with the snapshot; its events follow.
+    public func subscribe(provider: String? = nil, user: String? = nil, kinds: [EventKind] = [])
+        throws(VaultClientError) -> VaultEventStream
+    {
+        let client: VarlinkClient
+        do {
+            client = try VarlinkClient(
+                path: path, timeoutSeconds: timeoutSeconds, connectTimeoutSeconds: connectTimeoutSeconds)
+        } catch {
+            throw .client(error)
+        }
+        return try VaultEventStream(client, provider: provider, user: user, kinds: kinds)
+    }
+
+    // MARK: Plumbing
+
+    /// Calls `method` and returns its reply, or throws the error it answered with.
+    public func call(_ method: VaultMethod, _ parameters: [String: JSON]) throws(VaultClientError) -> VarlinkReply {
+        let reply: VarlinkReply
+        do { reply = try raw.call(method.rawValue, parameters) } catch { throw .client(error) }
+        if let error = VarlinkErrorReply(reply) { throw .reply(error) }
+        return reply
+    }
+
+    private func login(_ parameters: [String: JSON], expiresAt: UnixTime?, profile: UserProfile?)
+        throws(VaultClientError) -> LoginResult
+    {
+        var parameters = parameters
+        parameters["expiresAt"] = expiresAt.map { .int($0.seconds) }
+        parameters["profile"] = profile.map { $0.json() }
+        let reply = try call(.login, parameters)
+        return LoginResult(
+            session: try Self.session(reply.parameters["session"], of: .login),
+            created: reply.parameters["created"]?.boolValue ?? false)
+    }
+
+    static func account(_ provider: String, _ user: String, _ ownerUID: UInt32?) -> [String: JSON] {
+        var parameters: [String: JSON] = ["provider": .string(provider), "user": .string(user)]
+        parameters["ownerUid"] = ownerUID.map { .int(Int64($0)) }
+        return parameters
+    }
+
+    static func session(_ json: JSON?, of method: VaultMethod) throws(VaultClientError) -> Session {
+        do { return try Session(json: json ?? .null) } catch {
+            throw .unexpectedReply(method: method.rawValue, detail: "a session with a bad '\(error.field)'")
+        }
+    }
+}
+
+/// A `Subscribe` stream: the snapshot of the sessions, then one `VaultEvent`
+/// per `next()` until the stream ends. It ends when vaultd closes the
+/// connection or ends the stream with an error (`SubscriberTooSlow` when this
+/// reader fell behind); `end` says which. Reads are bounded by the
+/// connection's receive timeout, if it has one.
+public final class VaultEventStream {
+    /// Why a stream ended.
+    public enum End: Sendable, Equatable {
+        /// vaultd closed the connection (it stopped, or dropped the subscriber).
+        case closed
+        /// vaultd ended the stream with this error: `SubscriberTooSlow`, or
+        /// vaultd stopping.
+        case error(VarlinkErrorReply)
+        /// vaultd sent a last reply that does not continue the stream.
+        case finished
+    }
+
+    /// The connection the stream holds.
+    public let raw: VarlinkClient
+    /// The sessions the caller could see when the stream started.
+    public let snapshot: [Session]
+    /// Why the stream ended; nil while it goes on.
+    public private(set) var end: End?
+
+    /// Sends `Subscribe` on `client` and reads the snapshot; a refusal
+    /// (`TooManySubscriptions`, a bad filter) throws.
+    public init(_ client: VarlinkClient, provider: String? = nil, user: String? = nil, kinds: [EventKind] = [])
+        throws(VaultClientError)
+    {
+        raw = client
+        var parameters: [String: JSON] = [:]
+        parameters["provider"] = provider.map(JSON.string)
+        parameters["user"] = user.map(JSON.string)
+        if !kinds.isEmpty { parameters["kinds"] = .array(kinds.map { .string($0.rawValue) }) }
+        let reply: VarlinkReply
+        do { reply = try client.call(VaultMethod.subscribe.rawValue, parameters, more: true) } catch {
+            throw .client(error)
+        }
+        if let error = VarlinkErrorReply(reply) { throw .reply(error) }
+        guard let list = reply.parameters["sessions"]?.arrayValue else {
+            throw .unexpectedReply(method: VaultMethod.subscribe.rawValue, detail: "a first reply without sessions")
+        }
+        var sessions: [Session] = []
+        for json in list { sessions.append(try VaultConnection.session(json, of: .subscribe)) }
+        snapshot = sessions
+        if !reply.continues { end = .finished }
+    }
+
+    /// The next event, waiting for it; nil once the stream has ended (see
+    /// `end`). Events of kinds this client does not know are skipped.
+    public func next() throws(VaultClientError) -> VaultEvent? {
+        while end == nil {
+            let reply: VarlinkReply?
+            do { reply = try raw.nextReply() } catch { throw .client(error) }
+            guard let reply else {
+                end = .closed
+                return nil
+            }
+            if let error = VarlinkErrorReply(reply) {
+                end = .error(error)
+                return nil
+            }
+            if !reply.continues { end = .finished }
+            guard let json = reply.parameters["event"], json != .null else { continue }
+            if let event = try VaultEventStream.event(json) { return event }
+        }
+        return nil
+    }
+
+    /// Reads an event object; nil for a kind this client does not know.
+    static func event(_ json: JSON) throws(VaultClientError) -> VaultEvent? {
+        guard let o = json.objectValue else {
+            throw .unexpectedReply(method: VaultMethod.subscribe.rawValue, detail: "an event that is not an object")
+        }
+        let p = ParameterReader(o)
+        do throws(ParameterReader.Invalid) {
+            guard let kind = EventKind(rawValue: try p.string("kind")) else { return nil }
+            guard let owner = try p.optionalUID("ownerUid"), let time = try p.optionalInt("time") else {
+                throw ParameterReader.Invalid(parameter: "ownerUid or time")
+            }
+            return VaultEvent(
+                kind: kind, account: Account(provider: try p.string("provider"), user: try p.string("user")),
+                ownerUID: owner, time: UnixTime(seconds: time), reason: try p.optionalString("reason"),
+                code: try p.optionalString("code"),
+                expiresAt: try p.optionalInt("expiresAt").map(UnixTime.init(seconds:)))
+        } catch {
+            throw .unexpectedReply(
+                method: VaultMethod.subscribe.rawValue, detail: "an event with a bad '\(error.parameter)'")
+        }
+    }
+}
