@@ -33,7 +33,10 @@ let package = Package(
         // Varlink: framing, messages, the interface text, error names. No C.
         .target(name: "VaultProtocol", dependencies: ["VaultCore"]),
         // Typed system-call helpers shared by the client and the daemon.
-        .target(name: "VaultSystem"),
+        .target(name: "VaultSystem", dependencies: ["CShim"]),
+        // A generic Varlink server: framing, connections, a method table, streams,
+        // limits, peer credentials, drain; it knows nothing of what it serves.
+        .target(name: "VarlinkServer", dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CShim"]),
         // A blocking Varlink client over a Unix socket (vaultctl and tests).
         .target(name: "VaultClient", dependencies: ["VaultProtocol", "VaultSystem"]),
         // vaultctl's commands, as a library so tests can drive them.
@@ -41,7 +44,9 @@ let package = Package(
         // The I/O edges: secret store, socket server, config files, wiring.
         .target(
             name: "VaultDaemon",
-            dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CSecret", "CSystemd", "CShim", "CHTTP"]),
+            dependencies: [
+                "VaultCore", "VaultProtocol", "VaultSystem", "VarlinkServer", "CSecret", "CSystemd", "CShim", "CHTTP",
+            ]),
 
         .executableTarget(name: "vaultd", dependencies: ["VaultDaemon", "CWipeOnFree"]),
         .executableTarget(name: "vaultctl", dependencies: ["VaultCLI"]),
