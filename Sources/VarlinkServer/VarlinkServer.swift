@@ -39,16 +39,27 @@ public final class VarlinkServer: @unchecked Sendable {
     private var unprivilegedConnections = 0
     private var nextRefusalLog: UInt64 = 0
     private var nextReplyTooLargeLog: UInt64 = 0
-    /// When each connection is next looked at for lack of progress (monotonic
-    /// milliseconds). An entry may be earlier than the connection's real
-    /// deadline (activity only moves that later): it is then moved when it comes
-    /// due, so activity itself costs a few comparisons, not a heap update.
-    private var deadlines = DeadlineHeap<UInt64, UInt64>()
+    /// What the loop waits for besides descriptors, one entry each.
+    enum Timer: Hashable, Sendable {
+        /// A connection is looked at for lack of progress. The entry may be
+        /// earlier than the connection's real deadline (activity only moves
+        /// that later): it is then moved when it comes due, so activity itself
+        /// costs a few comparisons, not a heap update.
+        case connection(UInt64)
+        /// Accepting, paused for lack of descriptors, resumes.
+        case resumeAccepting
+        /// The watchdog is next proven to.
+        case watchdog
+        /// The drain after SIGTERM ends, whatever is still open.
+        case drainEnd
+    }
+    /// Every deadline of the loop, in monotonic milliseconds; the nearest one
+    /// is the epoll timeout.
+    private var deadlines = DeadlineHeap<Timer, UInt64>()
     /// The monotonic time of the current loop iteration, in milliseconds.
     private var now: UInt64 = Monotonic.milliseconds()
-
-    /// Accepting is paused (out of descriptors) until this monotonic time.
-    private var acceptPausedUntil: UInt64?
+    /// The drain's time is up.
+    private var drainOver = false
     /// Replies of deferred calls, handed from worker tasks to the loop thread.
     private let completions = Mutex<[(UInt64, VarlinkReply?)]>([])
     /// Work handed to the loop thread (writing to streams), in order.
@@ -103,40 +114,16 @@ public final class VarlinkServer: @unchecked Sendable {
     public func run(drainSeconds: Int = 10) -> Int32 {
         var events = [vaultd_event](repeating: vaultd_event(), count: 256)
         var stopSignal: Int32 = 0
-        var drainDeadline: UInt64 = 0
-        var nextWatchdog = hooks.watchdogIntervalMilliseconds.map { Monotonic.milliseconds() + UInt64($0) }
+        if let interval = hooks.watchdogIntervalMilliseconds {
+            deadlines.schedule(.watchdog, at: Monotonic.milliseconds() + UInt64(interval))
+        }
         while true {
-            // A connection closes once it is done (see `process`): the drain
-            // ends when all are, or at the deadline.
-            if stopping && (connections.isEmpty || Monotonic.milliseconds() >= drainDeadline) { break }
-            var timeout: Int32 = stopping ? 100 : -1
             now = Monotonic.milliseconds()
-            closeExpired()
-            if let next = deadlines.next {
-                let wait = Int32(clamping: next.deadline > now ? next.deadline - now : 0)
-                timeout = timeout < 0 ? wait : min(timeout, wait)
-            }
-            if let until = acceptPausedUntil {
-                let now = Monotonic.milliseconds()
-                if now >= until {
-                    acceptPausedUntil = nil
-                    if !stopping {
-                        _ = vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, VarlinkServer.listenerKey)
-                    }
-                } else {
-                    timeout = Int32(clamping: until - now)
-                }
-            }
-            if let due = nextWatchdog, let interval = hooks.watchdogIntervalMilliseconds {
-                let now = Monotonic.milliseconds()
-                if now >= due {
-                    startWatchdogProbe()
-                    nextWatchdog = now + UInt64(interval)
-                }
-                let due = nextWatchdog ?? now
-                let wait = Int32(clamping: due > now ? due - now : 0)
-                timeout = timeout < 0 ? wait : min(timeout, wait)
-            }
+            runDueTimers()
+            // A connection closes once it is done (see `process`): the drain
+            // ends when all are, or at its deadline.
+            if stopping && (connections.isEmpty || drainOver) { break }
+            let timeout: Int32 = deadlines.next.map { Int32(clamping: $0.deadline > now ? $0.deadline - now : 0) } ?? -1
             let count: Int32 = events.withUnsafeMutableBufferPointer {
                 (buffer: inout UnsafeMutableBufferPointer<vaultd_event>) -> Int32 in
                 vaultd_epoll_wait(epollFD, buffer.baseAddress, Int32(buffer.count), timeout)
@@ -169,7 +156,7 @@ public final class VarlinkServer: @unchecked Sendable {
                     stopSignal = signal
                     hooks.stopping()
                     beginStopping()
-                    drainDeadline = Monotonic.milliseconds() + UInt64(drainSeconds) * 1000
+                    deadlines.schedule(.drainEnd, at: Monotonic.milliseconds() + UInt64(drainSeconds) * 1000)
                 } else if signal == SIGHUP {
                     hooks.reload(self)
                 } else if signal > 0 {
@@ -274,7 +261,7 @@ public final class VarlinkServer: @unchecked Sendable {
                     // Out of descriptors: the listener would stay readable and spin the
                     // loop; stop watching it for a second and let connections drain.
                     _ = vaultd_epoll_del(epollFD, listenFD)
-                    acceptPausedUntil = Monotonic.milliseconds() + 1000
+                    deadlines.schedule(.resumeAccepting, at: Monotonic.milliseconds() + 1000)
                     log.warning("too many open connections; accepting paused for 1s", ["error": error.description])
                     return
                 }
@@ -712,39 +699,56 @@ public final class VarlinkServer: @unchecked Sendable {
     private func settleDeadline(_ connection: Connection) {
         guard let due = dueTime(connection) else {
             if connection.scheduledAt != nil {
-                deadlines.cancel(connection.id)
+                deadlines.cancel(.connection(connection.id))
                 connection.scheduledAt = nil
             }
             return
         }
         if let at = connection.scheduledAt, at <= due { return }
-        deadlines.schedule(connection.id, at: due)
+        deadlines.schedule(.connection(connection.id), at: due)
         connection.scheduledAt = due
     }
 
-    /// Closes the connections whose deadline passed; moves the entries that
-    /// came due early (the connection was active since) to the real deadline.
-    private func closeExpired() {
+    /// Does what is due: closes the connections whose deadline passed (and
+    /// moves the entries that came due early, the connection having been
+    /// active since, to the real deadline), resumes accepting, proves
+    /// liveness to the watchdog, ends the drain.
+    private func runDueTimers() {
         guard let next = deadlines.next, next.deadline <= now else { return }
-        for id in deadlines.popDue(at: now) {
-            guard let connection = connections[id] else { continue }
-            connection.scheduledAt = nil
-            guard let due = dueTime(connection) else { continue }
-            if due > now {
-                settleDeadline(connection)
-                continue
+        for timer in deadlines.popDue(at: now) {
+            switch timer {
+            case .connection(let id): expire(id)
+            case .resumeAccepting:
+                if !stopping { _ = vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, VarlinkServer.listenerKey) }
+            case .watchdog:
+                startWatchdogProbe()
+                if let interval = hooks.watchdogIntervalMilliseconds {
+                    deadlines.schedule(.watchdog, at: now + UInt64(interval))
+                }
+            case .drainEnd: drainOver = true
             }
-            let reason: String
-            if case .ending = connection.state {
-                reason = "ended stream"
-            } else {
-                reason = connection.partialSince != nil ? "unfinished message" : "idle"
-            }
-            log.info(
-                "connection closed: \(reason) past its timeout",
-                ["uid": String(connection.caller.uid), "pid": String(connection.caller.pid)])
-            disconnect(connection)
         }
+    }
+
+    /// Closes connection `id` if its deadline passed, else schedules it again.
+    private func expire(_ id: UInt64) {
+        guard let connection = connections[id] else { return }
+        connection.scheduledAt = nil
+        guard let due = dueTime(connection) else { return }
+        if due > now {
+            settleDeadline(connection)
+            return
+        }
+        let reason: String
+        if case .ending = connection.state {
+            reason = "ended stream"
+        } else {
+            reason = connection.partialSince != nil ? "unfinished message" : "idle"
+        }
+        log.info(
+            "connection closed: \(reason) past its timeout",
+            ["uid": String(connection.caller.uid), "pid": String(connection.caller.pid)])
+        disconnect(connection)
     }
 
     private func disconnect(_ connection: Connection) {
@@ -758,7 +762,7 @@ public final class VarlinkServer: @unchecked Sendable {
         connectionsPerUID[connection.caller.uid, default: 1] -= 1
         if connectionsPerUID[connection.caller.uid] == 0 { connectionsPerUID[connection.caller.uid] = nil }
         if !connection.privileged { unprivilegedConnections -= 1 }
-        if connection.scheduledAt != nil { deadlines.cancel(connection.id) }
+        if connection.scheduledAt != nil { deadlines.cancel(.connection(connection.id)) }
         connection.output.wipe(0..<connection.output.count)
         connection.decoder.wipe()
         if connection.interest != nil { _ = vaultd_epoll_del(epollFD, connection.fd) }
