@@ -3,17 +3,18 @@ import VaultProtocol
 
 /// One client connection; touched only by the loop thread.
 final class Connection {
-    /// Where a connection is in its life.
+    /// Where a connection is in its life. A plain value (no references), so
+    /// that the checks made on every call cost no reference counting.
     enum State {
         /// Reading calls and answering them in order.
         case open
         /// A deferred call is in flight; calls behind it wait.
         case waiting
-        /// A stream runs; `closed` is told when the connection goes away.
-        case streaming(closed: @Sendable (StreamID) -> Void)
+        /// A stream runs; `streamClosed` is told when the connection goes away.
+        case streaming
         /// The stream was ended with a final reply, which is being sent; the
         /// connection closes once it is out, or at `deadline`.
-        case ending(deadline: UInt64, closed: @Sendable (StreamID) -> Void)
+        case ending(deadline: UInt64)
         /// Closed; nothing more happens.
         case closed
     }
@@ -22,6 +23,8 @@ final class Connection {
     let fd: Int32
     let caller: Caller
     var state: State = .open
+    /// Told when the connection of a stream (streaming or ending) is closed.
+    var streamClosed: (@Sendable (StreamID) -> Void)?
     var decoder: VarlinkFrameDecoder
     var output: [UInt8] = []
     var outputOffset = 0

@@ -456,7 +456,8 @@ public final class VarlinkServer: @unchecked Sendable {
                 var first = start.first
                 first.continues = true
                 guard queueBounded(on: connection, method: call.method, { first.encode(into: &$0) }) else { continue }
-                connection.state = .streaming(closed: start.closed)
+                connection.state = .streaming
+                connection.streamClosed = start.closed
                 start.opened(StreamID(connection: connection.id))
             case .deferred(let work):
                 log.debug("call in flight", ["method": call.method, "pid": String(connection.caller.pid)])
@@ -568,14 +569,13 @@ public final class VarlinkServer: @unchecked Sendable {
         /// queue dropped, and `reply` sent last; the connection closes once it is
         /// out, or after `milliseconds` at most.
         public func end(_ stream: StreamID, with reply: VarlinkReply, within milliseconds: UInt64) {
-            guard let connection = server.connections[stream.connection],
-                case .streaming(let closed) = connection.state
+            guard let connection = server.connections[stream.connection], case .streaming = connection.state
             else { return }
             let rest = connection.output[connection.outputOffset...]
             let end = rest.firstIndex(of: 0).map { $0 + 1 } ?? connection.output.count
             connection.output.removeSubrange(end...)
             server.queue(reply, on: connection)
-            connection.state = .ending(deadline: server.now + milliseconds, closed: closed)
+            connection.state = .ending(deadline: server.now + milliseconds)
             server.flush(connection)
             if connection.pendingOutput == 0 { server.disconnect(connection) }
             if connection.isClosed { return }
@@ -688,7 +688,7 @@ public final class VarlinkServer: @unchecked Sendable {
 
     /// When `connection` is closed unless it makes progress; nil for never.
     private func dueTime(_ connection: Connection) -> UInt64? {
-        if case .ending(let deadline, _) = connection.state { return deadline }
+        if case .ending(let deadline) = connection.state { return deadline }
         return limits.deadline(
             subscribed: connection.isStream, busy: connection.busy, lastActivity: connection.lastActivity,
             partialSince: connection.partialSince)?.at
@@ -752,12 +752,9 @@ public final class VarlinkServer: @unchecked Sendable {
     }
 
     private func disconnect(_ connection: Connection) {
-        let closedStream: (@Sendable (StreamID) -> Void)?
-        switch connection.state {
-        case .closed: return
-        case .streaming(let closed), .ending(_, let closed): closedStream = closed
-        case .open, .waiting: closedStream = nil
-        }
+        if connection.isClosed { return }
+        let closedStream = connection.streamClosed
+        connection.streamClosed = nil
         connection.state = .closed
         connectionsPerUID[connection.caller.uid, default: 1] -= 1
         if connectionsPerUID[connection.caller.uid] == 0 { connectionsPerUID[connection.caller.uid] = nil }
