@@ -53,6 +53,9 @@ let package = Package(
 
         .testTarget(name: "VaultCoreTests", dependencies: ["VaultCore"]),
         .testTarget(name: "VaultProtocolTests", dependencies: ["VaultProtocol"]),
+        // The transport alone, serving a toy interface: no vault, no processes.
+        .testTarget(
+            name: "VarlinkServerTests", dependencies: ["VarlinkServer", "VaultCore", "VaultProtocol", "VaultSystem"]),
         // vaultctl in-process: parsing, help, usage errors, completion scripts; no daemon.
         .testTarget(name: "VaultCLITests", dependencies: ["VaultCLI"]),
         // The session manager without processes: fakes, a manual clock, the simulation.
