@@ -690,7 +690,7 @@ public final class VarlinkServer: @unchecked Sendable {
     private func dueTime(_ connection: Connection) -> UInt64? {
         if case .ending(let deadline) = connection.state { return deadline }
         return limits.deadline(
-            subscribed: connection.isStream, busy: connection.busy, lastActivity: connection.lastActivity,
+            streaming: connection.isStream, busy: connection.busy, lastActivity: connection.lastActivity,
             partialSince: connection.partialSince)?.at
     }
 
