@@ -35,8 +35,11 @@ let package = Package(
         // Varlink: framing, messages, the interface text, error names. No C.
         .target(name: "VaultProtocol", dependencies: ["VaultCore"]),
         // Typed system-call helpers shared by the client and the daemon.
-        .target(name: "VaultSystem"),
-        // A blocking Varlink client over a Unix socket, with typed calls of
+        .target(name: "VaultSystem", dependencies: ["CShim"]),
+        // A generic Varlink server: framing, connections, a method table, streams,
+        // limits, peer credentials, drain; it knows nothing of what it serves.
+        .target(name: "VarlinkServer", dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CShim"]),
+        // A blocking Varlink client over a Unix socket with typed calls of
         // io.vaultd.Vault (vaultctl, tests, and Swift programs through the library product).
         .target(name: "VaultClient", dependencies: ["VaultProtocol", "VaultSystem"]),
         // vaultctl's commands, as a library so tests can drive them.
@@ -44,13 +47,18 @@ let package = Package(
         // The I/O edges: secret store, socket server, config files, wiring.
         .target(
             name: "VaultDaemon",
-            dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CSecret", "CSystemd", "CShim", "CHTTP"]),
+            dependencies: [
+                "VaultCore", "VaultProtocol", "VaultSystem", "VarlinkServer", "CSecret", "CSystemd", "CShim", "CHTTP",
+            ]),
 
         .executableTarget(name: "vaultd", dependencies: ["VaultDaemon", "CWipeOnFree"]),
         .executableTarget(name: "vaultctl", dependencies: ["VaultCLI"]),
 
         .testTarget(name: "VaultCoreTests", dependencies: ["VaultCore"]),
         .testTarget(name: "VaultProtocolTests", dependencies: ["VaultProtocol"]),
+        // The transport alone, serving a toy interface: no vault, no processes.
+        .testTarget(
+            name: "VarlinkServerTests", dependencies: ["VarlinkServer", "VaultCore", "VaultProtocol", "VaultSystem"]),
         // vaultctl in-process: parsing, help, usage errors, completion scripts; no daemon.
         .testTarget(name: "VaultCLITests", dependencies: ["VaultCLI"]),
         // The session manager without processes: fakes, a manual clock, the simulation.

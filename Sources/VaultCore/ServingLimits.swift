@@ -83,13 +83,13 @@ public struct ServingLimits: Sendable, Equatable {
 
     /// When a connection is closed for lack of progress, in milliseconds of
     /// the monotonic clock, and why; nil while it may wait for ever (a
-    /// subscription, or a call in flight). `lastActivity` is when bytes last
+    /// stream such as a subscription, or a call in flight). `lastActivity` is when bytes last
     /// went either way; `partialSince` is when the unfinished message read so
     /// far started, while the connection is read.
     public func deadline(
-        subscribed: Bool, busy: Bool, lastActivity: UInt64, partialSince: UInt64?
+        streaming: Bool, busy: Bool, lastActivity: UInt64, partialSince: UInt64?
     ) -> (at: UInt64, reason: Expiry)? {
-        if subscribed || busy { return nil }
+        if streaming || busy { return nil }
         if let partialSince { return (partialSince + UInt64(requestTimeoutSeconds) * 1000, .unfinishedMessage) }
         return (lastActivity + UInt64(idleTimeoutSeconds) * 1000, .idle)
     }

@@ -1,5 +1,6 @@
 import Glibc
 import VaultCore
+import VaultSystem
 
 /// The one way vaultd runs blocking C calls (libsecret over D-Bus, libcurl,
 /// fork/exec/waitpid of helpers): a fixed number of threads of vaultd's own

@@ -2,6 +2,7 @@ import CShim
 import Dispatch
 import Glibc
 import Synchronization
+import VarlinkServer
 import VaultCore
 import VaultProtocol
 import VaultSystem
@@ -160,13 +161,13 @@ public enum Daemon {
         let store = try openStore(options, config: config, log: log)
         let clock = SystemWallClock()
         let policy = try PolicyResolver.resolve(config)
-        let relay = EventRelay()
+        let hub = SubscriptionHub(log: log)
         let manager = SessionManager(
             store: store, config: config, clock: clock, log: log, policy: policy,
             tableDidChange: { table in
                 if notifier.isActive { notifier.status(ServiceNotifier.statusLine(table)) }
             },
-            events: { event in relay.publish(event) })
+            events: { event in hub.publish(event) })
         let restored = try blocking { () async throws(VaultError) in
             try await manager.loadProviderSecrets()
             let restored = try await manager.restore()
@@ -192,7 +193,7 @@ public enum Daemon {
             if ownsSocketFile { unlink(socketDescription) }
             close(listenFD)
         }
-        let service = VaultMethods.service(manager: manager, clock: clock)
+        let service = VaultMethods.service(manager: manager, clock: clock, hub: hub)
         let hooks = ServerHooks(
             watchdogIntervalMilliseconds: notifier.watchdogIntervalMilliseconds,
             watchdogProbe: { await manager.ping() },
@@ -203,12 +204,12 @@ public enum Daemon {
         let server: VarlinkServer
         do {
             server = try VarlinkServer(
-                listenFD: listenFD, signalFD: signalFD, service: service, log: log, hooks: hooks,
-                limits: config.serving)
+                listenFD: listenFD, signalFD: signalFD, service: service, log: log,
+                errors: VaultMethods.transportErrors, hooks: hooks, limits: config.serving)
         } catch {
             throw VaultError(.internalError, "cannot start serving: \(error)")
         }
-        relay.attach(server)
+        hub.attach(server)
         log.notice(
             "ready",
             [
@@ -397,16 +398,6 @@ public enum Daemon {
         var bytes = Array((text + "\n").utf8)
         _ = bytes.withUnsafeMutableBytes { write(2, $0.baseAddress, $0.count) }
     }
-}
-
-/// Hands the session manager's events to the server, which exists only once
-/// the sessions are restored (events before that have no subscriber anyway).
-final class EventRelay: Sendable {
-    private let server = Mutex<VarlinkServer?>(nil)
-
-    func attach(_ server: VarlinkServer) { self.server.withLock { $0 = server } }
-
-    func publish(_ event: VaultEvent) { server.withLock { $0 }?.publish(event) }
 }
 
 /// Carries a result from a task to the thread that waits on a semaphore.

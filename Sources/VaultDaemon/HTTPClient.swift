@@ -1,6 +1,7 @@
 import CHTTP
 import Dispatch
 import VaultCore
+import VaultSystem
 
 /// One HTTP answer: its status, body and `Retry-After` header.
 struct HTTPResponse: Sendable {

@@ -2,6 +2,7 @@ import CSystemd
 import Dispatch
 import Glibc
 import Synchronization
+import VarlinkServer
 import VaultSystem
 
 /// Structured logging: to journald (fields `VAULTD_PROVIDER=`, `VAULTD_USER=`,
@@ -232,3 +233,6 @@ public final class Logger: Sendable {
         line.append(0x22)
     }
 }
+
+/// The serving loop logs through vaultd's logger.
+extension Logger: ServerLog {}

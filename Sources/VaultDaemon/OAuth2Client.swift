@@ -1,4 +1,5 @@
 import VaultCore
+import VaultSystem
 
 /// Talks to an OAuth 2.0 token endpoint (RFC 6749) and revocation endpoint
 /// (RFC 7009) and sorts every answer into refreshed, transient or permanent.

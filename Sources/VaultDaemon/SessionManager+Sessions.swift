@@ -1,4 +1,5 @@
 import VaultCore
+import VaultSystem
 
 /// Login and logout: the session's key is decided by the access policy, the
 /// login and logout state machine says what to do, the store is written

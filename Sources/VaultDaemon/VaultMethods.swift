@@ -1,3 +1,4 @@
+import VarlinkServer
 import VaultCore
 import VaultProtocol
 
@@ -8,8 +9,9 @@ public enum VaultMethods {
     /// The version vaultd reports.
     public static let version = "0.1.0"
 
-    /// The service with every method of `io.vaultd.Vault` bound.
-    public static func service(manager: SessionManager, clock: any WallClock) -> VarlinkService {
+    /// The service with every method of `io.vaultd.Vault` bound; `hub` holds
+    /// the subscriptions.
+    public static func service(manager: SessionManager, clock: any WallClock, hub: SubscriptionHub) -> VarlinkService {
         var service = VarlinkService(
             vendor: "vaultd", product: "vaultd", version: version, url: "https://github.com/vaultd/vaultd")
         let table = manager.table
@@ -222,8 +224,8 @@ public enum VaultMethods {
                         }
                         let sessions = visibleSessions(table, policy.policy, caller) { filter.matches($0.account) }
                         let subscriptionFilter = filter
-                        return .subscribe(
-                            snapshot: VarlinkReply(parameters: ["sessions": .array(sessions)]),
+                        return hub.subscribe(
+                            caller, snapshot: VarlinkReply(parameters: ["sessions": .array(sessions)]),
                             filter: { event in
                                 subscriptionFilter.matches(event)
                                     && policy.policy.maySee(caller, ownerUID: event.ownerUID)
@@ -241,6 +243,18 @@ public enum VaultMethods {
         }
         return service
     }
+
+    /// The errors the server sends on its own, as vaultd names them.
+    public static let transportErrors = TransportErrors(
+        refused: { admission, caller, limits in limits.refusal(admission, uid: caller.uid).varlinkReply },
+        replyTooLarge: { method, size, limit in
+            VaultError(
+                .replyTooLarge,
+                "the reply to \(method) would take \(size) bytes, more than one connection may have queued (MaxOutputPerConnection=\(limit) bytes); ask for less (ListSessions: a smaller limit, then follow next; Subscribe: narrow by provider or user), and read replies before sending more calls"
+            ).varlinkReply
+        },
+        stopping: VaultError(.internalError, "vaultd is stopping; retry when it is back").varlinkReply,
+        streamStopping: VaultError(.internalError, "vaultd is stopping; subscribe again when it is back").varlinkReply)
 
     /// Appends the GetToken reply of `record`: the bytes
     /// `VarlinkReply(parameters: tokenReply(record)).encode(into:)` writes,

@@ -102,14 +102,14 @@ struct ServingLimitsTests {
         var limits = ServingLimits()
         limits.idleTimeoutSeconds = 300
         limits.requestTimeoutSeconds = 30
-        let idle = limits.deadline(subscribed: false, busy: false, lastActivity: 1000, partialSince: nil)
+        let idle = limits.deadline(streaming: false, busy: false, lastActivity: 1000, partialSince: nil)
         #expect(idle?.at == 301_000)
         #expect(idle?.reason == .idle)
-        let partial = limits.deadline(subscribed: false, busy: false, lastActivity: 5000, partialSince: 2000)
+        let partial = limits.deadline(streaming: false, busy: false, lastActivity: 5000, partialSince: 2000)
         #expect(partial?.at == 32_000)
         #expect(partial?.reason == .unfinishedMessage)
-        #expect(limits.deadline(subscribed: true, busy: true, lastActivity: 0, partialSince: nil) == nil)
-        #expect(limits.deadline(subscribed: false, busy: true, lastActivity: 0, partialSince: 10) == nil)
+        #expect(limits.deadline(streaming: true, busy: true, lastActivity: 0, partialSince: nil) == nil)
+        #expect(limits.deadline(streaming: false, busy: true, lastActivity: 0, partialSince: 10) == nil)
     }
 
     @Test("Should keep monotonic-millisecond deadlines per connection in one heap, nearest first")

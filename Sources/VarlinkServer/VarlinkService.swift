@@ -6,13 +6,13 @@ import VaultProtocol
 public enum HandlerOutcome: Sendable {
     case reply(VarlinkReply)
     /// A reply that appends its own JSON message (without the NUL) to the
-    /// connection's output: for the hot GetToken path, where building a
-    /// `VarlinkReply` costs more than writing the bytes.
+    /// connection's output: for hot paths, where building a `VarlinkReply`
+    /// costs more than writing the bytes.
     case encoded(@Sendable (inout [UInt8]) -> Void)
     case deferred(@Sendable () async -> VarlinkReply)
-    /// Start a stream: send `snapshot` (continues), then every published event
-    /// that `filter` passes, until the client goes away.
-    case subscribe(snapshot: VarlinkReply, filter: @Sendable (VaultEvent) -> Bool)
+    /// Start a stream: send its first reply (continues); its owner writes the
+    /// rest through `VarlinkServer.Streams` until the client goes away.
+    case stream(StreamStart)
 }
 
 /// A method handler: the call and who made it in, an outcome out.

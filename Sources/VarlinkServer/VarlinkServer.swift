@@ -9,14 +9,18 @@ import VaultSystem
 /// the calling thread: non-blocking sockets, one read per readiness, replies
 /// written as far as the peer takes them and the rest queued. Calls on one
 /// connection are answered in order (a deferred call holds back the next);
-/// one slow or stuck client never delays another.
+/// one slow or stuck client never delays another. The server knows nothing
+/// of what it serves: the service's method table answers calls, the errors
+/// it sends on its own come from `TransportErrors`, and streams are written
+/// by their owner through `Streams`.
 public final class VarlinkServer: @unchecked Sendable {
     /// The largest message accepted from a client.
     public static let maximumMessageSize = 1 << 20
 
     private let service: VarlinkService
-    private let log: Logger
+    private let log: any ServerLog
     private let hooks: ServerHooks
+    private let errors: TransportErrors
     private let listenFD: Int32
     private let epollFD: Int32
     private let wakeFD: Int32
@@ -35,45 +39,50 @@ public final class VarlinkServer: @unchecked Sendable {
     private var unprivilegedConnections = 0
     private var nextRefusalLog: UInt64 = 0
     private var nextReplyTooLargeLog: UInt64 = 0
-    /// When each connection is next looked at for lack of progress (monotonic
-    /// milliseconds). An entry may be earlier than the connection's real
-    /// deadline (activity only moves that later): it is then moved when it comes
-    /// due, so activity itself costs a few comparisons, not a heap update.
-    private var deadlines = DeadlineHeap<UInt64, UInt64>()
+    /// What the loop waits for besides descriptors, one entry each.
+    enum Timer: Hashable, Sendable {
+        /// A connection is looked at for lack of progress. The entry may be
+        /// earlier than the connection's real deadline (activity only moves
+        /// that later): it is then moved when it comes due, so activity itself
+        /// costs a few comparisons, not a heap update.
+        case connection(UInt64)
+        /// Accepting, paused for lack of descriptors, resumes.
+        case resumeAccepting
+        /// The watchdog is next proven to.
+        case watchdog
+        /// The drain after SIGTERM ends, whatever is still open.
+        case drainEnd
+    }
+    /// Every deadline of the loop, in monotonic milliseconds; the nearest one
+    /// is the epoll timeout.
+    private var deadlines = DeadlineHeap<Timer, UInt64>()
     /// The monotonic time of the current loop iteration, in milliseconds.
     private var now: UInt64 = Monotonic.milliseconds()
-
-    /// Dropped subscribers whose final error is still being sent.
-    private var dropping: Set<UInt64> = []
-    /// Accepting is paused (out of descriptors) until this monotonic time.
-    private var acceptPausedUntil: UInt64?
+    /// The drain's time is up.
+    private var drainOver = false
     /// Replies of deferred calls, handed from worker tasks to the loop thread.
     private let completions = Mutex<[(UInt64, VarlinkReply?)]>([])
-    /// Events to stream to subscribers, in the order they were published.
-    private let pendingEvents = Mutex<[VaultEvent]>([])
-    /// Subscribed connections and what each wants to see; loop thread only.
-    private var subscriptions: [UInt64: @Sendable (VaultEvent) -> Bool] = [:]
-    /// Unsent bytes past which a subscriber is dropped.
-    static let subscriberQueueLimit = 1 << 20
-    /// Open subscriptions per non-root uid, past which Subscribe is refused:
-    /// with the queue limit, what one user can make vaultd hold for it.
-    public static let maximumSubscriptionsPerUID = 64
-    private var subscriptionsPerUID: [UInt32: Int] = [:]
+    /// Work handed to the loop thread (writing to streams), in order.
+    private let jobs = Mutex<[@Sendable (Streams) -> Void]>([])
+    /// Streams written to by the job running now, settled after it.
+    private var touchedStreams: [Connection] = []
     /// What one `recv` reads into, zeroed after each (loop thread only).
     private let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65536, alignment: 16)
 
     private static let sendFlags = Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)
-    private static let listenerToken: UInt64 = 1
-    private static let wakeToken: UInt64 = 2
-    private static let signalToken: UInt64 = 3
+    private static let listenerKey: UInt64 = 1
+    private static let wakeKey: UInt64 = 2
+    private static let signalKey: UInt64 = 3
 
     /// Prepares to serve `service` on `listenFD`; `signalFD` delivers the
-    /// signals that stop the loop.
+    /// signals that stop the loop; `errors` are the replies the server sends
+    /// on its own.
     public init(
-        listenFD: Int32, signalFD: Int32, service: VarlinkService, log: Logger, hooks: ServerHooks = ServerHooks(),
-        limits: ServingLimits = ServingLimits()
+        listenFD: Int32, signalFD: Int32, service: VarlinkService, log: any ServerLog, errors: TransportErrors,
+        hooks: ServerHooks = ServerHooks(), limits: ServingLimits = ServingLimits()
     ) throws(SystemError) {
         self.hooks = hooks
+        self.errors = errors
         self.limits = limits
         self.outputHighWater = limits.outputHighWater
         self.listenFD = listenFD
@@ -86,9 +95,9 @@ public final class VarlinkServer: @unchecked Sendable {
         guard wakeFD >= 0 else { throw SystemError("eventfd") }
         let flags = fcntl(listenFD, F_GETFL)
         _ = fcntl(listenFD, F_SETFL, flags | O_NONBLOCK)
-        guard vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, VarlinkServer.listenerToken) == 0,
-            vaultd_epoll_add(epollFD, wakeFD, VAULTD_EPOLLIN, VarlinkServer.wakeToken) == 0,
-            vaultd_epoll_add(epollFD, signalFD, VAULTD_EPOLLIN, VarlinkServer.signalToken) == 0
+        guard vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, VarlinkServer.listenerKey) == 0,
+            vaultd_epoll_add(epollFD, wakeFD, VAULTD_EPOLLIN, VarlinkServer.wakeKey) == 0,
+            vaultd_epoll_add(epollFD, signalFD, VAULTD_EPOLLIN, VarlinkServer.signalKey) == 0
         else { throw SystemError("epoll_ctl") }
     }
 
@@ -105,40 +114,16 @@ public final class VarlinkServer: @unchecked Sendable {
     public func run(drainSeconds: Int = 10) -> Int32 {
         var events = [vaultd_event](repeating: vaultd_event(), count: 256)
         var stopSignal: Int32 = 0
-        var drainDeadline: UInt64 = 0
-        var nextWatchdog = hooks.watchdogIntervalMilliseconds.map { Monotonic.milliseconds() + UInt64($0) }
+        if let interval = hooks.watchdogIntervalMilliseconds {
+            deadlines.schedule(.watchdog, at: Monotonic.milliseconds() + UInt64(interval))
+        }
         while true {
-            // A connection closes once it is done (see `process`): the drain
-            // ends when all are, or at the deadline.
-            if stopping && (connections.isEmpty || Monotonic.milliseconds() >= drainDeadline) { break }
-            var timeout: Int32 = stopping ? 100 : -1
             now = Monotonic.milliseconds()
-            closeExpired()
-            if let next = deadlines.next {
-                let wait = Int32(clamping: next.deadline > now ? next.deadline - now : 0)
-                timeout = timeout < 0 ? wait : min(timeout, wait)
-            }
-            if let until = acceptPausedUntil {
-                let now = Monotonic.milliseconds()
-                if now >= until {
-                    acceptPausedUntil = nil
-                    if !stopping {
-                        _ = vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, VarlinkServer.listenerToken)
-                    }
-                } else {
-                    timeout = Int32(clamping: until - now)
-                }
-            }
-            if let due = nextWatchdog, let interval = hooks.watchdogIntervalMilliseconds {
-                let now = Monotonic.milliseconds()
-                if now >= due {
-                    startWatchdogProbe()
-                    nextWatchdog = now + UInt64(interval)
-                }
-                let due = nextWatchdog ?? now
-                let wait = Int32(clamping: due > now ? due - now : 0)
-                timeout = timeout < 0 ? wait : min(timeout, wait)
-            }
+            runDueTimers()
+            // A connection closes once it is done (see `process`): the drain
+            // ends when all are, or at its deadline.
+            if stopping && (connections.isEmpty || drainOver) { break }
+            let timeout: Int32 = deadlines.next.map { Int32(clamping: $0.deadline > now ? $0.deadline - now : 0) } ?? -1
             let count: Int32 = events.withUnsafeMutableBufferPointer {
                 (buffer: inout UnsafeMutableBufferPointer<vaultd_event>) -> Int32 in
                 vaultd_epoll_wait(epollFD, buffer.baseAddress, Int32(buffer.count), timeout)
@@ -156,9 +141,9 @@ public final class VarlinkServer: @unchecked Sendable {
             for i in 0..<Int(count) {
                 let event = events[i]
                 switch event.data {
-                case VarlinkServer.listenerToken: acceptAll()
-                case VarlinkServer.wakeToken: drainCompletions()
-                case VarlinkServer.signalToken: signalReady = true
+                case VarlinkServer.listenerKey: acceptAll()
+                case VarlinkServer.wakeKey: drainCompletions()
+                case VarlinkServer.signalKey: signalReady = true
                 default:
                     guard let connection = connections[event.data] else { continue }
                     serve(connection, events: event.events)
@@ -171,7 +156,7 @@ public final class VarlinkServer: @unchecked Sendable {
                     stopSignal = signal
                     hooks.stopping()
                     beginStopping()
-                    drainDeadline = Monotonic.milliseconds() + UInt64(drainSeconds) * 1000
+                    deadlines.schedule(.drainEnd, at: Monotonic.milliseconds() + UInt64(drainSeconds) * 1000)
                 } else if signal == SIGHUP {
                     hooks.reload(self)
                 } else if signal > 0 {
@@ -183,10 +168,10 @@ public final class VarlinkServer: @unchecked Sendable {
         return stopSignal
     }
 
-    /// Streams `event` to every subscriber whose filter passes it. Thread-safe;
-    /// events reach each subscriber in the order they were published.
-    public func publish(_ event: VaultEvent) {
-        pendingEvents.withLock { $0.append(event) }
+    /// Runs `job` on the loop thread, where it may write to streams; jobs run
+    /// in the order they were handed over. Thread-safe.
+    public func onLoop(_ job: @escaping @Sendable (Streams) -> Void) {
+        jobs.withLock { $0.append(job) }
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)
     }
@@ -227,7 +212,7 @@ public final class VarlinkServer: @unchecked Sendable {
         answered.removeAll(keepingCapacity: true)
         for connection in round {
             connection.answeredThisRound = false
-            if !connection.closed { sendAndSettle(connection) }
+            if !connection.isClosed { sendAndSettle(connection) }
         }
     }
 
@@ -237,7 +222,7 @@ public final class VarlinkServer: @unchecked Sendable {
     private var watchdogProbeInFlight = false
 
     /// Proves the daemon serves before telling the watchdog: a probe runs through
-    /// the cooperative pool and the session manager, and its completion comes back
+    /// the cooperative pool and the service's own state, and its completion comes back
     /// through this loop; only then is WATCHDOG=1 sent. A stuck part means no ping.
     private func startWatchdogProbe() {
         guard !watchdogProbeInFlight else { return }
@@ -254,18 +239,16 @@ public final class VarlinkServer: @unchecked Sendable {
     private func beginStopping() {
         stopping = true
         _ = vaultd_epoll_del(epollFD, listenFD)
-        log.notice("stopping: no new connections, answering calls in flight")
-        // Subscribers get a last word; idle connections are closed now; busy ones after their reply.
-        for connection in connections.values where connection.subscribed {
-            queue(
-                VaultError(.internalError, "vaultd is stopping; subscribe again when it is back").varlinkReply,
-                on: connection)
+        log.notice("stopping: no new connections, answering calls in flight", [:])
+        // Streams get a last word; idle connections are closed now; busy ones after their reply.
+        for connection in connections.values where connection.isStream {
+            queue(errors.streamStopping, on: connection)
             flush(connection)
             disconnect(connection)
         }
         // The others answer what they sent, with "stopping" for calls not yet
         // started, and close once their replies are out.
-        for connection in connections.values where !connection.busy && !connection.closed { process(connection) }
+        for connection in connections.values where !connection.busy && !connection.isClosed { process(connection) }
     }
 
     private func acceptAll() {
@@ -278,7 +261,7 @@ public final class VarlinkServer: @unchecked Sendable {
                     // Out of descriptors: the listener would stay readable and spin the
                     // loop; stop watching it for a second and let connections drain.
                     _ = vaultd_epoll_del(epollFD, listenFD)
-                    acceptPausedUntil = Monotonic.milliseconds() + 1000
+                    deadlines.schedule(.resumeAccepting, at: Monotonic.milliseconds() + 1000)
                     log.warning("too many open connections; accepting paused for 1s", ["error": error.description])
                     return
                 }
@@ -327,7 +310,7 @@ public final class VarlinkServer: @unchecked Sendable {
     /// daemon's descriptors or the connections kept for root and the admin
     /// group: the refusal is its only reply, sent if the socket takes it now.
     private func refuse(_ fd: Int32, _ caller: Caller, _ admission: ServingLimits.Admission) {
-        var reply = limits.refusal(admission, uid: caller.uid).varlinkReply.encoded()
+        var reply = errors.refused(admission, caller, limits).encoded()
         reply.append(0)
         _ = reply.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, VarlinkServer.sendFlags) }
         Glibc.close(fd)
@@ -352,19 +335,19 @@ public final class VarlinkServer: @unchecked Sendable {
 
     private func serve(_ connection: Connection, events: UInt32) {
         let failed = events & (VAULTD_EPOLLHUP | VAULTD_EPOLLERR) != 0
-        if failed && connection.subscribed {
+        if failed && connection.isStream {
             disconnect(connection)
             return
         }
-        if connection.subscribed {
+        if connection.isStream {
             if events & VAULTD_EPOLLOUT != 0 { flush(connection) }
-            if connection.closed { return }
-            if dropping.contains(connection.id) && connection.pendingOutput == 0 {
+            if connection.isClosed { return }
+            if case .ending = connection.state, connection.pendingOutput == 0 {
                 disconnect(connection)
                 return
             }
             if events & VAULTD_EPOLLIN != 0 {
-                // A subscriber sends nothing more; reading only tells whether it left.
+                // A stream's peer sends nothing more; reading only tells whether it left.
                 let n: Int = withUnsafeTemporaryAllocation(byteCount: 4096, alignment: 16) {
                     (buffer: UnsafeMutableRawBufferPointer) -> Int in
                     recv(connection.fd, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
@@ -385,16 +368,16 @@ public final class VarlinkServer: @unchecked Sendable {
             // whatever the interest, so stop watching; the reply is dropped when it comes.
             connection.peerClosedInput = true
             _ = vaultd_epoll_del(epollFD, connection.fd)
-            connection.interest = Connection.detached
+            connection.interest = nil
             return
         }
         if events & VAULTD_EPOLLOUT != 0 {
             flush(connection)
-            if connection.closed { return }
+            if connection.isClosed { return }
         }
         if events & VAULTD_EPOLLIN != 0 || failed, connection.wantsInput {
             readOnce(connection)
-            if connection.closed { return }
+            if connection.isClosed { return }
         }
         process(connection)
     }
@@ -404,7 +387,7 @@ public final class VarlinkServer: @unchecked Sendable {
         let n: Int = recv(fd, readBuffer.baseAddress, readBuffer.count, Int32(MSG_DONTWAIT))
         if n > 0 {
             connection.decoder.append(UnsafeRawBufferPointer(rebasing: readBuffer[0..<n]))
-            // A call may carry a token: the decoder keeps the only copy.
+            // A call may carry a secret: the decoder keeps the only copy.
             vaultd_explicit_bzero(readBuffer.baseAddress, n)
         }
         if n > 0 { connection.lastActivity = now }
@@ -431,7 +414,7 @@ public final class VarlinkServer: @unchecked Sendable {
 
     /// The loop of `process`: answers what is buffered, without sending.
     private func answer(_ connection: Connection) {
-        while !connection.closed, !connection.busy, connection.pendingOutput < outputHighWater {
+        while !connection.isClosed, !connection.busy, connection.pendingOutput < outputHighWater {
             let message: ArraySlice<UInt8>
             do throws(VarlinkFrameDecoder.Failure) {
                 guard let next = try connection.decoder.next() else { break }
@@ -461,9 +444,7 @@ public final class VarlinkServer: @unchecked Sendable {
             }
             if stopping {
                 if call.oneway { continue }
-                queue(
-                    VaultError(.internalError, "vaultd is stopping; retry when it is back").varlinkReply,
-                    on: connection)
+                queue(errors.stopping, on: connection)
                 continue
             }
             switch service.handle(call, caller: connection.caller) {
@@ -471,27 +452,16 @@ public final class VarlinkServer: @unchecked Sendable {
                 if !call.oneway { queueBounded(on: connection, method: call.method) { reply.encode(into: &$0) } }
             case .encoded(let write):
                 if !call.oneway { queueBounded(on: connection, method: call.method, write) }
-            case .subscribe(let snapshot, let filter):
-                let uid = connection.caller.uid
-                let open = subscriptionsPerUID[uid, default: 0]
-                guard uid == 0 || open < VarlinkServer.maximumSubscriptionsPerUID else {
-                    queue(
-                        VaultError(
-                            .tooManySubscriptions,
-                            "uid \(uid) already has \(open) subscriptions open, the most one user may; close one (one subscription can watch every account, narrowed by provider, user and kinds)"
-                        ).varlinkReply, on: connection)
-                    continue
-                }
-                var first = snapshot
+            case .stream(let start):
+                var first = start.first
                 first.continues = true
                 guard queueBounded(on: connection, method: call.method, { first.encode(into: &$0) }) else { continue }
-                subscriptionsPerUID[uid] = open + 1
-                connection.subscribed = true
-                connection.busy = true
-                subscriptions[connection.id] = filter
+                connection.state = .streaming
+                connection.streamClosed = start.closed
+                start.opened(StreamID(connection: connection.id))
             case .deferred(let work):
                 log.debug("call in flight", ["method": call.method, "pid": String(connection.caller.pid)])
-                connection.busy = true
+                connection.state = .waiting
                 let id = connection.id
                 let oneway = call.oneway
                 Task { [self] in
@@ -500,7 +470,7 @@ public final class VarlinkServer: @unchecked Sendable {
                 }
             }
         }
-        connection.heldBack = !connection.closed && !connection.busy && connection.pendingOutput >= outputHighWater
+        connection.heldBack = !connection.isClosed && !connection.busy && connection.pendingOutput >= outputHighWater
         // Bytes of an unfinished message start the request timeout while the
         // connection is read; complete messages held back by queued output do not.
         if connection.decoder.hasPartialMessage && connection.wantsInput
@@ -516,13 +486,13 @@ public final class VarlinkServer: @unchecked Sendable {
     /// and its peer left, or else updates what epoll watches for it.
     private func sendAndSettle(_ connection: Connection) {
         flush(connection)
-        if connection.closed { return }
+        if connection.isClosed { return }
         // Calls held back by queued output the peer has now taken: answer them,
         // since no more input may come to wake this connection.
         while connection.heldBack, !connection.busy, connection.pendingOutput < outputHighWater {
             answer(connection)
             flush(connection)
-            if connection.closed { return }
+            if connection.isClosed { return }
         }
         let idle = !connection.busy && connection.pendingOutput == 0
         if idle && (connection.peerClosedInput || (stopping && !VarlinkServer.hasUnreadInput(connection.fd))) {
@@ -540,12 +510,15 @@ public final class VarlinkServer: @unchecked Sendable {
             list.removeAll(keepingCapacity: true)
             return taken
         }
-        let events: [VaultEvent] = pendingEvents.withLock { list in
+        let work: [@Sendable (Streams) -> Void] = jobs.withLock { list in
             let taken = list
             list.removeAll(keepingCapacity: true)
             return taken
         }
-        if !events.isEmpty { deliver(events) }
+        for job in work {
+            job(Streams(server: self))
+            settleTouchedStreams()
+        }
         if let reloaded = reloadedLimits.withLock({ $0.take() }) {
             limits = reloaded
             outputHighWater = reloaded.outputHighWater
@@ -557,54 +530,67 @@ public final class VarlinkServer: @unchecked Sendable {
                 hooks.watchdog()
                 continue
             }
-            guard let connection = connections[id] else { continue }
-            connection.busy = false
+            guard let connection = connections[id], case .waiting = connection.state else { continue }
+            connection.state = .open
             if let reply { queue(reply, on: connection) }
             process(connection)
         }
     }
 
-    /// Appends each event, encoded once, to the subscribers that want it, and
-    /// drops a subscriber whose unsent bytes pass the limit, with a final error.
-    private func deliver(_ events: [VaultEvent]) {
-        var touched: Set<UInt64> = []
-        for event in events {
-            var message: [UInt8]?
-            for (id, filter) in subscriptions where filter(event) {
-                guard let connection = connections[id] else { continue }
-                if message == nil {
-                    message = VarlinkReply(parameters: ["event": event.json()], continues: true).encoded() + [0]
-                }
-                connection.output.append(contentsOf: message!)
-                touched.insert(id)
-            }
+    // MARK: Streams
+
+    /// Writes to the streams open on the server; handed to the jobs of
+    /// `onLoop`, on the loop thread, and valid only while the job runs.
+    public struct Streams {
+        fileprivate unowned let server: VarlinkServer
+
+        /// Queues `message` (a reply without its NUL) on `stream`; sent by
+        /// `send`, or after the job. Nothing happens when the stream is gone.
+        public func push(_ message: [UInt8], to stream: StreamID) {
+            guard let connection = server.connections[stream.connection], case .streaming = connection.state
+            else { return }
+            if connection.pendingOutput == 0 { server.touchedStreams.append(connection) }
+            connection.output.append(contentsOf: message)
+            connection.output.append(0)
         }
-        for id in touched {
-            guard let connection = connections[id] else { continue }
+
+        /// Sends what the peer of `stream` takes now, and answers the bytes
+        /// still queued on it; nil when the stream is gone.
+        @discardableResult
+        public func send(_ stream: StreamID) -> Int? {
+            guard let connection = server.connections[stream.connection], connection.isStream else { return nil }
+            server.flush(connection)
+            if connection.isClosed { return nil }
+            server.updateInterest(connection)
+            return connection.pendingOutput
+        }
+
+        /// Ends `stream`: the message being sent is finished, the rest of the
+        /// queue dropped, and `reply` sent last; the connection closes once it is
+        /// out, or after `milliseconds` at most.
+        public func end(_ stream: StreamID, with reply: VarlinkReply, within milliseconds: UInt64) {
+            guard let connection = server.connections[stream.connection], case .streaming = connection.state
+            else { return }
+            let rest = connection.output[connection.outputOffset...]
+            let end = rest.firstIndex(of: 0).map { $0 + 1 } ?? connection.output.count
+            connection.output.removeSubrange(end...)
+            server.queue(reply, on: connection)
+            connection.state = .ending(deadline: server.now + milliseconds)
+            server.flush(connection)
+            if connection.pendingOutput == 0 { server.disconnect(connection) }
+            if connection.isClosed { return }
+            server.updateInterest(connection)
+        }
+    }
+
+    /// Sends what a job queued on streams it did not send itself.
+    private func settleTouchedStreams() {
+        guard !touchedStreams.isEmpty else { return }
+        let touched = touchedStreams
+        touchedStreams.removeAll(keepingCapacity: true)
+        for connection in touched where !connection.isClosed && connection.pendingOutput > 0 {
             flush(connection)
-            if connection.closed { continue }
-            if connection.pendingOutput > VarlinkServer.subscriberQueueLimit {
-                log.warning(
-                    "a subscriber did not read its events and was dropped",
-                    ["pid": String(connection.caller.pid), "uid": String(connection.caller.uid)])
-                // Keep the message being sent whole, drop the queued ones, then the
-                // final error; the connection closes once that is out, or at a deadline.
-                let rest = connection.output[connection.outputOffset...]
-                let end = rest.firstIndex(of: 0).map { $0 + 1 } ?? connection.output.count
-                connection.output.removeSubrange(end...)
-                queue(
-                    VaultError(
-                        .subscriberTooSlow,
-                        "this subscriber did not read its events and was dropped; read events as they come and subscribe again"
-                    ).varlinkReply, on: connection)
-                subscriptions[id] = nil
-                connection.dropDeadline = now + 5000
-                dropping.insert(id)
-                flush(connection)
-                if connection.pendingOutput == 0 { disconnect(connection) }
-                if connection.closed { continue }
-            }
-            updateInterest(connection)
+            if !connection.isClosed { updateInterest(connection) }
         }
     }
 
@@ -640,11 +626,7 @@ public final class VarlinkServer: @unchecked Sendable {
             kept.append(contentsOf: connection.output)
             connection.output = kept
         }
-        queue(
-            VaultError(
-                .replyTooLarge,
-                "the reply to \(method) would take \(size) bytes, more than one connection may have queued (MaxOutputPerConnection=\(limits.maxOutputPerConnection) bytes); ask for less (ListSessions: a smaller limit, then follow next; Subscribe: narrow by provider or user), and read replies before sending more calls"
-            ).varlinkReply, on: connection)
+        queue(errors.replyTooLarge(method, size, limits.maxOutputPerConnection), on: connection)
         if now >= nextReplyTooLargeLog {
             log.warning(
                 "reply over the output bound refused",
@@ -675,7 +657,7 @@ public final class VarlinkServer: @unchecked Sendable {
             connection.lastActivity = now
         }
         if connection.pendingOutput == 0 {
-            // Sent: a reply may carry a token (GetToken), so zero what was queued.
+            // Sent: a reply may carry a secret, so zero what was queued.
             connection.output.wipe(0..<connection.output.count)
             connection.output.removeAll(keepingCapacity: connection.output.capacity <= 65536)
             connection.outputOffset = 0
@@ -693,9 +675,9 @@ public final class VarlinkServer: @unchecked Sendable {
         if connection.wantsInput && connection.pendingOutput < outputHighWater {
             wanted |= VAULTD_EPOLLIN
         }
-        if connection.subscribed && !connection.peerClosedInput { wanted |= VAULTD_EPOLLIN }
+        if connection.isStream && !connection.peerClosedInput { wanted |= VAULTD_EPOLLIN }
         if connection.pendingOutput > 0 { wanted |= VAULTD_EPOLLOUT }
-        if connection.interest != Connection.detached, wanted != connection.interest {
+        if let interest = connection.interest, wanted != interest {
             connection.interest = wanted
             _ = vaultd_epoll_mod(epollFD, connection.fd, wanted, connection.id)
         }
@@ -706,9 +688,9 @@ public final class VarlinkServer: @unchecked Sendable {
 
     /// When `connection` is closed unless it makes progress; nil for never.
     private func dueTime(_ connection: Connection) -> UInt64? {
-        if connection.dropDeadline != 0 { return connection.dropDeadline }
+        if case .ending(let deadline) = connection.state { return deadline }
         return limits.deadline(
-            subscribed: connection.subscribed, busy: connection.busy, lastActivity: connection.lastActivity,
+            streaming: connection.isStream, busy: connection.busy, lastActivity: connection.lastActivity,
             partialSince: connection.partialSince)?.at
     }
 
@@ -717,145 +699,72 @@ public final class VarlinkServer: @unchecked Sendable {
     private func settleDeadline(_ connection: Connection) {
         guard let due = dueTime(connection) else {
             if connection.scheduledAt != nil {
-                deadlines.cancel(connection.id)
+                deadlines.cancel(.connection(connection.id))
                 connection.scheduledAt = nil
             }
             return
         }
         if let at = connection.scheduledAt, at <= due { return }
-        deadlines.schedule(connection.id, at: due)
+        deadlines.schedule(.connection(connection.id), at: due)
         connection.scheduledAt = due
     }
 
-    /// Closes the connections whose deadline passed; moves the entries that
-    /// came due early (the connection was active since) to the real deadline.
-    private func closeExpired() {
+    /// Does what is due: closes the connections whose deadline passed (and
+    /// moves the entries that came due early, the connection having been
+    /// active since, to the real deadline), resumes accepting, proves
+    /// liveness to the watchdog, ends the drain.
+    private func runDueTimers() {
         guard let next = deadlines.next, next.deadline <= now else { return }
-        for id in deadlines.popDue(at: now) {
-            guard let connection = connections[id] else { continue }
-            connection.scheduledAt = nil
-            guard let due = dueTime(connection) else { continue }
-            if due > now {
-                settleDeadline(connection)
-                continue
+        for timer in deadlines.popDue(at: now) {
+            switch timer {
+            case .connection(let id): expire(id)
+            case .resumeAccepting:
+                if !stopping { _ = vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, VarlinkServer.listenerKey) }
+            case .watchdog:
+                startWatchdogProbe()
+                if let interval = hooks.watchdogIntervalMilliseconds {
+                    deadlines.schedule(.watchdog, at: now + UInt64(interval))
+                }
+            case .drainEnd: drainOver = true
             }
-            let reason =
-                connection.dropDeadline != 0
-                ? "dropped subscriber" : connection.partialSince != nil ? "unfinished message" : "idle"
-            log.info(
-                "connection closed: \(reason) past its timeout",
-                ["uid": String(connection.caller.uid), "pid": String(connection.caller.pid)])
-            disconnect(connection)
         }
+    }
+
+    /// Closes connection `id` if its deadline passed, else schedules it again.
+    private func expire(_ id: UInt64) {
+        guard let connection = connections[id] else { return }
+        connection.scheduledAt = nil
+        guard let due = dueTime(connection) else { return }
+        if due > now {
+            settleDeadline(connection)
+            return
+        }
+        let reason: String
+        if case .ending = connection.state {
+            reason = "ended stream"
+        } else {
+            reason = connection.partialSince != nil ? "unfinished message" : "idle"
+        }
+        log.info(
+            "connection closed: \(reason) past its timeout",
+            ["uid": String(connection.caller.uid), "pid": String(connection.caller.pid)])
+        disconnect(connection)
     }
 
     private func disconnect(_ connection: Connection) {
-        guard !connection.closed else { return }
-        connection.closed = true
+        if connection.isClosed { return }
+        let closedStream = connection.streamClosed
+        connection.streamClosed = nil
+        connection.state = .closed
         connectionsPerUID[connection.caller.uid, default: 1] -= 1
         if connectionsPerUID[connection.caller.uid] == 0 { connectionsPerUID[connection.caller.uid] = nil }
         if !connection.privileged { unprivilegedConnections -= 1 }
-        if connection.scheduledAt != nil { deadlines.cancel(connection.id) }
-        subscriptions[connection.id] = nil
-        if connection.subscribed {
-            subscriptionsPerUID[connection.caller.uid, default: 1] -= 1
-            if subscriptionsPerUID[connection.caller.uid] == 0 { subscriptionsPerUID[connection.caller.uid] = nil }
-        }
-        dropping.remove(connection.id)
+        if connection.scheduledAt != nil { deadlines.cancel(.connection(connection.id)) }
         connection.output.wipe(0..<connection.output.count)
         connection.decoder.wipe()
-        if connection.interest != Connection.detached { _ = vaultd_epoll_del(epollFD, connection.fd) }
+        if connection.interest != nil { _ = vaultd_epoll_del(epollFD, connection.fd) }
         Glibc.close(connection.fd)
         connections[connection.id] = nil
-    }
-}
-
-/// What the serving loop tells the rest of the daemon, and asks of it.
-public struct ServerHooks: Sendable {
-    /// How often to prove liveness to the watchdog, in milliseconds; nil for never.
-    public var watchdogIntervalMilliseconds: Int?
-    /// Must return promptly when the daemon is healthy.
-    public var watchdogProbe: @Sendable () async -> Void
-    /// Called on the loop thread after a probe returned.
-    public var watchdog: @Sendable () -> Void
-    /// Called on the loop thread when SIGTERM or SIGINT arrives.
-    public var stopping: @Sendable () -> Void
-    /// Called on the loop thread when SIGHUP arrives, with the server, so that
-    /// the reload can hand it new limits (`VarlinkServer.reload`).
-    public var reload: @Sendable (VarlinkServer) -> Void
-    /// Whether a caller other than root may use the connections kept for
-    /// root and the admin group.
-    public var privileged: @Sendable (Caller) -> Bool
-
-    /// Hooks that do nothing.
-    public init(
-        watchdogIntervalMilliseconds: Int? = nil, watchdogProbe: @escaping @Sendable () async -> Void = {},
-        watchdog: @escaping @Sendable () -> Void = {}, stopping: @escaping @Sendable () -> Void = {},
-        reload: @escaping @Sendable (VarlinkServer) -> Void = { _ in },
-        privileged: @escaping @Sendable (Caller) -> Bool = { _ in false }
-    ) {
-        self.watchdogIntervalMilliseconds = watchdogIntervalMilliseconds
-        self.watchdogProbe = watchdogProbe
-        self.watchdog = watchdog
-        self.stopping = stopping
-        self.reload = reload
-        self.privileged = privileged
-    }
-}
-
-/// One client connection; touched only by the loop thread.
-final class Connection {
-    let id: UInt64
-    let fd: Int32
-    let caller: Caller
-    var decoder: VarlinkFrameDecoder
-    var output: [UInt8] = []
-    var outputOffset = 0
-    /// A deferred call is in flight; later calls wait behind it.
-    var busy = false
-    var peerClosedInput = false
-    /// A Subscribe stream runs on this connection.
-    var subscribed = false
-    /// Replies were queued in the current round and wait for its end.
-    var answeredThisRound = false
-    /// When a dropped subscriber is closed even if its final error is unsent.
-    var dropDeadline: UInt64 = 0
-    /// The caller is root or in the admin group: it may use the reserved connections.
-    var privileged = false
-    /// When bytes last went either way (monotonic milliseconds).
-    var lastActivity: UInt64 = 0
-    /// When the unfinished message buffered now began to arrive.
-    var partialSince: UInt64?
-    /// The connection's entry in the server's deadline heap, if any.
-    var scheduledAt: UInt64?
-    /// Queued output stopped the answering of buffered calls.
-    var heldBack = false
-    var closed = false
-    var interest: UInt32 = 0
-    /// The `interest` of a connection no longer registered with epoll.
-    static let detached = UInt32.max
-    /// Room made in `output` before a reply is written, so that a reply of up
-    /// to this size (a GetToken reply is about 150 bytes) never makes Array
-    /// grow it and free the old storage, token and all, unzeroed.
-    static let replyReserve = 1024
-
-    init(id: UInt64, fd: Int32, caller: Caller, maximumMessageSize: Int) {
-        self.id = id
-        self.fd = fd
-        self.caller = caller
-        self.decoder = VarlinkFrameDecoder(maximumSize: maximumMessageSize)
-    }
-
-    var pendingOutput: Int { output.count - outputOffset }
-    /// More input is useful: the peer has not closed, and no call is held back.
-    var wantsInput: Bool { !peerClosedInput && !busy }
-}
-
-/// Milliseconds of CLOCK_MONOTONIC, for deadlines that wall-clock jumps cannot move.
-enum Monotonic {
-    static func milliseconds() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) * 1000 + UInt64(ts.tv_nsec) / 1_000_000
+        closedStream?(StreamID(connection: connection.id))
     }
 }

@@ -1,0 +1,183 @@
+import Dispatch
+import Glibc
+import Synchronization
+import Testing
+import VarlinkServer
+import VaultCore
+import VaultProtocol
+import VaultSystem
+
+/// The generic server with a toy interface: proof that it serves any Varlink
+/// service, and that streams and transport errors are the service's to shape.
+@Suite("Generic Varlink server")
+struct GenericServerTests {
+    @Test("Should answer calls through the method table, with GetInfo and the org.varlink.service checks")
+    func answersThroughTheMethodTable() throws {
+        let harness = try Harness()
+        let client = try harness.connect()
+        #expect(
+            try client.call(#"{"method":"org.example.Echo.Say","parameters":{"text":"hi"}}"#)
+                == #"{"parameters":{"text":"hi"}}"#)
+        #expect(
+            try client.call(#"{"method":"org.example.Echo.Say","parameters":{}}"#)
+                == #"{"error":"org.varlink.service.InvalidParameter","parameters":{"parameter":"text"}}"#)
+        let info = try client.call(#"{"method":"org.varlink.service.GetInfo"}"#)
+        #expect(info.contains(#""interfaces":["org.varlink.service","org.example.Echo"]"#))
+        close(client.fd)
+        #expect(harness.stop() == SIGTERM)
+    }
+
+    @Test("Should stream what onLoop jobs push and end a stream with the last reply the owner gives")
+    func streamsAndEnds() throws {
+        let harness = try Harness()
+        let client = try harness.connect()
+        #expect(
+            try client.call(#"{"method":"org.example.Echo.Watch","more":true}"#)
+                == #"{"continues":true,"parameters":{}}"#)
+        let stream = try #require(harness.streams.opened.withLock { $0.first })
+        harness.server.onLoop { streams in
+            streams.push(Array(#"{"continues":true,"parameters":{"text":"one"}}"#.utf8), to: stream)
+            _ = streams.send(stream)
+            streams.end(stream, with: VarlinkReply(error: "org.example.Echo.Gone"), within: 1000)
+        }
+        #expect(try client.read() == #"{"continues":true,"parameters":{"text":"one"}}"#)
+        #expect(try client.read() == #"{"error":"org.example.Echo.Gone","parameters":{}}"#)
+        #expect(try client.read() == nil)
+        #expect(harness.stop() == SIGTERM)
+        #expect(harness.streams.closed.withLock { $0 } == [stream])
+    }
+
+    @Test("Should refuse a connection past the limit with the error the service configured")
+    func refusesWithTheConfiguredError() throws {
+        var limits = ServingLimits()
+        limits.maxConnections = 1
+        limits.reservedConnections = 0
+        let harness = try Harness(limits: limits)
+        let first = try harness.connect()
+        #expect(
+            try first.call(#"{"method":"org.example.Echo.Say","parameters":{"text":"a"}}"#)
+                == #"{"parameters":{"text":"a"}}"#)
+        let second = try harness.connect()
+        #expect(try second.read() == #"{"error":"org.example.Echo.Busy","parameters":{"why":"full"}}"#)
+        #expect(harness.stop() == SIGTERM)
+    }
+}
+
+/// A server on a socket in a fresh directory, run on its own thread, with
+/// a pipe standing in for the signalfd.
+private final class Harness: Sendable {
+    let server: VarlinkServer
+    let path: String
+    let streams = Record()
+    private let signalWrite: Int32
+    private let done = DispatchSemaphore(value: 0)
+    private let result = Mutex<Int32>(0)
+
+    init(limits: ServingLimits = ServingLimits()) throws {
+        var template = Array("/tmp/varlink-test-XXXXXX".utf8CString)
+        let directory = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        path = directory + "/socket"
+        let listenFD = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
+            guard bind(listenFD, address, length) == 0, listen(listenFD, 16) == 0 else { throw SystemError("bind") }
+        }
+        var pipeFDs: [Int32] = [0, 0]
+        guard pipe(&pipeFDs) == 0 else { throw SystemError("pipe") }
+        signalWrite = pipeFDs[1]
+        let streams = self.streams
+        var service = VarlinkService(vendor: "test", product: "test", version: "1", url: "https://example.org")
+        service.add(Harness.interface) { method in
+            switch method.name {
+            case "Say":
+                return { call, _ in .reply(VarlinkReply(parameters: ["text": call.parameters["text"]!])) }
+            default:
+                return { _, _ in
+                    .stream(
+                        StreamStart(
+                            first: VarlinkReply(),
+                            opened: { id in streams.opened.withLock { $0.append(id) } },
+                            closed: { id in streams.closed.withLock { $0.append(id) } }))
+                }
+            }
+        }
+        let errors = TransportErrors(
+            refused: { admission, _, _ in
+                VarlinkReply(error: "org.example.Echo.Busy", parameters: ["why": .string("\(admission)")])
+            },
+            replyTooLarge: { _, _, _ in VarlinkReply(error: "org.example.Echo.TooLarge") },
+            stopping: VarlinkReply(error: "org.example.Echo.Stopping"),
+            streamStopping: VarlinkReply(error: "org.example.Echo.Stopping"))
+        server = try VarlinkServer(
+            listenFD: listenFD, signalFD: pipeFDs[0], service: service, log: SilentLog(), errors: errors,
+            limits: limits)
+        DispatchQueue.global().async { [self] in
+            let signal = server.run(drainSeconds: 2)
+            result.withLock { $0 = signal }
+            done.signal()
+        }
+    }
+
+    static let interface = VarlinkInterfaceDeclaration(
+        "org.example.Echo", doc: "Says back what it is told.", types: [],
+        methods: [
+            VarlinkMethodDeclaration(
+                "Say", doc: "Answers the text.", parameters: [VarlinkField("text", .string)],
+                output: [VarlinkField("text", .string)]),
+            VarlinkMethodDeclaration("Watch", doc: "A stream.", parameters: [], output: [], streams: true),
+        ],
+        errors: [])
+
+    func connect() throws -> Client { Client(fd: try UnixSocket.connect(to: path)) }
+
+    /// Sends the loop a SIGTERM as signalfd would deliver it; the signal run returned.
+    func stop() -> Int32 {
+        var info = [UInt8](repeating: 0, count: 128)  // struct signalfd_siginfo; ssi_signo first
+        info[0] = UInt8(SIGTERM)
+        _ = write(signalWrite, &info, info.count)
+        done.wait()
+        unlink(path)
+        return result.withLock { $0 }
+    }
+}
+
+/// The streams opened and closed, as the server reported them.
+private final class Record: Sendable {
+    let opened = Mutex<[StreamID]>([])
+    let closed = Mutex<[StreamID]>([])
+}
+
+/// A blocking client that writes a message and reads one back.
+private struct Client {
+    let fd: Int32
+
+    func call(_ message: String) throws -> String {
+        var bytes = Array(message.utf8)
+        bytes.append(0)
+        guard write(fd, &bytes, bytes.count) == bytes.count else { throw SystemError("write") }
+        return try read() ?? ""
+    }
+
+    /// The next message, or nil at end of stream.
+    func read() throws -> String? {
+        var message: [UInt8] = []
+        var byte: UInt8 = 0
+        while true {
+            let n = Glibc.read(fd, &byte, 1)
+            if n < 0 { throw SystemError("read") }
+            if n == 0 { return nil }
+            if byte == 0 { return String(decoding: message, as: UTF8.self) }
+            message.append(byte)
+        }
+    }
+}
+
+/// Logs nothing.
+private struct SilentLog: ServerLog {
+    func hold() {}
+    func release() {}
+    func error(_ message: String, _ fields: [String: String]) {}
+    func warning(_ message: String, _ fields: [String: String]) {}
+    func notice(_ message: String, _ fields: [String: String]) {}
+    func info(_ message: String, _ fields: [String: String]) {}
+    func debug(_ message: String, _ fields: [String: String]) {}
+}
