@@ -494,6 +494,11 @@ public final class VarlinkServer: @unchecked Sendable {
             flush(connection)
             if connection.isClosed { return }
         }
+        // A stream whose last reply has now gone out is done.
+        if case .ending = connection.state, connection.pendingOutput == 0 {
+            disconnect(connection)
+            return
+        }
         let idle = !connection.busy && connection.pendingOutput == 0
         if idle && (connection.peerClosedInput || (stopping && !VarlinkServer.hasUnreadInput(connection.fd))) {
             disconnect(connection)

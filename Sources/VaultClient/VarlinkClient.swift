@@ -37,6 +37,10 @@ public final class VarlinkClient {
     public let path: String
     private let fd: Int32
     private var decoder = VarlinkFrameDecoder(maximumSize: 16 << 20)
+    /// Why an earlier `call` failed: Varlink replies carry no call id, so a
+    /// reply that comes late would be read as the next call's. The connection
+    /// is shut down and every later `call` fails with this.
+    private var broken: ClientError?
 
     /// The user the system instance of vaultd runs as (`DynamicUser=` of
     /// `vaultd.service` takes the unit's name); trusted like root.
@@ -117,19 +121,35 @@ public final class VarlinkClient {
 
     deinit { close(fd) }
 
-    /// Sends one call and returns its (first) reply.
+    /// Sends one call and returns its (first) reply. After a call that failed
+    /// (a timeout, a broken connection) the connection is not used again:
+    /// every later call fails, so a late reply is never taken for another's.
     public func call(_ method: String, _ parameters: [String: JSON] = [:], more: Bool = false) throws(ClientError)
         -> VarlinkReply
     {
+        if let broken {
+            throw .connection("an earlier call on this connection to \(path) failed (\(broken)); open a new connection")
+        }
         do {
             try send(VarlinkCall(method: method, parameters: parameters, more: more))
         } catch {
             // vaultd may have refused the connection (TooManyConnections) with a
             // reply and closed it before the call went out: that reply says why.
             if let reply = try? receive(), reply.error != nil { return reply }
+            breakConnection(error)
             throw error
         }
-        return try receive()
+        do {
+            return try receive()
+        } catch {
+            breakConnection(error)
+            throw error
+        }
+    }
+
+    private func breakConnection(_ error: ClientError) {
+        broken = error
+        shutdown(fd, Int32(SHUT_RDWR))
     }
 
     /// Sends a call without waiting for a reply.

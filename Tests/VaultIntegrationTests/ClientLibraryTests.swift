@@ -174,6 +174,12 @@ struct ClientLibraryTests {
         let error = #expect(throws: VaultClientError.self) { try vault.session(provider: "demo", user: "u") }
         #expect(error == .client(.timedOut(path: silent.path, waiting: "a reply")))
         #expect(Date().timeIntervalSince(started) < 4)
+        // Replies carry no call id: after a timed-out call the connection is not
+        // used again, so a late reply can never answer the next call.
+        let again = #expect(throws: VaultClientError.self) { try vault.session(provider: "demo", user: "v") }
+        #expect(
+            "\(String(describing: again))".contains("an earlier call on this connection"),
+            "\(String(describing: again))")
 
         // A listener that never accepts: its backlog fills, then connect waits.
         let path = dir.path("full.sock")
