@@ -322,15 +322,22 @@ public enum ConfigParser {
         entry.map { $0.value.split(separator: " ").map(String.init) } ?? []
     }
 
+    /// The whole number `key` of `section` holds, if set; a value outside
+    /// `range` is an error naming the file, the line and the key.
+    static func wholeNumber(_ section: [String: Entry], _ key: String, in range: ClosedRange<Int>) throws(VaultError)
+        -> Int?
+    {
+        guard let entry = section[key] else { return nil }
+        guard let value = Int(entry.value), range.contains(value) else {
+            throw entry.error("key '\(key)': expected a whole number from \(range.lowerBound) to \(range.upperBound)")
+        }
+        return value
+    }
+
     /// The per-user limits of `[Vault]`.
     static func limits(_ vault: [String: Entry], into limits: inout UserLimits) throws(VaultError) {
         func count(_ key: String, _ range: ClosedRange<Int>) throws(VaultError) -> Int? {
-            guard let entry = vault[key] else { return nil }
-            guard let value = Int(entry.value), range.contains(value) else {
-                throw entry.error(
-                    "key '\(key)': expected a whole number from \(range.lowerBound) to \(range.upperBound)")
-            }
-            return value
+            try wholeNumber(vault, key, in: range)
         }
         if let value = try count("MaxSessionsPerUser", 1...1_000_000) { limits.sessionsPerUser = value }
         if let value = try count("MaxSessionSize", 1024...(1 << 20)) { limits.sessionBytes = value }

@@ -107,12 +107,7 @@ extension ConfigParser {
     static func servingLimits(_ vault: [String: Entry]) throws(VaultError) -> ServingLimits {
         var limits = ServingLimits()
         func count(_ key: String, _ range: ClosedRange<Int>) throws(VaultError) -> Int? {
-            guard let entry = vault[key] else { return nil }
-            guard let value = Int(entry.value), range.contains(value) else {
-                throw entry.error(
-                    "key '\(key)': expected a whole number from \(range.lowerBound) to \(range.upperBound)")
-            }
-            return value
+            try wholeNumber(vault, key, in: range)
         }
         func seconds(_ key: String) throws(VaultError) -> Int64? {
             guard let entry = vault[key] else { return nil }
