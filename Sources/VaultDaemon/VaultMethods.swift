@@ -24,15 +24,11 @@ public enum VaultMethods {
                 return { call, caller in
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                         let input = try LoginRequest(p)
-                        return .deferred {
-                            do throws(VaultError) {
-                                let (record, created) = try await manager.login(input, caller: caller)
-                                return VarlinkReply(parameters: [
-                                    "session": record.wireJSON(state: .logged), "created": .bool(created),
-                                ])
-                            } catch {
-                                return error.varlinkReply
-                            }
+                        return answered { () async throws(VaultError) -> VarlinkReply in
+                            let (record, created) = try await manager.login(input, caller: caller)
+                            return VarlinkReply(parameters: [
+                                "session": record.wireJSON(state: .logged), "created": .bool(created),
+                            ])
                         }
                     }
                 }
@@ -41,14 +37,10 @@ public enum VaultMethods {
                 return { call, caller in
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                         let (account, requested) = try addressed(p)
-                        return .deferred {
-                            do throws(VaultError) {
-                                let key = try sessionKey(account, requested, caller, policy.policy, table)
-                                try await manager.logout(key, caller: caller)
-                                return VarlinkReply()
-                            } catch {
-                                return error.varlinkReply
-                            }
+                        return answered { () async throws(VaultError) -> VarlinkReply in
+                            let key = try sessionKey(account, requested, caller, policy.policy, table)
+                            try await manager.logout(key, caller: caller)
+                            return VarlinkReply()
                         }
                     }
                 }
@@ -152,19 +144,15 @@ public enum VaultMethods {
                 return { call, caller in
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                         let (account, requested) = try addressed(p)
-                        return .deferred {
-                            do throws(VaultError) {
-                                let key = try sessionKey(account, requested, caller, policy.policy, table)
-                                _ = try await manager.refresh(key, caller: caller, clientAsked: true)
-                                guard let view = table.view(of: key), let record = view.record else {
-                                    return VaultError.notLoggedIn(account).varlinkReply
-                                }
-                                return VarlinkReply(parameters: [
-                                    "session": record.wireJSON(state: view.state, refresh: view.refresh)
-                                ])
-                            } catch {
-                                return error.varlinkReply
+                        return answered { () async throws(VaultError) -> VarlinkReply in
+                            let key = try sessionKey(account, requested, caller, policy.policy, table)
+                            _ = try await manager.refresh(key, caller: caller, clientAsked: true)
+                            guard let view = table.view(of: key), let record = view.record else {
+                                return VaultError.notLoggedIn(account).varlinkReply
                             }
+                            return VarlinkReply(parameters: [
+                                "session": record.wireJSON(state: view.state, refresh: view.refresh)
+                            ])
                         }
                     }
                 }
@@ -174,13 +162,9 @@ public enum VaultMethods {
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                         let provider = try p.string("provider")
                         let secret = Secret(try p.string("secret"))
-                        return .deferred {
-                            do throws(VaultError) {
-                                try await manager.setProviderSecret(provider, secret, caller: caller)
-                                return VarlinkReply()
-                            } catch {
-                                return error.varlinkReply
-                            }
+                        return answered { () async throws(VaultError) -> VarlinkReply in
+                            try await manager.setProviderSecret(provider, secret, caller: caller)
+                            return VarlinkReply()
                         }
                     }
                 }
@@ -194,14 +178,10 @@ public enum VaultMethods {
                         guard reason.utf8.count <= 64, !reason.isEmpty,
                             reason.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F })
                         else { throw ParameterReader.Invalid(parameter: "reason") }
-                        return .deferred {
-                            do throws(VaultError) {
-                                let key = try sessionKey(account, requested, caller, policy.policy, table)
-                                try await manager.logout(key, caller: caller, reason: reason)
-                                return VarlinkReply()
-                            } catch {
-                                return error.varlinkReply
-                            }
+                        return answered { () async throws(VaultError) -> VarlinkReply in
+                            let key = try sessionKey(account, requested, caller, policy.policy, table)
+                            try await manager.logout(key, caller: caller, reason: reason)
+                            return VarlinkReply()
                         }
                     }
                 }
@@ -332,6 +312,18 @@ public enum VaultMethods {
                 "\(account) has sessions of uids \(uids); name one with ownerUid (vaultctl --owner UID)")
         }
         return key
+    }
+
+    /// A reply computed off the serving thread, where a `VaultError` becomes
+    /// its error reply.
+    static func answered(_ body: @escaping @Sendable () async throws(VaultError) -> VarlinkReply) -> HandlerOutcome {
+        .deferred {
+            do throws(VaultError) {
+                return try await body()
+            } catch {
+                return error.varlinkReply
+            }
+        }
     }
 
     /// Runs `body` with the call's parameters; a missing or mistyped parameter
