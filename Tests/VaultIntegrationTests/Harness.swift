@@ -330,3 +330,13 @@ func eventually<T>(
     }
     return answer
 }
+
+/// The reliability suites' two sizes: the short form runs in every
+/// `scripts/test`, the long form under `scripts/test --soak` (`VAULTD_SOAK=1`).
+enum Soak {
+    /// True when the long forms were asked for.
+    static let enabled = ProcessInfo.processInfo.environment["VAULTD_SOAK"] == "1"
+
+    /// `short` in an ordinary run, `long` under `--soak`.
+    static func size<T>(short: T, long: T) -> T { enabled ? long : short }
+}
