@@ -10,6 +10,10 @@ public enum EventKind: String, Sendable, CaseIterable {
     case tokenInvalid
     case kickedOffline
     case connectionChanged
+    /// The secret store became unavailable, locked, or available again
+    /// (reason: the new state); sent for every live session, whose changes
+    /// cannot be stored meanwhile.
+    case storeChanged
 }
 
 /// One event about one account. Never holds a secret.

@@ -162,12 +162,25 @@ public enum Daemon {
         let clock = SystemWallClock()
         let policy = try PolicyResolver.resolve(config)
         let hub = SubscriptionHub(log: log)
+        // The store's part of STATUS=, kept beside the sessions' counts.
+        let storeStatus = Mutex("")
+        let statusTable = Mutex<SessionTable?>(nil)
         let manager = SessionManager(
             store: store, config: config, clock: clock, log: log, policy: policy,
             tableDidChange: { table in
-                if notifier.isActive { notifier.status(ServiceNotifier.statusLine(table)) }
+                if notifier.isActive {
+                    notifier.status(ServiceNotifier.statusLine(table) + storeStatus.withLock { $0 })
+                }
+            },
+            storeDidChange: { state in
+                let line = Daemon.storeStatusLine(state)
+                storeStatus.withLock { $0 = line }
+                if notifier.isActive, let table = statusTable.withLock({ $0 }) {
+                    notifier.status(ServiceNotifier.statusLine(table) + line)
+                }
             },
             events: { event in hub.publish(event) })
+        statusTable.withLock { $0 = manager.table }
         let restored = try blocking { () async throws(VaultError) in
             try await manager.loadProviderSecrets()
             let restored = try await manager.restore()
@@ -225,6 +238,15 @@ public enum Daemon {
         notifier.flush()
         log.notice("stopped", ["signal": String(signal)])
         return 0
+    }
+
+    /// The store's part of the STATUS= line: nothing while it is available.
+    static func storeStatusLine(_ state: StoreState) -> String {
+        switch state {
+        case .available: return ""
+        case .unavailable: return "; secret store unavailable, changes refused, reconnecting"
+        case .locked: return "; secret store locked, changes refused until it is unlocked"
+        }
     }
 
     /// One descriptor per client: raise the soft limit (often 1024) towards the

@@ -2,6 +2,7 @@ import CSecret
 import CShim
 import Dispatch
 import Glibc
+import Synchronization
 import VaultCore
 import VaultSystem
 
@@ -16,12 +17,17 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     /// The schema name on every item vaultd writes.
     public static let schemaName = "io.vaultd.Session"
 
-    public let location: String
+    /// Which collection on which bus; set again at each connection.
+    public var location: String {
+        get { currentLocation.withLock { $0 } }
+        set { currentLocation.withLock { $0 = newValue } }
+    }
+    private let currentLocation = Mutex("")
     private let timeoutSeconds: Int64
     /// Keeps the sessions of several vaultd instances on one keyring apart (StoreScope=).
     private let scope: String
-    // Touched only on `queue` after init.
-    private let service: OpaquePointer
+    // Touched only on the store's lane after `open`: replaced at each reconnection.
+    private var service: OpaquePointer?
     private let schema: UnsafeMutablePointer<SecretSchema>
     private let providerSecretSchema: UnsafeMutablePointer<SecretSchema>
     private let pendingRevocationSchema: UnsafeMutablePointer<SecretSchema>
@@ -33,58 +39,28 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     /// Connects to the Secret Service on the session bus and checks that the
     /// default collection exists and is unlocked. Blocks: call it at start-up.
     public static func open(timeoutSeconds: Int64, scope: String = "default") throws(VaultError) -> LibsecretStore {
-        let bus =
-            Environment.get("DBUS_SESSION_BUS_ADDRESS").map { "session bus \($0)" }
-            ?? "session bus (DBUS_SESSION_BUS_ADDRESS not set)"
+        let store = LibsecretStore(timeoutSeconds: timeoutSeconds, scope: scope)
         let cancellable = Cancellable(timeoutSeconds: timeoutSeconds)
-        var error: UnsafeMutablePointer<GError>? = nil
-        // Collections are not loaded: a loaded collection keeps a D-Bus proxy of
-        // every item in it for the life of the process (about 10 KB each), where
-        // vaultd needs an item only while it reads or writes it.
-        guard let service = secret_service_get_sync(SECRET_SERVICE_OPEN_SESSION, cancellable.pointer, &error) else {
-            let reason = GLibError.take(&error) ?? "no answer"
-            throw VaultError(
-                .storeUnavailable,
-                "no Secret Service reachable on the \(bus): \(reason); start gnome-keyring or KeePassXC with its Secret Service integration, or run scripts/run, which starts a private keyring"
-            )
-        }
-        let servicePointer = OpaquePointer(service)
-        var collectionError: UnsafeMutablePointer<GError>? = nil
-        let collection = secret_collection_for_alias_sync(
-            service, "default", SECRET_COLLECTION_NONE, cancellable.pointer, &collectionError)
-        if let reason = GLibError.take(&collectionError) {
-            g_object_unref(UnsafeMutableRawPointer(servicePointer))
-            throw VaultError(
-                .storeUnavailable,
-                "the Secret Service on the \(bus) did not answer: \(reason); check that gnome-keyring (or KeePassXC) is running"
-            )
-        }
-        guard let collection else {
-            g_object_unref(UnsafeMutableRawPointer(servicePointer))
-            throw VaultError(
-                .storeUnavailable,
-                "the Secret Service on the \(bus) has no default collection; create one (e.g. with seahorse) or run scripts/run"
-            )
-        }
-        let locked = secret_collection_get_locked(collection) != 0
-        let label = secret_collection_get_label(collection).map { String(cString: $0) } ?? "default"
-        g_object_unref(UnsafeMutableRawPointer(collection))
+        try store.connect(cancellable)
+        let (locked, label) = try store.defaultCollection(cancellable, "opening the store")
+        store.location = "collection '\(label)' on the \(LibsecretStore.busDescription)"
         if locked {
-            g_object_unref(UnsafeMutableRawPointer(servicePointer))
             throw VaultError(
                 .storeLocked,
-                "the default collection '\(label)' on the \(bus) is locked, and a locked collection hides every session; unlock it (log in to the desktop, or 'gnome-keyring-daemon --unlock') and start vaultd again"
+                "the default collection '\(label)' on the \(LibsecretStore.busDescription) is locked, and a locked collection hides every session; unlock it (log in to the desktop, or 'gnome-keyring-daemon --unlock') and start vaultd again"
             )
         }
-        return LibsecretStore(
-            service: servicePointer, location: "collection '\(label)' on the \(bus)", timeoutSeconds: timeoutSeconds,
-            scope: scope)
+        return store
     }
 
-    private init(service: OpaquePointer, location: String, timeoutSeconds: Int64, scope: String) {
+    /// The session bus, for messages.
+    static var busDescription: String {
+        Environment.get("DBUS_SESSION_BUS_ADDRESS").map { "session bus \($0)" }
+            ?? "session bus (DBUS_SESSION_BUS_ADDRESS not set)"
+    }
+
+    private init(timeoutSeconds: Int64, scope: String) {
         self.scope = scope
-        self.service = service
-        self.location = location
         self.timeoutSeconds = timeoutSeconds
         let types = GHashTableBox()
         for name in ["provider", "user", "owner_uid", "scope"] {
@@ -101,17 +77,118 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         }
         pendingRevocationSchema = secret_schema_newv(
             LibsecretStore.pendingRevocationSchemaName, SECRET_SCHEMA_NONE, pendingTypes.table)
+        location = "the Secret Service on the \(LibsecretStore.busDescription)"
     }
 
     deinit {
         secret_schema_unref(schema)
         secret_schema_unref(providerSecretSchema)
         secret_schema_unref(pendingRevocationSchema)
-        g_object_unref(UnsafeMutableRawPointer(service))
+        disconnect()
     }
 
-    private var servicePointer: UnsafeMutablePointer<SecretService> {
-        UnsafeMutablePointer<SecretService>(service)
+    // MARK: The connection (on the store's lane after init)
+
+    /// Opens a Secret Service of vaultd's own (not libsecret's shared
+    /// default, which outlives the daemon it talked to) with a new session
+    /// (the one that carries secrets). Its D-Bus connection is GLib's shared
+    /// session-bus connection, which raises SIGTERM in the process when the bus
+    /// goes away (exit-on-close): that is turned off, so a dead bus is an
+    /// outage, not a stop. Once every holder of a closed connection let go of
+    /// it, GLib opens a new one for the next service.
+    private func connect(_ cancellable: Cancellable) throws(VaultError) {
+        disconnect()
+        // GDBus announces a closed connection (and drops what it held for it)
+        // from idle callbacks on the default main context, which nothing else in
+        // vaultd runs: run what is pending, so that a connection to a bus that
+        // died is released and the next service gets a new one.
+        for _ in 0..<1000 where g_main_context_iteration(nil, 0) != 0 {}
+        var error: UnsafeMutablePointer<GError>? = nil
+        guard
+            let newService = secret_service_open_sync(
+                secret_service_get_type(), nil, SECRET_SERVICE_OPEN_SESSION, cancellable.pointer, &error)
+        else {
+            let reason = GLibError.take(&error) ?? "no answer"
+            throw VaultError(
+                .storeUnavailable,
+                "no Secret Service reachable on the \(LibsecretStore.busDescription): \(reason); start gnome-keyring or KeePassXC with its Secret Service integration, or run scripts/run, which starts a private keyring"
+            )
+        }
+        service = OpaquePointer(newService)
+        let proxy = UnsafeMutableRawPointer(newService).assumingMemoryBound(to: GDBusProxy.self)
+        guard let connection = g_dbus_proxy_get_connection(proxy) else { return }
+        g_dbus_connection_set_exit_on_close(connection, 0)
+        if g_dbus_connection_is_closed(connection) != 0 {
+            disconnect()
+            throw VaultError(
+                .storeUnavailable,
+                "the connection to the \(LibsecretStore.busDescription) is closed and GLib hands out no new one yet; vaultd tries again"
+            )
+        }
+    }
+
+    /// Drops the service and its session.
+    private func disconnect() {
+        if let service { g_object_unref(UnsafeMutableRawPointer(service)) }
+        service = nil
+    }
+
+    /// Whether the default collection is locked, and its label. A locked
+    /// collection answers searches with nothing, exactly like an empty one.
+    private func defaultCollection(_ cancellable: Cancellable, _ what: String) throws(VaultError) -> (
+        locked: Bool, label: String
+    ) {
+        var error: UnsafeMutablePointer<GError>? = nil
+        let collection = secret_collection_for_alias_sync(
+            try servicePointer(), "default", SECRET_COLLECTION_NONE, cancellable.pointer, &error)
+        if let failure = GLibFailure.take(&error) { throw self.failure(what, failure) }
+        guard let collection else {
+            throw VaultError(
+                .storeFailed,
+                "the Secret Service on the \(LibsecretStore.busDescription) has no default collection; create one (e.g. with seahorse) or run scripts/run"
+            )
+        }
+        defer { g_object_unref(UnsafeMutableRawPointer(collection)) }
+        let locked = secret_collection_get_locked(collection) != 0
+        let label = LibsecretStore.takeString(secret_collection_get_label(collection)) ?? "default"
+        return (locked, label)
+    }
+
+    /// Throws `StoreLocked` when the default collection is locked: called
+    /// before a miss is trusted.
+    private func requireUnlocked(_ cancellable: Cancellable, _ what: String) throws(VaultError) {
+        let (locked, label) = try defaultCollection(cancellable, what)
+        if locked {
+            throw VaultError(
+                .storeLocked,
+                "\(what): the collection '\(label)' is locked, and a locked collection hides every session; unlock it (log in to the desktop, or 'gnome-keyring-daemon --unlock')"
+            )
+        }
+    }
+
+    public func probe() async -> StoreProbe {
+        do throws(VaultError) {
+            return try await perform("checking the Secret Service") { cancellable throws(VaultError) -> StoreProbe in
+                // From scratch: a service that went away took the session with it.
+                try self.connect(cancellable)
+                let (locked, label) = try self.defaultCollection(cancellable, "checking the Secret Service")
+                self.location = "collection '\(label)' on the \(LibsecretStore.busDescription)"
+                return locked ? .locked("the collection '\(label)' is locked") : .available
+            }
+        } catch {
+            if error.code == .storeLocked { return .locked(error.message) }
+            return .unavailable(error.message)
+        }
+    }
+
+    /// The service of the current connection.
+    private func servicePointer() throws(VaultError) -> UnsafeMutablePointer<SecretService> {
+        guard let service else {
+            throw VaultError(
+                .storeUnavailable,
+                "vaultd is not connected to the Secret Service on the \(LibsecretStore.busDescription)")
+        }
+        return UnsafeMutablePointer<SecretService>(service)
     }
 
     /// Runs `body` on the store's lane of `BlockingExecutor.io` (one call at
@@ -139,14 +216,71 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         return try result.get()
     }
 
-    private func failure(_ what: String, _ reason: String) -> VaultError {
-        if reason.contains("cancel") || reason.contains("Cancel") {
+    /// The error of a failed call, classified once: the Secret Service or
+    /// the bus gone (no owner of its name, no reply, the connection closed,
+    /// a session the service no longer knows: it was restarted) is
+    /// `StoreUnavailable`, which makes vaultd reconnect; a locked collection is
+    /// `StoreLocked`; anything else is this call's `StoreFailed`.
+    private func failure(_ what: String, _ failure: GLibFailure) -> VaultError {
+        let reason = failure.message
+        switch LibsecretStore.classify(failure) {
+        case .storeUnavailable where failure.cancelled:
             return VaultError(
                 .storeUnavailable,
                 "\(what) in the Secret Service took longer than \(timeoutSeconds)s and was abandoned (\(location)); check that the keyring is running and unlocked"
             )
+        case .storeUnavailable:
+            return VaultError(
+                .storeUnavailable,
+                "\(what) in the Secret Service failed, the service is gone (\(location)): \(reason); start gnome-keyring (or KeePassXC) again, vaultd reconnects on its own"
+            )
+        case .storeLocked:
+            return VaultError(
+                .storeLocked,
+                "\(what) in the Secret Service failed, the collection is locked (\(location)): \(reason); unlock it (log in to the desktop, or 'gnome-keyring-daemon --unlock')"
+            )
+        default:
+            return VaultError(.storeFailed, "\(what) in the Secret Service failed (\(location)): \(reason)")
         }
-        return VaultError(.storeFailed, "\(what) in the Secret Service failed (\(location)): \(reason)")
+    }
+
+    /// The code a GError stands for (see `failure`).
+    static func classify(_ failure: GLibFailure) -> VaultError.Code {
+        if failure.cancelled { return .storeUnavailable }
+        switch failure.remoteName {
+        case "org.freedesktop.Secret.Error.IsLocked": return .storeLocked
+        // gnome-keyring restarted: the session vaultd opened with the old one is unknown.
+        case "org.freedesktop.Secret.Error.NoSession": return .storeUnavailable
+        default: break
+        }
+        if failure.domain == secret_error_get_quark() {
+            if failure.code == Int32(SECRET_ERROR_IS_LOCKED.rawValue) { return .storeLocked }
+            return .storeFailed
+        }
+        if failure.domain == g_io_error_quark() {
+            switch failure.code {
+            case Int32(G_IO_ERROR_CLOSED.rawValue), Int32(G_IO_ERROR_BROKEN_PIPE.rawValue),
+                Int32(G_IO_ERROR_NOT_CONNECTED.rawValue),
+                Int32(G_IO_ERROR_CONNECTION_REFUSED.rawValue), Int32(G_IO_ERROR_TIMED_OUT.rawValue),
+                Int32(G_IO_ERROR_NOT_FOUND.rawValue), Int32(G_IO_ERROR_DBUS_ERROR.rawValue):
+                return .storeUnavailable
+            default: return .storeFailed
+            }
+        }
+        if failure.domain == g_dbus_error_quark() {
+            switch failure.code {
+            case Int32(G_DBUS_ERROR_SERVICE_UNKNOWN.rawValue), Int32(G_DBUS_ERROR_NAME_HAS_NO_OWNER.rawValue),
+                Int32(G_DBUS_ERROR_NO_REPLY.rawValue), Int32(G_DBUS_ERROR_DISCONNECTED.rawValue),
+                Int32(G_DBUS_ERROR_NO_SERVER.rawValue), Int32(G_DBUS_ERROR_TIMEOUT.rawValue),
+                Int32(G_DBUS_ERROR_TIMED_OUT.rawValue), Int32(G_DBUS_ERROR_NO_NETWORK.rawValue),
+                Int32(G_DBUS_ERROR_UNKNOWN_OBJECT.rawValue), Int32(G_DBUS_ERROR_UNKNOWN_METHOD.rawValue),
+                Int32(G_DBUS_ERROR_SPAWN_SERVICE_NOT_FOUND.rawValue), Int32(G_DBUS_ERROR_SPAWN_FAILED.rawValue):
+                return .storeUnavailable
+            default: break
+            }
+        }
+        if failure.message.contains("session wrapping the secret does not exist") { return .storeUnavailable }
+        return .storeFailed
     }
 
     public func loadAll() async throws(VaultError) -> StoreContents {
@@ -168,6 +302,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             // Wiped in place, through the array that holds the only copies.
             var items = try self.search(self.schema, self.scopeAttributes(), cancellable, "reading sessions")
             defer { for index in items.indices { items[index].wipe() } }
+            // A locked collection finds nothing, like an empty one: never trust that miss.
+            if items.isEmpty { try self.requireUnlocked(cancellable, "reading sessions") }
             for item in items {
                 guard let secret = item.secret, let json = try? JSON.parse(secret),
                     let record = try? SessionRecord(storedJSON: json)
@@ -215,6 +351,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             var items = try self.search(
                 self.providerSecretSchema, self.scopeAttributes(provider: provider), cancellable, what)
             defer { for index in items.indices { items[index].wipe() } }
+            if items.isEmpty { try self.requireUnlocked(cancellable, what) }
             return items.first?.secret.map { Secret(String(decoding: $0, as: UTF8.self)) }
         }
     }
@@ -257,6 +394,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
             var items = try self.search(
                 self.pendingRevocationSchema, self.scopeAttributes(), cancellable, "reading queued revocations")
             defer { for index in items.indices { items[index].wipe() } }
+            if items.isEmpty { try self.requireUnlocked(cancellable, "reading queued revocations") }
             for item in items {
                 guard let secret = item.secret, let json = try? JSON.parse(secret),
                     let record = try? SessionRecord(storedJSON: json)
@@ -271,8 +409,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
                 try self.storeRevocation(revocation, cancellable)
                 var error: UnsafeMutablePointer<GError>? = nil
                 _ = secret_service_delete_item_dbus_path_sync(
-                    self.servicePointer, item.path, cancellable.pointer, &error)
-                if let reason = GLibError.take(&error) { throw self.failure("reading queued revocations", reason) }
+                    try self.servicePointer(), item.path, cancellable.pointer, &error)
+                if let failure = GLibFailure.take(&error) { throw self.failure("reading queued revocations", failure) }
                 revocations.append(revocation)
             }
             return revocations
@@ -293,6 +431,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     struct FoundItem {
         var path: String
         var secret: [UInt8]?
+        /// In a locked collection: its secret cannot be read.
+        var locked = false
 
         mutating func wipe() {
             secret?.wipe()
@@ -310,9 +450,12 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
         var error: UnsafeMutablePointer<GError>? = nil
         let ok = secret_service_store_sync(
-            servicePointer, schema, attributes.table, nil, label, value, cancellable.pointer, &error)
-        if let reason = GLibError.take(&error) { throw failure(what, reason) }
-        if ok == 0 { throw failure(what, "the service refused the item") }
+            try servicePointer(), schema, attributes.table, nil, label, value, cancellable.pointer, &error)
+        if let failure = GLibFailure.take(&error) { throw self.failure(what, failure) }
+        if ok == 0 {
+            throw VaultError(
+                .storeFailed, "\(what) in the Secret Service failed (\(location)): the service refused the item")
+        }
     }
 
     /// Deletes every item with `attributes`; none is fine.
@@ -320,9 +463,17 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ cancellable: Cancellable,
         _ what: String
     ) throws(VaultError) {
-        var error: UnsafeMutablePointer<GError>? = nil
-        _ = secret_service_clear_sync(servicePointer, schema, attributes.table, cancellable.pointer, &error)
-        if let reason = GLibError.take(&error) { throw failure(what, reason) }
+        // Not secret_service_clear_sync: it deletes the unlocked items it finds and
+        // says nothing of the locked ones, so a logout in a locked collection
+        // would answer "deleted" and the session come back once it is unlocked.
+        let items = try search(schema, attributes, cancellable, what, secrets: false)
+        if items.isEmpty || items.contains(where: \.locked) { try requireUnlocked(cancellable, what) }
+        for item in items {
+            var error: UnsafeMutablePointer<GError>? = nil
+            _ = secret_service_delete_item_dbus_path_sync(
+                try servicePointer(), item.path, cancellable.pointer, &error)
+            if let failure = GLibFailure.take(&error) { throw self.failure(what, failure) }
+        }
     }
 
     /// Every item with `attributes`, with a copy of its secret. Reads paths
@@ -331,27 +482,33 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     /// scattered heap behind.
     private func search(
         _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ cancellable: Cancellable,
-        _ what: String
+        _ what: String, secrets readSecrets: Bool = true
     ) throws(VaultError) -> [FoundItem] {
         var error: UnsafeMutablePointer<GError>? = nil
         var unlocked: UnsafeMutablePointer<UnsafeMutablePointer<gchar>?>? = nil
         var locked: UnsafeMutablePointer<UnsafeMutablePointer<gchar>?>? = nil
+        let service = try servicePointer()
         _ = secret_service_search_for_dbus_paths_sync(
-            servicePointer, schema, attributes.table, cancellable.pointer, &unlocked, &locked, &error)
+            service, schema, attributes.table, cancellable.pointer, &unlocked, &locked, &error)
         defer {
             g_strfreev(unlocked)
             g_strfreev(locked)
         }
-        if let reason = GLibError.take(&error) { throw failure(what, reason) }
+        if let failure = GLibFailure.take(&error) { throw self.failure(what, failure) }
         // A locked item's secret cannot be read: it is found, without one.
-        var items = LibsecretStore.strings(locked).map { FoundItem(path: $0, secret: nil) }
+        var items = LibsecretStore.strings(locked).map { FoundItem(path: $0, secret: nil, locked: true) }
+        if readSecrets, !items.isEmpty {
+            // Never read a locked item as missing or unreadable.
+            try requireUnlocked(cancellable, what)
+        }
         let paths = LibsecretStore.strings(unlocked)
+        guard readSecrets else { return items + paths.map { FoundItem(path: $0, secret: nil) } }
         guard let unlocked, !paths.isEmpty else { return items }
         let secrets = unlocked.withMemoryRebound(to: UnsafePointer<gchar>?.self, capacity: paths.count + 1) {
-            secret_service_get_secrets_for_dbus_paths_sync(servicePointer, $0, cancellable.pointer, &error)
+            secret_service_get_secrets_for_dbus_paths_sync(service, $0, cancellable.pointer, &error)
         }
         defer { if let secrets { g_hash_table_unref(secrets) } }
-        if let reason = GLibError.take(&error) { throw failure(what, reason) }
+        if let failure = GLibFailure.take(&error) { throw self.failure(what, failure) }
         for path in paths {
             var found = FoundItem(path: path, secret: nil)
             let value = path.withCString { key in secrets.flatMap { g_hash_table_lookup($0, key) } }
@@ -369,9 +526,9 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     /// The label of the item at `path`, for messages; the path when it cannot be read.
     private func label(of path: String, _ cancellable: Cancellable) -> String {
         var error: UnsafeMutablePointer<GError>? = nil
-        guard
+        guard let service = try? servicePointer(),
             let item = secret_item_new_for_dbus_path_sync(
-                servicePointer, path, SECRET_ITEM_NONE, cancellable.pointer, &error)
+                service, path, SECRET_ITEM_NONE, cancellable.pointer, &error)
         else {
             _ = GLibError.take(&error)
             return path
@@ -441,6 +598,36 @@ final class Cancellable: @unchecked Sendable {
     }
 
     deinit { g_object_unref(UnsafeMutableRawPointer(pointer)) }
+}
+
+/// A GError, read once at the boundary: its message, domain and code, and
+/// the D-Bus error name when it came from the other side.
+struct GLibFailure {
+    var message: String
+    var domain: GQuark
+    var code: Int32
+    var remoteName: String?
+    /// The call was cancelled (vaultd's timeout).
+    var cancelled: Bool {
+        domain == g_io_error_quark() && code == Int32(G_IO_ERROR_CANCELLED.rawValue)
+    }
+
+    /// The failure `error` holds, freeing it; nil when there is none.
+    static func take(_ error: inout UnsafeMutablePointer<GError>?) -> GLibFailure? {
+        guard let e = error else { return nil }
+        defer {
+            g_error_free(e)
+            error = nil
+        }
+        var remoteName: String?
+        if let name = g_dbus_error_get_remote_error(e) {
+            remoteName = String(cString: name)
+            g_free(name)
+        }
+        return GLibFailure(
+            message: e.pointee.message.map { String(cString: $0) } ?? "unknown error", domain: e.pointee.domain,
+            code: e.pointee.code, remoteName: remoteName)
+    }
 }
 
 /// Turns a GError into a message, once, at the boundary.

@@ -65,6 +65,13 @@ extension SessionManager {
                 if let task = entries[key]?.logout { _ = await task.value }
                 continue
             case .startLogin:
+                if let refusal = gate.health.refusal {
+                    // Refused before the provider is asked: tokens minted now could not be kept.
+                    entries[key]?.machine.loginFailed()
+                    forget(key)
+                    Audit.log(log, "Login", key, by: .peer(caller), result: refusal.code.seedCode)
+                    throw refusal
+                }
                 if key.owner != 0, table.sessionCount(of: key.owner) >= config.limits.sessionsPerUser {
                     entries[key]?.machine.loginFailed()
                     forget(key)
@@ -262,6 +269,12 @@ extension SessionManager {
             throw AccessPolicy.notYours(key)
         }
         for _ in 0..<64 {
+            if let refusal = gate.health.refusal, let entry = entries[key], entry.record != nil, entry.logout == nil {
+                // Refused before the token is withdrawn: a logout the store cannot
+                // take would be served again, and back after a restart.
+                Audit.log(log, action, key, by: principal, result: refusal.code.seedCode)
+                throw refusal
+            }
             var entry = entries[key] ?? makeEntry(account)
             let step = entry.machine.logoutRequested()
             entries[key] = entry

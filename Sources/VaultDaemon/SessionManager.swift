@@ -20,7 +20,12 @@ public actor SessionManager {
     /// stored client secret, if any.
     public typealias ProviderFactory = @Sendable (ProviderConfig, Secret?, Logger) -> (any TokenProvider)?
 
+    /// The store, behind its gate: every call goes through `gate`.
     let store: any SessionStore
+    /// The store's availability: refuses calls while the store is gone or locked.
+    let gate: StoreGate
+    /// Told when the store's availability changes (STATUS=).
+    let storeDidChange: @Sendable (StoreState) -> Void
     let clock: any WallClock
     let log: Logger
     let events: @Sendable (VaultEvent) -> Void
@@ -53,6 +58,8 @@ public actor SessionManager {
     var stopping = false
     /// `runDueWork` is running: the timer is re-armed when it ends.
     var runningDueWork = false
+    /// The background work that waits to probe the store, while it is not available.
+    var probeTask: UInt64?
 
     /// A manager over `store`, reading time from `clock`.
     public init(
@@ -60,9 +67,13 @@ public actor SessionManager {
         policy: AccessPolicy = AccessPolicy(), providers: ProviderFactory? = nil,
         random: (@Sendable () -> Double)? = nil, armsTimer: Bool = true,
         tableDidChange: @escaping @Sendable (SessionTable) -> Void = { _ in },
+        storeDidChange: @escaping @Sendable (StoreState) -> Void = { _ in },
         events: @escaping @Sendable (VaultEvent) -> Void = { _ in }
     ) {
-        self.store = store
+        let gate = StoreGate(store, clock: clock)
+        self.gate = gate
+        self.store = gate
+        self.storeDidChange = storeDidChange
         self.config = config
         self.clock = clock
         self.log = log
@@ -72,6 +83,10 @@ public actor SessionManager {
         self.random = random ?? { Double.random(in: 0..<1) }
         self.armsTimer = armsTimer
         self.table = SessionTable(didChange: tableDidChange)
+        gate.onChange { [weak self] in
+            guard let self else { return }
+            Task { await self.storeHealthChanged() }
+        }
     }
 
     /// The OAuth 2.0 client or the exec helper a provider's configuration names.
@@ -193,6 +208,13 @@ public actor SessionManager {
         stopping = true
         timer?.cancel()
         timer = nil
+        if let id = probeTask { background[id]?.cancel() }
+        // Refreshed tokens held only in memory while the store is gone: one
+        // last look whether it is back, so that they are not lost at the exit.
+        if gate.health.state != .available, entries.values.contains(where: { $0.timers.status.unsaved }) {
+            await gate.probeAndRecord(random: random())
+            _ = gate.takeActions()
+        }
         // Refreshed tokens not yet in the store get one last write: a rotated
         // refresh token lost here would end the session at the next start.
         for key in entries.keys {
@@ -216,15 +238,18 @@ public actor SessionManager {
         for task in background.values { task.cancel() }
     }
 
-    /// Runs `body` as background work owned by the manager.
-    func spawn(_ body: @escaping @Sendable () async -> Void) {
-        guard !stopping else { return }
+    /// Runs `body` as background work owned by the manager; returns its id
+    /// (nil when stopping, and nothing runs).
+    @discardableResult
+    func spawn(_ body: @escaping @Sendable () async -> Void) -> UInt64? {
+        guard !stopping else { return nil }
         nextBackgroundID += 1
         let id = nextBackgroundID
         background[id] = Task {
             await body()
             await self.finished(id)
         }
+        return id
     }
 
     private func finished(_ id: UInt64) { background[id] = nil }

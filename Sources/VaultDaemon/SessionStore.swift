@@ -62,4 +62,13 @@ public protocol SessionStore: Sendable {
     func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError)
     /// Every queued revocation.
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation]
+    /// Checks the store from scratch (a new connection where there is one):
+    /// reachable with its collection unlocked, unreachable, or locked. vaultd
+    /// probes while the store is not available, to learn when it is back.
+    func probe() async -> StoreProbe
+}
+
+extension SessionStore {
+    /// A store with nothing to reconnect (memory) is always available.
+    public func probe() async -> StoreProbe { .available }
 }

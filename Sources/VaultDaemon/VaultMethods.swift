@@ -77,7 +77,9 @@ public enum VaultMethods {
                 return { call, caller in
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                         let page = try SessionPage(visibleSessions(table, policy.policy, caller), parameters: p)
-                        return .reply(VarlinkReply(parameters: page.parameters))
+                        var parameters = page.parameters
+                        parameters["store"] = .string(manager.storeState.rawValue)
+                        return .reply(VarlinkReply(parameters: parameters))
                     }
                 }
 
@@ -205,7 +207,10 @@ public enum VaultMethods {
                         let sessions = visibleSessions(table, policy.policy, caller) { filter.matches($0.account) }
                         let subscriptionFilter = filter
                         return hub.subscribe(
-                            caller, snapshot: VarlinkReply(parameters: ["sessions": .array(sessions)]),
+                            caller,
+                            snapshot: VarlinkReply(parameters: [
+                                "sessions": .array(sessions), "store": .string(manager.storeState.rawValue),
+                            ]),
                             filter: { event in
                                 subscriptionFilter.matches(event)
                                     && policy.policy.maySee(caller, ownerUID: event.ownerUID)

@@ -44,6 +44,16 @@ public enum VaultInterface {
             "LoginState", doc: "The login state of an account, as OpenIM names them.",
             .enumeration(["logout", "logging", "logged"])),
         VarlinkTypeDeclaration(
+            "StoreState",
+            doc: """
+                Whether vaultd can write to its secret store now: available; unavailable (the
+                Secret Service or the session bus is gone: tokens are served from memory,
+                changes are refused with StoreUnavailable, and vaultd reconnects with
+                backoff and then writes through what it holds); locked (the collection is
+                locked: the same, with StoreLocked, until someone unlocks it).
+                """,
+            .enumeration(["available", "unavailable", "locked"])),
+        VarlinkTypeDeclaration(
             "UserProfile",
             doc: """
                 The user a session belongs to: the fields of CometChat's User object.
@@ -94,9 +104,10 @@ public enum VaultInterface {
             doc: """
                 Something that happened to an account, as the chat SDKs' callbacks report
                 it. kind is one of loginSuccess, loginFailed, logoutSuccess, logoutFailed,
-                tokenRefreshed, tokenExpired, tokenInvalid, kickedOffline, connectionChanged.
-                reason says why (kickedOffline: kicked, revoked, admin, switched, ...), code
-                is the error code of a failure. Never holds a secret.
+                tokenRefreshed, tokenExpired, tokenInvalid, kickedOffline, connectionChanged,
+                storeChanged. reason says why (kickedOffline: kicked, revoked, admin,
+                switched, ...; storeChanged: the new StoreState, sent for every live
+                session), code is the error code of a failure. Never holds a secret.
                 """,
             .structure([
                 VarlinkField("kind", .string),
@@ -191,7 +202,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     at a time: at most limit of them (default 100, at most 1000), starting after
                     the cursor after. next is the cursor of the following page, absent on the
                     last; pass it back as after, unchanged (it is opaque). A client that passes
-                    neither gets the first page.
+                    neither gets the first page. store says whether changes can be stored now.
                     """,
                 parameters: [
                     VarlinkField("limit", .nullable(.int)),
@@ -200,6 +211,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                 output: [
                     VarlinkField("sessions", .array(.named("Session"))),
                     VarlinkField("next", .nullable(.string)),
+                    VarlinkField("store", .nullable(.named("StoreState"))),
                 ])
         case .getToken:
             return VarlinkMethodDeclaration(
@@ -230,7 +242,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                 "Subscribe",
                 doc: """
                     Streams what happens to the sessions the caller may see; call it with more.
-                    The first reply is a snapshot (sessions, no event); then one reply per event
+                    The first reply is a snapshot (sessions and store, no event); then one reply per event
                     (event, no sessions), in the order of the changes, for as long as the
                     connection stays open. provider, user and kinds narrow what is sent. A
                     subscriber that does not read is dropped with SubscriberTooSlow once its
@@ -245,6 +257,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                 output: [
                     VarlinkField("sessions", .nullable(.array(.named("Session")))),
                     VarlinkField("event", .nullable(.named("Event"))),
+                    VarlinkField("store", .nullable(.named("StoreState"))),
                 ], streams: true)
         case .forceLogout:
             return VarlinkMethodDeclaration(

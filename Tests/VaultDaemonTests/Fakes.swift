@@ -73,6 +73,10 @@ final class FaultyStore: SessionStore, Sendable {
         /// Writes to skip before the failures start.
         var writesBeforeFailing = 0
         var writes = 0
+        /// The store is gone (or locked): every call fails, reads too, until it returns.
+        var outage: StoreProbe?
+        /// Calls that reached the store during an outage.
+        var callsDuringOutage = 0
     }
     private let state: Mutex<State>
 
@@ -93,7 +97,39 @@ final class FaultyStore: SessionStore, Sendable {
         }
     }
 
+    /// The store goes away (`locked`: it is locked) until `restore()`.
+    func goDown(locked: Bool) {
+        state.withLock { $0.outage = locked ? .locked("locked (injected)") : .unavailable("gone (injected)") }
+    }
+
+    /// The store is back, holding what it held.
+    func comeBack() { state.withLock { $0.outage = nil } }
+
+    /// The outage in force, if any.
+    var outage: StoreProbe? { state.withLock { $0.outage } }
+
+    /// Calls that reached the store while it was down.
+    var callsDuringOutage: Int { state.withLock { $0.callsDuringOutage } }
+
+    /// The error of a call during an outage; nil when the store is up.
+    private func outageError(_ what: String) -> VaultError? {
+        state.withLock { state -> VaultError? in
+            switch state.outage {
+            case nil, .available?: return nil
+            case .unavailable(let why)?:
+                state.callsDuringOutage += 1
+                return VaultError(.storeUnavailable, "\(what): \(why)")
+            case .locked(let why)?:
+                state.callsDuringOutage += 1
+                return VaultError(.storeLocked, "\(what): \(why)")
+            }
+        }
+    }
+
+    func probe() async -> StoreProbe { outage ?? .available }
+
     private func write(_ what: String, _ body: (inout Contents) -> Void) throws(VaultError) {
+        if let error = outageError(what) { throw error }
         let failed = state.withLock { state -> Bool in
             state.writes += 1
             if state.writesBeforeFailing > 0 {
@@ -109,6 +145,7 @@ final class FaultyStore: SessionStore, Sendable {
     }
 
     func loadAll() async throws(VaultError) -> StoreContents {
+        if let error = outageError("reading sessions") { throw error }
         let records = state.withLock { $0.contents.records.values.sorted { $0.key < $1.key } }
         return StoreContents(records: records, unreadable: [])
     }
@@ -126,7 +163,8 @@ final class FaultyStore: SessionStore, Sendable {
     }
 
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
-        state.withLock { $0.contents.providerSecrets[provider] }
+        if let error = outageError("reading a client secret") { throw error }
+        return state.withLock { $0.contents.providerSecrets[provider] }
     }
 
     func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
@@ -138,7 +176,8 @@ final class FaultyStore: SessionStore, Sendable {
     }
 
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
-        state.withLock { $0.contents.pending.values.sorted { ($0.record.key, $0.id) < ($1.record.key, $1.id) } }
+        if let error = outageError("reading revocations") { throw error }
+        return state.withLock { $0.contents.pending.values.sorted { ($0.record.key, $0.id) < ($1.record.key, $1.id) } }
     }
 }
 

@@ -62,6 +62,10 @@ final class Simulation {
     /// Per session, whether the events so far say it is live.
     var live: [SessionKey: Bool] = [:]
     var eventsSeen = 0
+    /// When the last store outage ended (clock seconds), until the manager saw it end.
+    var outageEndedAt: Double?
+    /// The store's availability as the storeChanged events tell it.
+    var reportedStore = StoreState.available
 
     static let owners: [UInt32] = [1000, 1001]
 
@@ -107,7 +111,7 @@ final class Simulation {
     /// Waits (bounded) until all background work is done or asleep on the clock.
     func settle() async {
         for _ in 0..<20_000 {
-            if await manager.backgroundWork <= clock.sleeping { return }
+            if await manager.backgroundWork <= clock.sleeping, !manager.storeChangePending { return }
             await Task.yield()
         }
     }
@@ -124,7 +128,8 @@ final class Simulation {
             case 52..<57: await burst()
             case 57..<61: await refresh()
             case 61..<82: await advance()
-            case 82..<87: storeFault()
+            case 82..<85: storeFault()
+            case 85..<87: storeOutage()
             case 87..<94: providerFault()
             default: try await crash()
             }
@@ -227,6 +232,20 @@ final class Simulation {
         trace.append("store: fail \(count) writes after \(after)")
     }
 
+    /// The store goes away or gets locked, or comes back.
+    func storeOutage() {
+        if store.outage == nil {
+            let locked = rng.next() % 3 == 0
+            store.goDown(locked: locked)
+            outageEndedAt = nil
+            trace.append("store: \(locked ? "locked" : "gone")")
+        } else {
+            store.comeBack()
+            outageEndedAt = clock.preciseNow()
+            trace.append("store: back")
+        }
+    }
+
     func providerFault() {
         let mode = pick([FakeProvider.Mode.normal, .normal, .transient, .refused])
         let revocationsFail = rng.next() % 3 == 0
@@ -250,7 +269,9 @@ final class Simulation {
             }
         }
         await manager.shutdown(graceSeconds: 0)
+        // The next process starts once the store is back (it refuses to start without one).
         store = FaultyStore(contents)
+        if outageEndedAt == nil { outageEndedAt = clock.preciseNow() }
         manager = Simulation.makeManager(
             store: store, clock: clock, provider: provider, events: events, config: config)
         do throws(VaultError) {
@@ -311,6 +332,12 @@ final class Simulation {
                 if event.kind == .tokenExpired || event.kind == .tokenInvalid { acknowledged[key] = nil }
             case .tokenRefreshed, .connectionChanged:
                 if !isLive { throw Violation.broken("\(event.kind) for \(key), which is not live") }
+            case .storeChanged:
+                if !isLive { throw Violation.broken("storeChanged for \(key), which is not live") }
+                guard let state = event.reason.flatMap(StoreState.init(rawValue:)) else {
+                    throw Violation.broken("storeChanged with reason \(event.reason ?? "nil")")
+                }
+                reportedStore = state
             case .loginFailed,
                 .logoutFailed where false:
                 break
@@ -318,6 +345,23 @@ final class Simulation {
             }
         }
         eventsSeen = all.count
+
+        // The store's availability: never reported available during an outage
+        // once a call found it gone; back within the probe backoff once it returned.
+        let storeState = manager.storeState
+        if let outage = store.outage, storeState == .available, store.callsDuringOutage > 0,
+            !manager.storeChangePending
+        {
+            throw Violation.broken("the store is down (\(outage)) but reported available after a call failed")
+        }
+        if store.outage == nil, let ended = outageEndedAt {
+            if storeState == .available {
+                outageEndedAt = nil
+            } else if clock.preciseNow() - ended > 2 * StoreHealth.longestProbeSeconds {
+                throw Violation.broken(
+                    "the store came back \(Int(clock.preciseNow() - ended))s ago and is still reported \(storeState)")
+            }
+        }
 
         // No acknowledged login lost, no acknowledged logout undone.
         for (key, expected) in acknowledged where !uncertain.contains(key) {

@@ -1,0 +1,294 @@
+import Foundation
+import Glibc
+import Testing
+import VaultClient
+import VaultCore
+import VaultProtocol
+
+/// One vaultd on a `PrivateKeyring` of its own (a static provider `demo`, and
+/// an oauth2 provider `oauth` when a token server is given).
+final class OutageFixture {
+    let keyring: PrivateKeyring
+    let directory: TemporaryDirectory
+    let socketPath: String
+    let configPath: String
+    var daemon: RunningDaemon?
+
+    init(tokenServer: TokenServer? = nil) throws {
+        keyring = try PrivateKeyring()
+        directory = try TemporaryDirectory()
+        socketPath = directory.path("vaultd.sock")
+        configPath = directory.path("vaultd.conf")
+        var text = "[Vault]\nStoreTimeout=5\n\n[Provider demo]\nType=static\n"
+        if let tokenServer {
+            text += "\n[Provider oauth]\nType=oauth2\nTokenURL=\(tokenServer.url)/token\nClientID=vaultd-test\n"
+        }
+        try text.write(toFile: configPath, atomically: true, encoding: .utf8)
+    }
+
+    /// Starts vaultd on the keyring and waits for ready.
+    @discardableResult
+    func start() throws -> RunningDaemon {
+        let d = try RunningDaemon(socketPath: socketPath, configPath: configPath, environment: keyring.environment)
+        daemon = d
+        return d
+    }
+
+    /// `store` as ListSessions answers it.
+    func storeState() throws -> String? {
+        let client = try VarlinkClient(path: socketPath, timeoutSeconds: 10)
+        let reply = try client.call(VaultMethod.listSessions.rawValue)
+        return reply.parameters["store"]?.stringValue
+    }
+
+    /// Waits (bounded) until `store` is `state`; the last answer.
+    func waitForStore(_ state: String, seconds: Int = 40) async throws -> String? {
+        try await eventually(tries: seconds * 10, interval: .milliseconds(100), { try self.storeState() }) {
+            $0 == state
+        }
+    }
+
+    /// The users of the sessions vaultd serves at `provider`.
+    func users(_ provider: String = "demo") throws -> Set<String> {
+        let sessions = try VaultConnection(path: socketPath).sessions()
+        return Set(sessions.filter { $0.provider == provider }.map(\.user))
+    }
+
+    func login(_ user: String, token: String? = nil) throws -> CommandResult {
+        try vaultctl(socketPath, ["login", "demo", user], input: token ?? "tok_\(user)_0123456789abcdef")
+    }
+
+    func token(_ user: String, provider: String = "demo") throws -> CommandResult {
+        try vaultctl(socketPath, ["token", provider, user])
+    }
+
+    deinit { daemon?.stop() }
+}
+
+/// The secret store gone and back, while vaultd serves: gnome-keyring killed
+/// and started again, the D-Bus daemon killed and started again at the same
+/// address, the collection locked; and SIGKILLs of either at random points
+/// during logins and logouts, checked against an oracle.
+@Suite("Secret store outages", .timeLimit(.minutes(5)), .serialized)
+struct StoreOutageTests {
+    /// A Subscribe stream of storeChanged events.
+    func watchStore(_ socket: String) throws -> EventStream {
+        let stream = try EventStream(socket, timeoutSeconds: 30)
+        try stream.subscribe(kinds: ["storeChanged"])
+        let snapshot = try stream.receive()
+        #expect(snapshot.parameters["store"]?.stringValue == "available")
+        return stream
+    }
+
+    /// The next storeChanged event's reason (the state), for `user`.
+    func nextStoreEvent(_ stream: EventStream, user: String) throws -> String? {
+        for _ in 0..<50 {
+            let event = try stream.event()
+            if event["user"]?.stringValue == user { return event["reason"]?.stringValue }
+        }
+        return nil
+    }
+
+    @Test("Should serve tokens from memory while gnome-keyring is gone, refuse logins, and recover when it returns")
+    func keyringGoneAndBack() async throws {
+        let fixture = try OutageFixture()
+        let daemon = try fixture.start()
+        #expect(try fixture.login("alice").status == 0)
+        let watcher = try watchStore(fixture.socketPath)
+
+        try fixture.keyring.killKeyring()
+        // The token is in memory: served as before.
+        #expect(try fixture.token("alice").stdout == "tok_alice_0123456789abcdef\n")
+        // The first write finds the store gone; it and the next are refused with the documented error.
+        let first = try fixture.login("bob")
+        #expect(first.status == 1)
+        #expect(first.stderr.contains("ERR_SECRET_STORE_UNAVAILABLE"), "\(first.stderr)")
+        #expect(try await fixture.waitForStore("unavailable") == "unavailable")
+        #expect(try nextStoreEvent(watcher, user: "alice") == "unavailable")
+        let second = try fixture.login("bob")
+        #expect(second.status == 1 && second.stderr.contains("ERR_SECRET_STORE_UNAVAILABLE"), "\(second.stderr)")
+        let logout = try vaultctl(fixture.socketPath, ["logout", "demo", "alice"])
+        #expect(logout.status == 1 && logout.stderr.contains("ERR_SECRET_STORE_UNAVAILABLE"), "\(logout.stderr)")
+        #expect(try fixture.token("alice").status == 0)
+        #expect(daemon.output.text.contains("the secret store is unavailable"))
+
+        try fixture.keyring.startKeyring()
+        #expect(try await fixture.waitForStore("available") == "available")
+        #expect(try nextStoreEvent(watcher, user: "alice") == "available")
+        #expect(try fixture.login("bob").status == 0)
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", "alice"]).status == 0)
+        #expect(daemon.process.isRunning)
+
+        // What vaultd acknowledged is what the keyring holds.
+        #expect(daemon.stop() == 0)
+        try fixture.start()
+        #expect(try fixture.users() == ["bob"])
+    }
+
+    @Test("Should survive the D-Bus daemon's death, serve from memory, and reconnect when bus and keyring return")
+    func busGoneAndBack() async throws {
+        let fixture = try OutageFixture()
+        let daemon = try fixture.start()
+        #expect(try fixture.login("alice").status == 0)
+
+        try fixture.keyring.killBus()
+        #expect(try fixture.token("alice").stdout == "tok_alice_0123456789abcdef\n")
+        let refused = try fixture.login("bob")
+        #expect(refused.status == 1 && refused.stderr.contains("ERR_SECRET_STORE_UNAVAILABLE"), "\(refused.stderr)")
+        #expect(try await fixture.waitForStore("unavailable") == "unavailable")
+        // The closed bus connection must not stop vaultd (GLib's shared one would raise SIGTERM).
+        #expect(daemon.process.isRunning)
+
+        try fixture.keyring.startBus()
+        try fixture.keyring.startKeyring()
+        #expect(try await fixture.waitForStore("available") == "available")
+        #expect(try fixture.login("bob").status == 0)
+        #expect(try fixture.token("alice").status == 0)
+        #expect(daemon.stop() == 0)
+        try fixture.start()
+        #expect(try fixture.users() == ["alice", "bob"])
+    }
+
+    @Test("Should report a locked collection as locked, forget no session, and not start over it as if empty")
+    func lockedStore() async throws {
+        let fixture = try OutageFixture()
+        let daemon = try fixture.start()
+        #expect(try fixture.login("alice").status == 0)
+        let watcher = try watchStore(fixture.socketPath)
+
+        try fixture.keyring.lockDefaultCollection()
+        let refused = try fixture.login("bob")
+        #expect(refused.status == 1 && refused.stderr.contains("ERR_SECRET_STORE_LOCKED"), "\(refused.stderr)")
+        #expect(try await fixture.waitForStore("locked") == "locked")
+        #expect(try nextStoreEvent(watcher, user: "alice") == "locked")
+        let logout = try vaultctl(fixture.socketPath, ["logout", "demo", "alice"])
+        #expect(logout.status == 1 && logout.stderr.contains("ERR_SECRET_STORE_LOCKED"), "\(logout.stderr)")
+        // Nothing forgotten: alice is still served.
+        #expect(try fixture.token("alice").stdout == "tok_alice_0123456789abcdef\n")
+        #expect(try fixture.users() == ["alice"])
+
+        // A vaultd started over the locked store refuses to start, saying so.
+        #expect(daemon.stop() == 0)
+        let again = try RunningDaemon(
+            socketPath: fixture.socketPath, configPath: fixture.configPath, environment: fixture.keyring.environment,
+            waitForReady: false)
+        #expect(again.waitForExit() == 1)
+        #expect(again.output.text.contains("ERR_SECRET_STORE_LOCKED"), "\(again.output.text)")
+        #expect(!again.output.text.contains("notice: ready"))
+
+        // Unlocked (a keyring started with --unlock), the session is there.
+        try fixture.keyring.killKeyring()
+        try fixture.keyring.startKeyring()
+        try fixture.start()
+        #expect(try fixture.users() == ["alice"])
+    }
+
+    @Test("Should keep tokens refreshed while the keyring is gone and write them through when it returns")
+    func refreshWrittenThrough() async throws {
+        let server = try TokenServer()
+        let fixture = try OutageFixture(tokenServer: server)
+        let daemon = try fixture.start()
+        let user = "carol"
+        let grant = try await server.grant()
+        #expect(try vaultctl(fixture.socketPath, ["login", "oauth", user], input: grant).status == 0)
+        let before = try fixture.token(user, provider: "oauth").stdout
+
+        try fixture.keyring.killKeyring()
+        // The provider rotates the refresh token; only vaultd's memory holds the new one now.
+        let refresh = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
+        #expect(refresh.status == 0, "\(refresh.stderr)")
+        let during = try fixture.token(user, provider: "oauth").stdout
+        #expect(during != before)
+        #expect(try await fixture.waitForStore("unavailable") == "unavailable")
+
+        try fixture.keyring.startKeyring()
+        #expect(try await fixture.waitForStore("available") == "available")
+        // Written through: a vaultd started afresh (SIGKILL, no last write at exit) has the new tokens.
+        let written = try await eventually(tries: 100, interval: .milliseconds(100)) {
+            daemon.output.text.contains("wrote through")
+        } until: {
+            $0
+        }
+        #expect(written)
+        daemon.stop(signal: SIGKILL)
+        try fixture.start()
+        #expect(try fixture.token(user, provider: "oauth").stdout == during)
+        #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
+        #expect(try await server.stats()["reused_refresh_tokens"]?.integerValue == 0)
+    }
+
+    /// SIGKILLs of gnome-keyring or of the D-Bus daemon at random points during
+    /// logins and logouts. Oracle: an acknowledged login is served after the
+    /// recovery, an acknowledged logout is not, an unacknowledged change shows
+    /// the old or the new state; after a restart of vaultd the store holds
+    /// exactly what vaultd served.
+    @Test("Should lose no acknowledged change over random SIGKILLs of gnome-keyring and the bus")
+    func randomKills() async throws {
+        let fixture = try OutageFixture()
+        try fixture.start()
+        var generator = SystemRandomNumberGenerator()
+        let users = (0..<4).map { "u\($0)" }
+        var expected: [String: Bool] = [:]
+        let rounds = Soak.size(short: 10, long: 200)
+        var acknowledged = 0
+        var kills = (keyring: 0, bus: 0)
+        for round in 0..<rounds {
+            let user = users.randomElement(using: &generator)!
+            let loggingIn = !(expected[user] ?? false)
+            let arguments = loggingIn ? ["login", "demo", user] : ["logout", "demo", user]
+            let process = Process()
+            process.executableURL = Binaries.vaultctl
+            process.arguments = ["--socket", fixture.socketPath] + arguments
+            let input = Pipe()
+            process.standardInput = input
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            input.fileHandleForWriting.write(Data("tok_\(user)_\(round)_0123456789".utf8))
+            try input.fileHandleForWriting.close()
+            // The fault lands at a random point of the call: before, during or after the keyring write.
+            usleep(UInt32.random(in: 0..<40_000, using: &generator))
+            let killBus = Bool.random(using: &generator)
+            if killBus {
+                try fixture.keyring.killBus()
+                kills.bus += 1
+            } else {
+                try fixture.keyring.killKeyring()
+                kills.keyring += 1
+            }
+            let status = try reap(process, seconds: 30)
+            if status == 0 {
+                expected[user] = loggingIn
+                acknowledged += 1
+            } else {
+                expected[user] = nil  // old or new
+            }
+            if killBus { try fixture.keyring.startBus() }
+            try fixture.keyring.startKeyring()
+            // Recovered within a bounded time, with no restart of vaultd. A kill
+            // that found no call in flight leaves the store "available" until the
+            // next write: a status read then is all it takes.
+            _ = try fixture.login("probe-\(round)")
+            let state = try await fixture.waitForStore("available")
+            #expect(state == "available", "round \(round): the store stayed \(state ?? "nil")")
+            let served = try fixture.users()
+            for (name, present) in expected {
+                #expect(
+                    served.contains(name) == present, "round \(round): \(name) should be \(present ? "served" : "gone")"
+                )
+            }
+            for name in users where expected[name] == nil { expected[name] = served.contains(name) }
+            for name in served where name.hasPrefix("probe-") {
+                _ = try vaultctl(fixture.socketPath, ["logout", "demo", name])
+            }
+        }
+        // The store holds what vaultd served: a vaultd started afresh serves the same.
+        let before = try fixture.users()
+        fixture.daemon?.stop(signal: SIGKILL)
+        try fixture.start()
+        #expect(try fixture.users() == before)
+        print(
+            "store outage soak: \(rounds) rounds, \(kills.keyring) keyring kills, \(kills.bus) bus kills, \(acknowledged) acknowledged"
+        )
+    }
+}
