@@ -141,7 +141,10 @@ extension SessionManager {
 
     /// Takes the actions the store's health queued and performs them.
     func storeHealthChanged() async {
-        for action in gate.takeActions() {
+        let actions = gate.takeActions()
+        // Stopping: nothing more is reported, probed or written through.
+        guard !stopping else { return }
+        for action in actions {
             switch action {
             case .report(let state, let reason):
                 reportStore(state, reason: reason)

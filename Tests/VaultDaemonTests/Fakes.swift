@@ -99,7 +99,10 @@ final class FaultyStore: SessionStore, Sendable {
 
     /// The store goes away (`locked`: it is locked) until `restore()`.
     func goDown(locked: Bool) {
-        state.withLock { $0.outage = locked ? .locked("locked (injected)") : .unavailable("gone (injected)") }
+        state.withLock {
+            $0.outage = locked ? .locked("locked (injected)") : .unavailable("gone (injected)")
+            $0.callsDuringOutage = 0
+        }
     }
 
     /// The store is back, holding what it held.
@@ -108,7 +111,7 @@ final class FaultyStore: SessionStore, Sendable {
     /// The outage in force, if any.
     var outage: StoreProbe? { state.withLock { $0.outage } }
 
-    /// Calls that reached the store while it was down.
+    /// Calls that reached the store during the current outage.
     var callsDuringOutage: Int { state.withLock { $0.callsDuringOutage } }
 
     /// The error of a call during an outage; nil when the store is up.

@@ -51,7 +51,7 @@ final class OutageFixture {
     /// The users of the sessions vaultd serves at `provider`.
     func users(_ provider: String = "demo") throws -> Set<String> {
         let sessions = try VaultConnection(path: socketPath).sessions()
-        return Set(sessions.filter { $0.provider == provider }.map(\.user))
+        return Set(sessions.filter { $0.account.provider == provider }.map(\.account.user))
     }
 
     func login(_ user: String, token: String? = nil) throws -> CommandResult {
