@@ -19,7 +19,7 @@ final class OutageFixture {
         directory = try TemporaryDirectory()
         socketPath = directory.path("vaultd.sock")
         configPath = directory.path("vaultd.conf")
-        var text = "[Vault]\nStoreTimeout=5\n\n[Provider demo]\nType=static\n"
+        var text = "[Vault]\nStoreTimeout=5\nMinRefreshInterval=0\n\n[Provider demo]\nType=static\n"
         if let tokenServer {
             text += "\n[Provider oauth]\nType=oauth2\nTokenURL=\(tokenServer.url)/token\nClientID=vaultd-test\n"
         }
@@ -218,36 +218,42 @@ struct StoreOutageTests {
     }
 
     /// SIGKILLs of gnome-keyring or of the D-Bus daemon at random points during
-    /// logins and logouts. Oracle: an acknowledged login is served after the
-    /// recovery, an acknowledged logout is not, an unacknowledged change shows
-    /// the old or the new state; after a restart of vaultd the store holds
-    /// exactly what vaultd served.
+    /// logins, refreshes (the token server rotates refresh tokens) and
+    /// logouts. Oracle: after the recovery an acknowledged login is served,
+    /// an acknowledged logout is not, an acknowledged refresh's new token is
+    /// served, and an unacknowledged change shows the old or the new state;
+    /// at the end a vaultd started afresh (after a SIGKILL: no last write)
+    /// serves the same sessions with the same tokens, each refreshes once
+    /// more, and the server saw no rotated refresh token again.
     @Test("Should lose no acknowledged change over random SIGKILLs of gnome-keyring and the bus")
     func randomKills() async throws {
-        let fixture = try OutageFixture()
+        let server = try TokenServer()
+        let fixture = try OutageFixture(tokenServer: server)
         try fixture.start()
         var generator = SystemRandomNumberGenerator()
         let users = (0..<4).map { "u\($0)" }
         var expected: [String: Bool] = [:]
         let rounds = Soak.size(short: 10, long: 200)
-        var acknowledged = 0
+        var acknowledged: [String: Int] = [:]
         var kills = (keyring: 0, bus: 0)
         for round in 0..<rounds {
             let user = users.randomElement(using: &generator)!
-            let loggingIn = !(expected[user] ?? false)
-            let arguments = loggingIn ? ["login", "demo", user] : ["logout", "demo", user]
+            let loggedIn = expected[user] ?? false
+            let operation = !loggedIn ? "login" : (Int.random(in: 0..<10, using: &generator) < 6 ? "refresh" : "logout")
+            let before = loggedIn ? try fixture.token(user, provider: "oauth").stdout : ""
+            let input = operation == "login" ? try await server.grant() : ""
             let process = Process()
             process.executableURL = Binaries.vaultctl
-            process.arguments = ["--socket", fixture.socketPath] + arguments
-            let input = Pipe()
-            process.standardInput = input
+            process.arguments = ["--socket", fixture.socketPath, operation, "oauth", user]
+            let pipe = Pipe()
+            process.standardInput = pipe
             process.standardOutput = FileHandle.nullDevice
             process.standardError = FileHandle.nullDevice
             try process.run()
-            input.fileHandleForWriting.write(Data("tok_\(user)_\(round)_0123456789".utf8))
-            try input.fileHandleForWriting.close()
+            pipe.fileHandleForWriting.write(Data(input.utf8))
+            try pipe.fileHandleForWriting.close()
             // The fault lands at a random point of the call: before, during or after the keyring write.
-            usleep(UInt32.random(in: 0..<40_000, using: &generator))
+            usleep(UInt32.random(in: 0..<60_000, using: &generator))
             let killBus = Bool.random(using: &generator)
             if killBus {
                 try fixture.keyring.killBus()
@@ -256,39 +262,48 @@ struct StoreOutageTests {
                 try fixture.keyring.killKeyring()
                 kills.keyring += 1
             }
-            let status = try reap(process, seconds: 30)
-            if status == 0 {
-                expected[user] = loggingIn
-                acknowledged += 1
-            } else {
-                expected[user] = nil  // old or new
-            }
+            let done = try reap(process, seconds: 30) == 0
+            if done { acknowledged[operation, default: 0] += 1 }
             if killBus { try fixture.keyring.startBus() }
             try fixture.keyring.startKeyring()
             // Recovered within a bounded time, with no restart of vaultd. A kill
-            // that found no call in flight leaves the store "available" until the
-            // next write: a status read then is all it takes.
+            // that found no call in flight is noticed at the next write.
             _ = try fixture.login("probe-\(round)")
             let state = try await fixture.waitForStore("available")
             #expect(state == "available", "round \(round): the store stayed \(state ?? "nil")")
-            let served = try fixture.users()
+            let served = try fixture.users("oauth")
+            switch (operation, done) {
+            case ("login", true): expected[user] = true
+            case ("logout", true): expected[user] = false
+            case ("refresh", true):
+                let after = try fixture.token(user, provider: "oauth").stdout
+                #expect(after != before, "round \(round): the acknowledged refresh of \(user) is not served")
+            case (_, false): expected[user] = nil  // old or new
+            default: break
+            }
             for (name, present) in expected {
                 #expect(
                     served.contains(name) == present, "round \(round): \(name) should be \(present ? "served" : "gone")"
                 )
             }
             for name in users where expected[name] == nil { expected[name] = served.contains(name) }
-            for name in served where name.hasPrefix("probe-") {
-                _ = try vaultctl(fixture.socketPath, ["logout", "demo", name])
-            }
+            _ = try vaultctl(fixture.socketPath, ["logout", "demo", "probe-\(round)"])
         }
-        // The store holds what vaultd served: a vaultd started afresh serves the same.
-        let before = try fixture.users()
+        // The store holds what vaultd served: a vaultd started afresh serves the same tokens.
+        var tokens: [String: String] = [:]
+        for user in try fixture.users("oauth") { tokens[user] = try fixture.token(user, provider: "oauth").stdout }
         fixture.daemon?.stop(signal: SIGKILL)
         try fixture.start()
-        #expect(try fixture.users() == before)
+        #expect(try fixture.users("oauth") == Set(tokens.keys))
+        for (user, token) in tokens {
+            #expect(
+                try fixture.token(user, provider: "oauth").stdout == token, "\(user)'s token was not written through")
+            let refresh = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
+            #expect(refresh.status == 0, "\(user): \(refresh.stderr)")
+        }
+        #expect(try await server.stats()["reused_refresh_tokens"]?.integerValue == 0)
         print(
-            "store outage soak: \(rounds) rounds, \(kills.keyring) keyring kills, \(kills.bus) bus kills, \(acknowledged) acknowledged"
+            "store outage soak: \(rounds) rounds, \(kills.keyring) keyring kills, \(kills.bus) bus kills, acknowledged \(acknowledged.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))"
         )
     }
 }
