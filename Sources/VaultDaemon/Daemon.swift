@@ -64,6 +64,8 @@ public struct DaemonOptions: Sendable {
         Tokens are kept in the Secret Service (gnome-keyring, KeePassXC) on the
         session bus in $DBUS_SESSION_BUS_ADDRESS; vaultd refuses to start when it
         is unreachable or its default collection is locked (unless --memory-store).
+        Should it go away or be locked later, vaultd serves tokens from memory,
+        refuses changes, and reconnects on its own.
         """
 
     /// What parsing the command line asks for.
