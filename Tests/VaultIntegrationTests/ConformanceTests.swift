@@ -176,8 +176,8 @@ struct ConformanceTests {
         let result = try runCommand(
             URL(fileURLWithPath: "/usr/bin/env"), ["python3", "-c", script, path], seconds: 60)
         #expect(result.status == 0, "\(result.stdout)\n\(result.stderr)")
-        // 4 types, every method, every error.
-        let members = 4 + VaultMethod.allCases.count + VaultError.Code.allCases.count
+        // 5 types (LoginState, StoreState, UserProfile, Session, Event), every method, every error.
+        let members = 5 + VaultMethod.allCases.count + VaultError.Code.allCases.count
         #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "io.vaultd.Vault \(members)")
     }
 }
