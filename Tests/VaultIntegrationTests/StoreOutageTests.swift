@@ -43,7 +43,9 @@ final class OutageFixture {
 
     /// Waits (bounded) until `store` is `state`; the last answer.
     func waitForStore(_ state: String, seconds: Int = 40) async throws -> String? {
-        try await eventually(tries: seconds * 10, interval: .milliseconds(100), { try self.storeState() }) {
+        try await eventually(tries: seconds * 10, interval: .milliseconds(100)) {
+            try self.storeState()
+        } until: {
             $0 == state
         }
     }
