@@ -63,7 +63,9 @@ final class PrivateKeyring: @unchecked Sendable {
         process.standardError = FileHandle.nullDevice
         try process.run()
         bus = process
-        let up = try waitUntil { self.call(["org.freedesktop.DBus.GetId"]) != nil }
+        let up = try waitUntil {
+            self.answers("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus.GetId")
+        }
         guard up else { throw HarnessError("the private bus did not answer on \(address)") }
     }
 
@@ -110,10 +112,9 @@ final class PrivateKeyring: @unchecked Sendable {
         if keyringToo { try killKeyring() }
     }
 
-    /// True when the Secret Service's name has an owner on the bus.
+    /// True when the Secret Service answers on the bus.
     func secretsOwned() -> Bool {
-        call(["org.freedesktop.DBus.NameHasOwner", "string:org.freedesktop.secrets"])?.contains("boolean true")
-            == true
+        answers("org.freedesktop.secrets", "/org/freedesktop/secrets", "org.freedesktop.DBus.Peer.Ping")
     }
 
     /// Locks the default collection through the Secret Service's own `Lock` (no prompt needed).
@@ -138,17 +139,42 @@ final class PrivateKeyring: @unchecked Sendable {
         }
     }
 
-    /// A method call on the bus itself through dbus-send; its output, nil when it failed.
-    private func call(_ arguments: [String]) -> String? {
-        guard
-            let result = try? runCommand(
-                URL(fileURLWithPath: "/usr/bin/dbus-send"),
-                [
-                    "--bus=\(address)", "--print-reply", "--reply-timeout=2000", "--dest=org.freedesktop.DBus",
-                    "/org/freedesktop/DBus",
-                ] + arguments, seconds: 10), result.status == 0
-        else { return nil }
-        return result.stdout
+    /// True when `destination` answers a method call on the bus (dbus-send's
+    /// exit status; no service is ever activated on this bus).
+    private func answers(_ destination: String, _ path: String, _ method: String) -> Bool {
+        PrivateKeyring.exitStatus([
+            "/usr/bin/dbus-send", "--bus=\(address)", "--print-reply", "--reply-timeout=2000",
+            "--dest=\(destination)", path, method,
+        ]) == 0
+    }
+
+    /// Runs a program with nothing on stdin, stdout or stderr and returns its
+    /// exit status (nil when it did not start, or ran past 10 s and was
+    /// killed). posix_spawn and waitpid, not Foundation's Process: the soak
+    /// form polls thousands of times, and a test process that started that
+    /// many Processes (a pipe, a reader thread each) was seen to crash in
+    /// Process.run().
+    static func exitStatus(_ arguments: [String]) -> Int32? {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        let argv = arguments.map { strdup($0) } + [nil]
+        defer { for pointer in argv { free(pointer) } }
+        var pid: pid_t = 0
+        guard posix_spawn(&pid, arguments[0], &actions, nil, argv, environ) == 0 else { return nil }
+        var status: Int32 = 0
+        for _ in 0..<1000 {
+            let result = waitpid(pid, &status, WNOHANG)
+            if result == pid { return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f) }
+            if result < 0 { return nil }
+            usleep(10_000)
+        }
+        kill(pid, SIGKILL)
+        _ = waitpid(pid, &status, 0)
+        return nil
     }
 
     /// Polls `done` every 50 ms for at most 10 s.

@@ -28,8 +28,10 @@ final class OutageFixture {
 
     /// Starts vaultd on the keyring and waits for ready.
     @discardableResult
-    func start() throws -> RunningDaemon {
-        let d = try RunningDaemon(socketPath: socketPath, configPath: configPath, environment: keyring.environment)
+    func start(environment: [String: String] = [:]) throws -> RunningDaemon {
+        let d = try RunningDaemon(
+            socketPath: socketPath, configPath: configPath,
+            environment: keyring.environment.merging(environment) { _, new in new })
         daemon = d
         return d
     }
@@ -94,7 +96,8 @@ struct StoreOutageTests {
     @Test("Should serve tokens from memory while gnome-keyring is gone, refuse logins, and recover when it returns")
     func keyringGoneAndBack() async throws {
         let fixture = try OutageFixture()
-        let daemon = try fixture.start()
+        let notify = try NotifyListener(path: fixture.directory.path("notify"))
+        let daemon = try fixture.start(environment: ["NOTIFY_SOCKET": notify.path])
         #expect(try fixture.login("alice").status == 0)
         let watcher = try watchStore(fixture.socketPath)
 
@@ -113,10 +116,17 @@ struct StoreOutageTests {
         #expect(logout.status == 1 && logout.stderr.contains("ERR_SECRET_STORE_UNAVAILABLE"), "\(logout.stderr)")
         #expect(try fixture.token("alice").status == 0)
         #expect(daemon.output.text.contains("the secret store is unavailable"))
+        #expect(notify.wait(for: "secret store unavailable") != nil, "STATUS= says so: \(notify.messages)")
 
         try fixture.keyring.startKeyring()
         #expect(try await fixture.waitForStore("available") == "available")
         #expect(try nextStoreEvent(watcher, user: "alice") == "available")
+        var status: String?
+        for _ in 0..<20 {
+            status = notify.wait(for: "STATUS=", seconds: 10)
+            if status.map({ !$0.contains("secret store") }) ?? true { break }
+        }
+        #expect(status?.contains("secret store") == false, "STATUS= back to the sessions only: \(notify.messages)")
         #expect(try fixture.login("bob").status == 0)
         #expect(try vaultctl(fixture.socketPath, ["logout", "demo", "alice"]).status == 0)
         #expect(daemon.process.isRunning)
