@@ -124,6 +124,10 @@ public enum CommandTable {
             "vaultd's socket (default: $VAULTD_SOCKET, else $XDG_RUNTIME_DIR/vaultd/socket, else /run/vaultd/socket for root)"
         ),
         .value(
+            "--timeout", "SECONDS", .text,
+            "give up when vaultd does not answer within SECONDS (default \(VaultCtl.defaultTimeoutSeconds)); watch waits for events without limit"
+        ),
+        .value(
             "--owner", "USER", .localUser,
             "address USER's (a name or uid) session instead of your own: for root and the admin group"),
         .flag("--help", aliases: ["-h"], "show help (also after a command)"),
