@@ -52,6 +52,13 @@ final class OutageFixture {
         }
     }
 
+    /// How many served sessions hold tokens not yet in the store (`unsaved`).
+    func unsavedCount() throws -> Int {
+        let client = try VarlinkClient(path: socketPath, timeoutSeconds: 10)
+        let reply = try client.call(VaultMethod.listSessions.rawValue, ["limit": 1000])
+        return (reply.parameters["sessions"]?.arrayValue ?? []).filter { $0["unsaved"]?.boolValue == true }.count
+    }
+
     /// The users of the sessions vaultd serves at `provider`.
     func users(_ provider: String = "demo") throws -> Set<String> {
         let sessions = try VaultConnection(path: socketPath).sessions()
@@ -307,6 +314,14 @@ struct StoreOutageTests {
             for name in users where expected[name] == nil { expected[name] = served.contains(name) }
             _ = try vaultctl(fixture.socketPath, ["logout", "demo", "probe-\(round)"])
         }
+        // Refreshed tokens held only in memory are written through once the store
+        // is back; a SIGKILL before that is the documented loss, so wait for it.
+        let unsaved = try await eventually(tries: 300, interval: .milliseconds(100)) {
+            try fixture.unsavedCount()
+        } until: {
+            $0 == 0
+        }
+        #expect(unsaved == 0, "refreshed tokens were never written through")
         // The store holds what vaultd served: a vaultd started afresh serves the same tokens.
         var tokens: [String: String] = [:]
         for user in try fixture.users("oauth") { tokens[user] = try fixture.token(user, provider: "oauth").stdout }
