@@ -68,12 +68,14 @@ final class StoreGate: SessionStore {
 
     /// Refused while the store is not available; a failure of the store as a
     /// whole is recorded.
+    ///
     /// A call that finds the store gone while it was thought available gets
     /// one fresh connection and is made once more: a Secret Service restarted
     /// since the last call (gnome-keyring killed and started again) answers
     /// the old session with an error, and the new connection makes that
-    /// invisible. Not after a timeout: the store hangs, and a second try
-    /// would only wait as long again. Every write is idempotent (a record
+    /// invisible. Not after a timeout (LibsecretStore's message for one says
+    /// "was abandoned"): the store hangs, and a second try would only wait as
+    /// long again. Every write is idempotent (a record
     /// replaced, a delete of nothing), so the second try duplicates nothing.
     private func pass<T: Sendable>(_ body: () async throws(VaultError) -> T) async throws(VaultError) -> T {
         if let refusal = state.withLock({ $0.health.refusal }) { throw refusal }
