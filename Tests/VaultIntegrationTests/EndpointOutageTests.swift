@@ -16,8 +16,9 @@ enum EndpointFailure: String, CaseIterable, Sendable, CustomTestStringConvertibl
     /// The /control/mode request that starts it; nil for the TLS cases, which need none.
     func mode(window: Int) -> JSON? {
         switch self {
-        // Down a little longer than the window, so that it is still down when the window is read.
-        case .down: return ["mode": "down", "hang_seconds": .int(Int64(window + 3))]
+        // Down well past the window, so that it is still down when the window is read
+        // however late the test sees the listener close.
+        case .down: return ["mode": "down", "hang_seconds": .int(Int64(window + 20))]
         case .hang: return ["mode": "hang", "hang_seconds": 60]
         case .error429: return ["mode": "error429", "retry_after": 3]
         case .error429Bare: return ["mode": "error429", "retry_after": .null]
@@ -105,6 +106,22 @@ struct EndpointOutageTests {
     /// Outage-and-recovery cycles per kind of failure.
     static let cycles = Soak.size(short: 1, long: 2)
 
+    /// True when something accepts TCP connections on 127.0.0.1:`port`.
+    static func accepts(port: UInt16) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+            }
+        }
+    }
+
     /// The daemon's peak resident memory (VmHWM), in KiB.
     func peakMemory(_ daemon: RunningDaemon) throws -> Int {
         let status = try String(contentsOfFile: "/proc/\(daemon.process.processIdentifier)/status", encoding: .utf8)
@@ -159,14 +176,11 @@ struct EndpointOutageTests {
             let outageStarted = Date()
             if failure == .down {
                 // The listener is closed once the control answer is out: wait, bounded, until it is.
+                let port = try #require(UInt16(server.url.split(separator: ":").last ?? ""))
                 let closed = try await eventually(
-                    {
-                        try runCommand(
-                            URL(fileURLWithPath: "/usr/bin/curl"),
-                            ["-s", "-o", "/dev/null", server.url + "/control/stats"]
-                        ).status
-                    }, until: { $0 == 7 })
-                try #require(closed == 7, "the token server did not close its listener")
+                    tries: 500, interval: .milliseconds(20), { !EndpointOutageTests.accepts(port: port) },
+                    until: { $0 })
+                try #require(closed, "the token server did not close its listener")
             }
             let failed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
             #expect(failed.status == 1, "\(failure)")
@@ -182,7 +196,7 @@ struct EndpointOutageTests {
                 #expect(current == served, "\(failure): the still-valid token is served")
                 answers += 1
                 slowest = max(slowest, seconds)
-                usleep(50_000)
+                try await Task.sleep(for: .milliseconds(100))
             }
             let status = try #require(try session())
             // What reached the server: HTTP requests; over TLS, refused handshakes
@@ -194,7 +208,7 @@ struct EndpointOutageTests {
                 seen = (try await server.stats()["connections"]?.integerValue ?? 0) - 1
             } else {
                 let stats = try await eventually(
-                    tries: 100, interval: .milliseconds(100), { try? await server.stats() }, until: { $0 != nil })
+                    tries: 400, interval: .milliseconds(100), { try? await server.stats() }, until: { $0 != nil })
                 seen = try #require(stats)["token_requests"]?.integerValue ?? -1
             }
             // connecting when a retry is out right now
@@ -204,7 +218,7 @@ struct EndpointOutageTests {
             // Every wait is at least 1 s (3 s after Retry-After: 3): at most that many tries fit in the window.
             let most = Int64(failure == .error429 ? EndpointOutageTests.window / 3 + 2 : EndpointOutageTests.window + 2)
             #expect(seen <= most, "\(failure): the endpoint saw \(seen) requests in \(EndpointOutageTests.window)s")
-            #expect(answers >= 10, "\(failure): GetToken answered \(answers) times")
+            #expect(answers >= 5, "\(failure): GetToken answered \(answers) times")
             // What the endpoint sent never filled vaultd's memory.
             let grown = try peakMemory(daemon) - memoryBefore
             #expect(grown < 16 * 1024, "\(failure): vaultd's peak memory grew by \(grown) KiB")
@@ -215,7 +229,7 @@ struct EndpointOutageTests {
                 if failure != .down { try await server.post("/control/mode", json: ["mode": "normal"]) }
                 if failure == .down {
                     _ = try await eventually(
-                        tries: 100, interval: .milliseconds(100), { try? await server.stats() }, until: { $0 != nil })
+                        tries: 400, interval: .milliseconds(100), { try? await server.stats() }, until: { $0 != nil })
                     healthy = Date()
                 }
                 // Back by itself at the next scheduled retry, which was set before the endpoint came back.
@@ -230,7 +244,7 @@ struct EndpointOutageTests {
                 #expect(after?["connection"]?.stringValue == "connected")
                 if pending?["connection"]?.stringValue == "connectFailed" {
                     #expect(
-                        Date().timeIntervalSince1970 < Double(retryAt) + 5,
+                        Date().timeIntervalSince1970 < Double(retryAt) + 10,
                         "\(failure): recovered later than the retry scheduled for \(retryAt)")
                 }
                 if retryAt > 0 { scheduled = String(format: "%.1fs", Double(retryAt) - healthy.timeIntervalSince1970) }
