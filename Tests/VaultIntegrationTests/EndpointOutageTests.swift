@@ -166,8 +166,9 @@ struct EndpointOutageTests {
             try client.call(VaultMethod.getSession.rawValue, ["provider": "oauth", "user": .string(user)])
                 .parameters["session"]
         }
-        let served = try #require(try token().0)
         for cycle in 0..<EndpointOutageTests.cycles {
+            // The token of this cycle (the last one's recovery refreshed it).
+            let served = try #require(try token().0)
             let memoryBefore = try peakMemory(daemon)
             try await server.post("/control/reset")
             if let mode = failure.mode(window: EndpointOutageTests.window) {

@@ -44,8 +44,9 @@ struct HelperDaemon {
 struct HelperOutageTests {
     /// Marks the helpers' grandchildren in their command lines, to find them in /proc.
     static let marker = "vaultd-outage-grandchild-\(UUID().uuidString.prefix(8))"
-    /// The helper's time limit (`Timeout=`).
-    static let timeout = 3
+    /// The helper's time limit (`Timeout=`): a Python helper may take
+    /// seconds just to start on a loaded machine.
+    static let timeout = 10
 
     /// A daemon with a static provider `demo` and an exec provider `broken`
     /// whose helper logs every user in, and fails each refresh the way the
@@ -179,7 +180,9 @@ struct HelperOutageTests {
             let user = "fork-\(round)-" + uniqueName("u")
             let (result, seconds) = try failRefresh(fixture, user)
             #expect(result.status == 0, "\(result.stderr)")
-            #expect(seconds < 2, "the answer is taken when the helper exits, not when its child does: \(seconds)s")
+            #expect(
+                seconds < Double(HelperOutageTests.timeout),
+                "the answer is taken when the helper exits, not when its child does: \(seconds)s")
             let token = try vaultctl(fixture.socketPath, ["token", "broken", user]).stdout
             #expect(token.hasPrefix("tok_forked_"))
             let left = try await grandchildrenLeft()
