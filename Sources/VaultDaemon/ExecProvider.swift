@@ -282,7 +282,13 @@ public struct ExecProvider: TokenProvider {
                 break
             }
         }
-        if exitedAt == nil { child.killGroup() }
+        if exitedAt == nil {
+            if result.failure == nil {
+                // Both pipes closed: the helper is most likely exiting; let it finish (bounded).
+                for _ in 0..<20 where !child.hasExited() { usleep(10_000) }
+            }
+            child.killGroup()
+        }
         var exitStatus: Int32?
         for _ in 0..<500 {
             var status: Int32 = 0
