@@ -7,12 +7,23 @@ import VaultSystem
 /// vaultctl: the command-line client of vaultd. Exit codes: 0 ok, 1 an error
 /// from vaultd, 2 bad usage, 3 vaultd not reachable.
 public struct VaultCtl {
-    /// Process exit codes.
-    public enum ExitCode: Int32 {
-        case ok = 0
-        case daemonError = 1
-        case usage = 2
-        case unreachable = 3
+    /// Process exit codes: 0 ok, 1 an error from vaultd, 2 bad usage, 3 vaultd
+    /// not reachable; `exec` also passes on its command's own status, and
+    /// ends with `sessionEnded` when the session did.
+    public struct ExitCode: RawRepresentable, Equatable, Sendable, CustomStringConvertible {
+        public let rawValue: Int32
+        public init(rawValue: Int32) { self.rawValue = rawValue }
+
+        public static let ok = ExitCode(rawValue: 0)
+        public static let daemonError = ExitCode(rawValue: 1)
+        public static let usage = ExitCode(rawValue: 2)
+        public static let unreachable = ExitCode(rawValue: 3)
+        /// `exec`: the session ended (logout, kick, invalid or expired token)
+        /// and the command was stopped; 75 is sysexits' EX_TEMPFAIL, "try
+        /// again later", which a service manager can be told to restart on.
+        public static let sessionEnded = ExitCode(rawValue: 75)
+
+        public var description: String { String(rawValue) }
     }
 
     /// The version printed by `--version`.
