@@ -98,8 +98,11 @@ extension JSON {
     }
 }
 
-/// A recursive-descent parser over a byte buffer. Depth is capped so hostile input
-/// cannot exhaust the stack.
+/// A recursive-descent parser over a byte buffer, for input anyone on the
+/// socket may send: depth is capped so it cannot exhaust the stack, an object
+/// may name a member once (a repeated name is an error, never "the last
+/// wins"), a number must fit a Double, and strings must be valid UTF-8 with
+/// paired surrogates. Every refusal is a `JSONParseError` with its byte offset.
 struct JSONParser {
     let bytes: UnsafeBufferPointer<UInt8>
     var index = 0
@@ -175,12 +178,18 @@ struct JSONParser {
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else {
                 throw fail("expected a member name")
             }
+            let keyStart = index
             let key = try parseString()
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw fail("expected ':'") }
             index += 1
             skipWhitespace()
-            members[key] = try parseValue()
+            // A repeated member is refused, not resolved: two readers of one
+            // message (a proxy that checks the first "user", a service that
+            // uses the last) must never see two different calls in it.
+            guard members.updateValue(try parseValue(), forKey: key) == nil else {
+                throw JSONParseError(reason: "duplicate member name", offset: keyStart)
+            }
             skipWhitespace()
             guard index < bytes.count else { throw fail("unexpected end of input") }
             if bytes[index] == UInt8(ascii: ",") {
@@ -246,7 +255,11 @@ struct JSONParser {
             while index < bytes.count, isDigit(bytes[index]) { index += 1 }
         }
         let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
-        guard let value = Double(text) else { throw JSONParseError(reason: "invalid number", offset: start) }
+        // Past ±1.8e308 (1e999999, a 400-digit integer) Double is infinite:
+        // refused, since it would print as null and compare as no number sent.
+        guard let value = Double(text), value.isFinite else {
+            throw JSONParseError(reason: "number out of range", offset: start)
+        }
         return .number(value)
     }
 
