@@ -111,6 +111,25 @@ struct JSONHostileInputTests {
         expectRefused(bytes(text), reason, at: offset)
     }
 
+    @Test("Should count every value against maximumValues, containers included, and refuse the first one over")
+    func valueLimit() throws {
+        let three = Array(#"{"a":[1,2]}"#.utf8)
+        #expect(throws: Never.self) { try JSON.parse(three[...], maximumValues: 4) }
+        let error = #expect(throws: JSONParseError.self) { try JSON.parse(three[...], maximumValues: 3) }
+        #expect(error?.reason == "more than 3 values")
+        #expect(error?.offset == 8)
+        // A megabyte of numbers is refused after the limit, long before its end.
+        let flood = Array(("[" + String(repeating: "1,", count: 500_000) + "1]").utf8)
+        var refused: JSONParseError?
+        let time = seconds {
+            do throws(JSONParseError) { _ = try JSON.parse(flood[...], maximumValues: 16384) } catch { refused = error }
+        }
+        #expect(refused?.reason == "more than 16384 values")
+        #expect(refused?.offset == 1 + 2 * 16383)
+        #expect(time < 2, "\(time) s")
+        #expect(try JSON.parse(flood).arrayValue?.count == 500_001, "no limit unless asked")
+    }
+
     @Test("Should parse a wide megabyte (many members, many elements, many escapes) in linear time")
     func wideInput() throws {
         var members: [String] = []
