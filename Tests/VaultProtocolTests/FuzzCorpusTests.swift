@@ -115,6 +115,23 @@ struct HostileMessageTests {
         }
     }
 
+    @Test("Should refuse a call of more than 16,384 JSON values before parsing the rest, and take one at the limit")
+    func valueLimit() throws {
+        func login(_ numbers: Int) -> [UInt8] {
+            Array(
+                (#"{"method":"io.vaultd.Vault.Login","parameters":{"provider":"demo","user":"u","token":"t","profile":{"uid":"u","metadata":{"pad":["#
+                    + Array(repeating: "1", count: numbers).joined(separator: ",") + "]}}}}").utf8)
+        }
+        // The call, method, parameters, provider, user, token, profile, uid, metadata, pad: 10 values.
+        let atLimit = try VarlinkCall(message: login(16384 - 10)[...])
+        #expect(atLimit.parameters["profile"]?["metadata"]?["pad"]?.arrayValue?.count == 16384 - 10)
+        #expect(throws: VarlinkCall.DecodingFailure.self) { try VarlinkCall(message: login(16384 - 9)[...]) }
+        let megabyte = login(500_000)
+        let clock = ContinuousClock()
+        let elapsed = clock.measure { _ = try? VarlinkCall(message: megabyte[...]) }
+        #expect(elapsed < .seconds(2), "a refused megabyte of numbers took \(elapsed)")
+    }
+
     @Test("Should refuse a huge number as an int parameter by name, never as a crash")
     func hugeNumbers() throws {
         let signature = try #require(VaultInterface.declaration.signature(of: "GetToken"))
