@@ -7,7 +7,7 @@ import VaultCore
 import VaultProtocol
 
 // Protocol abuse against the running daemon (issue 13): a real vaultd on a
-// real Unix socket, attacked by a separate process (tests/abuse.py below, as
+// real Unix socket, attacked by a separate process (`Attacker.script`, as
 // root or as a test user), while another client keeps asking GetToken. Each
 // attack reports the figures docs/RELIABILITY.md quotes (a line starting
 // "ABUSE") and asserts only bounds a loaded 2-core machine keeps.
@@ -32,10 +32,19 @@ final class AbuseDaemon {
         daemon = try RunningDaemon(
             socketPath: socketPath, configPath: configPath, extraArguments: memoryStore ? ["--memory-store"] : [],
             launcher: launcher)
-        let login = try client().call(
-            VaultMethod.login.rawValue,
-            ["provider": "demo", "user": .string(probeUser), "token": .string("tok_probe_\(probeUser)")])
-        guard login.error == nil else { throw HarnessError("probe login: \(login)") }
+        let idle = descriptors
+        do {
+            let login = try client().call(
+                VaultMethod.login.rawValue,
+                ["provider": "demo", "user": .string(probeUser), "token": .string("tok_probe_\(probeUser)")])
+            guard login.error == nil else { throw HarnessError("probe login: \(login)") }
+        }
+        // The login's connection is closed: wait (bounded) until vaultd saw
+        // it go, so that the tests' "before" counts hold no client at all.
+        for _ in 0..<100 where descriptors > idle {
+            var none = pollfd()
+            _ = poll(&none, 0, 20)
+        }
     }
 
     func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath, timeoutSeconds: 60) }
@@ -109,9 +118,14 @@ final class GetTokenBystander: @unchecked Sendable {
         init(_ client: VarlinkClient) { self.client = client }
     }
 
+    /// Connects and asks once before returning (so vaultd has accepted the
+    /// connection), then goes on asking on its own thread.
     init(_ daemon: AbuseDaemon, pause: Duration = .milliseconds(2)) throws {
         let connection = Connection(try daemon.client())
         let user = daemon.probeUser
+        let first = try connection.client?.call(
+            VaultMethod.getToken.rawValue, ["provider": "demo", "user": .string(user)])
+        guard first?.error == nil else { throw HarnessError("bystander: \(String(describing: first))") }
         Thread.detachNewThread { [self] in
             defer {
                 connection.client = nil
@@ -452,8 +466,9 @@ struct AbuseTests {
     func partialMessages() async throws {
         let d = try AbuseDaemon("RequestTimeout=8s\n")
         let count = Soak.size(short: 500, long: 4000)
-        let before = (rss: d.residentKiB, fds: d.descriptors)
+        // The bystander's connection is open for the whole test: counted in "before".
         let bystander = try GetTokenBystander(d)
+        let before = (rss: d.residentKiB, fds: d.descriptors)
         let started = Date()
         let attacker = try Attacker(d, ["mode": "partial", "count": .int(Int64(count))])
         #expect(attacker.report["held"]?.integerValue == Int64(count))
@@ -569,23 +584,24 @@ struct AbuseTests {
         // events each, with 252-byte user names and 64-byte reasons, to every
         // one of its 64 streams.
         let bystander = try GetTokenBystander(d)
-        let churn = try d.client()
+        var churn: VarlinkClient? = try d.client()
         let rounds = Soak.size(short: 2500, long: 10000)
         var peak = d.residentKiB
         let name = String(repeating: "u", count: 250)
         let reason = String(repeating: "r", count: 64)
         for i in 0..<rounds {
             let user = JSON.string("\(name)\(i % 50)")
-            let login = try churn.call(
+            let login = try churn?.call(
                 VaultMethod.login.rawValue,
                 ["provider": "demo", "user": user, "token": "tok_churn", "ownerUid": .int(Int64(owner))])
-            #expect(login.error == nil, "\(login)")
-            _ = try churn.call(
+            #expect(login?.error == nil, "\(String(describing: login))")
+            _ = try churn?.call(
                 VaultMethod.forceLogout.rawValue,
                 ["provider": "demo", "user": user, "ownerUid": .int(Int64(owner)), "reason": .string(reason)])
             if i % 100 == 0 { peak = max(peak, d.residentKiB) }
         }
         peak = max(peak, d.residentKiB)
+        churn = nil
         let latency = bystander.stop()
         #expect(d.daemon.output.wait(for: "a subscriber did not read its events and was dropped", seconds: 30))
         let dropped = d.daemon.output.text.components(separatedBy: "did not read its events and was dropped").count - 1
