@@ -257,7 +257,7 @@ struct JSONParser {
         }
         // Fast path for what calls hold (uids, times, limits): an integer of
         // at most 15 digits is exact in a Double, so it needs neither a
-        // String nor strtod. A megabyte of them parses several times faster.
+        // String nor strtod (a megabyte of them parses about twice as fast).
         let atEnd = index == bytes.count
         if index - integerStart <= 15,
             atEnd
