@@ -199,6 +199,19 @@ public enum ConfigParser {
     ]
     static let accountKeys = ["Owner", "TokenReadUsers", "TokenReadGroups"]
 
+    /// The text of a configuration file read as `bytes`: UTF-8, or an error
+    /// naming the file and the first line that is not (never quoting it).
+    public static func text(of bytes: [UInt8], file: String) throws(VaultError) -> String {
+        if let text = String(validating: bytes, as: UTF8.self) { return text }
+        // A multi-byte sequence never holds a LF byte: the lines can be checked one by one.
+        var lineNumber = 0
+        for line in bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
+            lineNumber += 1
+            if String(validating: line, as: UTF8.self) == nil { break }
+        }
+        throw VaultError(.invalidConfig, "\(file):\(lineNumber): not UTF-8 text; write the file in UTF-8")
+    }
+
     /// Parses one file's `text`, read from `file` (used in error messages only).
     public static func parse(_ text: String, file: String) throws(VaultError) -> VaultConfig {
         try parse(layers: [(text: text, file: file)])
@@ -398,7 +411,7 @@ public enum ConfigParser {
             let most = ExecSettings.maximumConcurrentHelpers
             guard let value = Int(entry.value), value >= 1, value <= most else {
                 throw entry.error(
-                    "key 'MaxConcurrentHelpers': expected a whole number from 1 to \(most), got '\(entry.value)'")
+                    "key 'MaxConcurrentHelpers': expected a whole number from 1 to \(most)")
             }
             settings.maxConcurrentHelpers = value
         }
@@ -459,6 +472,13 @@ public enum ConfigParser {
         // Split on LF bytes: Swift reads CR LF as one Character, which is not "\n".
         for rawLine in text.utf8.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
             lineNumber += 1
+            // A NUL would cut a value short where it becomes a C string (an
+            // exec argv, a URL for libcurl); no control character but a tab
+            // (and the CR of a CR LF) has a use in this file, comments included.
+            let content = rawLine.last == 0x0D ? rawLine.dropLast() : rawLine[...]
+            if content.contains(where: { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7F }) {
+                throw fail(lineNumber, "control character in the line; only tabs and spaces may separate words")
+            }
             let line = LoginCredential.trimmed(String(decoding: rawLine, as: UTF8.self))
             if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
             if line.hasPrefix("[") {

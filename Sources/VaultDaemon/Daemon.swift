@@ -378,10 +378,7 @@ public enum Daemon {
         do { bytes = try Files.readAll(fd, limit: 1 << 20, name: path) } catch {
             throw VaultError(.invalidConfig, "cannot read the configuration: \(error)")
         }
-        guard let text = String(validating: bytes, as: UTF8.self) else {
-            throw VaultError(.invalidConfig, "\(path) is not UTF-8 text")
-        }
-        return text
+        return try ConfigParser.text(of: bytes, file: path)
     }
 
     /// "a FIFO", "a directory", ... for a file's `st_mode`.

@@ -49,10 +49,18 @@ public struct VarlinkCall: Sendable, Equatable {
         case invalidField(String)
     }
 
+    /// The most JSON values one call may hold. Parsing costs per value, and
+    /// calls are parsed on the serving loop: a megabyte of `1,` (half a
+    /// million values) held every other client for a parse; no real call
+    /// comes near this many.
+    public static let maximumValues = 16384
+
     /// Reads a call from one message.
     public init(message: ArraySlice<UInt8>) throws(DecodingFailure) {
         let json: JSON
-        do { json = try JSON.parse(message) } catch { throw .invalidJSON(error.description) }
+        do { json = try JSON.parse(message, maximumValues: VarlinkCall.maximumValues) } catch {
+            throw .invalidJSON(error.description)
+        }
         guard case .object(let o) = json else { throw .invalidField("message") }
         guard let method = o["method"]?.stringValue else { throw .invalidField("method") }
         self.method = method

@@ -110,7 +110,7 @@ struct ConfigParserTests {
         let error = try configError("[Provider e]", "Type=exec", "Command=/bin/true", "MaxConcurrentHelpers=\(value)")
         #expect(
             error.message
-                == "\(file):4: key 'MaxConcurrentHelpers': expected a whole number from 1 to 64, got '\(value)'")
+                == "\(file):4: key 'MaxConcurrentHelpers': expected a whole number from 1 to 64")
     }
 
     @Test("Should refuse MaxConcurrentHelpers outside an exec provider")
@@ -240,6 +240,8 @@ struct ConfigParserTests {
             ["[Provider a]", "Type=static", "SingleAccount=\(marker)"],
             ["[Provider a]", "Type=exec", "Command=\(marker)"],
             ["[Provider a]", "Type=exec", "Command=/bin/true", "Timeout=\(marker)"],
+            ["[Provider a]", "Type=exec", "Command=/bin/true", "MaxConcurrentHelpers=\(marker)"],
+            ["[Provider a]", "Type=static", "Description=\(marker)\u{0}"],
             ["[Provider a]", "Type=oauth2", "TokenURL=\(marker)", "ClientID=c"],
             ["[Provider a]", "Type=oauth2", "TokenURL=https://x.example/t", "ClientID=c", "DefaultLifetime=\(marker)"],
             ["[Provider a]", "Type=oauth2", "TokenURL=https://x.example/t", "ClientID=c", "RevocationURL=\(marker)"],
@@ -252,6 +254,30 @@ struct ConfigParserTests {
         #expect(error.message.hasPrefix("\(file):"), "\(error.message)")
         #expect(!error.message.contains("s3cr3t"), "\(error.message)")
         #expect(!error.message.contains("MARKER"), "\(error.message)")
+    }
+
+    @Test(
+        "Should refuse a control character anywhere in a line, comments included, naming file and line",
+        arguments: ["\u{0}", "\u{1}", "\u{1B}", "\u{7F}", "\r ", "\u{0C}"])
+    func controlCharacters(character: String) throws {
+        for line in ["Command=/bin/true\(character)x", "# a comment\(character)", "Command=/bin/true\(character)"] {
+            let error = try configError("[Provider e]", "Type=exec", line)
+            #expect(
+                error.message == "\(file):3: control character in the line; only tabs and spaces may separate words")
+        }
+        // A tab is whitespace, and a CR ends a CR LF line.
+        #expect(try parse("[Provider e]", "Type=exec\t", "Command=/bin/true\targ\r").providers["e"] != nil)
+    }
+
+    @Test("Should refuse a file that is not UTF-8 text, naming the first line that is not")
+    func notUTF8() throws {
+        let bytes = Array("[Provider a]\nType=static\n".utf8) + [0x44, 0xFF, 0x0A] + Array("Description=\u{e9}".utf8)
+        let error = try #require(throws: VaultError.self) { try ConfigParser.text(of: bytes, file: file) }
+        #expect(error.code == .invalidConfig)
+        #expect(error.message == "\(file):3: not UTF-8 text; write the file in UTF-8")
+        let cut = Array("# caf\u{e9}".utf8).dropLast()
+        #expect(throws: VaultError.self) { try ConfigParser.text(of: Array(cut), file: file) }
+        #expect(try ConfigParser.text(of: Array("# caf\u{e9}\n".utf8), file: file) == "# caf\u{e9}\n")
     }
 
     @Test("Should count lines of a file with CRLF line endings like any other")

@@ -37,9 +37,13 @@ struct JSONParsingTests {
         #expect(try JSON.parse(text) == expected)
     }
 
-    @Test("Should keep the last value when an object repeats a key")
+    @Test("Should refuse an object that repeats a member name, at the repeated name")
     func duplicateKeys() throws {
-        #expect(try JSON.parse(#"{"a":1,"a":2}"#) == ["a": 2])
+        expectParseError("duplicate member name", at: 7) { try JSON.parse(#"{"a":1,"a":2}"#) }
+        // The same name however it is written, and in a nested object.
+        expectParseError("duplicate member name", at: 7) { try JSON.parse(#"{"a":1,"\u0061":2}"#) }
+        expectParseError("duplicate member name", at: 12) { try JSON.parse(#"{"o":{"k":1,"k":1}}"#) }
+        #expect(try JSON.parse(#"{"a":{"a":1},"b":[{"a":2},{"a":3}]}"#) == ["a": ["a": 1], "b": [["a": 2], ["a": 3]]])
     }
 
     @Test("Should parse from raw bytes as well as from a String")
