@@ -429,7 +429,7 @@ public final class VarlinkServer: @unchecked Sendable {
             }
             let call: VarlinkCall
             do throws(VarlinkCall.DecodingFailure) {
-                call = try VarlinkCall(message: message)
+                call = try VarlinkCall(message: message, methods: service.methodNames)
             } catch {
                 switch error {
                 case .invalidJSON(let reason):
@@ -450,8 +450,8 @@ public final class VarlinkServer: @unchecked Sendable {
             switch service.handle(call, caller: connection.caller) {
             case .reply(let reply):
                 if !call.oneway { queueBounded(on: connection, method: call.method) { reply.encode(into: &$0) } }
-            case .encoded(let write):
-                if !call.oneway { queueBounded(on: connection, method: call.method, write) }
+            case .encoded(let writer):
+                if !call.oneway { queueBounded(on: connection, method: call.method) { writer.write(into: &$0) } }
             case .stream(let start):
                 var first = start.first
                 first.continues = true

@@ -7,12 +7,19 @@ public enum HandlerOutcome: Sendable {
     case reply(VarlinkReply)
     /// A reply that appends its own JSON message (without the NUL) to the
     /// connection's output: for hot paths, where building a `VarlinkReply`
-    /// costs more than writing the bytes.
-    case encoded(@Sendable (inout [UInt8]) -> Void)
+    /// costs more than writing the bytes. (A value, not a closure: a small
+    /// one is carried without an allocation.)
+    case encoded(any VarlinkReplyWriter)
     case deferred(@Sendable () async -> VarlinkReply)
     /// Start a stream: send its first reply (continues); its owner writes the
     /// rest through `VarlinkServer.Streams` until the client goes away.
     case stream(StreamStart)
+}
+
+/// A reply that writes its own JSON message.
+public protocol VarlinkReplyWriter: Sendable {
+    /// Appends the reply's JSON message, without the NUL, to `out`.
+    func write(into out: inout [UInt8])
 }
 
 /// A method handler: the call and who made it in, an outcome out.
@@ -37,6 +44,8 @@ public struct VarlinkService: Sendable {
     public private(set) var interfaces: [String: String] = [:]
     /// Full method name → its checks and handler.
     private var methods: [String: Binding] = [:]
+    /// The full names of the methods, so that reading a call reuses them.
+    public private(set) var methodNames = VarlinkMethodNames()
     /// What GetInfo answers.
     public var vendor: String
     public var product: String
@@ -67,6 +76,7 @@ public struct VarlinkService: Sendable {
         for method in interface.methods {
             guard let signature = interface.signature(of: method.name) else { continue }
             methods[signature.method] = Binding(signature: signature, handler: handler(method))
+            methodNames.add(signature.method)
         }
     }
 

@@ -136,7 +136,7 @@ public enum VaultMethods {
                             }
                         }
                         manager.audit("GetToken", key, caller: caller, result: "ok")
-                        return .encoded { out in writeTokenReply(record, into: &out) }
+                        return .encoded(TokenReply(record: record))
                     }
                 }
 
@@ -236,32 +236,40 @@ public enum VaultMethods {
         stopping: VaultError(.internalError, "vaultd is stopping; retry when it is back").varlinkReply,
         streamStopping: VaultError(.internalError, "vaultd is stopping; subscribe again when it is back").varlinkReply)
 
+    /// The GetToken reply of a session record, written straight into the
+    /// connection's output.
+    struct TokenReply: VarlinkReplyWriter {
+        let record: SessionRecord
+
+        func write(into out: inout [UInt8]) { writeTokenReply(record, into: &out) }
+    }
+
     /// Appends the GetToken reply of `record`: the bytes
     /// `VarlinkReply(parameters: tokenReply(record)).encode(into:)` writes,
     /// without building the dictionaries.
     static func writeTokenReply(_ record: SessionRecord, into out: inout [UInt8]) {
         let tokens = record.tokens
-        out.append(contentsOf: #"{"parameters":{"#.utf8)
+        JSONText.appendLiteral(#"{"parameters":{"#, to: &out)
         // Members in sorted order, as the generic encoder writes them.
         if let expiresAt = record.expiresAt {
-            out.append(contentsOf: #""expiresAt":"#.utf8)
-            JSON.int(expiresAt.seconds).write(into: &out)
+            JSONText.appendLiteral(#""expiresAt":"#, to: &out)
+            JSONText.appendNumber(expiresAt.seconds, to: &out)
             out.append(UInt8(ascii: ","))
         }
         if let instanceURL = tokens.instanceURL {
-            out.append(contentsOf: #""instanceUrl":"#.utf8)
-            JSON.writeString(instanceURL, into: &out)
+            JSONText.appendLiteral(#""instanceUrl":"#, to: &out)
+            JSONText.appendString(instanceURL, to: &out)
             out.append(UInt8(ascii: ","))
         }
-        out.append(contentsOf: #""ownerUid":"#.utf8)
-        JSON.int(Int64(record.ownerUID)).write(into: &out)
-        out.append(contentsOf: #","token":"#.utf8)
-        JSON.writeString(tokens.accessToken.revealed, into: &out)
+        JSONText.appendLiteral(#""ownerUid":"#, to: &out)
+        JSONText.appendNumber(Int64(record.ownerUID), to: &out)
+        JSONText.appendLiteral(#","token":"#, to: &out)
+        JSONText.appendString(tokens.accessToken.revealed, to: &out)
         if let tokenType = tokens.tokenType {
-            out.append(contentsOf: #","tokenType":"#.utf8)
-            JSON.writeString(tokenType, into: &out)
+            JSONText.appendLiteral(#","tokenType":"#, to: &out)
+            JSONText.appendString(tokenType, to: &out)
         }
-        out.append(contentsOf: "}}".utf8)
+        JSONText.appendLiteral("}}", to: &out)
     }
 
     /// The parameters of a GetToken reply.

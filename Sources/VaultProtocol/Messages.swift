@@ -4,10 +4,13 @@ import VaultCore
 /// parameter's name when one is missing or of the wrong type.
 public struct ParameterReader {
     /// The parameters of the call.
-    public let parameters: [String: JSON]
+    public let parameters: VarlinkParameters
 
     /// Reads from a call's parameters.
-    public init(_ parameters: [String: JSON]) { self.parameters = parameters }
+    public init(_ parameters: VarlinkParameters) { self.parameters = parameters }
+
+    /// Reads from the members of a JSON object.
+    public init(_ object: [String: JSON]) { self.parameters = VarlinkParameters(object) }
 
     /// A parameter is missing or of the wrong type.
     public struct Invalid: Error, Equatable {
