@@ -16,6 +16,13 @@ import VaultSystem
 public final class VarlinkServer: @unchecked Sendable {
     /// The largest message accepted from a client.
     public static let maximumMessageSize = 1 << 20
+    /// The largest message parsed on the serving loop. A larger one is
+    /// refused unparsed when it names first a method whose calls may not be
+    /// that large (`VarlinkService.callSizeLimit(of:)`), else parsed on a
+    /// thread of low priority: a parse of up to this many bytes (tens of
+    /// microseconds of numbers or nested objects) is all one call can take
+    /// from the loop, and so from the other clients' latency.
+    public static let inlineParseLimit = 4096
 
     private let service: VarlinkService
     private let log: any ServerLog
@@ -60,8 +67,18 @@ public final class VarlinkServer: @unchecked Sendable {
     private var now: UInt64 = Monotonic.milliseconds()
     /// The drain's time is up.
     private var drainOver = false
-    /// Replies of deferred calls, handed from worker tasks to the loop thread.
-    private let completions = Mutex<[(UInt64, VarlinkReply?)]>([])
+    /// What worker tasks and the parse thread hand back to the loop thread.
+    enum Completion: Sendable {
+        /// The reply of a deferred call (nil: none is sent, the call was oneway).
+        case reply(VarlinkReply?)
+        /// A large message read off the loop: the call, or why it is none, and its size.
+        case parsed(Result<VarlinkCall, VarlinkCall.DecodingFailure>, size: Int)
+    }
+    /// Replies of deferred calls and large calls parsed, handed to the loop thread.
+    private let completions = Mutex<[(UInt64, Completion)]>([])
+    /// Reads large messages off the loop.
+    private lazy var parser = ParseThread(server: self)
+    private var nextCallTooLargeLog: UInt64 = 0
     /// Work handed to the loop thread (writing to streams), in order.
     private let jobs = Mutex<[@Sendable (Streams) -> Void]>([])
     /// Streams written to by the job running now, settled after it.
@@ -186,7 +203,12 @@ public final class VarlinkServer: @unchecked Sendable {
 
     /// Hands the reply of a deferred call back to the loop. Thread-safe.
     func complete(_ id: UInt64, _ reply: VarlinkReply?) {
-        completions.withLock { $0.append((id, reply)) }
+        complete(id, .reply(reply))
+    }
+
+    /// Hands what a worker did for connection `id` back to the loop. Thread-safe.
+    func complete(_ id: UInt64, _ completion: Completion) {
+        completions.withLock { $0.append((id, completion)) }
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)
     }
@@ -427,48 +449,17 @@ public final class VarlinkServer: @unchecked Sendable {
                 disconnect(connection)
                 return
             }
-            let call: VarlinkCall
-            do throws(VarlinkCall.DecodingFailure) {
-                call = try VarlinkCall(message: message, methods: service.methodNames)
-            } catch {
-                switch error {
-                case .invalidJSON(let reason):
-                    log.warning(
-                        "invalid JSON; connection closed", ["pid": String(connection.caller.pid), "reason": reason])
-                    disconnect(connection)
-                    return
-                case .invalidField(let field):
-                    queue(VarlinkServiceError.invalidParameter(field), on: connection)
-                    continue
-                }
-            }
-            if stopping {
-                if call.oneway { continue }
-                queue(errors.stopping, on: connection)
+            if message.count > VarlinkServer.inlineParseLimit {
+                parseLarge(message, on: connection)
                 continue
             }
-            switch service.handle(call, caller: connection.caller) {
-            case .reply(let reply):
-                if !call.oneway { queueBounded(on: connection, method: call.method) { reply.encode(into: &$0) } }
-            case .encoded(let writer):
-                if !call.oneway { queueBounded(on: connection, method: call.method) { writer.write(into: &$0) } }
-            case .stream(let start):
-                var first = start.first
-                first.continues = true
-                guard queueBounded(on: connection, method: call.method, { first.encode(into: &$0) }) else { continue }
-                connection.state = .streaming
-                connection.streamClosed = start.closed
-                start.opened(StreamID(connection: connection.id))
-            case .deferred(let work):
-                log.debug("call in flight", ["method": call.method, "pid": String(connection.caller.pid)])
-                connection.state = .waiting
-                let id = connection.id
-                let oneway = call.oneway
-                Task { [self] in
-                    let reply = await work()
-                    self.complete(id, oneway ? nil : reply)
-                }
+            let parsed: Result<VarlinkCall, VarlinkCall.DecodingFailure>
+            do throws(VarlinkCall.DecodingFailure) {
+                parsed = .success(try VarlinkCall(message: message, methods: service.methodNames))
+            } catch {
+                parsed = .failure(error)
             }
+            dispatch(parsed, size: message.count, on: connection)
         }
         connection.heldBack = !connection.isClosed && !connection.busy && connection.pendingOutput >= outputHighWater
         // Bytes of an unfinished message start the request timeout while the
@@ -480,6 +471,86 @@ public final class VarlinkServer: @unchecked Sendable {
         } else {
             connection.partialSince = nil
         }
+    }
+
+    /// Answers one call read from a message of `size` bytes (or the reason
+    /// it is not a call): queues its reply, starts its stream or its
+    /// deferred work. The connection is closed for a message that is not JSON.
+    private func dispatch(
+        _ parsed: Result<VarlinkCall, VarlinkCall.DecodingFailure>, size: Int, on connection: Connection
+    ) {
+        let call: VarlinkCall
+        switch parsed {
+        case .success(let c): call = c
+        case .failure(.invalidJSON(let reason)):
+            log.warning("invalid JSON; connection closed", ["pid": String(connection.caller.pid), "reason": reason])
+            disconnect(connection)
+            return
+        case .failure(.invalidField(let field)):
+            queue(VarlinkServiceError.invalidParameter(field), on: connection)
+            return
+        }
+        if stopping {
+            if !call.oneway { queue(errors.stopping, on: connection) }
+            return
+        }
+        // A large call of a method that takes small parameters, read off the
+        // loop because its method was not named first: refused as if it had been.
+        if size > VarlinkServer.inlineParseLimit {
+            let limit = service.callSizeLimit(of: call.method)
+            if size > limit {
+                if !call.oneway { queue(errors.callTooLarge(call.method, size, limit), on: connection) }
+                return
+            }
+        }
+        switch service.handle(call, caller: connection.caller) {
+        case .reply(let reply):
+            if !call.oneway { queueBounded(on: connection, method: call.method) { reply.encode(into: &$0) } }
+        case .encoded(let writer):
+            if !call.oneway { queueBounded(on: connection, method: call.method) { writer.write(into: &$0) } }
+        case .stream(let start):
+            var first = start.first
+            first.continues = true
+            guard queueBounded(on: connection, method: call.method, { first.encode(into: &$0) }) else { return }
+            connection.state = .streaming
+            connection.streamClosed = start.closed
+            start.opened(StreamID(connection: connection.id))
+        case .deferred(let work):
+            log.debug("call in flight", ["method": call.method, "pid": String(connection.caller.pid)])
+            connection.state = .waiting
+            let id = connection.id
+            let oneway = call.oneway
+            Task { [self] in
+                let reply = await work()
+                self.complete(id, oneway ? nil : reply)
+            }
+        }
+    }
+
+    /// A message over `inlineParseLimit` bytes: refused at once when it names
+    /// first a method whose calls may not be that large (no parse at all),
+    /// else parsed on the parse thread, off this loop, while the connection
+    /// waits; `drainCompletions` answers it.
+    private func parseLarge(_ message: ArraySlice<UInt8>, on connection: Connection) {
+        if let method = VarlinkCall.leadingMethod(of: message, methods: service.methodNames) {
+            let limit = service.callSizeLimit(of: method)
+            if message.count > limit {
+                // Oneway or not is unknown without a parse: the refusal is always sent.
+                queue(errors.callTooLarge(method, message.count, limit), on: connection)
+                if now >= nextCallTooLargeLog {
+                    log.warning(
+                        "call over its method's size limit refused",
+                        [
+                            "method": method, "bytes": String(message.count), "uid": String(connection.caller.uid),
+                            "pid": String(connection.caller.pid),
+                        ])
+                    nextCallTooLargeLog = now + 10_000
+                }
+                return
+            }
+        }
+        connection.state = .waiting
+        parser.parse(message, for: connection.id, methods: service.methodNames)
     }
 
     /// Sends what is queued on `connection`, then closes it when it is done
@@ -510,7 +581,7 @@ public final class VarlinkServer: @unchecked Sendable {
     private func drainCompletions() {
         var counter: UInt64 = 0
         _ = read(wakeFD, &counter, 8)
-        let done: [(UInt64, VarlinkReply?)] = completions.withLock { list in
+        let done: [(UInt64, Completion)] = completions.withLock { list in
             let taken = list
             list.removeAll(keepingCapacity: true)
             return taken
@@ -529,7 +600,7 @@ public final class VarlinkServer: @unchecked Sendable {
             outputHighWater = reloaded.outputHighWater
             log.info("serving limits reloaded", ["maxConnectionsPerUser": String(reloaded.maxConnectionsPerUser)])
         }
-        for (id, reply) in done {
+        for (id, completion) in done {
             if id == VarlinkServer.watchdogProbeID {
                 watchdogProbeInFlight = false
                 hooks.watchdog()
@@ -537,8 +608,11 @@ public final class VarlinkServer: @unchecked Sendable {
             }
             guard let connection = connections[id], case .waiting = connection.state else { continue }
             connection.state = .open
-            if let reply { queue(reply, on: connection) }
-            process(connection)
+            switch completion {
+            case .reply(let reply): if let reply { queue(reply, on: connection) }
+            case .parsed(let parsed, let size): dispatch(parsed, size: size, on: connection)
+            }
+            if !connection.isClosed { process(connection) }
         }
     }
 

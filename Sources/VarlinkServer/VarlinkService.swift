@@ -38,7 +38,15 @@ public struct VarlinkService: Sendable {
     struct Binding: Sendable {
         var signature: VarlinkSignature
         var handler: MethodHandler?
+        /// The largest message a call of this method may be.
+        var callSizeLimit: Int
     }
+
+    /// The largest call of a method that declares no limit of its own: the
+    /// parameters of most methods are a few names and numbers, and a call is
+    /// refused before its parameters are parsed when it is larger (so a
+    /// megabyte of numbers sent to such a method costs a scan, not a parse).
+    public static let defaultCallSizeLimit = 64 << 10
 
     /// Interface name → interface definition text, rendered once.
     public private(set) var interfaces: [String: String] = [:]
@@ -62,22 +70,35 @@ public struct VarlinkService: Sendable {
     }
 
     /// Adds `interface`, binding each of its methods to the handler `handler`
-    /// gives for it.
+    /// gives for it; `callSizeLimit` gives the largest message a call of each
+    /// method may be (`defaultCallSizeLimit` unless it says otherwise).
     public mutating func add(
-        _ interface: VarlinkInterfaceDeclaration, handler: (VarlinkMethodDeclaration) -> MethodHandler
+        _ interface: VarlinkInterfaceDeclaration,
+        callSizeLimit: (VarlinkMethodDeclaration) -> Int = { _ in VarlinkService.defaultCallSizeLimit },
+        handler: (VarlinkMethodDeclaration) -> MethodHandler
     ) {
-        bind(interface, handler: handler)
+        bind(interface, callSizeLimit: callSizeLimit, handler: handler)
     }
 
     private mutating func bind(
-        _ interface: VarlinkInterfaceDeclaration, handler: (VarlinkMethodDeclaration) -> MethodHandler?
+        _ interface: VarlinkInterfaceDeclaration,
+        callSizeLimit: (VarlinkMethodDeclaration) -> Int = { _ in VarlinkService.defaultCallSizeLimit },
+        handler: (VarlinkMethodDeclaration) -> MethodHandler?
     ) {
         interfaces[interface.name] = interface.idl
         for method in interface.methods {
             guard let signature = interface.signature(of: method.name) else { continue }
-            methods[signature.method] = Binding(signature: signature, handler: handler(method))
+            methods[signature.method] = Binding(
+                signature: signature, handler: handler(method), callSizeLimit: callSizeLimit(method))
             methodNames.add(signature.method)
         }
+    }
+
+    /// The largest message a call of `method` may be: its own limit, or the
+    /// default for a method the service does not have (which is answered
+    /// `MethodNotFound` whatever its parameters).
+    public func callSizeLimit(of method: String) -> Int {
+        methods[method]?.callSizeLimit ?? VarlinkService.defaultCallSizeLimit
     }
 
     /// Answers one call: the `org.varlink.service` error for a call the

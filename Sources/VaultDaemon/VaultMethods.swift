@@ -215,7 +215,14 @@ public enum VaultMethods {
             }
         }
 
-        service.add(VaultInterface.declaration) { declaration in
+        // Only a Login carries much (tokens, a token response, a profile: up to
+        // MaxSessionSize=, at most 1 MiB); every other call is refused unparsed
+        // past the default limit.
+        let callSizeLimit: (VarlinkMethodDeclaration) -> Int = { declaration in
+            "\(VaultInterface.name).\(declaration.name)" == VaultMethod.login.rawValue
+                ? VarlinkServer.maximumMessageSize : VarlinkService.defaultCallSizeLimit
+        }
+        service.add(VaultInterface.declaration, callSizeLimit: callSizeLimit) { declaration in
             guard let method = VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)") else {
                 preconditionFailure("io.vaultd.Vault declares \(declaration.name), which is no VaultMethod")
             }
@@ -231,6 +238,12 @@ public enum VaultMethods {
             VaultError(
                 .replyTooLarge,
                 "the reply to \(method) would take \(size) bytes, more than one connection may have queued (MaxOutputPerConnection=\(limit) bytes); ask for less (ListSessions: a smaller limit, then follow next; Subscribe: narrow by provider or user), and read replies before sending more calls"
+            ).varlinkReply
+        },
+        callTooLarge: { method, size, limit in
+            VaultError(
+                .invalidParameter,
+                "the call to \(method) takes \(size) bytes, more than the \(limit) its parameters may (only Login takes large ones); send less"
             ).varlinkReply
         },
         stopping: VaultError(.internalError, "vaultd is stopping; retry when it is back").varlinkReply,

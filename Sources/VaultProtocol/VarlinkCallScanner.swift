@@ -22,6 +22,18 @@ enum VarlinkCallScanner {
         }
     }
 
+    /// The method named by `message` when its first member is `method` with
+    /// a plain string, found without reading further; nil otherwise.
+    static func leadingMethod(_ message: ArraySlice<UInt8>, methods: VarlinkMethodNames?) -> String? {
+        message.withUnsafeBufferPointer { bytes -> String? in
+            var scanner = Scanner(bytes: bytes)
+            guard scanner.consume(UInt8(ascii: "{")), let name = scanner.plainString(), Scanner.Top(name) == .method,
+                scanner.consume(UInt8(ascii: ":")), let text = scanner.plainString()
+            else { return nil }
+            return methods?.known(text) ?? String(decoding: text, as: UTF8.self)
+        }
+    }
+
     private struct Scanner {
         let bytes: UnsafeBufferPointer<UInt8>
         var index = 0

@@ -55,6 +55,13 @@ public struct VarlinkCall: Sendable, Equatable {
         case invalidField(String)
     }
 
+    /// The method a message names when `method` is its first member, read
+    /// without parsing the rest (which may be large); nil when the message
+    /// does not begin so. The call itself may still turn out invalid.
+    public static func leadingMethod(of message: ArraySlice<UInt8>, methods: VarlinkMethodNames? = nil) -> String? {
+        VarlinkCallScanner.leadingMethod(message, methods: methods)
+    }
+
     /// Reads a call from one message. `methods`, when given, are the method
     /// names the reader knows: a call naming one gets that very string (no
     /// copy is made of it).
