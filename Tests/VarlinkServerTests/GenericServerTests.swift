@@ -124,10 +124,11 @@ private final class Harness: Sendable {
         signalWrite = pipeFDs[1]
         let streams = self.streams
         var service = VarlinkService(vendor: "test", product: "test", version: "1", url: "https://example.org")
-        service.add(
-            Harness.interface,
-            callSizeLimit: { $0.name == "Say" ? VarlinkServer.maximumMessageSize : VarlinkService.defaultCallSizeLimit }
-        ) { method in
+        // Say echoes anything up to the largest message; the others take the default.
+        let limit: (VarlinkMethodDeclaration) -> Int = {
+            $0.name == "Say" ? VarlinkServer.maximumMessageSize : VarlinkService.defaultCallSizeLimit
+        }
+        service.add(Harness.interface, callSizeLimit: limit) { method in
             switch method.name {
             case "Say":
                 return { call, _ in .reply(VarlinkReply(parameters: ["text": call.parameters["text"]!])) }
