@@ -73,6 +73,8 @@ public protocol ServerLog: Sendable {
     func hold()
     /// Hands on the lines held since `hold()`.
     func release()
+    /// True when lines written since `hold()` wait for `release()`.
+    var holdsLines: Bool { get }
     /// Something failed.
     func error(_ message: String, _ fields: [String: String])
     /// Something was refused or went wrong for one peer.

@@ -424,7 +424,11 @@ public final class VarlinkServer: @unchecked Sendable {
     /// until a deferred call or a full output queue holds it back.
     private func process(_ connection: Connection) {
         answer(connection)
-        if inRound {
+        // A log line written for this round's calls (an audit line) goes to
+        // the log writer before any reply of the round is sent; without one,
+        // the reply goes now: sent right after its call was read, it reaches
+        // a client still waking from that read (one wakeup, not two).
+        if inRound && log.holdsLines {
             if !connection.answeredThisRound {
                 connection.answeredThisRound = true
                 answered.append(connection)

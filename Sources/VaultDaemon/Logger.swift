@@ -172,6 +172,9 @@ public final class Logger: Sendable {
         heldLines.withLock { $0.holding = true }
     }
 
+    /// True when lines written since `hold()` wait for `release()`.
+    public var holdsLines: Bool { heldLines.withLock { !$0.bytes.isEmpty } }
+
     /// Hands the lines held since `hold()` to the writer and stops holding.
     public func release() {
         let bytes = heldLines.withLock { held -> [UInt8] in
