@@ -13,6 +13,10 @@ import VaultSystem
 /// of what it serves: the service's method table answers calls, the errors
 /// it sends on its own come from `TransportErrors`, and streams are written
 /// by their owner through `Streams`.
+///
+/// The loop's own state is marked `@exclusivity(unchecked)`, as is each
+/// `Connection`'s: only the loop thread touches it, never through
+/// overlapping accesses, and the runtime's checks cost more than the serving.
 public final class VarlinkServer: @unchecked Sendable {
     /// The largest message accepted from a client.
     public static let maximumMessageSize = 1 << 20
@@ -32,18 +36,18 @@ public final class VarlinkServer: @unchecked Sendable {
     private let epollFD: Int32
     private let wakeFD: Int32
     private let signalFD: Int32
-    private var connections: [UInt64: Connection] = [:]
-    private var nextID: UInt64 = 16
-    private var stopping = false
+    @exclusivity(unchecked) private var connections: [UInt64: Connection] = [:]
+    @exclusivity(unchecked) private var nextID: UInt64 = 16
+    @exclusivity(unchecked) private var stopping = false
     /// What one user may take: connections, time, queued output.
-    private var limits: ServingLimits
+    @exclusivity(unchecked) private var limits: ServingLimits
     /// Limits a reload put in force, handed from the reload thread to the loop.
     private let reloadedLimits = Mutex<ServingLimits?>(nil)
     /// Queued reply bytes past which a connection's input is no longer read.
-    private var outputHighWater: Int
-    private var connectionsPerUID: [UInt32: Int] = [:]
+    @exclusivity(unchecked) private var outputHighWater: Int
+    @exclusivity(unchecked) private var connectionsPerUID: [UInt32: Int] = [:]
     /// Open connections of callers neither root nor in the admin group.
-    private var unprivilegedConnections = 0
+    @exclusivity(unchecked) private var unprivilegedConnections = 0
     private var nextRefusalLog: UInt64 = 0
     private var nextReplyTooLargeLog: UInt64 = 0
     /// What the loop waits for besides descriptors, one entry each.
@@ -62,9 +66,9 @@ public final class VarlinkServer: @unchecked Sendable {
     }
     /// Every deadline of the loop, in monotonic milliseconds; the nearest one
     /// is the epoll timeout.
-    private var deadlines = DeadlineHeap<Timer, UInt64>()
+    @exclusivity(unchecked) private var deadlines = DeadlineHeap<Timer, UInt64>()
     /// The monotonic time of the current loop iteration, in milliseconds.
-    private var now: UInt64 = Monotonic.milliseconds()
+    @exclusivity(unchecked) private var now: UInt64 = Monotonic.milliseconds()
     /// The drain's time is up.
     private var drainOver = false
     /// What worker tasks and the parse thread hand back to the loop thread.
@@ -82,7 +86,7 @@ public final class VarlinkServer: @unchecked Sendable {
     /// Work handed to the loop thread (writing to streams), in order.
     private let jobs = Mutex<[@Sendable (Streams) -> Void]>([])
     /// Streams written to by the job running now, settled after it.
-    private var touchedStreams: [Connection] = []
+    @exclusivity(unchecked) private var touchedStreams: [Connection] = []
     /// What one `recv` reads into, zeroed after each (loop thread only).
     private let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65536, alignment: 16)
 
@@ -216,8 +220,8 @@ public final class VarlinkServer: @unchecked Sendable {
     // MARK: Rounds
 
     /// Connections answered in this round whose replies wait for `endRound()`.
-    private var answered: [Connection] = []
-    private var inRound = false
+    @exclusivity(unchecked) private var answered: [Connection] = []
+    @exclusivity(unchecked) private var inRound = false
 
     /// Starts a round: log lines are held and replies queued until its end.
     private func beginRound() {
@@ -457,13 +461,12 @@ public final class VarlinkServer: @unchecked Sendable {
                 parseLarge(message, on: connection)
                 continue
             }
-            let parsed: Result<VarlinkCall, VarlinkCall.DecodingFailure>
             do throws(VarlinkCall.DecodingFailure) {
-                parsed = .success(try VarlinkCall(message: message, methods: service.methodNames))
+                let call = try VarlinkCall(message: message, methods: service.methodNames)
+                dispatch(call, size: message.count, on: connection)
             } catch {
-                parsed = .failure(error)
+                refuse(error, on: connection)
             }
-            dispatch(parsed, size: message.count, on: connection)
         }
         connection.heldBack = !connection.isClosed && !connection.busy && connection.pendingOutput >= outputHighWater
         // Bytes of an unfinished message start the request timeout while the
@@ -477,23 +480,21 @@ public final class VarlinkServer: @unchecked Sendable {
         }
     }
 
-    /// Answers one call read from a message of `size` bytes (or the reason
-    /// it is not a call): queues its reply, starts its stream or its
-    /// deferred work. The connection is closed for a message that is not JSON.
-    private func dispatch(
-        _ parsed: Result<VarlinkCall, VarlinkCall.DecodingFailure>, size: Int, on connection: Connection
-    ) {
-        let call: VarlinkCall
-        switch parsed {
-        case .success(let c): call = c
-        case .failure(.invalidJSON(let reason)):
+    /// Answers a message that is no call: the connection is closed when it
+    /// is not JSON, else the wrong field is named.
+    private func refuse(_ failure: VarlinkCall.DecodingFailure, on connection: Connection) {
+        switch failure {
+        case .invalidJSON(let reason):
             log.warning("invalid JSON; connection closed", ["pid": String(connection.caller.pid), "reason": reason])
             disconnect(connection)
-            return
-        case .failure(.invalidField(let field)):
+        case .invalidField(let field):
             queue(VarlinkServiceError.invalidParameter(field), on: connection)
-            return
         }
+    }
+
+    /// Answers one call read from a message of `size` bytes: queues its
+    /// reply, starts its stream or its deferred work.
+    private func dispatch(_ call: VarlinkCall, size: Int, on connection: Connection) {
         if stopping {
             if !call.oneway { queue(errors.stopping, on: connection) }
             return
@@ -614,7 +615,8 @@ public final class VarlinkServer: @unchecked Sendable {
             connection.state = .open
             switch completion {
             case .reply(let reply): if let reply { queue(reply, on: connection) }
-            case .parsed(let parsed, let size): dispatch(parsed, size: size, on: connection)
+            case .parsed(.success(let call), let size): dispatch(call, size: size, on: connection)
+            case .parsed(.failure(let failure), _): refuse(failure, on: connection)
             }
             if !connection.isClosed { process(connection) }
         }

@@ -1,3 +1,4 @@
+import Glibc
 import VaultCore
 
 /// Reads the common shape of a call in one pass, without building the
@@ -181,17 +182,17 @@ enum VarlinkCallScanner {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { return nil }
             let start = index + 1
-            var i = start
-            while i < bytes.count {
-                let b = bytes[i]
-                if b == UInt8(ascii: "\"") {
-                    index = i + 1
-                    return UnsafeBufferPointer(rebasing: bytes[start..<i])
-                }
-                if b < 0x20 || b >= 0x7F || b == UInt8(ascii: "\\") { return nil }
-                i += 1
-            }
-            return nil
+            guard start < bytes.count,
+                let quote = memchr(bytes.baseAddress! + start, Int32(UInt8(ascii: "\"")), bytes.count - start)
+            else { return nil }
+            let end = bytes.baseAddress!.distance(to: quote.assumingMemoryBound(to: UInt8.self))
+            let text = UnsafeBufferPointer(rebasing: bytes[start..<end])
+            // Printable ASCII without a backslash; one pass without early exit, which vectorises.
+            var outside: UInt8 = 0
+            for b in text { outside |= (b &- 0x20 >= 0x5F ? 1 : 0) | (b == UInt8(ascii: "\\") ? 1 : 0) }
+            guard outside == 0 else { return nil }
+            index = end + 1
+            return text
         }
 
         /// Skips whitespace, then consumes `byte` when it comes next.
