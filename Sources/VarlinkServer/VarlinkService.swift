@@ -50,9 +50,10 @@ public struct VarlinkService: Sendable {
 
     /// Interface name → interface definition text, rendered once.
     public private(set) var interfaces: [String: String] = [:]
-    /// Full method name → its checks and handler.
-    private var methods: [String: Binding] = [:]
-    /// The full names of the methods, so that reading a call reuses them.
+    /// The methods' checks and handlers, in the order of `methodNames`.
+    private var bindings: [Binding] = []
+    /// The full names of the methods, so that reading a call reuses them
+    /// and finding a method's binding costs no hashing.
     public private(set) var methodNames = VarlinkMethodNames()
     /// What GetInfo answers.
     public var vendor: String
@@ -88,9 +89,14 @@ public struct VarlinkService: Sendable {
         interfaces[interface.name] = interface.idl
         for method in interface.methods {
             guard let signature = interface.signature(of: method.name) else { continue }
-            methods[signature.method] = Binding(
+            let binding = Binding(
                 signature: signature, handler: handler(method), callSizeLimit: callSizeLimit(method))
-            methodNames.add(signature.method)
+            if let index = methodNames.index(of: signature.method) {
+                bindings[index] = binding
+            } else {
+                methodNames.add(signature.method)
+                bindings.append(binding)
+            }
         }
     }
 
@@ -98,13 +104,13 @@ public struct VarlinkService: Sendable {
     /// default for a method the service does not have (which is answered
     /// `MethodNotFound` whatever its parameters).
     public func callSizeLimit(of method: String) -> Int {
-        methods[method]?.callSizeLimit ?? VarlinkService.defaultCallSizeLimit
+        binding(of: method)?.callSizeLimit ?? VarlinkService.defaultCallSizeLimit
     }
 
     /// Answers one call: the `org.varlink.service` error for a call the
     /// interface does not allow, else the handler's outcome.
     public func handle(_ call: VarlinkCall, caller: Caller) -> HandlerOutcome {
-        guard let binding = methods[call.method] else {
+        guard let binding = binding(of: call.method) else {
             let interface = call.interface
             if interfaces[interface] != nil { return .reply(VarlinkServiceError.methodNotFound(call.method)) }
             return .reply(VarlinkServiceError.interfaceNotFound(interface))
@@ -123,6 +129,10 @@ public struct VarlinkService: Sendable {
         }
         guard let handler = binding.handler else { return answerService(call) }
         return handler(call, caller)
+    }
+
+    private func binding(of method: String) -> Binding? {
+        methodNames.index(of: method).map { bindings[$0] }
     }
 
     /// Answers the `org.varlink.service` methods.

@@ -113,9 +113,11 @@ public enum VaultMethods {
                         // The rule the manager applies too. Whether the provider can refresh
                         // and the configured MinRefreshInterval= are the manager's to know:
                         // "maybe" (can, no interval) leaves those refusals to it.
+                        // Read once: each read of a record's tokens copies them all.
+                        let tokens = record.tokens
                         let facts = TokenHandout.Facts(
                             account: account, expiresAt: record.expiresAt,
-                            issuedAt: record.tokens.issuedAt ?? record.createdAt,
+                            issuedAt: tokens.issuedAt ?? record.createdAt,
                             lastRefreshAt: view.refresh?.lastRefreshAt,
                             canRefresh: true, minRefreshIntervalSeconds: 0)
                         switch TokenHandout.decide(facts, minValidSeconds: r.minValidSeconds, now: clock.now()) {
@@ -136,7 +138,8 @@ public enum VaultMethods {
                             }
                         }
                         manager.audit("GetToken", key, caller: caller, result: "ok")
-                        return .encoded(TokenReply(record: record))
+                        return .encoded(
+                            TokenReply(tokens: tokens, expiresAt: record.expiresAt, ownerUID: record.ownerUID))
                     }
                 }
 
@@ -252,19 +255,27 @@ public enum VaultMethods {
     /// The GetToken reply of a session record, written straight into the
     /// connection's output.
     struct TokenReply: VarlinkReplyWriter {
-        let record: SessionRecord
+        let tokens: TokenSet
+        let expiresAt: UnixTime?
+        let ownerUID: UInt32
 
-        func write(into out: inout [UInt8]) { writeTokenReply(record, into: &out) }
+        func write(into out: inout [UInt8]) {
+            writeTokenReply(tokens, expiresAt: expiresAt, ownerUID: ownerUID, into: &out)
+        }
     }
 
     /// Appends the GetToken reply of `record`: the bytes
     /// `VarlinkReply(parameters: tokenReply(record)).encode(into:)` writes,
     /// without building the dictionaries.
     static func writeTokenReply(_ record: SessionRecord, into out: inout [UInt8]) {
-        let tokens = record.tokens
+        writeTokenReply(record.tokens, expiresAt: record.expiresAt, ownerUID: record.ownerUID, into: &out)
+    }
+
+    /// Appends the GetToken reply of a record's `tokens`, `expiresAt` and `ownerUID`.
+    static func writeTokenReply(_ tokens: TokenSet, expiresAt: UnixTime?, ownerUID: UInt32, into out: inout [UInt8]) {
         JSONText.appendLiteral(#"{"parameters":{"#, to: &out)
         // Members in sorted order, as the generic encoder writes them.
-        if let expiresAt = record.expiresAt {
+        if let expiresAt {
             JSONText.appendLiteral(#""expiresAt":"#, to: &out)
             JSONText.appendNumber(expiresAt.seconds, to: &out)
             out.append(UInt8(ascii: ","))
@@ -275,7 +286,7 @@ public enum VaultMethods {
             out.append(UInt8(ascii: ","))
         }
         JSONText.appendLiteral(#""ownerUid":"#, to: &out)
-        JSONText.appendNumber(Int64(record.ownerUID), to: &out)
+        JSONText.appendNumber(Int64(ownerUID), to: &out)
         JSONText.appendLiteral(#","token":"#, to: &out)
         JSONText.appendString(tokens.accessToken.revealed, to: &out)
         if let tokenType = tokens.tokenType {

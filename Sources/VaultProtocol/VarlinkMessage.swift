@@ -167,16 +167,25 @@ public struct VarlinkMethodNames: Sendable {
     /// No names.
     public init() {}
 
-    /// Adds `name`.
+    /// Adds `name` (once) at the next index.
     public mutating func add(_ name: String) {
-        guard known(name) == nil else { return }
+        guard index(of: name) == nil else { return }
         names.append(name)
         bytes.append(Array(name.utf8))
     }
 
+    /// The index `name` was added at, nil if it was not. Lengths are
+    /// compared first; a name read by this reader is the very string kept
+    /// here, which compares equal at once.
+    public func index(of name: String) -> Int? {
+        let length = name.utf8.count
+        for (i, candidate) in bytes.enumerated() where candidate.count == length && names[i] == name { return i }
+        return nil
+    }
+
     /// The known name equal to `name`, nil if none is.
     public func known(_ name: String) -> String? {
-        names.first { $0 == name }
+        index(of: name).map { names[$0] }
     }
 
     /// The known name spelled by `text`, nil if none is.
