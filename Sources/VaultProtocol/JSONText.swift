@@ -8,7 +8,10 @@ public enum JSONText {
     /// Appends `s` as a quoted JSON string, as `JSON.writeString` writes it.
     public static func appendString(_ s: String, to out: inout [UInt8]) {
         let copied = s.utf8.withContiguousStorageIfAvailable { bytes -> Bool in
-            for b in bytes where b < 0x20 || b == 0x22 || b == 0x5C { return false }
+            // One pass without early exit, which vectorises.
+            var escaped: UInt8 = 0
+            for b in bytes { escaped |= (b < 0x20 ? 1 : 0) | (b == 0x22 ? 1 : 0) | (b == 0x5C ? 1 : 0) }
+            guard escaped == 0 else { return false }
             out.append(UInt8(ascii: "\""))
             out.append(contentsOf: bytes)
             out.append(UInt8(ascii: "\""))
