@@ -160,6 +160,16 @@ public final class Logger: Sendable {
     private struct HeldLines {
         var holding = false
         var bytes: [UInt8] = []
+
+        /// The held bytes, leaving none. Nothing is copied or allocated when
+        /// none are held (most serving rounds, now that token handouts are
+        /// counted rather than each written).
+        mutating func take() -> [UInt8] {
+            guard !bytes.isEmpty else { return [] }
+            var taken: [UInt8] = []
+            swap(&taken, &bytes)
+            return taken
+        }
     }
     private let heldLines = Mutex(HeldLines())
     /// Held bytes past which a line is written at once (after those held).
@@ -179,20 +189,14 @@ public final class Logger: Sendable {
     public func release() {
         let bytes = heldLines.withLock { held -> [UInt8] in
             held.holding = false
-            let bytes = held.bytes
-            held.bytes.removeAll(keepingCapacity: true)
-            return bytes
+            return held.take()
         }
         if !bytes.isEmpty { writeOut(bytes) }
     }
 
     /// Hands `bytes` to the writer, after whatever is still held.
     private func writeOut(_ bytes: [UInt8]) {
-        let earlier = heldLines.withLock { held -> [UInt8] in
-            let earlier = held.bytes
-            held.bytes.removeAll(keepingCapacity: true)
-            return earlier
-        }
+        let earlier = heldLines.withLock { $0.take() }
         for chunk in [earlier, bytes] where !chunk.isEmpty {
             enqueue(size: chunk.count) { Logger.writeAll(chunk) }
         }
