@@ -73,6 +73,8 @@ struct GenericServerTests {
         // The method named first: refused before the parameters are read.
         #expect(
             try client.call(#"{"method":"org.example.Echo.Small","parameters":{"text":[\#(numbers)]}}"#) == refusal)
+        // Not parsed at all: what follows the method may even be broken.
+        #expect(try client.call(#"{"method":"org.example.Echo.Small","parameters":{"text":[\#(numbers),,}"#) == refusal)
         // The method named last: refused once read (off the loop).
         #expect(
             try client.call(#"{"parameters":{"text":[\#(numbers)]},"method":"org.example.Echo.Small"}"#) == refusal)
