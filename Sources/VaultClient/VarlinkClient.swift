@@ -25,7 +25,9 @@ extension ClientError: CustomStringConvertible {
         case .untrustedPeer(let path, let uid):
             return
                 "the socket \(path) is served by uid \(uid), not by root or you; refusing to send credentials. Someone may have put their own socket in vaultd's place: check who owns its directory, or pass the right --socket PATH"
-        case .timedOut(let path, let waiting): return "vaultd at \(path) did not answer in time (\(waiting))"
+        case .timedOut(let path, let waiting):
+            return
+                "vaultd at \(path) did not answer in time (waiting for \(waiting)); it may be stuck or overloaded: check its log (journalctl --user -u vaultd), or allow longer (vaultctl --timeout SECONDS)"
         }
     }
 }
@@ -41,6 +43,11 @@ public final class VarlinkClient {
     /// reply that comes late would be read as the next call's. The connection
     /// is shut down and every later `call` fails with this.
     private var broken: ClientError?
+
+    /// Called with each message received, before it is decoded: for a program
+    /// that logs the wire, or a test that checks what vaultd sent (that no
+    /// reply or event carried a raw token).
+    public var messageObserver: ((ArraySlice<UInt8>) -> Void)?
 
     /// The user the system instance of vaultd runs as (`DynamicUser=` of
     /// `vaultd.service` takes the unit's name); trusted like root.
@@ -92,6 +99,10 @@ public final class VarlinkClient {
             throw .untrustedPeer(path: path, uid: peer)
         }
     }
+
+    /// Changes how long a receive waits (0: without limit), for a stream
+    /// whose messages may be far apart once it has started.
+    public func setReceiveTimeout(seconds: Int) { VarlinkClient.setTimeout(fd, SO_RCVTIMEO, seconds: seconds) }
 
     /// Sets `SO_SNDTIMEO` or `SO_RCVTIMEO`; 0 waits forever.
     private static func setTimeout(_ fd: Int32, _ option: Int32, seconds: Int) {
@@ -192,6 +203,7 @@ public final class VarlinkClient {
         while true {
             do {
                 if let message = try decoder.next() {
+                    messageObserver?(message)
                     do { return try VarlinkReply(message: message) } catch {
                         throw ClientError.connection("vaultd at \(path) sent a message that is not a Varlink reply")
                     }

@@ -288,7 +288,8 @@ public enum VaultMethods {
         JSONText.appendLiteral(#""ownerUid":"#, to: &out)
         JSONText.appendNumber(Int64(ownerUID), to: &out)
         JSONText.appendLiteral(#","token":"#, to: &out)
-        JSONText.appendString(tokens.accessToken.revealed, to: &out)
+        // From the secret's own bytes: a String copy of the token would not be wiped.
+        tokens.accessToken.withUTF8 { JSONText.appendString(utf8: $0, to: &out) }
         if let tokenType = tokens.tokenType {
             JSONText.appendLiteral(#","tokenType":"#, to: &out)
             JSONText.appendString(tokenType, to: &out)

@@ -7,17 +7,27 @@ import VaultCore
 public enum JSONText {
     /// Appends `s` as a quoted JSON string, as `JSON.writeString` writes it.
     public static func appendString(_ s: String, to out: inout [UInt8]) {
-        let copied = s.utf8.withContiguousStorageIfAvailable { bytes -> Bool in
-            // One pass without early exit, which vectorises.
-            var escaped: UInt8 = 0
-            for b in bytes { escaped |= (b < 0x20 ? 1 : 0) | (b == 0x22 ? 1 : 0) | (b == 0x5C ? 1 : 0) }
-            guard escaped == 0 else { return false }
-            out.append(UInt8(ascii: "\""))
-            out.append(contentsOf: bytes)
-            out.append(UInt8(ascii: "\""))
-            return true
-        }
+        let copied = s.utf8.withContiguousStorageIfAvailable { appendPlain($0, to: &out) }
         if copied != true { JSON.writeString(s, into: &out) }
+    }
+
+    /// Appends UTF-8 `bytes` (a secret's, say, with no String made of them)
+    /// as a quoted JSON string, as `JSON.writeString(utf8:into:)` writes it.
+    public static func appendString(utf8 bytes: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]) {
+        if !appendPlain(bytes, to: &out) { JSON.writeString(utf8: bytes, into: &out) }
+    }
+
+    /// Appends `bytes` quoted when none needs an escape; false (and nothing
+    /// appended) otherwise.
+    private static func appendPlain(_ bytes: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]) -> Bool {
+        // One pass without early exit, which vectorises.
+        var escaped: UInt8 = 0
+        for b in bytes { escaped |= (b < 0x20 ? 1 : 0) | (b == 0x22 ? 1 : 0) | (b == 0x5C ? 1 : 0) }
+        guard escaped == 0 else { return false }
+        out.append(UInt8(ascii: "\""))
+        out.append(contentsOf: bytes)
+        out.append(UInt8(ascii: "\""))
+        return true
     }
 
     /// Appends the bytes of `text` (JSON punctuation and member names), copied whole.
