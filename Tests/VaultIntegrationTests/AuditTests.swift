@@ -23,12 +23,9 @@ struct AuditTests {
         lines.reduce(0) { $0 + (Int($1.fields["count"] ?? "1") ?? 0) }
     }
 
-    func loggedIn(_ fixture: DaemonFixture, _ users: [String]) throws -> VarlinkClient {
-        let client = try fixture.client()
-        for user in users {
-            let reply = try client.login("demo", user, token: AuditTests.token)
-            #expect(reply.error == nil, "\(reply)")
-        }
+    func loggedIn(_ fixture: DaemonFixture, _ users: [String]) throws -> VaultConnection {
+        let client = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 60)
+        for user in users { try client.login(provider: "demo", user: user, token: AuditTests.token) }
         return client
     }
 
@@ -39,14 +36,14 @@ struct AuditTests {
         let user = uniqueName("audit")
         let client = try loggedIn(fixture, [user])
         let calls = 50
-        #expect(try client.getToken("demo", user).error == nil)
+        _ = try client.token(provider: "demo", user: user)
         // The first handout's line comes at once, without a count.
         let first = try await eventually(
             { AuditTests.handouts(daemon.output.text, user: user) }, until: { !$0.isEmpty })
         #expect(first.count == 1)
         #expect(first.first?.fields["count"] == nil, "\(first.map(\.text))")
         #expect(first.first?.fields["result"] == "ok")
-        for _ in 1..<calls { #expect(try client.getToken("demo", user).error == nil) }
+        for _ in 1..<calls { _ = try client.token(provider: "demo", user: user) }
         // The repeats come as a count by the end of the interval (10 s), while vaultd runs.
         let lines = try await eventually(
             tries: 150, interval: .milliseconds(200), { AuditTests.handouts(daemon.output.text, user: user) },
@@ -76,15 +73,15 @@ struct AuditTests {
             #expect(r.status == 0, "\(r.stderr)")
         }
         // One connection, two accounts: a line for each.
-        #expect(try client.getToken("demo", user).error == nil)
-        #expect(try client.getToken("demo", other).error == nil)
+        _ = try client.token(provider: "demo", user: user)
+        _ = try client.token(provider: "demo", user: other)
         _ = try await eventually({ AuditTests.handouts(daemon.output.text, user: other) }, until: { !$0.isEmpty })
         let lines = AuditTests.handouts(daemon.output.text, user: user)
         #expect(lines.count == 4, "\(lines.map(\.text))")
         #expect(Set(lines.compactMap { $0.fields["pid"] }).count == 4, "\(lines.map(\.text))")
         #expect(lines.allSatisfy { $0.fields["count"] == nil }, "\(lines.map(\.text))")
         // A refusal is a kind of its own too.
-        #expect(try client.getToken("demo", uniqueName("nobody")).error != nil)
+        #expect(throws: VaultClientError.self) { try client.token(provider: "demo", user: uniqueName("nobody")) }
         #expect(daemon.output.wait(for: "result=ERR_NOT_LOGGED_IN"))
     }
 
@@ -96,7 +93,7 @@ struct AuditTests {
         let client = try loggedIn(fixture, [user])
         let calls = 30
         let started = Date()
-        for _ in 0..<calls { #expect(try client.getToken("demo", user).error == nil) }
+        for _ in 0..<calls { _ = try client.token(provider: "demo", user: user) }
         let elapsed = Date().timeIntervalSince(started)
         #expect(daemon.stop() == 0)
         let lines = AuditTests.handouts(daemon.allOutput, user: user)
