@@ -338,9 +338,11 @@ vaultd holds {nsess:,} logged-in sessions (demo provider, static tokens). Each
 row is `bench/load_client` with one thread per connection in a
 request/response loop: {params}. Server CPU is utime+stime of the server
 process from `/proc/PID/stat` over the timed run, divided by the requests it
-served (10 ms tick resolution). vaultd writes an audit line per GetToken to
-its stderr, a pipe that a reader drains (as journald's stream would be); the
-lines of one serving round go out in one `write`. (Under systemd, with
+served (10 ms tick resolution). vaultd's stderr is a pipe that a reader
+drains (as journald's stream would be). Its audit trail writes the first
+GetToken of a kind (uid, pid, account, result) at once and counts the
+repeats, written as one `count=` line per 10 s (see the README), so a load
+row writes a few lines, not one per call. (Under systemd, with
 `JOURNAL_STREAM` set, each audit line is one datagram to journald instead;
 that path is not measured here.) The floor is `bench/echo_server` (C,
 thread per connection) answering every NUL-terminated message with a

@@ -43,6 +43,9 @@ public struct TransportErrors: Sendable {
     /// Sent in place of a reply of `bytes` bytes to `method` that would take a
     /// connection's queued output past `limit`.
     public var replyTooLarge: @Sendable (_ method: String, _ bytes: Int, _ limit: Int) -> VarlinkReply
+    /// Sent in place of an answer to a call of `bytes` bytes to `method`,
+    /// whose calls may be at most `limit` bytes (`VarlinkService.callSizeLimit(of:)`).
+    public var callTooLarge: @Sendable (_ method: String, _ bytes: Int, _ limit: Int) -> VarlinkReply
     /// The answer to a call read while the server drains.
     public var stopping: VarlinkReply
     /// The last reply of every stream when the server starts to drain.
@@ -52,10 +55,12 @@ public struct TransportErrors: Sendable {
     public init(
         refused: @escaping @Sendable (ServingLimits.Admission, Caller, ServingLimits) -> VarlinkReply,
         replyTooLarge: @escaping @Sendable (String, Int, Int) -> VarlinkReply,
+        callTooLarge: @escaping @Sendable (String, Int, Int) -> VarlinkReply,
         stopping: VarlinkReply, streamStopping: VarlinkReply
     ) {
         self.refused = refused
         self.replyTooLarge = replyTooLarge
+        self.callTooLarge = callTooLarge
         self.stopping = stopping
         self.streamStopping = streamStopping
     }
@@ -68,6 +73,8 @@ public protocol ServerLog: Sendable {
     func hold()
     /// Hands on the lines held since `hold()`.
     func release()
+    /// True when lines written since `hold()` wait for `release()`.
+    var holdsLines: Bool { get }
     /// Something failed.
     func error(_ message: String, _ fields: [String: String])
     /// Something was refused or went wrong for one peer.

@@ -13,9 +13,20 @@ import VaultSystem
 /// of what it serves: the service's method table answers calls, the errors
 /// it sends on its own come from `TransportErrors`, and streams are written
 /// by their owner through `Streams`.
+///
+/// The loop's own state is marked `@exclusivity(unchecked)`, as is each
+/// `Connection`'s: only the loop thread touches it, never through
+/// overlapping accesses, and the runtime's checks cost more than the serving.
 public final class VarlinkServer: @unchecked Sendable {
     /// The largest message accepted from a client.
     public static let maximumMessageSize = 1 << 20
+    /// The largest message parsed on the serving loop. A larger one is
+    /// refused unparsed when it names first a method whose calls may not be
+    /// that large (`VarlinkService.callSizeLimit(of:)`), else parsed on a
+    /// thread of low priority: a parse of up to this many bytes (tens of
+    /// microseconds of numbers or nested objects) is all one call can take
+    /// from the loop, and so from the other clients' latency.
+    public static let inlineParseLimit = 4096
 
     private let service: VarlinkService
     private let log: any ServerLog
@@ -25,18 +36,18 @@ public final class VarlinkServer: @unchecked Sendable {
     private let epollFD: Int32
     private let wakeFD: Int32
     private let signalFD: Int32
-    private var connections: [UInt64: Connection] = [:]
-    private var nextID: UInt64 = 16
-    private var stopping = false
+    @exclusivity(unchecked) private var connections: [UInt64: Connection] = [:]
+    @exclusivity(unchecked) private var nextID: UInt64 = 16
+    @exclusivity(unchecked) private var stopping = false
     /// What one user may take: connections, time, queued output.
-    private var limits: ServingLimits
+    @exclusivity(unchecked) private var limits: ServingLimits
     /// Limits a reload put in force, handed from the reload thread to the loop.
     private let reloadedLimits = Mutex<ServingLimits?>(nil)
     /// Queued reply bytes past which a connection's input is no longer read.
-    private var outputHighWater: Int
-    private var connectionsPerUID: [UInt32: Int] = [:]
+    @exclusivity(unchecked) private var outputHighWater: Int
+    @exclusivity(unchecked) private var connectionsPerUID: [UInt32: Int] = [:]
     /// Open connections of callers neither root nor in the admin group.
-    private var unprivilegedConnections = 0
+    @exclusivity(unchecked) private var unprivilegedConnections = 0
     private var nextRefusalLog: UInt64 = 0
     private var nextReplyTooLargeLog: UInt64 = 0
     /// What the loop waits for besides descriptors, one entry each.
@@ -55,17 +66,27 @@ public final class VarlinkServer: @unchecked Sendable {
     }
     /// Every deadline of the loop, in monotonic milliseconds; the nearest one
     /// is the epoll timeout.
-    private var deadlines = DeadlineHeap<Timer, UInt64>()
+    @exclusivity(unchecked) private var deadlines = LoopDeadlines()
     /// The monotonic time of the current loop iteration, in milliseconds.
-    private var now: UInt64 = Monotonic.milliseconds()
+    @exclusivity(unchecked) private var now: UInt64 = Monotonic.milliseconds()
     /// The drain's time is up.
     private var drainOver = false
-    /// Replies of deferred calls, handed from worker tasks to the loop thread.
-    private let completions = Mutex<[(UInt64, VarlinkReply?)]>([])
+    /// What worker tasks and the parse thread hand back to the loop thread.
+    enum Completion: Sendable {
+        /// The reply of a deferred call (nil: none is sent, the call was oneway).
+        case reply(VarlinkReply?)
+        /// A large message read off the loop: the call, or why it is none, and its size.
+        case parsed(Result<VarlinkCall, VarlinkCall.DecodingFailure>, size: Int)
+    }
+    /// Replies of deferred calls and large calls parsed, handed to the loop thread.
+    private let completions = Mutex<[(UInt64, Completion)]>([])
+    /// Reads large messages off the loop.
+    private lazy var parser = ParseThread(server: self)
+    private var nextCallTooLargeLog: UInt64 = 0
     /// Work handed to the loop thread (writing to streams), in order.
     private let jobs = Mutex<[@Sendable (Streams) -> Void]>([])
     /// Streams written to by the job running now, settled after it.
-    private var touchedStreams: [Connection] = []
+    @exclusivity(unchecked) private var touchedStreams: [Connection] = []
     /// What one `recv` reads into, zeroed after each (loop thread only).
     private let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65536, alignment: 16)
 
@@ -123,7 +144,7 @@ public final class VarlinkServer: @unchecked Sendable {
             // A connection closes once it is done (see `process`): the drain
             // ends when all are, or at its deadline.
             if stopping && (connections.isEmpty || drainOver) { break }
-            let timeout: Int32 = deadlines.next.map { Int32(clamping: $0.deadline > now ? $0.deadline - now : 0) } ?? -1
+            let timeout: Int32 = deadlines.nearest.map { Int32(clamping: $0 > now ? $0 - now : 0) } ?? -1
             let count: Int32 = events.withUnsafeMutableBufferPointer {
                 (buffer: inout UnsafeMutableBufferPointer<vaultd_event>) -> Int32 in
                 vaultd_epoll_wait(epollFD, buffer.baseAddress, Int32(buffer.count), timeout)
@@ -186,7 +207,12 @@ public final class VarlinkServer: @unchecked Sendable {
 
     /// Hands the reply of a deferred call back to the loop. Thread-safe.
     func complete(_ id: UInt64, _ reply: VarlinkReply?) {
-        completions.withLock { $0.append((id, reply)) }
+        complete(id, .reply(reply))
+    }
+
+    /// Hands what a worker did for connection `id` back to the loop. Thread-safe.
+    func complete(_ id: UInt64, _ completion: Completion) {
+        completions.withLock { $0.append((id, completion)) }
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)
     }
@@ -194,8 +220,8 @@ public final class VarlinkServer: @unchecked Sendable {
     // MARK: Rounds
 
     /// Connections answered in this round whose replies wait for `endRound()`.
-    private var answered: [Connection] = []
-    private var inRound = false
+    @exclusivity(unchecked) private var answered: [Connection] = []
+    @exclusivity(unchecked) private var inRound = false
 
     /// Starts a round: log lines are held and replies queued until its end.
     private func beginRound() {
@@ -402,7 +428,11 @@ public final class VarlinkServer: @unchecked Sendable {
     /// until a deferred call or a full output queue holds it back.
     private func process(_ connection: Connection) {
         answer(connection)
-        if inRound {
+        // A log line written for this round's calls (an audit line) goes to
+        // the log writer before any reply of the round is sent; without one,
+        // the reply goes now: sent right after its call was read, it reaches
+        // a client still waking from that read (one wakeup, not two).
+        if inRound && log.holdsLines {
             if !connection.answeredThisRound {
                 connection.answeredThisRound = true
                 answered.append(connection)
@@ -427,47 +457,15 @@ public final class VarlinkServer: @unchecked Sendable {
                 disconnect(connection)
                 return
             }
-            let call: VarlinkCall
-            do throws(VarlinkCall.DecodingFailure) {
-                call = try VarlinkCall(message: message)
-            } catch {
-                switch error {
-                case .invalidJSON(let reason):
-                    log.warning(
-                        "invalid JSON; connection closed", ["pid": String(connection.caller.pid), "reason": reason])
-                    disconnect(connection)
-                    return
-                case .invalidField(let field):
-                    queue(VarlinkServiceError.invalidParameter(field), on: connection)
-                    continue
-                }
-            }
-            if stopping {
-                if call.oneway { continue }
-                queue(errors.stopping, on: connection)
+            if message.count > VarlinkServer.inlineParseLimit {
+                parseLarge(message, on: connection)
                 continue
             }
-            switch service.handle(call, caller: connection.caller) {
-            case .reply(let reply):
-                if !call.oneway { queueBounded(on: connection, method: call.method) { reply.encode(into: &$0) } }
-            case .encoded(let write):
-                if !call.oneway { queueBounded(on: connection, method: call.method, write) }
-            case .stream(let start):
-                var first = start.first
-                first.continues = true
-                guard queueBounded(on: connection, method: call.method, { first.encode(into: &$0) }) else { continue }
-                connection.state = .streaming
-                connection.streamClosed = start.closed
-                start.opened(StreamID(connection: connection.id))
-            case .deferred(let work):
-                log.debug("call in flight", ["method": call.method, "pid": String(connection.caller.pid)])
-                connection.state = .waiting
-                let id = connection.id
-                let oneway = call.oneway
-                Task { [self] in
-                    let reply = await work()
-                    self.complete(id, oneway ? nil : reply)
-                }
+            do throws(VarlinkCall.DecodingFailure) {
+                let call = try VarlinkCall(message: message, methods: service.methodNames)
+                dispatch(call, size: message.count, on: connection)
+            } catch {
+                refuse(error, on: connection)
             }
         }
         connection.heldBack = !connection.isClosed && !connection.busy && connection.pendingOutput >= outputHighWater
@@ -480,6 +478,84 @@ public final class VarlinkServer: @unchecked Sendable {
         } else {
             connection.partialSince = nil
         }
+    }
+
+    /// Answers a message that is no call: the connection is closed when it
+    /// is not JSON, else the wrong field is named.
+    private func refuse(_ failure: VarlinkCall.DecodingFailure, on connection: Connection) {
+        switch failure {
+        case .invalidJSON(let reason):
+            log.warning("invalid JSON; connection closed", ["pid": String(connection.caller.pid), "reason": reason])
+            disconnect(connection)
+        case .invalidField(let field):
+            queue(VarlinkServiceError.invalidParameter(field), on: connection)
+        }
+    }
+
+    /// Answers one call read from a message of `size` bytes: queues its
+    /// reply, starts its stream or its deferred work.
+    private func dispatch(_ call: VarlinkCall, size: Int, on connection: Connection) {
+        if stopping {
+            if !call.oneway { queue(errors.stopping, on: connection) }
+            return
+        }
+        // A large call of a method that takes small parameters, read off the
+        // loop because its method was not named first: refused as if it had been.
+        if size > VarlinkServer.inlineParseLimit {
+            let limit = service.callSizeLimit(of: call.method)
+            if size > limit {
+                if !call.oneway { queue(errors.callTooLarge(call.method, size, limit), on: connection) }
+                return
+            }
+        }
+        switch service.handle(call, caller: connection.caller) {
+        case .reply(let reply):
+            if !call.oneway { queueBounded(on: connection, method: call.method) { reply.encode(into: &$0) } }
+        case .encoded(let writer):
+            if !call.oneway { queueBounded(on: connection, method: call.method) { writer.write(into: &$0) } }
+        case .stream(let start):
+            var first = start.first
+            first.continues = true
+            guard queueBounded(on: connection, method: call.method, { first.encode(into: &$0) }) else { return }
+            connection.state = .streaming
+            connection.streamClosed = start.closed
+            start.opened(StreamID(connection: connection.id))
+        case .deferred(let work):
+            log.debug("call in flight", ["method": call.method, "pid": String(connection.caller.pid)])
+            connection.state = .waiting
+            let id = connection.id
+            let oneway = call.oneway
+            Task { [self] in
+                let reply = await work()
+                self.complete(id, oneway ? nil : reply)
+            }
+        }
+    }
+
+    /// A message over `inlineParseLimit` bytes: refused at once when it names
+    /// first a method whose calls may not be that large (no parse at all),
+    /// else parsed on the parse thread, off this loop, while the connection
+    /// waits; `drainCompletions` answers it.
+    private func parseLarge(_ message: ArraySlice<UInt8>, on connection: Connection) {
+        if let method = VarlinkCall.leadingMethod(of: message, methods: service.methodNames) {
+            let limit = service.callSizeLimit(of: method)
+            if message.count > limit {
+                // Oneway or not is unknown without a parse: the refusal is always sent.
+                queue(errors.callTooLarge(method, message.count, limit), on: connection)
+                if now >= nextCallTooLargeLog {
+                    log.warning(
+                        "call over its method's size limit refused",
+                        [
+                            "method": method, "bytes": String(message.count), "uid": String(connection.caller.uid),
+                            "pid": String(connection.caller.pid),
+                        ])
+                    nextCallTooLargeLog = now + 10_000
+                }
+                return
+            }
+        }
+        connection.state = .waiting
+        parser.parse(message, for: connection.id, methods: service.methodNames)
     }
 
     /// Sends what is queued on `connection`, then closes it when it is done
@@ -510,7 +586,7 @@ public final class VarlinkServer: @unchecked Sendable {
     private func drainCompletions() {
         var counter: UInt64 = 0
         _ = read(wakeFD, &counter, 8)
-        let done: [(UInt64, VarlinkReply?)] = completions.withLock { list in
+        let done: [(UInt64, Completion)] = completions.withLock { list in
             let taken = list
             list.removeAll(keepingCapacity: true)
             return taken
@@ -529,7 +605,7 @@ public final class VarlinkServer: @unchecked Sendable {
             outputHighWater = reloaded.outputHighWater
             log.info("serving limits reloaded", ["maxConnectionsPerUser": String(reloaded.maxConnectionsPerUser)])
         }
-        for (id, reply) in done {
+        for (id, completion) in done {
             if id == VarlinkServer.watchdogProbeID {
                 watchdogProbeInFlight = false
                 hooks.watchdog()
@@ -537,8 +613,12 @@ public final class VarlinkServer: @unchecked Sendable {
             }
             guard let connection = connections[id], case .waiting = connection.state else { continue }
             connection.state = .open
-            if let reply { queue(reply, on: connection) }
-            process(connection)
+            switch completion {
+            case .reply(let reply): if let reply { queue(reply, on: connection) }
+            case .parsed(.success(let call), let size): dispatch(call, size: size, on: connection)
+            case .parsed(.failure(let failure), _): refuse(failure, on: connection)
+            }
+            if !connection.isClosed { process(connection) }
         }
     }
 
@@ -719,7 +799,7 @@ public final class VarlinkServer: @unchecked Sendable {
     /// active since, to the real deadline), resumes accepting, proves
     /// liveness to the watchdog, ends the drain.
     private func runDueTimers() {
-        guard let next = deadlines.next, next.deadline <= now else { return }
+        guard let nearest = deadlines.nearest, nearest <= now else { return }
         for timer in deadlines.popDue(at: now) {
             switch timer {
             case .connection(let id): expire(id)
@@ -771,5 +851,31 @@ public final class VarlinkServer: @unchecked Sendable {
         Glibc.close(connection.fd)
         connections[connection.id] = nil
         closedStream?(StreamID(connection: connection.id))
+    }
+}
+
+/// The loop's deadlines, with the nearest one kept beside the heap: the heap
+/// is generic code of another module, and asking it for its first entry costs
+/// runtime metadata lookups (thousands of instructions), which the loop would
+/// otherwise pay twice per iteration. The heap changes far less often.
+struct LoopDeadlines {
+    private var heap = DeadlineHeap<VarlinkServer.Timer, UInt64>()
+    /// The nearest deadline, nil when there is none.
+    private(set) var nearest: UInt64?
+
+    mutating func schedule(_ timer: VarlinkServer.Timer, at deadline: UInt64) {
+        heap.schedule(timer, at: deadline)
+        nearest = heap.next?.deadline
+    }
+
+    mutating func cancel(_ timer: VarlinkServer.Timer) {
+        heap.cancel(timer)
+        nearest = heap.next?.deadline
+    }
+
+    mutating func popDue(at now: UInt64) -> [VarlinkServer.Timer] {
+        let due = heap.popDue(at: now)
+        nearest = heap.next?.deadline
+        return due
     }
 }

@@ -7,12 +7,19 @@ public enum HandlerOutcome: Sendable {
     case reply(VarlinkReply)
     /// A reply that appends its own JSON message (without the NUL) to the
     /// connection's output: for hot paths, where building a `VarlinkReply`
-    /// costs more than writing the bytes.
-    case encoded(@Sendable (inout [UInt8]) -> Void)
+    /// costs more than writing the bytes. (A value, not a closure: a small
+    /// one is carried without an allocation.)
+    case encoded(any VarlinkReplyWriter)
     case deferred(@Sendable () async -> VarlinkReply)
     /// Start a stream: send its first reply (continues); its owner writes the
     /// rest through `VarlinkServer.Streams` until the client goes away.
     case stream(StreamStart)
+}
+
+/// A reply that writes its own JSON message.
+public protocol VarlinkReplyWriter: Sendable {
+    /// Appends the reply's JSON message, without the NUL, to `out`.
+    func write(into out: inout [UInt8])
 }
 
 /// A method handler: the call and who made it in, an outcome out.
@@ -31,12 +38,23 @@ public struct VarlinkService: Sendable {
     struct Binding: Sendable {
         var signature: VarlinkSignature
         var handler: MethodHandler?
+        /// The largest message a call of this method may be.
+        var callSizeLimit: Int
     }
+
+    /// The largest call of a method that declares no limit of its own: the
+    /// parameters of most methods are a few names and numbers, and a call is
+    /// refused before its parameters are parsed when it is larger (so a
+    /// megabyte of numbers sent to such a method costs a scan, not a parse).
+    public static let defaultCallSizeLimit = 64 << 10
 
     /// Interface name → interface definition text, rendered once.
     public private(set) var interfaces: [String: String] = [:]
-    /// Full method name → its checks and handler.
-    private var methods: [String: Binding] = [:]
+    /// The methods' checks and handlers, in the order of `methodNames`.
+    private var bindings: [Binding] = []
+    /// The full names of the methods, so that reading a call reuses them
+    /// and finding a method's binding costs no hashing.
+    public private(set) var methodNames = VarlinkMethodNames()
     /// What GetInfo answers.
     public var vendor: String
     public var product: String
@@ -53,27 +71,46 @@ public struct VarlinkService: Sendable {
     }
 
     /// Adds `interface`, binding each of its methods to the handler `handler`
-    /// gives for it.
+    /// gives for it; `callSizeLimit` gives the largest message a call of each
+    /// method may be (`defaultCallSizeLimit` unless it says otherwise).
     public mutating func add(
-        _ interface: VarlinkInterfaceDeclaration, handler: (VarlinkMethodDeclaration) -> MethodHandler
+        _ interface: VarlinkInterfaceDeclaration,
+        callSizeLimit: (VarlinkMethodDeclaration) -> Int = { _ in VarlinkService.defaultCallSizeLimit },
+        handler: (VarlinkMethodDeclaration) -> MethodHandler
     ) {
-        bind(interface, handler: handler)
+        bind(interface, callSizeLimit: callSizeLimit, handler: handler)
     }
 
     private mutating func bind(
-        _ interface: VarlinkInterfaceDeclaration, handler: (VarlinkMethodDeclaration) -> MethodHandler?
+        _ interface: VarlinkInterfaceDeclaration,
+        callSizeLimit: (VarlinkMethodDeclaration) -> Int = { _ in VarlinkService.defaultCallSizeLimit },
+        handler: (VarlinkMethodDeclaration) -> MethodHandler?
     ) {
         interfaces[interface.name] = interface.idl
         for method in interface.methods {
             guard let signature = interface.signature(of: method.name) else { continue }
-            methods[signature.method] = Binding(signature: signature, handler: handler(method))
+            let binding = Binding(
+                signature: signature, handler: handler(method), callSizeLimit: callSizeLimit(method))
+            if let index = methodNames.index(of: signature.method) {
+                bindings[index] = binding
+            } else {
+                methodNames.add(signature.method)
+                bindings.append(binding)
+            }
         }
+    }
+
+    /// The largest message a call of `method` may be: its own limit, or the
+    /// default for a method the service does not have (which is answered
+    /// `MethodNotFound` whatever its parameters).
+    public func callSizeLimit(of method: String) -> Int {
+        binding(of: method)?.callSizeLimit ?? VarlinkService.defaultCallSizeLimit
     }
 
     /// Answers one call: the `org.varlink.service` error for a call the
     /// interface does not allow, else the handler's outcome.
     public func handle(_ call: VarlinkCall, caller: Caller) -> HandlerOutcome {
-        guard let binding = methods[call.method] else {
+        guard let binding = binding(of: call.method) else {
             let interface = call.interface
             if interfaces[interface] != nil { return .reply(VarlinkServiceError.methodNotFound(call.method)) }
             return .reply(VarlinkServiceError.interfaceNotFound(interface))
@@ -92,6 +129,10 @@ public struct VarlinkService: Sendable {
         }
         guard let handler = binding.handler else { return answerService(call) }
         return handler(call, caller)
+    }
+
+    private func binding(of method: String) -> Binding? {
+        methodNames.index(of: method).map { bindings[$0] }
     }
 
     /// Answers the `org.varlink.service` methods.

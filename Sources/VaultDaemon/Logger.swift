@@ -3,6 +3,7 @@ import Dispatch
 import Glibc
 import Synchronization
 import VarlinkServer
+import VaultCore
 import VaultSystem
 
 /// Structured logging: to journald (fields `VAULTD_PROVIDER=`, `VAULTD_USER=`,
@@ -50,6 +51,58 @@ public final class Logger: Sendable {
     public init(level: Level, target: Target = .stderr) {
         self.level = level
         self.target = target
+    }
+
+    /// True when lines of `severity` are written anywhere.
+    public func writes(_ severity: Level) -> Bool { severity <= level && target != .discard }
+
+    /// Repeated token handouts, counted for the audit trail (see `Audit`).
+    private let counts = Mutex(CountState())
+    private struct CountState {
+        var counts = HandoutCounts()
+        var tickScheduled = false
+    }
+    /// Where the counts are written at each interval's end.
+    private let ticks = DispatchQueue(label: "vaultd.audit-ticks")
+
+    /// The audit trail's counts of repeated handouts.
+    var handouts: Handouts { Handouts(log: self) }
+
+    /// Counts token handouts for `Audit`, and writes the counts at the end of
+    /// each interval and at `flush()`.
+    struct Handouts {
+        let log: Logger
+
+        /// Counts a handout of `key` to `caller`; true when its line is to be written now.
+        func record(_ action: String, _ key: SessionKey, caller: Caller, result: String) -> Bool {
+            let (write, schedule) = log.counts.withLock { state -> (Bool, UInt64?) in
+                let write = state.counts.record(
+                    action, key, caller: caller, result: result, now: Monotonic.milliseconds())
+                guard write, !state.tickScheduled, let next = state.counts.nextTick else { return (write, nil) }
+                state.tickScheduled = true
+                return (true, next)
+            }
+            if let schedule { log.scheduleTick(at: schedule) }
+            return write
+        }
+    }
+
+    private func scheduleTick(at deadline: UInt64) {
+        let now = Monotonic.milliseconds()
+        let delay = deadline > now ? deadline - now : 0
+        ticks.asyncAfter(deadline: .now() + .milliseconds(Int(delay))) { self.tick() }
+    }
+
+    /// Writes the repeats counted in the interval that ended, and schedules
+    /// the next tick while any kind is tracked.
+    private func tick() {
+        let (due, next) = counts.withLock { state -> ([(kind: HandoutCounts.Kind, count: Int)], UInt64?) in
+            let due = state.counts.tick(now: Monotonic.milliseconds())
+            state.tickScheduled = state.counts.nextTick != nil
+            return (due, state.counts.nextTick)
+        }
+        for (kind, count) in due { Audit.write(self, kind, count: count) }
+        if let next { scheduleTick(at: next) }
     }
 
     /// The journal when systemd connected stderr to it (`JOURNAL_STREAM`) and
@@ -107,6 +160,16 @@ public final class Logger: Sendable {
     private struct HeldLines {
         var holding = false
         var bytes: [UInt8] = []
+
+        /// The held bytes, leaving none. Nothing is copied or allocated when
+        /// none are held (most serving rounds, now that token handouts are
+        /// counted rather than each written).
+        mutating func take() -> [UInt8] {
+            guard !bytes.isEmpty else { return [] }
+            var taken: [UInt8] = []
+            swap(&taken, &bytes)
+            return taken
+        }
     }
     private let heldLines = Mutex(HeldLines())
     /// Held bytes past which a line is written at once (after those held).
@@ -119,24 +182,21 @@ public final class Logger: Sendable {
         heldLines.withLock { $0.holding = true }
     }
 
+    /// True when lines written since `hold()` wait for `release()`.
+    public var holdsLines: Bool { heldLines.withLock { !$0.bytes.isEmpty } }
+
     /// Hands the lines held since `hold()` to the writer and stops holding.
     public func release() {
         let bytes = heldLines.withLock { held -> [UInt8] in
             held.holding = false
-            let bytes = held.bytes
-            held.bytes.removeAll(keepingCapacity: true)
-            return bytes
+            return held.take()
         }
         if !bytes.isEmpty { writeOut(bytes) }
     }
 
     /// Hands `bytes` to the writer, after whatever is still held.
     private func writeOut(_ bytes: [UInt8]) {
-        let earlier = heldLines.withLock { held -> [UInt8] in
-            let earlier = held.bytes
-            held.bytes.removeAll(keepingCapacity: true)
-            return earlier
-        }
+        let earlier = heldLines.withLock { $0.take() }
         for chunk in [earlier, bytes] where !chunk.isEmpty {
             enqueue(size: chunk.count) { Logger.writeAll(chunk) }
         }
@@ -161,8 +221,11 @@ public final class Logger: Sendable {
         if queued > Logger.queueLimit { writer.sync {} }
     }
 
-    /// Returns once every line handed over so far is written: at exit.
+    /// Returns once every line handed over so far, and every handout counted
+    /// and not yet written, is written: at exit.
     public func flush() {
+        let due = counts.withLock { $0.counts.drain() }
+        for (kind, count) in due { Audit.write(self, kind, count: count) }
         release()
         writer.sync {}
     }

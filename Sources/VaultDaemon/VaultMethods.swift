@@ -115,9 +115,11 @@ public enum VaultMethods {
                         // The rule the manager applies too. Whether the provider can refresh
                         // and the configured MinRefreshInterval= are the manager's to know:
                         // "maybe" (can, no interval) leaves those refusals to it.
+                        // Read once: each read of a record's tokens copies them all.
+                        let tokens = record.tokens
                         let facts = TokenHandout.Facts(
                             account: account, expiresAt: record.expiresAt,
-                            issuedAt: record.tokens.issuedAt ?? record.createdAt,
+                            issuedAt: tokens.issuedAt ?? record.createdAt,
                             lastRefreshAt: view.refresh?.lastRefreshAt,
                             canRefresh: true, minRefreshIntervalSeconds: 0)
                         switch TokenHandout.decide(facts, minValidSeconds: r.minValidSeconds, now: clock.now()) {
@@ -138,7 +140,8 @@ public enum VaultMethods {
                             }
                         }
                         manager.audit("GetToken", key, caller: caller, result: "ok")
-                        return .encoded { out in writeTokenReply(record, into: &out) }
+                        return .encoded(
+                            TokenReply(tokens: tokens, expiresAt: record.expiresAt, ownerUID: record.ownerUID))
                     }
                 }
 
@@ -220,7 +223,14 @@ public enum VaultMethods {
             }
         }
 
-        service.add(VaultInterface.declaration) { declaration in
+        // Only a Login carries much (tokens, a token response, a profile: up to
+        // MaxSessionSize=, at most 1 MiB); every other call is refused unparsed
+        // past the default limit.
+        let callSizeLimit: (VarlinkMethodDeclaration) -> Int = { declaration in
+            "\(VaultInterface.name).\(declaration.name)" == VaultMethod.login.rawValue
+                ? VarlinkServer.maximumMessageSize : VarlinkService.defaultCallSizeLimit
+        }
+        service.add(VaultInterface.declaration, callSizeLimit: callSizeLimit) { declaration in
             guard let method = VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)") else {
                 preconditionFailure("io.vaultd.Vault declares \(declaration.name), which is no VaultMethod")
             }
@@ -238,35 +248,58 @@ public enum VaultMethods {
                 "the reply to \(method) would take \(size) bytes, more than one connection may have queued (MaxOutputPerConnection=\(limit) bytes); ask for less (ListSessions: a smaller limit, then follow next; Subscribe: narrow by provider or user), and read replies before sending more calls"
             ).varlinkReply
         },
+        callTooLarge: { method, size, limit in
+            VaultError(
+                .invalidParameter,
+                "the call to \(method) takes \(size) bytes, more than the \(limit) its parameters may (only Login takes large ones); send less"
+            ).varlinkReply
+        },
         stopping: VaultError(.internalError, "vaultd is stopping; retry when it is back").varlinkReply,
         streamStopping: VaultError(.internalError, "vaultd is stopping; subscribe again when it is back").varlinkReply)
+
+    /// The GetToken reply of a session record, written straight into the
+    /// connection's output.
+    struct TokenReply: VarlinkReplyWriter {
+        let tokens: TokenSet
+        let expiresAt: UnixTime?
+        let ownerUID: UInt32
+
+        func write(into out: inout [UInt8]) {
+            writeTokenReply(tokens, expiresAt: expiresAt, ownerUID: ownerUID, into: &out)
+        }
+    }
 
     /// Appends the GetToken reply of `record`: the bytes
     /// `VarlinkReply(parameters: tokenReply(record)).encode(into:)` writes,
     /// without building the dictionaries.
     static func writeTokenReply(_ record: SessionRecord, into out: inout [UInt8]) {
-        let tokens = record.tokens
-        out.append(contentsOf: #"{"parameters":{"#.utf8)
+        writeTokenReply(record.tokens, expiresAt: record.expiresAt, ownerUID: record.ownerUID, into: &out)
+    }
+
+    /// Appends the GetToken reply of a record's `tokens`, `expiresAt` and `ownerUID`.
+    static func writeTokenReply(_ tokens: TokenSet, expiresAt: UnixTime?, ownerUID: UInt32, into out: inout [UInt8]) {
+        JSONText.appendLiteral(#"{"parameters":{"#, to: &out)
         // Members in sorted order, as the generic encoder writes them.
-        if let expiresAt = record.expiresAt {
-            out.append(contentsOf: #""expiresAt":"#.utf8)
-            JSON.int(expiresAt.seconds).write(into: &out)
+        if let expiresAt {
+            JSONText.appendLiteral(#""expiresAt":"#, to: &out)
+            JSONText.appendNumber(expiresAt.seconds, to: &out)
             out.append(UInt8(ascii: ","))
         }
         if let instanceURL = tokens.instanceURL {
-            out.append(contentsOf: #""instanceUrl":"#.utf8)
-            JSON.writeString(instanceURL, into: &out)
+            JSONText.appendLiteral(#""instanceUrl":"#, to: &out)
+            JSONText.appendString(instanceURL, to: &out)
             out.append(UInt8(ascii: ","))
         }
-        out.append(contentsOf: #""ownerUid":"#.utf8)
-        JSON.int(Int64(record.ownerUID)).write(into: &out)
-        out.append(contentsOf: #","token":"#.utf8)
-        tokens.accessToken.writeJSONString(into: &out)
+        JSONText.appendLiteral(#""ownerUid":"#, to: &out)
+        JSONText.appendNumber(Int64(ownerUID), to: &out)
+        JSONText.appendLiteral(#","token":"#, to: &out)
+        // From the secret's own bytes: a String copy of the token would not be wiped.
+        tokens.accessToken.withUTF8 { JSONText.appendString(utf8: $0, to: &out) }
         if let tokenType = tokens.tokenType {
-            out.append(contentsOf: #","tokenType":"#.utf8)
-            JSON.writeString(tokenType, into: &out)
+            JSONText.appendLiteral(#","tokenType":"#, to: &out)
+            JSONText.appendString(tokenType, to: &out)
         }
-        out.append(contentsOf: "}}".utf8)
+        JSONText.appendLiteral("}}", to: &out)
     }
 
     /// The parameters of a GetToken reply.

@@ -75,7 +75,7 @@ public struct VarlinkFrameDecoder: Sendable {
         // The message handed out last was parsed by now: zero it.
         VarlinkFrameDecoder.zero(&buffer, zeroedTo..<start)
         zeroedTo = start
-        if let nul = buffer[scanned...].firstIndex(of: 0) {
+        if let nul = firstNUL() {
             let message = buffer[start..<nul]
             start = nul + 1
             scanned = start
@@ -86,6 +86,15 @@ public struct VarlinkFrameDecoder: Sendable {
         if buffer.count - start > maximumSize { throw .messageTooLarge(limit: maximumSize) }
         compactIfDrained()
         return nil
+    }
+
+    /// The index of the first NUL at or after `scanned`, found with memchr.
+    private func firstNUL() -> Int? {
+        guard scanned < buffer.count else { return nil }
+        return buffer.withUnsafeBytes { raw -> Int? in
+            guard let found = memchr(raw.baseAddress! + scanned, 0, buffer.count - scanned) else { return nil }
+            return raw.baseAddress!.distance(to: UnsafeRawPointer(found))
+        }
     }
 
     private mutating func compactIfDrained() {

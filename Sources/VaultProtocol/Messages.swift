@@ -4,10 +4,13 @@ import VaultCore
 /// parameter's name when one is missing or of the wrong type.
 public struct ParameterReader {
     /// The parameters of the call.
-    public let parameters: [String: JSON]
+    public let parameters: VarlinkParameters
 
     /// Reads from a call's parameters.
-    public init(_ parameters: [String: JSON]) { self.parameters = parameters }
+    public init(_ parameters: VarlinkParameters) { self.parameters = parameters }
+
+    /// Reads from the members of a JSON object.
+    public init(_ object: [String: JSON]) { self.parameters = VarlinkParameters(object) }
 
     /// A parameter is missing or of the wrong type.
     public struct Invalid: Error, Equatable {
@@ -26,16 +29,21 @@ public struct ParameterReader {
 
     /// An optional string; null counts as absent.
     public func optionalString(_ name: String) throws(Invalid) -> String? {
-        guard let value = parameters[name], value != .null else { return nil }
-        guard let s = value.stringValue else { throw Invalid(parameter: name) }
-        return s
+        switch parameters[name] {
+        case nil, .null?: return nil
+        case .string(let s)?: return s
+        default: throw Invalid(parameter: name)
+        }
     }
 
     /// An optional integer; null counts as absent.
     public func optionalInt(_ name: String) throws(Invalid) -> Int64? {
-        guard let value = parameters[name], value != .null else { return nil }
-        guard let i = value.integerValue else { throw Invalid(parameter: name) }
-        return i
+        switch parameters[name] {
+        case nil, .null?: return nil
+        case let value?:
+            guard let i = value.integerValue else { throw Invalid(parameter: name) }
+            return i
+        }
     }
 
     /// An optional object; null counts as absent.

@@ -9,7 +9,7 @@ import VaultSystem
 
 /// The generic server with a toy interface: proof that it serves any Varlink
 /// service, and that streams and transport errors are the service's to shape.
-@Suite("Generic Varlink server")
+@Suite("Generic Varlink server", .timeLimit(.minutes(5)))
 struct GenericServerTests {
     @Test("Should answer calls through the method table, with GetInfo and the org.varlink.service checks")
     func answersThroughTheMethodTable() throws {
@@ -45,6 +45,48 @@ struct GenericServerTests {
         #expect(try client.read() == nil)
         #expect(harness.stop() == SIGTERM)
         #expect(harness.streams.closed.withLock { $0 } == [stream])
+    }
+
+    @Test(
+        "Should parse a call larger than the inline limit off the loop and answer it in order with the calls around it")
+    func largeCallInOrder() throws {
+        let harness = try Harness()
+        let client = try harness.connect()
+        let text = String(repeating: "x", count: 100_000)
+        // Pipelined: the large call waits for its parse, the small one behind it waits its turn.
+        try client.send(#"{"method":"org.example.Echo.Say","parameters":{"text":"a"}}"#)
+        try client.send(#"{"method":"org.example.Echo.Say","parameters":{"text":""# + text + #""}}"#)
+        try client.send(#"{"method":"org.example.Echo.Say","parameters":{"text":"c"}}"#)
+        #expect(try client.read() == #"{"parameters":{"text":"a"}}"#)
+        #expect(try client.read() == #"{"parameters":{"text":""# + text + #""}}"#)
+        #expect(try client.read() == #"{"parameters":{"text":"c"}}"#)
+        #expect(harness.stop() == SIGTERM)
+    }
+
+    @Test("Should refuse a call over its method's size limit with the service's error and keep serving the connection")
+    func callOverItsMethodsLimit() throws {
+        let harness = try Harness()
+        let client = try harness.connect()
+        // Large in bytes, not in values: a call of more than VarlinkCall.maximumValues
+        // values is not JSON vaultd reads at all, and closes the connection.
+        let numbers = (0..<2_000).map { "\"\(String(repeating: "n", count: 40))\($0)\"" }.joined(separator: ",")
+        #expect(numbers.utf8.count > VarlinkService.defaultCallSizeLimit)
+        let refusal = #"{"error":"org.example.Echo.CallTooLarge","parameters":{"method":"org.example.Echo.Small"}}"#
+        // The method named first: refused before the parameters are read.
+        #expect(
+            try client.call(#"{"method":"org.example.Echo.Small","parameters":{"text":[\#(numbers)]}}"#) == refusal)
+        // Not parsed at all: what follows the method may even be broken.
+        #expect(try client.call(#"{"method":"org.example.Echo.Small","parameters":{"text":[\#(numbers),,}"#) == refusal)
+        // The method named last: refused once read (off the loop).
+        #expect(
+            try client.call(#"{"parameters":{"text":[\#(numbers)]},"method":"org.example.Echo.Small"}"#) == refusal)
+        #expect(
+            try client.call(#"{"method":"org.example.Echo.Say","parameters":{"text":"still here"}}"#)
+                == #"{"parameters":{"text":"still here"}}"#)
+        // Large and not JSON: the connection is closed, as for a small one.
+        try client.send(#"{"parameters":{"text":[\#(numbers)"#)
+        #expect(try client.read() == nil)
+        #expect(harness.stop() == SIGTERM)
     }
 
     @Test("Should refuse a connection past the limit with the error the service configured")
@@ -86,10 +128,16 @@ private final class Harness: Sendable {
         signalWrite = pipeFDs[1]
         let streams = self.streams
         var service = VarlinkService(vendor: "test", product: "test", version: "1", url: "https://example.org")
-        service.add(Harness.interface) { method in
+        // Say echoes anything up to the largest message; the others take the default.
+        let limit: (VarlinkMethodDeclaration) -> Int = {
+            $0.name == "Say" ? VarlinkServer.maximumMessageSize : VarlinkService.defaultCallSizeLimit
+        }
+        service.add(Harness.interface, callSizeLimit: limit) { method in
             switch method.name {
             case "Say":
                 return { call, _ in .reply(VarlinkReply(parameters: ["text": call.parameters["text"]!])) }
+            case "Small":
+                return { _, _ in .reply(VarlinkReply()) }
             default:
                 return { _, _ in
                     .stream(
@@ -105,6 +153,9 @@ private final class Harness: Sendable {
                 VarlinkReply(error: "org.example.Echo.Busy", parameters: ["why": .string("\(admission)")])
             },
             replyTooLarge: { _, _, _ in VarlinkReply(error: "org.example.Echo.TooLarge") },
+            callTooLarge: { method, _, _ in
+                VarlinkReply(error: "org.example.Echo.CallTooLarge", parameters: ["method": .string(method)])
+            },
             stopping: VarlinkReply(error: "org.example.Echo.Stopping"),
             streamStopping: VarlinkReply(error: "org.example.Echo.Stopping"))
         server = try VarlinkServer(
@@ -124,6 +175,8 @@ private final class Harness: Sendable {
                 "Say", doc: "Answers the text.", parameters: [VarlinkField("text", .string)],
                 output: [VarlinkField("text", .string)]),
             VarlinkMethodDeclaration("Watch", doc: "A stream.", parameters: [], output: [], streams: true),
+            VarlinkMethodDeclaration(
+                "Small", doc: "Takes anything small.", parameters: [VarlinkField("text", .object)], output: []),
         ],
         errors: [])
 
@@ -151,10 +204,20 @@ private struct Client {
     let fd: Int32
 
     func call(_ message: String) throws -> String {
+        try send(message)
+        return try read() ?? ""
+    }
+
+    /// Writes `message` and its NUL, whole.
+    func send(_ message: String) throws {
         var bytes = Array(message.utf8)
         bytes.append(0)
-        guard write(fd, &bytes, bytes.count) == bytes.count else { throw SystemError("write") }
-        return try read() ?? ""
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
+            guard n > 0 else { throw SystemError("write") }
+            offset += n
+        }
     }
 
     /// The next message, or nil at end of stream.
@@ -175,6 +238,7 @@ private struct Client {
 private struct SilentLog: ServerLog {
     func hold() {}
     func release() {}
+    var holdsLines: Bool { false }
     func error(_ message: String, _ fields: [String: String]) {}
     func warning(_ message: String, _ fields: [String: String]) {}
     func notice(_ message: String, _ fields: [String: String]) {}

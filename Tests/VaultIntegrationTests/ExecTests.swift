@@ -45,7 +45,8 @@ struct ExecTests {
     /// Should start the command with the token, restart it with the new one
     /// after a refresh, and stop it and exit 75 when the session is kicked.
     @Test func restartsOnRefreshAndStopsOnKick() async throws {
-        let server = try TokenServer()
+        // Tokens that live an hour: only the test's own refreshes happen.
+        let server = try TokenServer(["--lifetime", "3600"])
         let (fixture, user) = try await start(server)
         let out = fixture.directory.path("tokens")
         let marker = "3\(Int.random(in: 100...999))7"
@@ -79,7 +80,8 @@ struct ExecTests {
     /// Should send the command the signal --on-refresh names instead of
     /// restarting it, and pass SIGTERM on to it and exit with its status.
     @Test func signalsOnRefreshAndForwardsSIGTERM() async throws {
-        let server = try TokenServer()
+        // Tokens that live an hour: only the test's own refreshes happen.
+        let server = try TokenServer(["--lifetime", "3600"])
         let (fixture, user) = try await start(server)
         let out = fixture.directory.path("log")
         let (process, stdout, stderr) = try startInterruptible(
@@ -104,7 +106,8 @@ struct ExecTests {
 
     /// Should exit with the command's own status when it ends by itself.
     @Test func passesTheCommandsStatus() async throws {
-        let server = try TokenServer()
+        // Tokens that live an hour: only the test's own refreshes happen.
+        let server = try TokenServer(["--lifetime", "3600"])
         let (fixture, user) = try await start(server)
         let result = try vaultctl(fixture.socketPath, ["exec", "oauth", user, "--", "/bin/sh", "-c", "exit 7"])
         #expect(result.status == 7, "\(result.stderr)")

@@ -111,7 +111,7 @@ enum ProtocolFuzzEntry {
             return declared.contains(parameter) || call.parameters[parameter] != nil
                 ? nil : "InvalidParameter names \(parameter), neither declared nor sent"
         }
-        let declared = Set(call.parameters.keys)
+        let declared = Set(call.parameters.names)
         do throws(ParameterReader.Invalid) {
             try read(call, ParameterReader(call.parameters))
         } catch {
