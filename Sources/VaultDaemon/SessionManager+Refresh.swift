@@ -217,6 +217,9 @@ extension SessionManager {
     {
         let account = key.account
         let outcome = await provider.refresh(snapshot)
+        // From here until the new tokens are written, a rotated refresh token
+        // exists only in this process: a crash loses it (see docs/reliability/crash.md).
+        let answeredAt = clock.preciseNow()
         defer { if entries[key]?.id == entryID { entries[key]?.refresh = nil } }
         func stillCurrent() -> SessionRecord? {
             guard let entry = entries[key], entry.id == entryID, let current = entry.record,
@@ -261,7 +264,10 @@ extension SessionManager {
                 return .failure(.notLoggedIn(account))
             }
             entries[key]?.machine.refreshed(updated)
-            log.info("token refreshed", fields(key, event: "tokenRefreshed"))
+            var logFields = fields(key, event: "tokenRefreshed")
+            // How long the new tokens were in memory only: the crash window of rotation.
+            logFields["storedAfterMs"] = String(Int(((clock.preciseNow() - answeredAt) * 1000).rounded()))
+            log.info("token refreshed", logFields)
             events(
                 VaultEvent(
                     kind: .tokenRefreshed, account: account, ownerUID: key.owner, time: now,
