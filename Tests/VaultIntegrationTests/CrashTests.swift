@@ -373,6 +373,124 @@ struct CrashTests {
     }
 }
 
+/// The crash window of refresh-token rotation, landed on purpose, and the
+/// spread of the refreshes a restart finds overdue: real vaultd, real token
+/// server, the private keyring.
+@Suite("Crash consistency: the rotation window and overdue refreshes", .timeLimit(.minutes(5)), .serialized)
+struct CrashWindowTests {
+    /// A token response from `server` that vaultd finds overdue for its refresh
+    /// once it is restarted: issued 280 s ago, living 300 s.
+    func overdueGrant(_ server: TokenServer) async throws -> JSON {
+        guard case .object(var members) = try JSON.parse(try await server.grant()) else {
+            throw HarnessError("the token server answered no object")
+        }
+        members["expires_in"] = 300
+        members["issued_at"] = .string(String((Int64(Date().timeIntervalSince1970) - 280) * 1000))
+        return .object(members)
+    }
+
+    @Test(
+        "Should end a session killed after the server rotated and before the write in one invalid_grant and one tokenInvalid, with no retry"
+    )
+    func rotationWindowOutcome() async throws {
+        let rig = try CrashRig()
+        let user = uniqueName("window")
+        let grant = try await overdueGrant(rig.server)
+        let login = try rig.call(.login, ["provider": "oauth", "user": .string(user), "tokenResponse": grant])
+        try #require(login.error == nil, "\(login)")
+        let rotatedAway = try #require(grant["refresh_token"]?.stringValue)
+
+        // The server rotates, then holds its answer: vaultd is killed inside the window.
+        try await rig.server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 20])
+        let client = try VarlinkClient(path: rig.socket, timeoutSeconds: 30)
+        try client.send(
+            VarlinkCall(method: VaultMethod.refresh.rawValue, parameters: ["provider": "oauth", "user": .string(user)]))
+        let rotated = try await eventually({ try await rig.counter("refresh_requests") }, until: { $0 == 1 })
+        try #require(rotated == 1, "the server took the refresh")
+        rig.kill()
+        try await rig.server.post("/control/mode", json: ["mode": "normal"])
+        let stored = try await rig.store.loadAll().records.first { $0.account.user == user }
+        #expect(stored?.tokens.refreshToken?.revealed == rotatedAway, "the store holds the rotated-away token")
+
+        // The restarted vaultd finds the session overdue and refreshes it by itself.
+        try rig.restart()
+        let watcher = try rig.subscribe("oauth", user)
+        let kinds = rig.kinds(until: "tokenInvalid", on: watcher)
+        #expect(kinds.filter { $0 == "tokenInvalid" }.count == 1, "one tokenInvalid: \(kinds)")
+        // Clients keep asking: nothing more goes to the server.
+        for _ in 0..<20 {
+            let reply = try rig.call(
+                .getToken, ["provider": "oauth", "user": .string(user), "minValidSeconds": 100_000])
+            #expect(reply.error == "io.vaultd.Vault.NotLoggedIn", "\(reply)")
+            let refresh = try rig.call(.refresh, ["provider": "oauth", "user": .string(user)])
+            #expect(refresh.error == "io.vaultd.Vault.NotLoggedIn", "\(refresh)")
+        }
+        let stats = try await rig.server.stats()
+        #expect(stats["refresh_requests"]?.integerValue == 2, "the killed refresh and one more, no retry: \(stats)")
+        #expect(stats["reused_refresh_tokens"]?.integerValue == 1, "the old token was sent once: \(stats)")
+        // The view says `logout` while the logout's writes are out, then the session is gone.
+        let status = try await eventually(
+            { try vaultctl(rig.socket, ["status", "oauth", user]) }, until: { $0.status != 0 })
+        #expect(status.status == 1 && status.stderr.contains("ERR_NOT_LOGGED_IN"), "\(status)")
+        // Its end is a logout like any: the token is revoked at the provider, nothing stays stored.
+        let prefix = String(rotatedAway.prefix(6))
+        let revoked = try await eventually(
+            tries: 100, interval: .milliseconds(100), { try await rig.server.revocations() },
+            until: { $0.contains { $0["token"]?.stringValue == prefix } })
+        #expect(revoked.contains { $0["token"]?.stringValue == prefix })
+        #expect(try await rig.store.loadAll().records.contains { $0.account.user == user } == false)
+        let log = rig.daemon.allOutput
+        #expect(log.components(separatedBy: "refresh refused; the session is logged out").count - 1 == 1, "\(log)")
+    }
+
+    @Test("Should spread the refreshes of 60 sessions overdue at a restart over seconds, not all at once")
+    func overdueRefreshesSpreadAfterRestart() async throws {
+        let rig = try CrashRig()
+        let run = uniqueName("due")
+        let users = (0..<60).map { "\(run)-\($0)" }
+        let client = try VarlinkClient(path: rig.socket, timeoutSeconds: 30)
+        for user in users {
+            let grant = try await overdueGrant(rig.server)
+            let reply = try client.call(
+                VaultMethod.login.rawValue, ["provider": "oauth", "user": .string(user), "tokenResponse": grant])
+            try #require(reply.error == nil, "\(reply)")
+        }
+        rig.kill()
+        try await rig.server.post("/control/reset")
+        try rig.restart()
+        let started = Date()
+        // The server's count of refreshes, sampled until all 60 came (bounded: 30 s).
+        var samples: [(seconds: Double, count: Int64)] = []
+        for _ in 0..<600 {
+            let count = try await rig.counter("refresh_requests")
+            samples.append((Date().timeIntervalSince(started), count))
+            if count >= 60 { break }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        let counts = samples.map(\.count)
+        #expect(counts.last == 60, "every overdue session refreshed: \(counts)")
+        // The most refreshes the server saw within any half second.
+        var densest: Int64 = 0
+        for (index, sample) in samples.enumerated() {
+            let later = samples[index...].last { $0.seconds <= sample.seconds + 0.5 } ?? sample
+            let earlier = index == 0 ? 0 : samples[index - 1].count
+            densest = max(densest, later.count - earlier)
+        }
+        let first = samples.first { $0.count > 0 }?.seconds ?? 0
+        let last = samples.first { $0.count >= 60 }?.seconds ?? 0
+        print(
+            "CrashWindowTests: 60 overdue refreshes from \(first) s to \(last) s after ready; at most \(densest) in 0.5 s"
+        )
+        #expect(densest <= 30, "no half second takes most of them: \(densest) of 60")
+        #expect(last - first >= 2, "spread over seconds: \(first) s to \(last) s")
+        #expect(try await rig.counter("reused_refresh_tokens") == 0)
+        let after = try VarlinkClient(path: rig.socket, timeoutSeconds: 30)
+        for user in users {
+            _ = try after.call(VaultMethod.logout.rawValue, ["provider": "oauth", "user": .string(user)])
+        }
+    }
+}
+
 /// SplitMix64: a seed names one run exactly.
 struct SplitMix: RandomNumberGenerator {
     var state: UInt64
