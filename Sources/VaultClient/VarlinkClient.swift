@@ -42,6 +42,11 @@ public final class VarlinkClient {
     /// is shut down and every later `call` fails with this.
     private var broken: ClientError?
 
+    /// Called with each message received, before it is decoded: for a program
+    /// that logs the wire, or a test that checks what vaultd sent (that no
+    /// reply or event carried a raw token).
+    public var messageObserver: ((ArraySlice<UInt8>) -> Void)?
+
     /// The user the system instance of vaultd runs as (`DynamicUser=` of
     /// `vaultd.service` takes the unit's name); trusted like root.
     public static let systemServiceUser = "vaultd"
@@ -192,6 +197,7 @@ public final class VarlinkClient {
         while true {
             do {
                 if let message = try decoder.next() {
+                    messageObserver?(message)
                     do { return try VarlinkReply(message: message) } catch {
                         throw ClientError.connection("vaultd at \(path) sent a message that is not a Varlink reply")
                     }

@@ -390,14 +390,19 @@ extension JSON {
 
     /// Appends `s` as a quoted JSON string with the required escapes.
     public static func writeString(_ s: String, into out: inout [UInt8]) {
+        writeString(utf8: s.utf8, into: &out)
+    }
+
+    /// Appends UTF-8 bytes as a quoted JSON string with the required escapes.
+    public static func writeString<C: Collection<UInt8>>(utf8 bytes: C, into out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
         // Most strings (names, tokens, codes) need no escape: copy them whole.
-        if s.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }) {
-            out.append(contentsOf: s.utf8)
+        if bytes.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }) {
+            out.append(contentsOf: bytes)
             out.append(UInt8(ascii: "\""))
             return
         }
-        for b in s.utf8 {
+        for b in bytes {
             switch b {
             case 0x22: out.append(contentsOf: [0x5C, 0x22])
             case 0x5C: out.append(contentsOf: [0x5C, 0x5C])

@@ -1,17 +1,75 @@
 /// A secret value (a token). Printing it, interpolating it or dumping it shows
 /// only the masked form, so a secret cannot slip into a log line or an error.
+///
+/// The bytes live in storage of their own that is zeroed when the last copy of
+/// the secret is released, not in a `String` buffer that is freed as it is.
 public struct Secret: Sendable, Equatable, CustomStringConvertible, CustomDebugStringConvertible,
     CustomReflectable
 {
-    /// The secret itself. Read it only where it must leave the process: the
-    /// secret store, a GetToken reply, a provider request.
-    public let revealed: String
+    private let storage: Storage
 
-    /// Wraps a secret value.
-    public init(_ value: String) { self.revealed = value }
+    /// Wraps a secret value; its UTF-8 bytes are copied into wiped storage.
+    public init(_ value: String) { storage = Storage(value.utf8) }
+
+    /// Wraps secret UTF-8 bytes (copied into wiped storage).
+    public init<C: Collection<UInt8>>(utf8 bytes: C) { storage = Storage(bytes) }
+
+    /// The secret as a `String`, made for a caller that needs one (a form field,
+    /// a JSON value). Prefer `withUTF8(_:)`, which makes no copy.
+    public var revealed: String { withUTF8 { String(decoding: $0, as: UTF8.self) } }
+
+    /// Calls `body` with the secret's UTF-8 bytes, without copying them.
+    public func withUTF8<R>(_ body: (UnsafeBufferPointer<UInt8>) throws -> R) rethrows -> R {
+        try body(UnsafeBufferPointer(storage.bytes))
+    }
+
+    /// The secret's length in UTF-8 bytes.
+    public var utf8Count: Int { storage.bytes.count }
+
+    /// True for an empty secret.
+    public var isEmpty: Bool { storage.bytes.isEmpty }
+
+    /// Appends the secret as a quoted JSON string, without an intermediate copy.
+    public func writeJSONString(into out: inout [UInt8]) {
+        withUTF8 { JSON.writeString(utf8: $0, into: &out) }
+    }
+
+    public static func == (lhs: Secret, rhs: Secret) -> Bool {
+        lhs.storage === rhs.storage || lhs.storage.bytes.elementsEqual(rhs.storage.bytes)
+    }
+
+    /// The bytes, zeroed before they are released. Immutable after init, so
+    /// sharing it between threads is safe.
+    private final class Storage: @unchecked Sendable {
+        let bytes: UnsafeMutableBufferPointer<UInt8>
+
+        init<C: Collection<UInt8>>(_ source: C) {
+            bytes = .allocate(capacity: source.count)
+            _ = bytes.initialize(fromContentsOf: source)
+        }
+
+        deinit {
+            Secret.wipe(UnsafeMutableRawBufferPointer(bytes))
+            bytes.deallocate()
+        }
+    }
+
+    /// Zeroes `memory` in a way the optimizer keeps: the stores go through a
+    /// volatile-like opaque pointer so they are not dropped as dead before the
+    /// memory is released.
+    public static func wipe(_ memory: UnsafeMutableRawBufferPointer) {
+        guard let base = memory.baseAddress, memory.count > 0 else { return }
+        wipeHook(base, memory.count)
+    }
+
+    /// Kept behind a mutable global so the compiler cannot see, and elide, the
+    /// zeroing it performs.
+    nonisolated(unsafe) private static var wipeHook: (UnsafeMutableRawPointer, Int) -> Void = { base, count in
+        base.initializeMemory(as: UInt8.self, repeating: 0, count: count)
+    }
 
     /// The masked form: `in********yz` for a token of 16 characters or more.
-    public var masked: String { Secret.mask(revealed) }
+    public var masked: String { withUTF8 { String(decoding: Secret.mask(utf8: $0), as: UTF8.self) } }
 
     public var description: String { masked }
     public var debugDescription: String { "Secret(\(masked))" }

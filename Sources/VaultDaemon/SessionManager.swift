@@ -253,7 +253,7 @@ public actor SessionManager {
         guard config.providers[provider]?.type == .oauth2 else {
             throw VaultError(.invalidParameter, "provider '\(provider)' is not an oauth2 provider")
         }
-        guard !secret.revealed.isEmpty, secret.revealed.utf8.count <= 4096 else {
+        guard !secret.isEmpty, secret.utf8Count <= 4096 else {
             throw VaultError(.invalidParameter, "the client secret must be 1 to 4096 bytes")
         }
         try await store.saveProviderSecret(provider, secret)

@@ -256,7 +256,7 @@ public enum VaultMethods {
         out.append(contentsOf: #""ownerUid":"#.utf8)
         JSON.int(Int64(record.ownerUID)).write(into: &out)
         out.append(contentsOf: #","token":"#.utf8)
-        JSON.writeString(tokens.accessToken.revealed, into: &out)
+        tokens.accessToken.writeJSONString(into: &out)
         if let tokenType = tokens.tokenType {
             out.append(contentsOf: #","tokenType":"#.utf8)
             JSON.writeString(tokenType, into: &out)

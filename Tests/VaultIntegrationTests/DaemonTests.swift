@@ -7,7 +7,7 @@ import VaultProtocol
 
 /// vaultd as its users meet it: the real binary, the real keyring on the
 /// session bus, the real socket, vaultctl and an independent Python client.
-@Suite("vaultd against the real keyring", .timeLimit(.minutes(5)), .serialized)
+@Suite("vaultd against the real keyring", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct DaemonTests {
     static let token = "tok_live_8f3k2m9q7w1e5r4t6y0u"
 

@@ -6,140 +6,96 @@ import VaultCore
 import VaultProtocol
 import VaultSystem
 
-/// A Subscribe stream on a connection of its own: the snapshot, then events.
-/// Every read is bounded by SO_RCVTIMEO.
-final class EventStream {
-    let fd: Int32
-    private var decoder = VarlinkFrameDecoder(maximumSize: 16 << 20)
-    /// Every reply read so far, serialized as it came: for "no secret" checks.
-    private(set) var rawText = ""
+/// A `Subscribe` stream of the client library on a connection of its own,
+/// recording every message vaultd sent on it, for "no raw token" checks.
+final class RecordedStream {
+    let stream: VaultEventStream
+    private let recorder: MessageRecorder
 
-    /// Connects to `path`; `receiveBuffer` sets SO_RCVBUF before connecting.
-    init(_ path: String, receiveBuffer: Int32? = nil, timeoutSeconds: Int = 10) throws {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw SystemError("socket") }
+    /// Connects to `path` (reads bounded by `timeoutSeconds`), shrinks the
+    /// socket's receive buffer to `receiveBuffer` bytes if given, subscribes
+    /// with the filters, and reads the snapshot.
+    init(
+        _ path: String, provider: String? = nil, user: String? = nil, kinds: [EventKind] = [],
+        receiveBuffer: Int32? = nil, timeoutSeconds: Int = 10
+    ) throws {
+        let client = try VarlinkClient(path: path, timeoutSeconds: timeoutSeconds)
         if var size = receiveBuffer {
-            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+            setsockopt(client.fileDescriptor, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
         }
-        var timeout = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        do {
-            try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
-                while Glibc.connect(fd, address, length) != 0 {
-                    if errno == EINTR { continue }
-                    throw SystemError("connect")
-                }
-            }
-        } catch {
-            close(fd)
-            throw error
-        }
-        self.fd = fd
+        let recorder = MessageRecorder()
+        client.messageObserver = { recorder.append($0) }
+        self.recorder = recorder
+        stream = try VaultEventStream(client, provider: provider, user: user, kinds: kinds)
     }
 
-    deinit { close(fd) }
+    /// The sessions of the snapshot.
+    var snapshot: [VaultClient.Session] { stream.snapshot }
 
-    /// Sends `Subscribe` with `more`, optionally filtered.
-    func subscribe(provider: String? = nil, user: String? = nil, kinds: [String]? = nil) throws {
-        var parameters: [String: JSON] = [:]
-        if let provider { parameters["provider"] = .string(provider) }
-        if let user { parameters["user"] = .string(user) }
-        if let kinds { parameters["kinds"] = .array(kinds.map { .string($0) }) }
-        var bytes = VarlinkCall(method: VaultMethod.subscribe.rawValue, parameters: parameters, more: true).encoded()
-        bytes.append(0)
-        try bytes.withUnsafeBytes { try UnixSocket.sendAll(fd, $0) }
-    }
-
-    /// Why a read ended without a reply.
-    enum ReadEnd: Error, Equatable {
-        case closed
-        case reset
-        case timedOut
-    }
-
-    /// The next reply; throws `.closed` at EOF, `.timedOut` when SO_RCVTIMEO passed.
-    func receive() throws -> VarlinkReply {
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while true {
-            if let message = try decoder.next() {
-                let reply = try VarlinkReply(message: message)
-                rawText += String(decoding: message, as: UTF8.self) + "\n"
-                return reply
-            }
-            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n == 0 { throw ReadEnd.closed }
-            if n < 0 {
-                if errno == EINTR { continue }
-                if errno == EAGAIN || errno == EWOULDBLOCK { throw ReadEnd.timedOut }
-                if errno == ECONNRESET { throw ReadEnd.reset }
-                throw SystemError("recv")
-            }
-            decoder.append(buffer[0..<n])
-        }
-    }
-
-    /// Bytes of an unfinished message are buffered: a stream that ends here was cut mid-message.
-    var hasPartialMessage: Bool { decoder.hasPartialMessage }
-
-    /// Reads the snapshot reply and returns its sessions.
-    func snapshot() throws -> [JSON] {
-        let reply = try receive()
-        guard reply.error == nil else { throw HarnessError("Subscribe answered \(reply.error!): \(reply.parameters)") }
-        guard reply.continues else { throw HarnessError("the snapshot reply does not continue: \(reply)") }
-        guard reply.parameters["event"] == nil || reply.parameters["event"] == .null else {
-            throw HarnessError("the first reply is an event, not a snapshot: \(reply.parameters)")
-        }
-        guard let sessions = reply.parameters["sessions"]?.arrayValue else {
-            throw HarnessError("the snapshot has no sessions array: \(reply.parameters)")
-        }
-        return sessions
-    }
-
-    /// Reads one event reply and returns the event.
-    func event() throws -> JSON {
-        let reply = try receive()
-        guard reply.error == nil else { throw HarnessError("instead of an event: \(reply.error!) \(reply.parameters)") }
-        guard reply.continues else { throw HarnessError("an event reply that does not continue: \(reply)") }
-        guard let event = reply.parameters["event"], event.objectValue != nil else {
-            throw HarnessError("a reply without an event: \(reply.parameters)")
+    /// The next event; fails the read when the stream ended instead.
+    func event() throws -> VaultEvent {
+        guard let event = try stream.next() else {
+            throw HarnessError("the stream ended instead of sending an event: \(String(describing: stream.end))")
         }
         return event
     }
+
+    /// Every message received so far, as text.
+    var rawText: String { recorder.text }
+}
+
+/// Collects the messages a client received (from the thread that reads them).
+final class MessageRecorder: @unchecked Sendable {
+    private let lock = NSLock()
+    private var messages: [String] = []
+
+    func append(_ message: ArraySlice<UInt8>) {
+        let text = String(decoding: message, as: UTF8.self)
+        lock.withLock { messages.append(text) }
+    }
+
+    var text: String { lock.withLock { messages.joined(separator: "\n") } }
 }
 
 /// Reads a Subscribe stream on a thread of its own, so the subscriber keeps
 /// up however fast the events come, and lets a test wait for a count.
 final class BackgroundSubscriber: @unchecked Sendable {
-    private let stream: EventStream
+    private let stream: VaultEventStream
     private let condition = NSCondition()
-    private var collected: [JSON] = []
+    private var collected: [VaultEvent] = []
     private var ended: String?
 
-    /// Subscribes, reads the snapshot here, then reads events in the background.
-    init(_ path: String, provider: String? = nil, user: String? = nil, kinds: [String]? = nil) throws {
-        stream = try EventStream(path, timeoutSeconds: 120)
-        try stream.subscribe(provider: provider, user: user, kinds: kinds)
-        _ = try stream.snapshot()
+    /// Subscribes and reads the snapshot here, then reads events in the background.
+    init(_ path: String, provider: String? = nil, user: String? = nil, kinds: [EventKind] = []) throws {
+        stream = try VaultEventStream(
+            try VarlinkClient(path: path, timeoutSeconds: 120), provider: provider, user: user, kinds: kinds)
         Thread.detachNewThread { [self] in
             while true {
-                do {
-                    let event = try stream.event()
-                    condition.lock()
-                    collected.append(event)
-                    condition.broadcast()
-                    condition.unlock()
-                } catch {
-                    condition.lock()
-                    ended = "\(error)"
-                    condition.broadcast()
-                    condition.unlock()
+                let event: VaultEvent?
+                do { event = try stream.next() } catch {
+                    finish("\(error)")
                     return
                 }
+                guard let event else {
+                    finish("ended: \(String(describing: stream.end))")
+                    return
+                }
+                condition.lock()
+                collected.append(event)
+                condition.broadcast()
+                condition.unlock()
             }
         }
     }
 
-    var events: [JSON] {
+    private func finish(_ why: String) {
+        condition.lock()
+        ended = why
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    var events: [VaultEvent] {
         condition.lock()
         defer { condition.unlock() }
         return collected
@@ -153,7 +109,7 @@ final class BackgroundSubscriber: @unchecked Sendable {
     }
 
     /// Waits until `count` events arrived or the stream ended; the events so far.
-    func wait(count: Int, seconds: Double = 20) -> [JSON] {
+    func wait(count: Int, seconds: Double = 20) -> [VaultEvent] {
         let deadline = Date().addingTimeInterval(seconds)
         condition.lock()
         defer { condition.unlock() }
@@ -164,9 +120,9 @@ final class BackgroundSubscriber: @unchecked Sendable {
     }
 
     /// Stops the reader thread by shutting the connection down.
-    func close() { shutdown(stream.fd, Int32(SHUT_RDWR)) }
+    func close() { shutdown(stream.raw.fileDescriptor, Int32(SHUT_RDWR)) }
 
-    deinit { shutdown(stream.fd, Int32(SHUT_RDWR)) }
+    deinit { shutdown(stream.raw.fileDescriptor, Int32(SHUT_RDWR)) }
 }
 
 /// A vaultd started on a config text of the test's own.
@@ -188,31 +144,10 @@ final class ConfiguredDaemon {
 
     func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath, timeoutSeconds: 60) }
 
+    /// A typed connection of the client library.
+    func connection() throws -> VaultConnection { try VaultConnection(path: socketPath, timeoutSeconds: 60) }
+
     deinit { daemon.stop() }
-}
-
-extension VarlinkClient {
-    func login(_ provider: String, _ user: String, token: String, expiresAt: Int64? = nil) throws -> VarlinkReply {
-        var parameters: [String: JSON] = [
-            "provider": .string(provider), "user": .string(user), "token": .string(token),
-        ]
-        if let expiresAt { parameters["expiresAt"] = .int(expiresAt) }
-        return try call(VaultMethod.login.rawValue, parameters)
-    }
-
-    func logout(_ provider: String, _ user: String) throws -> VarlinkReply {
-        try call(VaultMethod.logout.rawValue, ["provider": .string(provider), "user": .string(user)])
-    }
-
-    func forceLogout(_ provider: String, _ user: String, reason: String? = nil) throws -> VarlinkReply {
-        var parameters: [String: JSON] = ["provider": .string(provider), "user": .string(user)]
-        if let reason { parameters["reason"] = .string(reason) }
-        return try call(VaultMethod.forceLogout.rawValue, parameters)
-    }
-
-    func getToken(_ provider: String, _ user: String) throws -> VarlinkReply {
-        try call(VaultMethod.getToken.rawValue, ["provider": .string(provider), "user": .string(user)])
-    }
 }
 
 /// Starts a long-running command that SIGINT ends, as from a shell. A child
@@ -245,13 +180,30 @@ func startInterruptible(_ executable: String, _ arguments: [String]) throws -> (
 }
 
 /// A short description of an event for messages: "kind provider/user".
+func describeEvent(_ event: VaultEvent) -> String {
+    "\(event.kind.rawValue) \(event.account.provider)/\(event.account.user)"
+}
+
+/// The same description of an event as vaultctl's JSON output prints it.
 func describeEvent(_ event: JSON) -> String {
     "\(event["kind"]?.stringValue ?? "?") \(event["provider"]?.stringValue ?? "?")/\(event["user"]?.stringValue ?? "?")"
 }
 
+/// The error a typed call threw, if it was a vaultd error reply.
+func replyError(_ call: () throws -> some Any) -> VaultClientError? {
+    do {
+        _ = try call()
+        return nil
+    } catch let error as VaultClientError {
+        return error
+    } catch {
+        return .unexpectedReply(method: "?", detail: "\(error)")
+    }
+}
+
 /// Subscribe, the events it streams, ForceLogout and `vaultctl watch`/`kick`,
 /// against the real daemon and keyring.
-@Suite("Events and forced logout", .timeLimit(.minutes(5)), .serialized)
+@Suite("Events and forced logout", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct EventsTests {
     static let token = "tok_events_4k2m9q7w1e5r4t6y0u8i"
     static let config = "[Provider demo]\nType=static\n\n[Provider other]\nType=static\n"
@@ -259,50 +211,49 @@ struct EventsTests {
     @Test("Should send a snapshot, then the events of a login, a failed login, a kick and a logout in order")
     func snapshotThenEventsInOrder() throws {
         let d = try ConfiguredDaemon(config: EventsTests.config)
-        let client = try d.client()
+        let vault = try d.connection()
         let user = uniqueName("ev")
         let bystander = uniqueName("by")
-        #expect(try client.login("demo", user, token: EventsTests.token).error == nil)
+        try vault.login(provider: "demo", user: user, token: EventsTests.token)
 
-        let filtered = try EventStream(d.socketPath)
-        try filtered.subscribe(provider: "demo", user: user)
-        let sessions = try filtered.snapshot()
+        let filtered = try RecordedStream(d.socketPath, provider: "demo", user: user)
+        let sessions = filtered.snapshot
         #expect(sessions.count == 1, "only the filtered account: \(sessions)")
-        #expect(sessions.first?["user"]?.stringValue == user)
-        #expect(sessions.first?["state"]?.stringValue == "logged")
-        #expect(sessions.first?["token"]?.stringValue == Secret.mask(EventsTests.token))
+        #expect(sessions.first?.account.user == user)
+        #expect(sessions.first?.state == .logged)
+        #expect(sessions.first?.maskedToken == Secret.mask(EventsTests.token))
 
-        let everything = try EventStream(d.socketPath)
-        try everything.subscribe()
-        let all = try everything.snapshot()
-        #expect(all.contains { $0["user"]?.stringValue == user })
+        let everything = try RecordedStream(d.socketPath)
+        #expect(everything.snapshot.contains { $0.account.user == user })
 
-        let kicksOnly = try EventStream(d.socketPath)
-        try kicksOnly.subscribe(provider: "demo", user: user, kinds: ["kickedOffline"])
-        _ = try kicksOnly.snapshot()
+        let kicksOnly = try RecordedStream(d.socketPath, provider: "demo", user: user, kinds: [.kickedOffline])
 
         let before = Int64(Date().timeIntervalSince1970)
-        #expect(try client.logout("demo", user).error == nil)
-        #expect(try client.login("demo", bystander, token: EventsTests.token).error == nil)
-        #expect(try client.login("demo", user, token: EventsTests.token).error == nil)
-        #expect(try client.forceLogout("demo", user, reason: "revoked").error == nil)
-        let expired = try client.login("demo", user, token: EventsTests.token, expiresAt: before - 60)
-        #expect(expired.parameters["code"]?.stringValue == "ERR_TOKEN_EXPIRED")
-        #expect(try client.login("demo", user, token: EventsTests.token).error == nil)
-        #expect(try client.logout("demo", user).error == nil)
-        #expect(try client.logout("demo", bystander).error == nil)
+        try vault.logout(provider: "demo", user: user)
+        try vault.login(provider: "demo", user: bystander, token: EventsTests.token)
+        try vault.login(provider: "demo", user: user, token: EventsTests.token)
+        try vault.forceLogout(provider: "demo", user: user, reason: "revoked")
+        let expired = replyError {
+            try vault.login(
+                provider: "demo", user: user, token: EventsTests.token, expiresAt: UnixTime(seconds: before - 60))
+        }
+        #expect(expired?.code == "ERR_TOKEN_EXPIRED")
+        try vault.login(provider: "demo", user: user, token: EventsTests.token)
+        try vault.logout(provider: "demo", user: user)
+        try vault.logout(provider: "demo", user: bystander)
         let after = Int64(Date().timeIntervalSince1970)
 
-        var got: [JSON] = []
+        var got: [VaultEvent] = []
         for _ in 0..<6 { got.append(try filtered.event()) }
         #expect(
-            got.map { $0["kind"]?.stringValue ?? "?" } == [
-                "logoutSuccess", "loginSuccess", "kickedOffline", "loginFailed", "loginSuccess", "logoutSuccess",
-            ], "\(got.map(describeEvent))")
-        #expect(got.allSatisfy { $0["provider"]?.stringValue == "demo" && $0["user"]?.stringValue == user })
-        #expect(got.allSatisfy { ($0["time"]?.integerValue).map { $0 >= before - 1 && $0 <= after + 1 } ?? false })
-        #expect(got[2]["reason"]?.stringValue == "revoked")
-        #expect(got[3]["code"]?.stringValue == "ERR_TOKEN_EXPIRED")
+            got.map(\.kind) == [
+                .logoutSuccess, .loginSuccess, .kickedOffline, .loginFailed, .loginSuccess, .logoutSuccess,
+            ],
+            "\(got.map(describeEvent))")
+        #expect(got.allSatisfy { $0.account == Account(provider: "demo", user: user) })
+        #expect(got.allSatisfy { $0.time.seconds >= before - 1 && $0.time.seconds <= after + 1 })
+        #expect(got[2].reason == "revoked")
+        #expect(got[3].code == "ERR_TOKEN_EXPIRED")
 
         // The unfiltered subscriber also sees the bystander, interleaved in the order of the changes.
         var seen: [String] = []
@@ -316,14 +267,15 @@ struct EventsTests {
 
         let kick = try kicksOnly.event()
         #expect(describeEvent(kick) == "kickedOffline demo/\(user)")
-        #expect(kick["reason"]?.stringValue == "revoked")
+        #expect(kick.reason == "revoked")
 
         // Nothing more is pending on the filtered streams: a marker event of another account is not sent to them.
-        #expect(try client.login("other", user, token: EventsTests.token).error == nil)
+        try vault.login(provider: "other", user: user, token: EventsTests.token)
         #expect(describeEvent(try everything.event()) == "loginSuccess other/\(user)")
-        #expect(try client.logout("other", user).error == nil)
+        try vault.logout(provider: "other", user: user)
         #expect(describeEvent(try everything.event()) == "logoutSuccess other/\(user)")
         for stream in [filtered, everything, kicksOnly] {
+            #expect(stream.rawText.contains("kickedOffline"), "the recorder saw the stream")
             #expect(!stream.rawText.contains(EventsTests.token), "no raw token in any reply")
         }
     }
@@ -332,32 +284,29 @@ struct EventsTests {
         "Should clear a session at once on ForceLogout: kickedOffline with reason kicked, NotLoggedIn, no keyring item")
     func forceLogout() throws {
         let d = try ConfiguredDaemon(config: EventsTests.config)
-        let client = try d.client()
+        let vault = try d.connection()
         let user = uniqueName("kick")
-        #expect(try client.login("demo", user, token: EventsTests.token).error == nil)
+        try vault.login(provider: "demo", user: user, token: EventsTests.token)
         #expect(try secretToolSearch(provider: "demo", user: user).contains("label ="))
-        let stream = try EventStream(d.socketPath)
-        try stream.subscribe(provider: "demo", user: user)
-        _ = try stream.snapshot()
+        let stream = try RecordedStream(d.socketPath, provider: "demo", user: user)
 
-        let reply = try client.forceLogout("demo", user)
-        #expect(reply.error == nil, "\(reply)")
+        try vault.forceLogout(provider: "demo", user: user)
         let event = try stream.event()
         #expect(describeEvent(event) == "kickedOffline demo/\(user)")
-        #expect(event["reason"]?.stringValue == "kicked")
+        #expect(event.reason == "kicked")
 
-        let token = try client.getToken("demo", user)
-        #expect(token.error == "io.vaultd.Vault.NotLoggedIn")
-        #expect(token.parameters["code"]?.stringValue == "ERR_NOT_LOGGED_IN")
-        let session = try client.call(VaultMethod.getSession.rawValue, ["provider": "demo", "user": .string(user)])
-        #expect(session.error == "io.vaultd.Vault.NotLoggedIn")
+        let token = replyError { try vault.token(provider: "demo", user: user) }
+        #expect(token?.varlinkName == "io.vaultd.Vault.NotLoggedIn")
+        #expect(token?.code == "ERR_NOT_LOGGED_IN")
+        let session = replyError { try vault.session(provider: "demo", user: user) }
+        #expect(session?.varlinkName == "io.vaultd.Vault.NotLoggedIn")
         #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
         // Gone for good: a restarted daemon does not bring it back.
         d.daemon.stop()
         let again = try RunningDaemon(socketPath: d.socketPath, configPath: d.configPath)
         defer { again.stop() }
-        let restarted = try VarlinkClient(path: d.socketPath, timeoutSeconds: 60).getToken("demo", user)
-        #expect(restarted.error == "io.vaultd.Vault.NotLoggedIn")
+        let restarted = replyError { try d.connection().token(provider: "demo", user: user) }
+        #expect(restarted?.varlinkName == "io.vaultd.Vault.NotLoggedIn")
     }
 
     @Test("Should kick with vaultctl kick and print events with vaultctl watch, as text and as JSON lines")
@@ -439,27 +388,28 @@ struct EventsTests {
         let refused = 6000
 
         // Subscribed first, never read until the end.
-        let slow = try EventStream(d.socketPath, receiveBuffer: 4096, timeoutSeconds: 10)
-        try slow.subscribe(provider: "demo")
+        let slow = try RecordedStream(d.socketPath, provider: "demo", receiveBuffer: 4096, timeoutSeconds: 10)
         let good = try BackgroundSubscriber(d.socketPath, provider: "demo")
 
-        let client = try d.client()
+        let vault = try d.connection()
         let started = Date()
         var failures: [String] = []
         for i in 0..<cycles {
             let user = "\(prefix)-\(i)"
-            let login = try client.login("demo", user, token: EventsTests.token)
-            let logout = try client.logout("demo", user)
-            if login.error != nil || logout.error != nil {
-                failures.append("\(i): \(login.error ?? "-") \(logout.error ?? "-")")
+            let login = replyError { try vault.login(provider: "demo", user: user, token: EventsTests.token) }
+            let logout = replyError { try vault.logout(provider: "demo", user: user) }
+            if login != nil || logout != nil {
+                failures.append("\(i): \(String(describing: login)) \(String(describing: logout))")
                 if failures.count > 5 { break }
             }
         }
-        let past = Int64(Date().timeIntervalSince1970) - 60
+        let past = UnixTime(seconds: Int64(Date().timeIntervalSince1970) - 60)
         for i in 0..<refused {
-            let login = try client.login("demo", "\(prefix)-f\(i)", token: EventsTests.token, expiresAt: past)
-            if login.parameters["code"]?.stringValue != "ERR_TOKEN_EXPIRED" {
-                failures.append("f\(i): \(login.error ?? "-")")
+            let login = replyError {
+                try vault.login(provider: "demo", user: "\(prefix)-f\(i)", token: EventsTests.token, expiresAt: past)
+            }
+            if login?.code != "ERR_TOKEN_EXPIRED" {
+                failures.append("f\(i): \(String(describing: login))")
                 if failures.count > 5 { break }
             }
         }
@@ -478,27 +428,23 @@ struct EventsTests {
         good.close()
 
         // The slow one: snapshot, a prefix of the events, then SubscriberTooSlow, then EOF.
-        var replies: [VarlinkReply] = []
-        var end: EventStream.ReadEnd?
+        var slowEvents: [String] = []
         for _ in 0..<(expected.count + 10) {
-            do { replies.append(try slow.receive()) } catch let e as EventStream.ReadEnd {
-                end = e
-                break
-            }
+            guard let event = try slow.stream.next() else { break }
+            slowEvents.append(describeEvent(event))
         }
         let dropLog = d.daemon.output.text.split(separator: "\n").filter {
             $0.contains("subscriber") && !$0.contains("audit")
         }.prefix(3)
-        #expect(
-            end == .closed,
-            "the slow subscriber was disconnected (got \(replies.count) replies, then \(String(describing: end)))")
-        #expect(!slow.hasPartialMessage, "the stream ends on a message boundary, not inside an event")
-        let last = replies.last
-        #expect(
-            last?.error == "io.vaultd.Vault.SubscriberTooSlow",
-            "the final reply: \(String(describing: last)); vaultd said: \(dropLog)")
-        #expect(last?.parameters["code"]?.stringValue?.isEmpty == false)
-        let slowEvents = replies.dropFirst().compactMap { $0.parameters["event"] }.map(describeEvent)
+        guard case .error(let last) = slow.stream.end else {
+            Issue.record(
+                "the stream ended with \(String(describing: slow.stream.end)), not an error; vaultd said: \(dropLog)")
+            return
+        }
+        #expect(last.name == "io.vaultd.Vault.SubscriberTooSlow", "the final reply: \(last); vaultd said: \(dropLog)")
+        #expect(last.code?.isEmpty == false)
+        // After the error, the connection closes, on a message boundary (a cut message is an error here).
+        #expect(try slow.stream.raw.nextReply() == nil, "the slow subscriber was disconnected")
         #expect(slowEvents.count < expected.count, "dropped before the end")
         #expect(Array(expected.prefix(slowEvents.count)) == slowEvents, "what it got is in order, without gaps")
         #expect(!slow.rawText.contains(EventsTests.token))
@@ -514,32 +460,29 @@ struct EventsTests {
         }
         // The daemon inherits the raised limit.
         let d = try ConfiguredDaemon(config: EventsTests.config)
-        let client = try d.client()
+        let vault = try d.connection()
         let user = uniqueName("many")
-        #expect(try client.login("demo", user, token: EventsTests.token).error == nil)
+        try vault.login(provider: "demo", user: user, token: EventsTests.token)
 
         let count = 1000
-        var streams: [EventStream] = []
+        var streams: [RecordedStream] = []
         for i in 0..<count {
-            let stream = try EventStream(d.socketPath, timeoutSeconds: 20)
             // Half filtered to the account, half unfiltered.
-            if i % 2 == 0 { try stream.subscribe(provider: "demo", user: user) } else { try stream.subscribe() }
-            streams.append(stream)
+            streams.append(
+                i % 2 == 0
+                    ? try RecordedStream(d.socketPath, provider: "demo", user: user, timeoutSeconds: 20)
+                    : try RecordedStream(d.socketPath, timeoutSeconds: 20))
         }
-        var snapshotsWithSession = 0
-        for stream in streams {
-            let sessions = try stream.snapshot()
-            if sessions.contains(where: { $0["user"]?.stringValue == user }) { snapshotsWithSession += 1 }
-        }
+        let snapshotsWithSession = streams.filter { $0.snapshot.contains { $0.account.user == user } }.count
         #expect(snapshotsWithSession == count)
 
-        #expect(try client.forceLogout("demo", user, reason: "admin").error == nil)
+        try vault.forceLogout(provider: "demo", user: user, reason: "admin")
         var kicked = 0
         var problems: [String] = []
         for (i, stream) in streams.enumerated() {
             do {
                 let event = try stream.event()
-                if describeEvent(event) == "kickedOffline demo/\(user)" && event["reason"]?.stringValue == "admin" {
+                if describeEvent(event) == "kickedOffline demo/\(user)" && event.reason == "admin" {
                     kicked += 1
                 } else {
                     problems.append("\(i): \(event)")
@@ -547,11 +490,12 @@ struct EventsTests {
             } catch {
                 problems.append("\(i): \(error)")
                 // One subscriber timing out means the rest would too; stop waiting.
-                if error as? EventStream.ReadEnd == .timedOut { break }
+                if case .client(.timedOut) = error as? VaultClientError { break }
             }
             if problems.count > 5 { break }
         }
         #expect(kicked == count, "\(problems)")
-        #expect(try client.getToken("demo", user).error == "io.vaultd.Vault.NotLoggedIn")
+        #expect(
+            replyError { try vault.token(provider: "demo", user: user) }?.varlinkName == "io.vaultd.Vault.NotLoggedIn")
     }
 }

@@ -340,3 +340,30 @@ enum Soak {
     /// `short` in an ordinary run, `long` under `--soak`.
     static func size<T>(short: T, long: T) -> T { enabled ? long : short }
 }
+
+/// Whether a Secret Service answers on the session bus. The suites that store
+/// sessions in it are skipped, with the reason shown, when none does (a plain
+/// `swift test`); `scripts/test` starts a private gnome-keyring for them.
+enum Keyring {
+    static let reachable: Bool = {
+        // scripts/test sets this: there a missing keyring is a failure, not a skip.
+        if ProcessInfo.processInfo.environment["VAULTD_REQUIRE_KEYRING"] == "1" { return true }
+        guard ProcessInfo.processInfo.environment["DBUS_SESSION_BUS_ADDRESS"] != nil else { return false }
+        let answer = try? runCommand(
+            URL(fileURLWithPath: "/usr/bin/dbus-send"),
+            [
+                "--session", "--print-reply", "--reply-timeout=5000", "--dest=org.freedesktop.DBus",
+                "/org/freedesktop/DBus", "org.freedesktop.DBus.NameHasOwner", "string:org.freedesktop.secrets",
+            ], seconds: 10)
+        return answer?.status == 0 && answer?.stdout.contains("boolean true") == true
+    }()
+
+    static let skipReason: Comment =
+        "no Secret Service (gnome-keyring) on the session bus: run scripts/test, which starts a private one"
+}
+
+extension Trait where Self == ConditionTrait {
+    /// Runs the suite only where a Secret Service answers; otherwise it is
+    /// skipped with a message saying how to run it.
+    static var requiresKeyring: Self { .enabled(if: Keyring.reachable, Keyring.skipReason) }
+}

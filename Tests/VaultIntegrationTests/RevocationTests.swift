@@ -8,7 +8,7 @@ import VaultProtocol
 /// A revocation at logout that the provider has not acknowledged when vaultd
 /// stops (SIGTERM or SIGKILL) waits in the secret store and is finished by the
 /// next start: real vaultd, real token server, the suite's private keyring.
-@Suite("Revocation across restarts", .timeLimit(.minutes(5)), .serialized)
+@Suite("Revocation across restarts", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct RevocationTests {
     /// A fixture whose one provider, `oauth`, revokes at `server`'s /revoke.
     func start(_ server: TokenServer) throws -> (DaemonFixture, RunningDaemon) {

@@ -6,7 +6,7 @@ import VaultProtocol
 import VaultSystem
 
 /// How vaultd starts, and how it refuses to.
-@Suite("vaultd start-up", .timeLimit(.minutes(5)), .serialized)
+@Suite("vaultd start-up", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct StartupTests {
     @Test("Should refuse to start, in one line, when no Secret Service is reachable")
     func noSecretService() throws {

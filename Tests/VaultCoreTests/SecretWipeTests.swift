@@ -1,0 +1,101 @@
+import Foundation
+import Glibc
+import Testing
+import VaultCore
+
+/// Looks for a byte pattern in this process's own writable memory. The pattern
+/// is passed XOR-ed with a key, so the search itself never puts the plain bytes
+/// in memory. The regions and the read buffer are set up once, beforehand, so
+/// that a scan allocates nothing that could land on (and overwrite) the freed
+/// block it is looking at; the buffer is zeroed before it is released.
+final class OwnMemoryScanner {
+    private var regions: [(start: UInt64, end: UInt64)] = []
+    private let chunk = 1 << 20
+    private let buffer: UnsafeMutableRawBufferPointer
+    private let fd: Int32
+
+    init() {
+        buffer = .allocate(byteCount: chunk, alignment: 16)
+        fd = open("/proc/self/mem", O_RDONLY)
+        let maps = (try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8)) ?? ""
+        for line in maps.split(separator: "\n") {
+            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+            guard fields.count >= 2, fields[1].hasPrefix("rw") else { continue }
+            let bounds = fields[0].split(separator: "-").compactMap { UInt64($0, radix: 16) }
+            if bounds.count == 2, bounds[1] > bounds[0] { regions.append((bounds[0], bounds[1])) }
+        }
+    }
+
+    deinit {
+        buffer.initializeMemory(as: UInt8.self, repeating: 0)
+        buffer.deallocate()
+        if fd >= 0 { close(fd) }
+    }
+
+    /// True when the pattern (XOR `key`) is found in a region that was mapped
+    /// when the scanner was made. Reads overlap so a match across chunks counts.
+    func contains(xored pattern: [UInt8], key: UInt8) -> Bool {
+        guard fd >= 0, !pattern.isEmpty, pattern.count < chunk else { return false }
+        for region in regions {
+            var offset = region.start
+            while offset < region.end {
+                let want = Int(min(UInt64(chunk), region.end - offset))
+                let got = pread(fd, buffer.baseAddress, want, off_t(Int64(bitPattern: offset)))
+                guard got > 0 else { break }
+                if find(pattern, key: key, count: got) { return true }
+                guard got == want, offset + UInt64(got) < region.end else { break }
+                offset += UInt64(got - pattern.count + 1)
+            }
+        }
+        return false
+    }
+
+    private func find(_ pattern: [UInt8], key: UInt8, count: Int) -> Bool {
+        guard count >= pattern.count else { return false }
+        let first = pattern[0]
+        var i = 0
+        while i <= count - pattern.count {
+            if buffer[i] ^ key == first {
+                var j = 1
+                while j < pattern.count, buffer[i + j] ^ key == pattern[j] { j += 1 }
+                if j == pattern.count { return true }
+            }
+            i += 1
+        }
+        return false
+    }
+}
+
+@Suite("Secret storage", .timeLimit(.minutes(5)))
+struct SecretWipeTests {
+    /// Should hold the secret's bytes only while a copy of the secret lives, and
+    /// zero them when the last copy is released (a `String` buffer is freed as is).
+    @Test func wipedWhenReleased() {
+        let key: UInt8 = 0x5A
+        var generator = SystemRandomNumberGenerator()
+        let pattern: [UInt8] = (0..<96).map { _ in UInt8.random(in: 0x61...0x7A, using: &generator) ^ key }
+        // The allocator writes its own links over the first bytes of a freed
+        // block, so the search looks for the secret's second half.
+        let tail = Array(pattern[48...])
+        var scanner: OwnMemoryScanner
+        do {
+            let secret = Secret(utf8: pattern.lazy.map { $0 ^ key })
+            let copy = secret
+            scanner = OwnMemoryScanner()
+            #expect(copy.utf8Count == 96)
+            #expect(scanner.contains(xored: tail, key: key), "the scan must see a live secret")
+            withExtendedLifetime(copy) {}
+        }
+        #expect(!scanner.contains(xored: tail, key: key), "a released secret's bytes are still in memory")
+    }
+
+    /// Should hand out its bytes without a copy and write them as a JSON string.
+    @Test func bytesWithoutCopy() {
+        let secret = Secret("tok\"en")
+        #expect(secret.withUTF8 { Array($0) } == Array("tok\"en".utf8))
+        var out: [UInt8] = []
+        secret.writeJSONString(into: &out)
+        #expect(String(decoding: out, as: UTF8.self) == #""tok\"en""#)
+        #expect(Secret("").isEmpty && !secret.isEmpty)
+    }
+}
