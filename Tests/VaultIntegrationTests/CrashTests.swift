@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 import VaultClient
 import VaultCore
@@ -107,7 +108,7 @@ struct Allowed: CustomStringConvertible {
 
 /// SIGKILL of the real vaultd at random points of its writes, restarted on the
 /// same keyring each time and checked against what the test was told.
-@Suite("Crash consistency: SIGKILL of vaultd", .timeLimit(.minutes(5)), .serialized)
+@Suite("Crash consistency: SIGKILL of vaultd", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct CrashTests {
     enum Operation: String, CaseIterable {
         case login, refresh, logout, kick, providerSecret
@@ -134,7 +135,10 @@ struct CrashTests {
         "Should lose no acknowledged change, undo no acknowledged logout, half-write nothing and send no rotated refresh token again across random SIGKILLs"
     )
     func randomKills() async throws {
-        let kills = Soak.size(short: 50, long: 1000)
+        let environment = ProcessInfo.processInfo.environment
+        let kills = environment["VAULTD_CRASH_KILLS"].flatMap(Int.init) ?? Soak.size(short: 50, long: 1000)
+        // VAULTD_CRASH_ONLY=refresh: every round a refresh (or the login one needs), to measure the window.
+        let only = environment["VAULTD_CRASH_ONLY"].flatMap(Operation.init(rawValue:))
         let seed = Self.seed()
         print("CrashTests.randomKills: seed \(seed), \(kills) kills (replay: VAULTD_CRASH_SEED=\(seed))")
         var rng = SplitMix(seed)
@@ -232,8 +236,10 @@ struct CrashTests {
             if operation == .login && absent.isEmpty { operation = .logout }
             if (operation == .logout || operation == .kick) && present.isEmpty { operation = .login }
             let refreshable = oauthUsers.filter { current[$0] != nil }
+            if let only { operation = only }
             let oauthAbsent = oauthUsers.filter { current[$0] == nil }
             if operation == .refresh && refreshable.isEmpty { operation = .login }
+            if operation == .login && only == .refresh && oauthAbsent.isEmpty { operation = .logout }
 
             var round = Round(operation: operation)
             var parameters: [String: JSON] = [:]
@@ -241,7 +247,7 @@ struct CrashTests {
             switch operation {
             case .login:
                 // Mostly oauth sessions, which the refresh rounds need.
-                let pool = !oauthAbsent.isEmpty && rng.next() % 4 != 0 ? oauthAbsent : absent
+                let pool = !oauthAbsent.isEmpty && (only == .refresh || rng.next() % 4 != 0) ? oauthAbsent : absent
                 let user = pool[Int(rng.next() % UInt64(pool.count))]
                 round.user = user
                 if provider(user) == "oauth" {
@@ -376,7 +382,9 @@ struct CrashTests {
 /// The crash window of refresh-token rotation, landed on purpose, and the
 /// spread of the refreshes a restart finds overdue: real vaultd, real token
 /// server, the private keyring.
-@Suite("Crash consistency: the rotation window and overdue refreshes", .timeLimit(.minutes(5)), .serialized)
+@Suite(
+    "Crash consistency: the rotation window and overdue refreshes", .requiresKeyring, .timeLimit(.minutes(5)),
+    .serialized)
 struct CrashWindowTests {
     /// A token response from `server` that vaultd finds overdue for its refresh
     /// once it is restarted: issued 280 s ago, living 300 s.
@@ -441,6 +449,59 @@ struct CrashWindowTests {
         #expect(try await rig.store.loadAll().records.contains { $0.account.user == user } == false)
         let log = rig.daemon.allOutput
         #expect(log.components(separatedBy: "refresh refused; the session is logged out").count - 1 == 1, "\(log)")
+    }
+
+    @Test("Should write rotated tokens promptly while other writes crowd the store: the window's figures")
+    func rotationWindowUnderStoreLoad() async throws {
+        let rig = try CrashRig()
+        let run = uniqueName("load")
+        let sessions = (0..<20).map { "\(run)-o\($0)" }
+        let setup = try VarlinkClient(path: rig.socket, timeoutSeconds: 30)
+        for user in sessions {
+            let grant = try JSON.parse(try await rig.server.grant())
+            let reply = try setup.call(
+                VaultMethod.login.rawValue, ["provider": "oauth", "user": .string(user), "tokenResponse": grant])
+            try #require(reply.error == nil, "\(reply)")
+        }
+        // Four clients log static sessions in and out while the refreshes run: writes queue at the store.
+        let socket = rig.socket
+        let churning = Mutex(true)
+        let churn = Thread {
+            DispatchQueue.concurrentPerform(iterations: 4) { lane in
+                guard let client = try? VarlinkClient(path: socket, timeoutSeconds: 30) else { return }
+                for index in 0..<2000 {
+                    if !churning.withLock({ $0 }) { return }
+                    let account: [String: JSON] = ["provider": "demo", "user": .string("\(run)-s\(lane)-\(index % 5)")]
+                    _ = try? client.call(
+                        VaultMethod.login.rawValue, account.merging(["token": "tok-churn-abcdefgh"]) { a, _ in a })
+                    _ = try? client.call(VaultMethod.logout.rawValue, account)
+                }
+            }
+        }
+        churn.start()
+        defer { churning.withLock { $0 = false } }
+        let rounds = Soak.size(short: 3, long: 20)
+        for _ in 0..<rounds {
+            DispatchQueue.concurrentPerform(iterations: sessions.count) { index in
+                _ = try? VarlinkClient(path: socket, timeoutSeconds: 30).call(
+                    VaultMethod.refresh.rawValue, ["provider": "oauth", "user": .string(sessions[index])])
+            }
+        }
+        churning.withLock { $0 = false }
+        let windows = rig.daemon.allOutput.split(separator: "\n").filter { $0.contains("token refreshed") }.compactMap {
+            line -> Int? in
+            guard let range = line.range(of: "storedAfterMs=") else { return nil }
+            return Int(line[range.upperBound...].prefix { $0.isNumber })
+        }.sorted()
+        #expect(windows.count == rounds * sessions.count, "every refresh was written")
+        #expect(try await rig.counter("reused_refresh_tokens") == 0)
+        guard !windows.isEmpty else { return }
+        print(
+            "CrashWindowTests: \(windows.count) rotations under store load: new tokens in memory only for p50 \(windows[windows.count / 2]) ms, p90 \(windows[windows.count * 9 / 10]) ms, max \(windows.last!) ms"
+        )
+        for user in sessions {
+            _ = try setup.call(VaultMethod.logout.rawValue, ["provider": "oauth", "user": .string(user)])
+        }
     }
 
     @Test("Should spread the refreshes of 60 sessions overdue at a restart over seconds, not all at once")
