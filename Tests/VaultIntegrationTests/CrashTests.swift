@@ -102,7 +102,8 @@ struct Allowed: CustomStringConvertible {
     }
 
     var description: String {
-        values.map { $0.map { Secret.mask($0) } ?? "logged out" }.sorted().joined(separator: " or ")
+        values.map { $0.map { $0 == Self.anyNew ? $0 : Secret.mask($0) } ?? "logged out" }.sorted().joined(
+            separator: " or ")
     }
 }
 
