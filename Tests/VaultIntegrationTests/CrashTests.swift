@@ -132,16 +132,20 @@ struct CrashTests {
         return UInt64.random(in: 1...UInt64(UInt32.max))
     }
 
+    /// The long form's 1,000 kills come in five parts of 200, each under the suite's time limit.
+    static let parts = Array(0..<Soak.size(short: 1, long: 5))
+
     @Test(
-        "Should lose no acknowledged change, undo no acknowledged logout, half-write nothing and send no rotated refresh token again across random SIGKILLs"
-    )
-    func randomKills() async throws {
+        "Should lose no acknowledged change, undo no acknowledged logout, half-write nothing and send no rotated refresh token again across random SIGKILLs",
+        arguments: parts)
+    func randomKills(part: Int) async throws {
         let environment = ProcessInfo.processInfo.environment
-        let kills = environment["VAULTD_CRASH_KILLS"].flatMap(Int.init) ?? Soak.size(short: 50, long: 1000)
+        let kills = environment["VAULTD_CRASH_KILLS"].flatMap(Int.init) ?? Soak.size(short: 50, long: 200)
         // VAULTD_CRASH_ONLY=refresh: every round a refresh (or the login one needs), to measure the window.
         let only = environment["VAULTD_CRASH_ONLY"].flatMap(Operation.init(rawValue:))
-        let seed = Self.seed()
-        print("CrashTests.randomKills: seed \(seed), \(kills) kills (replay: VAULTD_CRASH_SEED=\(seed))")
+        let seed = Self.seed() &+ UInt64(part)
+        print(
+            "CrashTests.randomKills: part \(part), seed \(seed), \(kills) kills (replay: VAULTD_CRASH_SEED=\(seed))")
         var rng = SplitMix(seed)
         let rig = try CrashRig()
         let run = uniqueName("k")
@@ -566,10 +570,8 @@ struct CrashWindowTests {
         #expect(densest <= 30, "no half second takes most of them: \(densest) of 60")
         #expect(last - first >= 2, "spread over seconds: \(first) s to \(last) s")
         #expect(try await rig.counter("reused_refresh_tokens") == 0)
-        let after = try VarlinkClient(path: rig.socket, timeoutSeconds: 30)
-        for user in users {
-            _ = try after.call(VaultMethod.logout.rawValue, ["provider": "oauth", "user": .string(user)])
-        }
+        // The 60 sessions stay in this test's own store scope of the private keyring: logging
+        // them out would cost seconds of keyring writes and test nothing more.
     }
 }
 
