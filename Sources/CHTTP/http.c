@@ -82,6 +82,7 @@ static size_t take_body(char *data, size_t size, size_t count, void *context) {
     if (r->body_length + n > s->capacity) {
         size_t capacity = s->capacity ? s->capacity : 4096;
         while (capacity < r->body_length + n) capacity *= 2;
+        if (capacity > s->limit) capacity = s->limit; /* never more room than is ever kept */
         unsigned char *grown = malloc(capacity);
         if (!grown) return 0;
         if (r->body) {
@@ -131,6 +132,8 @@ int vaultd_http_post_form(const char *url, const char *body, size_t body_length,
     curl.easy_setopt(handle, CURLOPT_PROTOCOLS_STR, "http,https");
     curl.easy_setopt(handle, CURLOPT_NOSIGNAL, 1L);
     curl.easy_setopt(handle, CURLOPT_TIMEOUT_MS, timeout_ms);
+    /* A Content-Length above the cap ends the request before any of the body is read. */
+    curl.easy_setopt(handle, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)max_body);
     curl.easy_setopt(handle, CURLOPT_POST, 1L);
     curl.easy_setopt(handle, CURLOPT_POSTFIELDS, body);
     curl.easy_setopt(handle, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_length);
@@ -144,12 +147,14 @@ int vaultd_http_post_form(const char *url, const char *body, size_t body_length,
     CURLcode result = curl.easy_perform(handle);
     if (result == CURLE_OK) {
         curl.easy_getinfo(handle, CURLINFO_RESPONSE_CODE, &out->status);
-    } else if (s.too_large) {
+    } else if (s.too_large || result == CURLE_FILESIZE_EXCEEDED) {
+        out->too_large = 1;
         snprintf(out->error, sizeof out->error, "the response was larger than %zu bytes", max_body);
     } else {
         snprintf(out->error, sizeof out->error, "%s (curl error %d)",
                  curl_error[0] ? curl_error : "the request failed", (int)result);
     }
+    if (result != CURLE_OK) out->curl_code = (int)result;
     curl.easy_cleanup(handle);
     curl.slist_free_all(headers);
     return result == CURLE_OK ? 0 : -1;

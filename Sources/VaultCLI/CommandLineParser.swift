@@ -14,6 +14,11 @@ struct ParsedCommand {
 
     /// Whether the flag `name` was given.
     func has(_ name: String) -> Bool { flags.contains(name) }
+
+    /// The words after `--`, for a command that takes them (`exec`).
+    var trailing: [String] = []
+    /// Whether `--` was given after the command's name.
+    var sawSeparator = false
 }
 
 /// A whole vaultctl command line, parsed.
@@ -64,6 +69,12 @@ enum CommandLineParser {
             index += 1
             if !optionsEnded && word == "--" {
                 optionsEnded = true
+                // A command that runs another takes everything after `--` as it is.
+                if command?.spec.trailing != nil {
+                    command?.sawSeparator = true
+                    command?.trailing = Array(words[index...])
+                    break
+                }
                 continue
             }
             if !optionsEnded && looksLikeOption(word) {
@@ -142,7 +153,12 @@ enum CommandLineParser {
             return UsageError(message: "\(takes): missing \(missing)", command: spec.name)
         }
         if given.count > all.count {
-            return UsageError(message: "\(takes): unexpected argument '\(given[all.count])'", command: spec.name)
+            let hint = spec.trailing.map { "; put the \($0) after --" } ?? ""
+            return UsageError(
+                message: "\(takes): unexpected argument '\(given[all.count])'\(hint)", command: spec.name)
+        }
+        if let trailing = spec.trailing, command.trailing.isEmpty {
+            return UsageError(message: "\(spec.name) needs -- \(trailing) at the end", command: spec.name)
         }
         for (argument, word) in zip(all, given) {
             if case .oneOf(let words) = argument.kind, !words.contains(word) {

@@ -86,6 +86,9 @@ public struct CommandSpec: Sendable {
     public let required: [ArgumentSpec]
     /// Arguments that follow the required ones, all of them or none.
     public let optional: [ArgumentSpec]
+    /// What comes after `--`, taken as it is (`COMMAND [ARGS...]`); nil when
+    /// the command takes nothing there.
+    public var trailing: String? = nil
     /// The command's own options (the global ones apply too).
     public let options: [OptionSpec]
     /// One line for the list of commands.
@@ -107,6 +110,7 @@ public struct CommandSpec: Sendable {
     var argumentSynopsis: [String] {
         var parts = required.map(\.name)
         if !optional.isEmpty { parts.append("[" + optional.map(\.name).joined(separator: " ") + "]") }
+        if let trailing { parts.append("-- " + trailing) }
         return parts
     }
 
@@ -122,6 +126,10 @@ public enum CommandTable {
         .value(
             "--socket", "PATH", .file,
             "vaultd's socket (default: $VAULTD_SOCKET, else $XDG_RUNTIME_DIR/vaultd/socket, else /run/vaultd/socket for root)"
+        ),
+        .value(
+            "--timeout", "SECONDS", .text,
+            "give up when vaultd does not answer within SECONDS (default \(VaultCtl.defaultTimeoutSeconds)); watch waits for events without limit"
         ),
         .value(
             "--owner", "USER", .localUser,
@@ -244,6 +252,39 @@ public enum CommandTable {
                 ("vaultctl watch demo alice --kind kickedOffline", "only when alice is kicked offline"),
             ],
             handler: { ctl, parsed in ctl.watch(parsed) }),
+        CommandSpec(
+            name: "exec", required: [.provider, .user], optional: [], trailing: "COMMAND [ARGS...]",
+            options: [
+                .value(
+                    "--env", "NAME", .text, "the environment variable that carries the token (default VAULTD_TOKEN)"),
+                .value(
+                    "--on-refresh", "ACTION", .suggest(["restart", "none", "signal:HUP", "signal:USR1"]),
+                    "on a new token: restart the command (default), send it signal:NAME, or none"),
+                .value("--grace", "SECONDS", .text, "how long a stopped command may take before SIGKILL (default 10)"),
+            ],
+            summary: "run a command with the token in its environment, kept in step with the session",
+            details: """
+                Runs COMMAND with the account's token in the environment variable NAME
+                (default VAULTD_TOKEN), for programs that cannot speak Varlink, and
+                stays subscribed to the session. When the token is refreshed, it
+                restarts COMMAND with the new one (SIGTERM, then SIGKILL after the grace
+                time), sends it a signal (signal:HUP; the command then reads the token
+                with `vaultctl token`), or leaves it alone (none). When the session
+                ends (logout, kick, an invalid or expired token) it stops COMMAND and
+                exits with status 75. SIGINT, SIGTERM and SIGHUP are passed on to
+                COMMAND; otherwise vaultctl exits with COMMAND's own status. If vaultd
+                goes away, it reconnects (1 s to 30 s apart) and catches up on a token
+                that changed meanwhile. COMMAND runs in a process group of its own, and
+                its environment can be read by its own user and root only.
+                """,
+            examples: [
+                ("vaultctl exec demo alice -- ./bot --server chat.example.com", "run a bot with alice's token"),
+                (
+                    "vaultctl exec --env API_TOKEN --on-refresh signal:HUP salesforce alice -- ./sync",
+                    "tell a program that reloads on SIGHUP"
+                ),
+            ],
+            handler: { ctl, parsed in ctl.exec(parsed) }),
         CommandSpec(
             name: "kick", required: [.provider, .user], optional: [],
             options: [.value("--reason", "REASON", .text, "why, as subscribers see it (default: kicked)")],

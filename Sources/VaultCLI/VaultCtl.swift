@@ -7,19 +7,36 @@ import VaultSystem
 /// vaultctl: the command-line client of vaultd. Exit codes: 0 ok, 1 an error
 /// from vaultd, 2 bad usage, 3 vaultd not reachable.
 public struct VaultCtl {
-    /// Process exit codes.
-    public enum ExitCode: Int32 {
-        case ok = 0
-        case daemonError = 1
-        case usage = 2
-        case unreachable = 3
+    /// Process exit codes: 0 ok, 1 an error from vaultd, 2 bad usage, 3 vaultd
+    /// not reachable; `exec` also passes on its command's own status, and
+    /// ends with `sessionEnded` when the session did.
+    public struct ExitCode: RawRepresentable, Equatable, Sendable, CustomStringConvertible {
+        public let rawValue: Int32
+        public init(rawValue: Int32) { self.rawValue = rawValue }
+
+        public static let ok = ExitCode(rawValue: 0)
+        public static let daemonError = ExitCode(rawValue: 1)
+        public static let usage = ExitCode(rawValue: 2)
+        public static let unreachable = ExitCode(rawValue: 3)
+        /// `exec`: the session ended (logout, kick, invalid or expired token)
+        /// and the command was stopped; 75 is sysexits' EX_TEMPFAIL, "try
+        /// again later", which a service manager can be told to restart on.
+        public static let sessionEnded = ExitCode(rawValue: 75)
+
+        public var description: String { String(rawValue) }
     }
 
     /// The version printed by `--version`.
     public static let version = "0.1.0"
 
+    /// How long a call waits for vaultd unless `--timeout` says otherwise: long
+    /// enough for a login through a slow provider, short enough that a vaultd
+    /// that accepts and never answers does not hang a script.
+    public static let defaultTimeoutSeconds = 60
+
     var json = false
     var socketPath: String?
+    var timeoutSeconds = VaultCtl.defaultTimeoutSeconds
     /// Whose session to address (`--owner`): root and admins acting on another user's.
     var owner: UInt32?
     var output: Output
@@ -60,6 +77,12 @@ public struct VaultCtl {
         }
         json = invocation.globalFlags.contains("--json")
         socketPath = invocation.globalValues["--socket"]
+        if let text = invocation.globalValues["--timeout"] {
+            guard let seconds = Int(text), seconds > 0, seconds <= 86400 else {
+                return usage("--timeout needs a number of seconds from 1 to 86400, not '\(text)'")
+            }
+            timeoutSeconds = seconds
+        }
         if let name = invocation.globalValues["--owner"] {
             if let uid = UInt32(name) {
                 owner = uid
@@ -84,10 +107,12 @@ public struct VaultCtl {
             }
             expiresAt = value
         }
+        let (provider, user) = (positional[0], positional[1])
         if command.has("--from-provider") {
             // The provider obtains the tokens itself (client credentials, an exec helper).
-            return call(VaultMethod.login.rawValue, account(positional)) { reply in
-                output.out("logged in: \(describe(reply.parameters["session"] ?? .null))")
+            return run { vault throws(VaultClientError) in
+                let result = try vault.loginFromProvider(provider: provider, user: user, ownerUID: owner)
+                return (loginJSON(result), "logged in: \(describe(result.session))")
             }
         }
         let text: String
@@ -103,26 +128,33 @@ public struct VaultCtl {
             return .usage
         }
         // Send what was read, as read: the daemon applies the same rules.
-        var parameters = account(positional)
         let trimmed = LoginCredential.trimmed(text)
-        if trimmed.hasPrefix("{"), let response = try? JSON.parse(trimmed) {
-            parameters["tokenResponse"] = response
-        } else {
-            parameters["token"] = .string(credential.tokens.accessToken.revealed)
-        }
-        if let expiresAt { parameters["expiresAt"] = .int(expiresAt) }
-        return call(VaultMethod.login.rawValue, parameters) { reply in
-            let session = reply.parameters["session"] ?? .null
-            let created = reply.parameters["created"]?.boolValue ?? false
-            let what = created ? "logged in" : "already logged in"
-            output.out("\(what): \(describe(session))")
+        let response = trimmed.hasPrefix("{") ? try? JSON.parse(trimmed) : nil
+        let expiry = expiresAt.map(UnixTime.init(seconds:))
+        return run { vault throws(VaultClientError) in
+            let result =
+                if let response {
+                    try vault.login(
+                        provider: provider, user: user, tokenResponse: response, expiresAt: expiry, ownerUID: owner)
+                } else {
+                    try vault.login(
+                        provider: provider, user: user, token: credential.tokens.accessToken.revealed,
+                        expiresAt: expiry, ownerUID: owner)
+                }
+            let what = result.created ? "logged in" : "already logged in"
+            return (loginJSON(result), "\(what): \(describe(result.session))")
         }
     }
 
+    func loginJSON(_ result: LoginResult) -> JSON {
+        .object(["session": result.session.json, "created": .bool(result.created)])
+    }
+
     mutating func logout(_ command: ParsedCommand) -> ExitCode {
-        let operands = command.arguments
-        return call(VaultMethod.logout.rawValue, account(operands)) { _ in
-            output.out("logged out: \(operands[1]) @ \(operands[0])")
+        let (provider, user) = (command.arguments[0], command.arguments[1])
+        return run { vault throws(VaultClientError) in
+            try vault.logout(provider: provider, user: user, ownerUID: owner)
+            return (.object([:]), "logged out: \(user) @ \(provider)")
         }
     }
 
@@ -135,54 +167,62 @@ public struct VaultCtl {
             output.err("vaultctl: \(message)")
             return .usage
         }
-        let secret = LoginCredential.trimmed(text)
-        return call(VaultMethod.setProviderSecret.rawValue, ["provider": .string(provider), "secret": .string(secret)])
-        { _ in
-            output.out("client secret of \(provider) stored in the secret store")
+        let secret = Secret(LoginCredential.trimmed(text))
+        return run { vault throws(VaultClientError) in
+            try vault.setProviderSecret(provider: provider, secret: secret)
+            return (.object([:]), "client secret of \(provider) stored in the secret store")
         }
     }
 
     mutating func refresh(_ command: ParsedCommand) -> ExitCode {
-        call(VaultMethod.refresh.rawValue, account(command.arguments)) { reply in
-            output.out("refreshed: \(describe(reply.parameters["session"] ?? .null))")
+        let (provider, user) = (command.arguments[0], command.arguments[1])
+        return run { vault throws(VaultClientError) in
+            let session = try vault.refresh(provider: provider, user: user, ownerUID: owner)
+            return (.object(["session": session.json]), "refreshed: \(describe(session))")
         }
     }
 
     mutating func status(_ command: ParsedCommand) -> ExitCode {
         let operands = command.arguments
         if operands.isEmpty { return list() }
-        return call(VaultMethod.getSession.rawValue, account(operands)) { reply in
-            let session = reply.parameters["session"] ?? .null
-            var lines: [(String, String)] = [
-                ("Provider", session["provider"]?.stringValue ?? "-"),
-                ("User", session["user"]?.stringValue ?? "-"),
-                ("State", session["state"]?.stringValue ?? "-"),
-                ("Expires", Format.time(session["expiresAt"]?.integerValue)),
-                ("Created", Format.time(session["createdAt"]?.integerValue)),
-                ("Owner uid", session["ownerUid"]?.integerValue.map { String($0) } ?? "-"),
-                ("Token", session["token"]?.stringValue ?? "-"),
-                ("Refresh token", (session["hasRefreshToken"]?.boolValue ?? false) ? "yes" : "no"),
-            ]
-            if let url = session["instanceUrl"]?.stringValue { lines.append(("Instance URL", url)) }
-            if let connection = session["connection"]?.stringValue { lines.append(("Connection", connection)) }
-            if let at = session["refreshAt"]?.integerValue { lines.append(("Refresh at", Format.time(at))) }
-            if let at = session["lastRefreshAt"]?.integerValue { lines.append(("Last refresh", Format.time(at))) }
-            if let failures = session["consecutiveFailures"]?.integerValue, failures > 0 {
-                lines.append(("Failures", String(failures)))
-            }
-            if let error = session["lastError"]?.stringValue { lines.append(("Last error", error)) }
-            if let at = session["nextRetryAt"]?.integerValue { lines.append(("Next retry", Format.time(at))) }
-            if session["unsaved"]?.boolValue == true { lines.append(("Unsaved", "yes (the store write is retried)")) }
-            if let name = session["profile"]?["name"]?.stringValue { lines.append(("Name", name)) }
-            for (key, value) in lines { output.out(Format.pad(key + ":", 15) + value) }
+        let (provider, user) = (operands[0], operands[1])
+        return run { vault throws(VaultClientError) in
+            let session = try vault.session(provider: provider, user: user, ownerUID: owner)
+            return (.object(["session": session.json]), statusText(session.json))
         }
+    }
+
+    /// `vaultctl status PROVIDER USER` for a human: one field per line.
+    func statusText(_ session: JSON) -> String {
+        var lines: [(String, String)] = [
+            ("Provider", session["provider"]?.stringValue ?? "-"),
+            ("User", session["user"]?.stringValue ?? "-"),
+            ("State", session["state"]?.stringValue ?? "-"),
+            ("Expires", Format.time(session["expiresAt"]?.integerValue)),
+            ("Created", Format.time(session["createdAt"]?.integerValue)),
+            ("Owner uid", session["ownerUid"]?.integerValue.map { String($0) } ?? "-"),
+            ("Token", session["token"]?.stringValue ?? "-"),
+            ("Refresh token", (session["hasRefreshToken"]?.boolValue ?? false) ? "yes" : "no"),
+        ]
+        if let url = session["instanceUrl"]?.stringValue { lines.append(("Instance URL", url)) }
+        if let connection = session["connection"]?.stringValue { lines.append(("Connection", connection)) }
+        if let at = session["refreshAt"]?.integerValue { lines.append(("Refresh at", Format.time(at))) }
+        if let at = session["lastRefreshAt"]?.integerValue { lines.append(("Last refresh", Format.time(at))) }
+        if let failures = session["consecutiveFailures"]?.integerValue, failures > 0 {
+            lines.append(("Failures", String(failures)))
+        }
+        if let error = session["lastError"]?.stringValue { lines.append(("Last error", error)) }
+        if let at = session["nextRetryAt"]?.integerValue { lines.append(("Next retry", Format.time(at))) }
+        if session["unsaved"]?.boolValue == true { lines.append(("Unsaved", "yes (the store write is retried)")) }
+        if let name = session["profile"]?["name"]?.stringValue { lines.append(("Name", name)) }
+        return lines.map { Format.pad($0.0 + ":", 15) + $0.1 }.joined(separator: "\n")
     }
 
     mutating func list() -> ExitCode {
         let sessions: [Session]
         do {
             // Every page, to the last; a page too large for vaultd's output limit is asked for in halves.
-            sessions = try VaultConnection(path: socketPath).sessions()
+            sessions = try connect().sessions()
         } catch {
             return report(error)
         }
@@ -206,24 +246,32 @@ public struct VaultCtl {
     }
 
     mutating func token(_ command: ParsedCommand) -> ExitCode {
-        var parameters = account(command.arguments)
+        let (provider, user) = (command.arguments[0], command.arguments[1])
+        var minValid: Int64?
         if let text = command.value("--min-valid") {
             guard let value = Int64(text), value >= 0 else {
                 return usage("token: --min-valid needs a number of seconds, not '\(text)'", command: "token")
             }
-            parameters["minValidSeconds"] = .int(value)
+            minValid = value
         }
-        return call(VaultMethod.getToken.rawValue, parameters) { reply in
-            output.out(reply.parameters["token"]?.stringValue ?? "")
+        return run { vault throws(VaultClientError) in
+            let token = try vault.token(provider: provider, user: user, minValidSeconds: minValid, ownerUID: owner)
+            var reply: [String: JSON] = [
+                "token": .string(token.value.revealed), "ownerUid": .int(Int64(token.ownerUID)),
+            ]
+            reply["tokenType"] = token.tokenType.map(JSON.string)
+            reply["expiresAt"] = token.expiresAt.map { .int($0.seconds) }
+            reply["instanceUrl"] = token.instanceURL.map(JSON.string)
+            return (.object(reply), token.value.revealed)
         }
     }
 
     mutating func kick(_ command: ParsedCommand) -> ExitCode {
-        let positional = command.arguments
-        var parameters = account(positional)
-        if let reason = command.value("--reason") { parameters["reason"] = .string(reason) }
-        return call(VaultMethod.forceLogout.rawValue, parameters) { _ in
-            output.out("kicked offline: \(positional[1]) @ \(positional[0])")
+        let (provider, user) = (command.arguments[0], command.arguments[1])
+        let reason = command.value("--reason")
+        return run { vault throws(VaultClientError) in
+            try vault.forceLogout(provider: provider, user: user, reason: reason, ownerUID: owner)
+            return (.object([:]), "kicked offline: \(user) @ \(provider)")
         }
     }
 
@@ -247,28 +295,33 @@ public struct VaultCtl {
     /// Prints events as they come, one line each, until vaultd closes the stream.
     mutating func watch(_ command: ParsedCommand) -> ExitCode {
         let positional = command.arguments
-        let kinds = (command.values["--kind"] ?? []).map(JSON.string)
-        var parameters: [String: JSON] = positional.isEmpty ? [:] : account(positional)
-        if !kinds.isEmpty { parameters["kinds"] = .array(kinds) }
-        let path = socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
-        do {
-            let client = try VarlinkClient(path: path)
-            var reply = try client.call(VaultMethod.subscribe.rawValue, parameters, more: true)
-            // Bounded by the connection: the loop ends when vaultd ends the stream.
-            while true {
-                if let failure = daemonError(reply) { return failure }
-                if json {
-                    output.out(JSON.object(reply.parameters).text)
-                } else if let event = reply.parameters["event"] {
-                    output.out(describeEvent(event))
-                } else if let sessions = reply.parameters["sessions"]?.arrayValue {
-                    output.out("watching \(sessions.count) session\(sessions.count == 1 ? "" : "s"); events follow")
-                }
-                guard reply.continues else { return .ok }
-                reply = try client.receive()
+        var kinds: [EventKind] = []
+        for name in command.values["--kind"] ?? [] {
+            guard let kind = EventKind(rawValue: name) else {
+                let known = EventKind.allCases.map(\.rawValue).joined(separator: ", ")
+                return usage("watch: --kind \(name) is not an event kind (\(known))", command: "watch")
             }
+            kinds.append(kind)
+        }
+        do throws(VaultClientError) {
+            let stream = try connect().subscribe(
+                provider: positional.first, user: positional.count > 1 ? positional[1] : nil, kinds: kinds)
+            if json {
+                output.out(JSON.object(["sessions": .array(stream.snapshot.map(\.json))]).text)
+            } else {
+                let count = stream.snapshot.count
+                output.out("watching \(count) session\(count == 1 ? "" : "s"); events follow")
+            }
+            // Events may be hours apart: only the subscription itself was bounded by --timeout.
+            stream.raw.setReceiveTimeout(seconds: 0)
+            // Bounded by the connection: the loop ends when vaultd ends the stream.
+            while let event = try stream.next() {
+                output.out(json ? JSON.object(["event": event.json()]).text : describeEvent(event.json()))
+            }
+            if case .error(let reply) = stream.end { return report(.reply(reply)) }
+            return .ok
         } catch {
-            return reportUnreachable(error)
+            return report(error)
         }
     }
 
@@ -284,37 +337,41 @@ public struct VaultCtl {
 
     // MARK: Plumbing
 
-    /// The parameters that name a session: provider, user and, with `--owner`, its owner.
-    func account(_ operands: [String]) -> [String: JSON] {
-        var parameters: [String: JSON] = ["provider": .string(operands[0]), "user": .string(operands[1])]
-        if let owner { parameters["ownerUid"] = .int(Int64(owner)) }
-        return parameters
+    /// A connection to vaultd at `--socket` (or the default path), every wait bounded by `--timeout`.
+    func connect() throws(VaultClientError) -> VaultConnection {
+        try VaultConnection(path: socketPath, timeoutSeconds: timeoutSeconds)
     }
 
-    /// Calls vaultd; on success prints the reply (as JSON with --json, else via `human`).
-    func call(_ method: String, _ parameters: [String: JSON], human: (VarlinkReply) -> Void) -> ExitCode {
-        let path = socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
-        let reply: VarlinkReply
-        do {
-            let client = try VarlinkClient(path: path)
-            reply = try client.call(method, parameters)
+    /// Connects, runs one typed call, and prints what it returns: the JSON
+    /// with --json, else the text for a human. Failures are reported as
+    /// `report` does.
+    func run(_ call: (VaultConnection) throws(VaultClientError) -> (json: JSON, text: String)) -> ExitCode {
+        do throws(VaultClientError) {
+            let answer = try call(try connect())
+            output.out(json ? answer.json.text : answer.text)
+            return .ok
         } catch {
-            return reportUnreachable(error)
+            return report(error)
         }
-        if let failure = daemonError(reply) { return failure }
-        if json {
-            output.out(JSON.object(reply.parameters).text)
-        } else {
-            human(reply)
-        }
-        return .ok
     }
 
-    /// Reports a failed typed call as `daemonError` and `reportUnreachable` do.
+    /// Reports a failed call on stderr and returns the exit code: 1 for an
+    /// error vaultd answered with, 3 when vaultd could not be reached or did
+    /// not answer in time.
     func report(_ error: VaultClientError) -> ExitCode {
         switch error {
         case .reply(let reply):
-            return daemonError(VarlinkReply(error: reply.name, parameters: reply.parameters)) ?? .daemonError
+            let code = reply.code ?? reply.name
+            if json {
+                output.err(
+                    JSON.object([
+                        "error": .string(reply.name), "code": .string(code), "message": .string(reply.message),
+                    ])
+                    .text)
+            } else {
+                output.err("vaultctl: \(reply.message) (\(code))")
+            }
+            return .daemonError
         case .client(let failure):
             return reportUnreachable(failure)
         case .unexpectedReply:
@@ -337,32 +394,9 @@ public struct VaultCtl {
         return .unreachable
     }
 
-    /// Reports an error reply on stderr; nil for a successful reply.
-    func daemonError(_ reply: VarlinkReply) -> ExitCode? {
-        if let name = reply.error {
-            let code = reply.parameters["code"]?.stringValue ?? name
-            let message = reply.parameters["message"]?.stringValue ?? describeVarlinkError(reply)
-            if json {
-                output.err(
-                    JSON.object(["error": .string(name), "code": .string(code), "message": .string(message)]).text)
-            } else {
-                output.err("vaultctl: \(message) (\(code))")
-            }
-            return .daemonError
-        }
-        return nil
-    }
-
-    func describeVarlinkError(_ reply: VarlinkReply) -> String {
-        if let parameter = reply.parameters["parameter"]?.stringValue { return "invalid parameter '\(parameter)'" }
-        return reply.error ?? "unknown error"
-    }
-
-    func describe(_ session: JSON) -> String {
-        let user = session["user"]?.stringValue ?? "?"
-        let provider = session["provider"]?.stringValue ?? "?"
-        let expires = session["expiresAt"]?.integerValue.map { ", expires \(Format.time($0))" } ?? ""
-        return "\(user) @ \(provider)\(expires)"
+    func describe(_ session: Session) -> String {
+        let expires = session.expiresAt.map { ", expires \(Format.time($0.seconds))" } ?? ""
+        return "\(session.account.user) @ \(session.account.provider)\(expires)"
     }
 
     /// Reports bad usage on stderr, pointing to the help of `command` (or of vaultctl).

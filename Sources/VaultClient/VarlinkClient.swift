@@ -25,7 +25,9 @@ extension ClientError: CustomStringConvertible {
         case .untrustedPeer(let path, let uid):
             return
                 "the socket \(path) is served by uid \(uid), not by root or you; refusing to send credentials. Someone may have put their own socket in vaultd's place: check who owns its directory, or pass the right --socket PATH"
-        case .timedOut(let path, let waiting): return "vaultd at \(path) did not answer in time (\(waiting))"
+        case .timedOut(let path, let waiting):
+            return
+                "vaultd at \(path) did not answer in time (waiting for \(waiting)); it may be stuck or overloaded: check its log (journalctl --user -u vaultd), or allow longer (vaultctl --timeout SECONDS)"
         }
     }
 }
@@ -97,6 +99,10 @@ public final class VarlinkClient {
             throw .untrustedPeer(path: path, uid: peer)
         }
     }
+
+    /// Changes how long a receive waits (0: without limit), for a stream
+    /// whose messages may be far apart once it has started.
+    public func setReceiveTimeout(seconds: Int) { VarlinkClient.setTimeout(fd, SO_RCVTIMEO, seconds: seconds) }
 
     /// Sets `SO_SNDTIMEO` or `SO_RCVTIMEO`; 0 waits forever.
     private static func setTimeout(_ fd: Int32, _ option: Int32, seconds: Int) {

@@ -51,6 +51,10 @@ public struct OAuth2Settings: Sendable, Equatable {
     public var clientSecretFile: String?
     /// How long one request to the token or revocation endpoint may take, in seconds.
     public var timeoutSeconds: Int64 = 30
+    /// `AllowInsecureHTTP=yes`: `http://` endpoints on other hosts than
+    /// loopback are accepted, though refresh tokens and the client secret then
+    /// cross the network in clear. Off by default.
+    public var allowInsecureHTTP = false
 
     /// Settings with the required fields and defaults for the rest.
     public init(tokenURL: String, clientID: String) {
@@ -182,15 +186,15 @@ public enum ConfigParser {
         ] + ServingLimits.keys
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
-        "MaxSessionLifetime", "ClientSecretFile", "Command", "Timeout", "MaxConcurrentHelpers", "MintUsers",
-        "MintGroups",
+        "MaxSessionLifetime", "ClientSecretFile", "AllowInsecureHTTP", "Command", "Timeout", "MaxConcurrentHelpers",
+        "MintUsers", "MintGroups",
     ]
     /// The keys only some types of provider take.
     static let typeKeys: [ProviderType: Set<String>] = [
         .exec: ["Command", "Timeout", "MaxConcurrentHelpers"],
         .oauth2: [
             "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime",
-            "ClientSecretFile", "Timeout",
+            "ClientSecretFile", "AllowInsecureHTTP", "Timeout",
         ],
     ]
     static let accountKeys = ["Owner", "TokenReadUsers", "TokenReadGroups"]
@@ -291,10 +295,23 @@ public enum ConfigParser {
             }
             return entry
         }
+        var allowInsecureHTTP = false
+        if let entry = section.entries["AllowInsecureHTTP"] {
+            guard let value = ConfigParser.boolean(entry.value) else {
+                throw entry.error("key 'AllowInsecureHTTP': expected yes or no")
+            }
+            allowInsecureHTTP = value
+        }
         func url(_ entry: Entry, _ key: String) throws(VaultError) -> String {
             let value = entry.value
             guard value.hasPrefix("https://") || value.hasPrefix("http://"), value.count > 8, !value.contains(" ")
             else { throw entry.error("key '\(key)': expected an http:// or https:// URL without spaces") }
+            // The request carries the refresh token and the client secret.
+            if value.hasPrefix("http://"), !allowInsecureHTTP, !ProviderURL.isLoopbackHTTP(value) {
+                throw entry.error(
+                    "key '\(key)': an http:// URL sends refresh tokens and the client secret in clear, so it is accepted only for a loopback host (127.0.0.1, [::1], localhost); use https://, or add AllowInsecureHTTP=yes to [Provider \(name)] if the network to that host is trusted"
+                )
+            }
             return value
         }
         func duration(_ key: String) throws(VaultError) -> Int64? {
@@ -311,6 +328,7 @@ public enum ConfigParser {
         if let lifetime = try duration("DefaultLifetime") { settings.defaultLifetime = lifetime }
         settings.maxSessionLifetime = try duration("MaxSessionLifetime")
         settings.clientSecretFile = section.entries["ClientSecretFile"]?.value
+        settings.allowInsecureHTTP = allowInsecureHTTP
         if let timeout = section.entries["Timeout"] {
             settings.timeoutSeconds = try ConfigParser.timeout(timeout, key: "Timeout")
         }
@@ -566,5 +584,39 @@ public enum DurationParser {
             sawAny = true
         }
         return sawAny ? total : nil
+    }
+}
+
+/// What vaultd checks of a provider's endpoint URLs.
+public enum ProviderURL {
+    /// True when `url` is `http://` to a loopback host: `localhost`, an IPv4
+    /// address in 127.0.0.0/8 written as four decimal numbers, or `[::1]`.
+    /// Anything else (another host, a user part hiding the host, a number
+    /// written in another form) is not loopback.
+    public static func isLoopbackHTTP(_ url: String) -> Bool {
+        guard url.hasPrefix("http://") else { return false }
+        let rest = url.dropFirst("http://".count)
+        let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        // A user part ("user@host") names no host of its own; whatever follows the last @ is the host.
+        let hostAndPort = authority.split(separator: "@", omittingEmptySubsequences: false).last ?? ""
+        let host: Substring
+        if hostAndPort.hasPrefix("[") {
+            guard let close = hostAndPort.firstIndex(of: "]") else { return false }
+            host = hostAndPort[hostAndPort.index(after: hostAndPort.startIndex)..<close]
+            let after = hostAndPort[hostAndPort.index(after: close)...]
+            guard after.isEmpty || after.hasPrefix(":") else { return false }
+            return host == "::1" || host == "0:0:0:0:0:0:0:1"
+        }
+        let parts = hostAndPort.split(separator: ":", omittingEmptySubsequences: false)
+        guard parts.count <= 2, let first = parts.first else { return false }
+        host = first
+        if host.lowercased() == "localhost" { return true }
+        let octets = host.split(separator: ".", omittingEmptySubsequences: false)
+        guard octets.count == 4 else { return false }
+        let numbers = octets.compactMap { octet -> Int? in
+            guard (1...3).contains(octet.count), octet.allSatisfy({ $0.isASCII && $0.isNumber }) else { return nil }
+            return Int(octet)
+        }
+        return numbers.count == 4 && numbers[0] == 127 && numbers.allSatisfy { $0 <= 255 }
     }
 }

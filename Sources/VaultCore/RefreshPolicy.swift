@@ -26,12 +26,16 @@ public enum RefreshPolicy {
 
     /// The wait before retry number `attempt` (1 for the first retry): full
     /// jitter between 1 s and min(5 min, 2^attempt s), and never less than
-    /// the server's Retry-After, itself capped at `longestRetryAfter`.
+    /// the server's Retry-After, itself capped at `longestRetryAfter`. A
+    /// Retry-After gets up to a quarter more at random, so that the sessions
+    /// a server turned away together do not all come back in the same second.
     /// `random` is in 0..<1.
     public static func backoff(attempt: Int, random: Double, retryAfter: Int64? = nil) -> Int64 {
+        let random = min(max(random, 0), 0.999)
         let ceiling = min(300, Int64(1) << min(max(attempt, 1), 9))
-        let wait = max(1, Int64((Double(ceiling) * min(max(random, 0), 0.999)).rounded(.up)))
-        return max(wait, min(retryAfter ?? 0, longestRetryAfter))
+        let wait = max(1, Int64((Double(ceiling) * random).rounded(.up)))
+        let asked = min(max(retryAfter ?? 0, 0), longestRetryAfter)
+        return max(wait, asked + Int64((Double(asked / 4) * random).rounded(.down)))
     }
 }
 

@@ -41,7 +41,33 @@ public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible 
         return Int64(delay.rounded(.up))
     }
 
-    public var description: String { "\(seconds)" }
+    /// The time as messages show it: ISO 8601 in UTC (`2026-11-30T19:02:37Z`),
+    /// or `@SECONDS` outside years 1970 to 9999.
+    public var description: String { iso8601 ?? "@\(seconds)" }
+
+    /// ISO 8601 in UTC, for times from the epoch to `latestExpiry`; nil outside.
+    public var iso8601: String? {
+        guard seconds >= 0, seconds <= UnixTime.latestExpiry.seconds else { return nil }
+        let days = seconds / 86400
+        let secondOfDay = seconds % 86400
+        // Days since the epoch to a civil date (proleptic Gregorian calendar),
+        // counting from 0000-03-01 so that the leap day ends each year.
+        let shifted = days + 719_468
+        let era = shifted / 146_097
+        let dayOfEra = shifted - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let monthIndex = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * monthIndex + 2) / 5 + 1
+        let month = monthIndex < 10 ? monthIndex + 3 : monthIndex - 9
+        let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
+        func two(_ n: Int64) -> String { n < 10 ? "0\(n)" : "\(n)" }
+        let hour = secondOfDay / 3600
+        let minute = secondOfDay / 60 % 60
+        let second = secondOfDay % 60
+        let paddedYear = String(repeating: "0", count: max(0, 4 - String(year).count)) + String(year)
+        return "\(paddedYear)-\(two(month))-\(two(day))T\(two(hour)):\(two(minute)):\(two(second))Z"
+    }
 }
 
 /// The source of "now" for the domain. Injected so that tests can move time by hand.

@@ -5,7 +5,8 @@ import VaultSystem
 /// A program started with posix_spawn: no shell, its own environment, its
 /// standard input, output and error on pipes (non-blocking on this side),
 /// every signal at its default disposition and none blocked, whatever the
-/// parent ignores or blocks.
+/// parent ignores or blocks, and in a process group of its own (its id is the
+/// child's pid), so that `killGroup` reaches whatever the child started too.
 struct ChildProcess: Sendable {
     /// The child's process id; reap it with `waitpid`.
     let pid: pid_t
@@ -55,7 +56,9 @@ struct ChildProcess: Sendable {
         sigfillset(&allSignals)
         posix_spawnattr_setsigmask(&attributes, &noSignals)
         posix_spawnattr_setsigdefault(&attributes, &allSignals)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        posix_spawnattr_setpgroup(&attributes, 0)
+        posix_spawnattr_setflags(
+            &attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP))
 
         let arguments = argv.map { strdup($0) } + [nil]
         let entries = environment.sorted { $0.key < $1.key }.map { strdup("\($0.key)=\($0.value)") } + [nil]
@@ -71,6 +74,29 @@ struct ChildProcess: Sendable {
             _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         }
         return ChildProcess(pid: pid, stdin: pipes[0].write, stdout: pipes[1].read, stderr: pipes[2].read)
+    }
+
+    /// SIGKILLs the child's process group: the child, unless it was reaped,
+    /// and every process it started that stayed in the group. Call it only
+    /// while the child is not reaped yet (running, or a zombie seen through
+    /// `hasExited`): until then no other process can get its pid as a group id.
+    func killGroup() {
+        kill(-pid, SIGKILL)
+    }
+
+    /// True when the child has exited (or was killed). The child is not
+    /// reaped (`WNOWAIT`): it stays a zombie, holding its pid and group id,
+    /// until `waitpid` takes its status.
+    func hasExited() -> Bool {
+        var info = siginfo_t()
+        guard waitid(P_PID, id_t(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 else { return errno == ECHILD }
+        return info._sifields._sigchld.si_pid == pid
+    }
+
+    /// The signal that ended the process, from `waitpid`'s status; nil when it exited.
+    static func signal(fromWaitStatus status: Int32) -> Int32? {
+        let signal = status & 0x7f
+        return signal == 0 || signal == 0x7f ? nil : signal
     }
 
     /// The exit status `waitpid` reported, as a shell shows it: the exit code,

@@ -116,6 +116,7 @@ public struct ExecProvider: TokenProvider {
                 ])
         }
         if let failure = result.failure { return .transient(reason: failure, retryAfter: nil) }
+        let ended = ExecProvider.ending(program, result)
         guard let json = answer, case .object = json else {
             if !result.stdout.isEmpty {
                 log.info(
@@ -127,8 +128,7 @@ public struct ExecProvider: TokenProvider {
                             limit: ExecProvider.loggedStderr),
                     ])
             }
-            return .transient(
-                reason: "the helper \(program) exited \(result.status) without a JSON answer", retryAfter: nil)
+            return .transient(reason: "\(ended) without a JSON answer", retryAfter: nil)
         }
         if let error = json["error"]?.stringValue {
             let code = ExecProvider.plausibleCode(error) ? error : "ERR_HELPER"
@@ -137,10 +137,21 @@ public struct ExecProvider: TokenProvider {
             return .transient(reason: "\(code): \(message)", retryAfter: nil)
         }
         if action == "revoke" { return .refreshed(TokenSet(accessToken: Secret("-")), expiresIn: nil) }
-        guard result.status == 0, let credential = try? LoginCredential(tokenResponse: json) else {
+        guard result.status == 0 else {
+            return .transient(reason: "\(ended); an answer is taken only from a helper that exits 0", retryAfter: nil)
+        }
+        guard let credential = try? LoginCredential(tokenResponse: json) else {
             return .transient(reason: "the helper answered without an access_token", retryAfter: nil)
         }
         return .refreshed(credential.tokens, expiresIn: credential.expiresIn)
+    }
+
+    /// How the helper's run ended, for a message: "the helper P exited 3", or
+    /// "the helper P crashed (signal 11, Segmentation fault)".
+    static func ending(_ program: String, _ result: RunResult) -> String {
+        guard let signal = result.signal else { return "the helper \(program) exited \(result.status)" }
+        let name = strsignal(signal).map { String(cString: $0) } ?? "unknown signal"
+        return "the helper \(program) crashed (signal \(signal), \(name))"
     }
 
     /// True for an `error` a helper may answer that can be shown as it is: a
@@ -156,6 +167,8 @@ public struct ExecProvider: TokenProvider {
 
     struct RunResult {
         var status: Int32 = -1
+        /// The signal that ended the helper, when one did.
+        var signal: Int32?
         var stdout: [UInt8] = []
         var stderr: [UInt8] = []
         var failure: String?
@@ -208,9 +221,11 @@ public struct ExecProvider: TokenProvider {
             for fd in [stdinFD, child.stdout, child.stderr] where fd >= 0 { close(fd) }
         }
         // One loop writes the input and reads both pipes with poll() against one
-        // deadline. A helper whose children keep the pipes open cannot hold
-        // vaultd: reading stops shortly after the helper itself exited, or at
-        // the deadline.
+        // deadline. The helper runs in a process group of its own: once it has
+        // exited, at the deadline, and when it writes too much, the whole group
+        // is killed, so a child it left behind holding the pipes is neither
+        // waited for nor left running. Reading stops shortly after the helper
+        // exited at the latest, or at the deadline.
         var pendingInput = input[...]
         var streams = [
             (fd: child.stdout, limit: maximumOutput, data: [UInt8](), open: true),
@@ -220,15 +235,7 @@ public struct ExecProvider: TokenProvider {
         // copies of the helper's answer behind in freed memory.
         for index in streams.indices { streams[index].data.reserveCapacity(streams[index].limit + 1) }
         var exitedAt: UInt64?
-        var exitStatus: Int32?
         var buffer = [UInt8](repeating: 0, count: 65536)
-        func reapIfExited() -> Bool {
-            guard exitStatus == nil else { return true }
-            var status: Int32 = 0
-            guard waitpid(child.pid, &status, WNOHANG) == child.pid else { return false }
-            exitStatus = ChildProcess.exitCode(fromWaitStatus: status)
-            return true
-        }
         func closeInput() {
             close(stdinFD)
             stdinFD = -1
@@ -236,14 +243,17 @@ public struct ExecProvider: TokenProvider {
         if pendingInput.isEmpty { closeInput() }
         while streams.contains(where: { $0.open }) {
             let now = Monotonic.milliseconds()
-            if exitedAt == nil, reapIfExited() { exitedAt = now }
+            if exitedAt == nil, child.hasExited() {
+                exitedAt = now
+                // Not reaped yet, so the group id is still the helper's own.
+                child.killGroup()
+            }
             if let exitedAt, now > exitedAt + 200 { break }
             if now >= deadline {
-                // A helper that exited just now is not killed (its pid may be reused).
-                if exitStatus == nil {
-                    kill(child.pid, SIGKILL)
+                if exitedAt == nil {
                     result.failure = "the helper \(argv[0]) did not finish within \(timeoutSeconds)s and was killed"
                 }
+                child.killGroup()
                 break
             }
             var fds = streams.filter { $0.open }.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
@@ -264,26 +274,43 @@ public struct ExecProvider: TokenProvider {
                     if room > 0 { streams[index].data.append(contentsOf: buffer.prefix(min(n, room))) }
                 }
             }
+            if streams[0].data.count > maximumOutput {
+                // No answer is that long: stop the helper rather than read on.
+                result.failure =
+                    "the helper \(argv[0]) wrote more than \(maximumOutput) bytes to its output and was killed"
+                child.killGroup()
+                break
+            }
         }
-        if !reapIfExited() {
-            kill(child.pid, SIGKILL)
-            for _ in 0..<500 where !reapIfExited() { usleep(10_000) }
-            if exitStatus == nil {
-                // Killed but not gone yet (stuck in the kernel): reap it whenever it goes.
-                let pid = child.pid
-                DispatchQueue.global().async {
-                    var status: Int32 = 0
-                    _ = waitpid(pid, &status, 0)
-                }
+        if exitedAt == nil {
+            if result.failure == nil {
+                // Both pipes closed: the helper is most likely exiting; let it finish (bounded).
+                for _ in 0..<20 where !child.hasExited() { usleep(10_000) }
+            }
+            child.killGroup()
+        }
+        var exitStatus: Int32?
+        for _ in 0..<500 {
+            var status: Int32 = 0
+            if waitpid(child.pid, &status, WNOHANG) == child.pid {
+                exitStatus = status
+                break
+            }
+            usleep(10_000)
+        }
+        if exitStatus == nil {
+            // Killed but not gone yet (stuck in the kernel): reap it whenever it goes.
+            let pid = child.pid
+            DispatchQueue.global().async {
+                var status: Int32 = 0
+                _ = waitpid(pid, &status, 0)
             }
         }
         buffer.wipe()
-        result.status = exitStatus ?? -1
+        result.status = exitStatus.map(ChildProcess.exitCode(fromWaitStatus:)) ?? -1
+        result.signal = exitStatus.flatMap(ChildProcess.signal(fromWaitStatus:))
         result.stdout = streams[0].data
         result.stderr = streams[1].data
-        if result.failure == nil, result.stdout.count > maximumOutput {
-            result.failure = "the helper \(argv[0]) wrote more than \(maximumOutput) bytes"
-        }
         return result
     }
 }

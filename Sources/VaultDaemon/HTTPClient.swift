@@ -10,10 +10,80 @@ struct HTTPResponse: Sendable {
     var retryAfter: String?
 }
 
-/// Why no HTTP answer came: unreachable, timed out, too large, or no libcurl.
+/// Why no (whole) HTTP answer came, sorted by what it tells whoever reads it.
 struct HTTPFailure: Error, Sendable, CustomStringConvertible {
+    /// What went wrong, as far as the client can tell.
+    enum Kind: Sendable, Equatable {
+        /// Nothing listens at the host and port (ECONNREFUSED).
+        case refused
+        /// The host name did not resolve.
+        case unresolved
+        /// No answer within the time limit (connecting included).
+        case timedOut
+        /// The server closed or reset the connection without a whole answer.
+        case closed
+        /// The body ended before the length the server announced.
+        case truncated
+        /// The body is larger than `HTTPClient.maximumBody`.
+        case tooLarge
+        /// The TLS handshake or the certificate check failed.
+        case tls
+        /// The server answered something that is no HTTP.
+        case notHTTP
+        /// Anything else (no libcurl, out of memory, a bad URL).
+        case other
+    }
+
+    var kind: Kind
     var reason: String
     var description: String { reason }
+
+    init(_ kind: Kind = .other, reason: String) {
+        self.kind = kind
+        self.reason = reason
+    }
+
+    /// Sorts libcurl's error `code` (CURLE_*) for a request to `host`, with
+    /// libcurl's own words in `detail`, into a kind and a sentence that says
+    /// what happened and what to check.
+    init(curlCode code: Int32, tooLarge: Bool, detail: String, host: String, timeoutSeconds: Double) {
+        switch code {
+        case _ where tooLarge, 63:
+            self.init(
+                .tooLarge,
+                reason:
+                    "\(host) answered with more than \(HTTPClient.maximumBody) bytes, the most vaultd reads of an answer (is the URL a token endpoint?)"
+            )
+        case 7:
+            self.init(
+                .refused,
+                reason:
+                    "\(host) refused the connection: nothing listens there (the server is down, or the URL's port is wrong)"
+            )
+        case 6:
+            self.init(.unresolved, reason: "the host name of \(host) could not be resolved (\(detail))")
+        case 28:
+            self.init(
+                .timedOut,
+                reason: "\(host) timed out: no whole answer within \(Int(timeoutSeconds.rounded(.up)))s (Timeout=)")
+        case 52, 55, 56:
+            self.init(.closed, reason: "\(host) closed the connection without a whole answer (\(detail))")
+        case 18:
+            self.init(
+                .truncated,
+                reason: "\(host)'s answer was cut short: the connection ended before the body it announced did")
+        case 35, 51, 53, 54, 58, 59, 60, 64, 66, 77, 80, 82, 83, 90, 91, 98:
+            self.init(
+                .tls,
+                reason:
+                    "TLS with \(host) failed (\(detail)): check that the URL names the right host and that its certificate is trusted by the system's CA store"
+            )
+        case 1, 8:
+            self.init(.notHTTP, reason: "\(host) answered something that is no HTTP (\(detail))")
+        default:
+            self.init(.other, reason: "the request to \(host) failed: \(detail)")
+        }
+    }
 }
 
 /// Form POSTs to OAuth 2.0 endpoints through libcurl. Each request blocks a
@@ -22,7 +92,9 @@ struct HTTPFailure: Error, Sendable, CustomStringConvertible {
 /// latest, the wait for a thread included.
 enum HTTPClient {
     /// The largest response body read; a token response is a few kilobytes.
-    static let maximumBody = 1 << 20
+    /// libcurl stops at this many bytes (at once when the Content-Length is
+    /// larger), so a server sending megabytes costs vaultd no more than this.
+    static let maximumBody = 64 * 1024
     /// Requests to one host at once; more wait their turn (a hanging token
     /// endpoint holds at most this many of the executor's threads).
     static let requestsPerHost = 2
@@ -46,14 +118,16 @@ enum HTTPClient {
         ) { () -> Result<HTTPResponse, HTTPFailure> in
             let left = Int(deadline.subtractingReportingOverflow(Monotonic.milliseconds()).partialValue)
             guard Monotonic.milliseconds() < deadline, left > 0 else {
-                return .failure(HTTPFailure(reason: "timed out waiting for a free connection to \(host(of: url))"))
+                return .failure(
+                    HTTPFailure(.timedOut, reason: "timed out waiting for a free connection to \(host(of: url))"))
             }
             // Encoded here, so that this is the body's only copy and wiping it counts.
             var body = formEncoded(form)
-            return post(url, &body, timeoutMilliseconds: left)
+            return post(url, &body, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds)
         }
         guard let result else {
             throw HTTPFailure(
+                .timedOut,
                 reason:
                     "no answer within \(Int(timeoutSeconds))s: the request waited the whole time for a free connection to \(host(of: url))"
             )
@@ -61,15 +135,18 @@ enum HTTPClient {
         return try result.get()
     }
 
-    /// The host (and port) part of an http(s) URL, naming its lane.
+    /// The host (and port) part of an http(s) URL, naming its lane and its
+    /// failures; a user part (`user:password@`) is left out.
     static func host(of url: String) -> String {
         let rest = url.split(separator: "/", maxSplits: 3, omittingEmptySubsequences: false)
-        return rest.count > 2 ? String(rest[2]) : url
+        guard rest.count > 2 else { return "the endpoint" }
+        let authority = rest[2].prefix { $0 != "?" && $0 != "#" }
+        return String(authority.split(separator: "@", omittingEmptySubsequences: false).last ?? authority)
     }
 
-    private static func post(_ url: String, _ body: inout [UInt8], timeoutMilliseconds: Int) -> Result<
-        HTTPResponse, HTTPFailure
-    > {
+    private static func post(_ url: String, _ body: inout [UInt8], timeoutMilliseconds: Int, timeoutSeconds: Double)
+        -> Result<HTTPResponse, HTTPFailure>
+    {
         // The body carries the refresh token and client secret: wipe it once sent.
         defer { body.wipe() }
         var response = vaultd_http_response()
@@ -79,7 +156,17 @@ enum HTTPClient {
                 url, raw.baseAddress?.assumingMemoryBound(to: CChar.self), raw.count, timeoutMilliseconds,
                 maximumBody, &response)
         }
-        guard status == 0 else { return .failure(HTTPFailure(reason: text(of: &response.error))) }
+        guard status == 0 else {
+            let detail = text(of: &response.error)
+            guard response.curl_code != 0 || response.too_large != 0 else {
+                return .failure(HTTPFailure(reason: detail))
+            }
+            return .failure(
+                HTTPFailure(
+                    curlCode: response.curl_code, tooLarge: response.too_large != 0, detail: detail,
+                    host: host(of: url),
+                    timeoutSeconds: timeoutSeconds))
+        }
         let bytes = response.body.map { Array(UnsafeBufferPointer(start: $0, count: response.body_length)) } ?? []
         let retryAfter = text(of: &response.retry_after)
         return .success(

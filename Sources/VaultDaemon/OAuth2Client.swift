@@ -57,7 +57,9 @@ public struct OAuth2Client: Sendable {
             response = try await HTTPClient.postForm(
                 settings.tokenURL, parameters + clientAuthentication, timeoutSeconds: timeoutSeconds)
         } catch {
-            return .transient(reason: "token endpoint unreachable: \(error.reason)", retryAfter: nil)
+            // Each kind is worth retrying: none says the grant is gone, and
+            // logging a session out over a network or TLS fault would lose it.
+            return .transient(reason: "the token endpoint failed: \(error.reason)", retryAfter: nil)
         }
         // The body holds the new tokens: wipe it once they are taken.
         defer { response.body.wipe() }
@@ -68,7 +70,12 @@ public struct OAuth2Client: Sendable {
     public static func classify(status: Int, body: [UInt8], retryAfter: String?) -> RefreshOutcome {
         let json = try? JSON.parse(body)
         if status == 200 {
-            guard let json, let credential = try? LoginCredential(tokenResponse: json) else {
+            guard let json else {
+                return .transient(
+                    reason: "the token endpoint answered 200 with \(body.count) bytes that are no JSON", retryAfter: nil
+                )
+            }
+            guard let credential = try? LoginCredential(tokenResponse: json) else {
                 return .transient(reason: "the token endpoint answered 200 with no token response", retryAfter: nil)
             }
             return .refreshed(credential.tokens, expiresIn: credential.expiresIn)

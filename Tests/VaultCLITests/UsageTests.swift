@@ -98,7 +98,7 @@ struct UsageTests {
             ["status"], ["status", "demo", "alice"], ["list"], ["token", "demo", "alice"], ["logout", "demo", "alice"],
             ["refresh", "demo", "alice"], ["kick", "demo", "alice", "--reason", "admin"],
             ["watch", "--kind", "loginSuccess", "--kind", "kickedOffline"],
-            ["login", "demo", "alice", "--from-provider"],
+            ["login", "demo", "alice", "--from-provider"], ["exec", "demo", "alice", "--", "true"],
         ]
         for arguments in commands {
             let result = ctl(["--socket", noSocket] + arguments)
@@ -109,6 +109,22 @@ struct UsageTests {
         let late = ctl(["token", "demo", "alice", "--json", "--socket", noSocket, "--owner", "0"])
         #expect(late.status == .unreachable)
         #expect(late.stderr.contains(noSocket))
+    }
+
+    @Test("Should refuse an exec without a command after --, or with a bad --env, --on-refresh or --grace")
+    func execUsage() {
+        expectUsage(["exec", "demo", "alice"], "exec needs -- COMMAND [ARGS...] at the end", help: "exec")
+        expectUsage(["exec", "demo", "alice", "--"], "exec needs -- COMMAND [ARGS...] at the end", help: "exec")
+        expectUsage(["exec", "demo", "alice", "./bot"], "unexpected argument './bot'; put the COMMAND", help: "exec")
+        for (option, value) in [
+            ("--env", "1TOKEN"), ("--env", "A-B"), ("--on-refresh", "reload"), ("--on-refresh", "signal:NOPE"),
+            ("--grace", "-1"), ("--grace", "soon"),
+        ] {
+            expectUsage(["exec", option, value, "demo", "alice", "--", "true"], "exec: \(option)", help: "exec")
+        }
+        // Options after -- belong to the command, not to vaultctl.
+        let result = ctl(["--socket", noSocket, "exec", "demo", "alice", "--", "env", "--no-such-option", "-h"])
+        #expect(result.status == .unreachable, "\(result.stderr)")
     }
 
     @Test("Should take words after -- as arguments, not options")

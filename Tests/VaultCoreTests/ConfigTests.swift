@@ -125,8 +125,8 @@ struct ConfigParserTests {
         #expect(
             error.message
                 == "\(file):3: unknown key 'Colour' in [Provider a] (known: Type, Description, SingleAccount, TokenURL, "
-                + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, Command, Timeout, "
-                + "MaxConcurrentHelpers, MintUsers, MintGroups)"
+                + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, "
+                + "AllowInsecureHTTP, Command, Timeout, MaxConcurrentHelpers, MintUsers, MintGroups)"
         )
     }
 

@@ -31,4 +31,13 @@ struct RefreshPolicyTests {
         #expect(RefreshPolicy.backoff(attempt: 30, random: 0) == 1)
         #expect(RefreshPolicy.backoff(attempt: 1, random: 0, retryAfter: 17) == 17)
     }
+
+    @Test("Should spread the retries after one Retry-After over a quarter more, never before it")
+    func retryAfterSpread() {
+        let waits = (0..<100).map { RefreshPolicy.backoff(attempt: 1, random: Double($0) / 100, retryAfter: 40) }
+        #expect(waits.allSatisfy { (40...50).contains($0) }, "\(waits)")
+        #expect(Set(waits).count >= 10, "a thousand sessions turned away together come back over ten seconds")
+        #expect(RefreshPolicy.backoff(attempt: 1, random: 0.999, retryAfter: 3) == 3, "3 s leaves no whole second")
+        #expect(RefreshPolicy.backoff(attempt: 1, random: 0.999, retryAfter: .max) <= 4500)
+    }
 }

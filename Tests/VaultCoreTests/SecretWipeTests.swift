@@ -3,7 +3,7 @@ import Glibc
 import Testing
 import VaultCore
 
-/// Looks for a byte pattern in this process's own writable memory. The pattern
+/// Looks for a byte pattern in one writable mapping of this process. The pattern
 /// is passed XOR-ed with a key, so the search itself never puts the plain bytes
 /// in memory. The regions and the read buffer are set up once, beforehand, so
 /// that a scan allocates nothing that could land on (and overwrite) the freed
@@ -14,7 +14,10 @@ final class OwnMemoryScanner {
     private let buffer: UnsafeMutableRawBufferPointer
     private let fd: Int32
 
-    init() {
+    /// A scanner of the writable mapping that holds `address` (where the
+    /// secret lives): small and quick to read, and still mapped after the
+    /// secret is freed, since the allocator keeps its arenas.
+    init(around address: UInt) {
         buffer = .allocate(byteCount: chunk, alignment: 16)
         fd = open("/proc/self/mem", O_RDONLY)
         let maps = (try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8)) ?? ""
@@ -22,7 +25,9 @@ final class OwnMemoryScanner {
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)
             guard fields.count >= 2, fields[1].hasPrefix("rw") else { continue }
             let bounds = fields[0].split(separator: "-").compactMap { UInt64($0, radix: 16) }
-            if bounds.count == 2, bounds[1] > bounds[0] { regions.append((bounds[0], bounds[1])) }
+            if bounds.count == 2, bounds[0] <= UInt64(address), UInt64(address) < bounds[1] {
+                regions.append((bounds[0], bounds[1]))
+            }
         }
     }
 
@@ -81,7 +86,7 @@ struct SecretWipeTests {
         do {
             let secret = Secret(utf8: pattern.lazy.map { $0 ^ key })
             let copy = secret
-            scanner = OwnMemoryScanner()
+            scanner = OwnMemoryScanner(around: secret.withUTF8 { UInt(bitPattern: $0.baseAddress) })
             #expect(copy.utf8Count == 96)
             #expect(scanner.contains(xored: tail, key: key), "the scan must see a live secret")
             withExtendedLifetime(copy) {}

@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 import VaultCore
 
@@ -46,5 +47,30 @@ struct TimeClampTests {
         #expect(decoded.createdAt == UnixTime(seconds: 0))
         let normal = Fixtures.record()
         #expect(try SessionRecord(storedJSON: normal.storedJSON()) == normal)
+    }
+}
+
+@Suite("Times in messages", .timeLimit(.minutes(5)))
+struct TimeTextTests {
+    /// Should show times as ISO 8601 UTC, matching the C library's gmtime on
+    /// many instants, and fall back to @SECONDS outside years 1970 to 9999.
+    @Test func iso8601() {
+        #expect(UnixTime(seconds: 0).description == "1970-01-01T00:00:00Z")
+        #expect(UnixTime(seconds: 951_782_400).description == "2000-02-29T00:00:00Z")
+        #expect(UnixTime(seconds: 1_796_051_471).description == "2026-11-30T15:11:11Z")
+        #expect(UnixTime.latestExpiry.description == "9999-12-31T23:59:59Z")
+        #expect(UnixTime(seconds: -1).description == "@-1")
+        #expect(UnixTime(seconds: .max).description == "@\(Int64.max)")
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<2000 {
+            let seconds = Int64.random(in: 0...UnixTime.latestExpiry.seconds, using: &generator)
+            var t = time_t(seconds)
+            var parts = tm()
+            gmtime_r(&t, &parts)
+            var buffer = [CChar](repeating: 0, count: 32)
+            let n = strftime(&buffer, buffer.count, "%Y-%m-%dT%H:%M:%SZ", &parts)
+            let expected = String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            #expect(UnixTime(seconds: seconds).description == expected, "\(seconds)")
+        }
     }
 }

@@ -164,8 +164,8 @@ struct ExecProviderTests {
         _ = try vaultctl(fixture.socketPath, ["logout", "fds", "alice"])
     }
 
-    @Test("Should take a helper's answer even when a child it left behind keeps its output open")
-    func helperWithLingeringChild() throws {
+    @Test("Should take a helper's answer even when a child it left behind keeps its output open, and kill that child")
+    func helperWithLingeringChild() async throws {
         let (fixture, token) = try loginThroughHelper("forking", extraConfig: "Timeout=20s\n") { fixture in
             """
             #!/bin/sh
@@ -183,6 +183,9 @@ struct ExecProviderTests {
         _ = try vaultctl(fixture.socketPath, ["logout", "forking", "alice"])
         let childPID = try String(contentsOfFile: fixture.directory.path("child.pid"), encoding: .utf8)
         let pid = try #require(Int32(childPID.trimmingCharacters(in: .whitespacesAndNewlines)))
-        #expect(kill(pid, SIGKILL) == 0)
+        // Killed with the helper's process group once the answer was taken (issue 13).
+        let alive = try await eventually({ processAlive(pid) }, until: { !$0 })
+        if alive { kill(pid, SIGKILL) }
+        #expect(!alive, "the helper's child is left running")
     }
 }

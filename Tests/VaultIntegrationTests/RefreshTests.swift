@@ -70,7 +70,8 @@ struct RefreshTests {
     }
 
     func subscribe(_ socket: String, _ user: String) throws -> VarlinkClient {
-        let watcher = try VarlinkClient.raw(socket)
+        // Generous: a refresh or a retry may be seconds away on a loaded machine.
+        let watcher = try VarlinkClient(path: socket, timeoutSeconds: 45)
         try watcher.send(
             JSON.object([
                 "method": .string(VaultMethod.subscribe.rawValue), "more": true,
@@ -93,12 +94,14 @@ struct RefreshTests {
     func refreshesAheadOfExpiry() async throws {
         // issued_at (Salesforce style) lets vaultd count the lifetime from the
         // server's clock rather than from the moment of the login.
-        let server = try TokenServer(["--lifetime", "8", "--salesforce"])
+        // 20 s leaves a loaded machine time between the grant and the login
+        // (8 s was seen to expire on the way).
+        let server = try TokenServer(["--lifetime", "20", "--salesforce"])
         let (fixture, _) = try start(server)
         let user = uniqueName("auto")
         let watcher = try subscribe(fixture.socketPath, user)
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant())
+        #expect(login.status == 0, "\(login.stderr)")
         let first = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
         let refreshed = try #require(try next("tokenRefreshed", on: watcher))
         #expect(refreshed["expiresAt"]?.integerValue != nil)
@@ -186,26 +189,26 @@ struct RefreshTests {
         let watcher = try subscribe(fixture.socketPath, user)
         #expect(
             try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        // Retry-After: 6 leaves the eager call below a wide margin before the
-        // scheduled retry, even on a loaded machine (2 s was seen too short).
-        try await server.post("/control/mode", json: ["mode": "error429", "count": 1, "retry_after": 6])
+        // Retry-After: 20 leaves the eager call below a wide margin before the
+        // scheduled retry, even on a loaded machine (2 s and 6 s were seen too short).
+        try await server.post("/control/mode", json: ["mode": "error429", "count": 1, "retry_after": 20])
         let failed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
         #expect(failed.status == 1)
         #expect(failed.stderr.contains("ERR_NETWORK_ERROR"))
-        let status = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)
-        let session = try #require(status["session"])
-        #expect(session["connection"]?.stringValue == "connectFailed")
-        #expect(session["consecutiveFailures"]?.integerValue == 1)
-        let retryAt = try #require(session["nextRetryAt"]?.integerValue)
-        #expect(retryAt >= Int64(Date().timeIntervalSince1970) + 1, "Retry-After: 6 is honoured")
-        #expect(
-            try vaultctl(fixture.socketPath, ["token", "oauth", user]).status == 0, "the old token is still served")
         // A client asking for a fresher token than it has sends no request before the retry time.
         let requests = try await server.stats()["refresh_requests"]?.integerValue
         let eager = try vaultctl(fixture.socketPath, ["token", "oauth", user, "--min-valid", "100000"])
         #expect(eager.status == 1)
         #expect(eager.stderr.contains("the next try is at"), "\(eager.stderr)")
         #expect(try await server.stats()["refresh_requests"]?.integerValue == requests)
+        let status = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)
+        let session = try #require(status["session"])
+        #expect(session["connection"]?.stringValue == "connectFailed")
+        #expect(session["consecutiveFailures"]?.integerValue == 1)
+        let retryAt = try #require(session["nextRetryAt"]?.integerValue)
+        #expect(retryAt >= Int64(Date().timeIntervalSince1970) + 1, "Retry-After: 20 is honoured")
+        #expect(
+            try vaultctl(fixture.socketPath, ["token", "oauth", user]).status == 0, "the old token is still served")
         // The scheduled retry succeeds by itself.
         #expect(try next("tokenRefreshed", on: watcher) != nil)
         let after = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)

@@ -3,8 +3,9 @@
 
 Run:  python3 token_server.py --port 0 [--lifetime 5] [--client-id ID]
           [--client-secret S] [--omit-expires-in] [--salesforce] [--no-rotate]
+          [--tls-cert CERT.pem --tls-key KEY.pem]
 Binds 127.0.0.1 only, prints one line `LISTENING http://127.0.0.1:PORT` to
-stdout, then serves until SIGTERM/SIGINT (exit status 0). One log line per
+stdout (`LISTENING https://...` with --tls-cert: TLS with that certificate), then serves until SIGTERM/SIGINT (exit status 0). One log line per
 request goes to stderr; tokens are only ever shown as their first 6 chars + "…".
 
 Endpoints
@@ -18,11 +19,22 @@ Endpoints
   POST /revoke    RFC 7009: token, token_type_hint. Always 200, empty body.
                   A refresh token revokes its whole grant; an access token only itself.
   GET  /resource  Authorization: Bearer AT -> 200 {"ok":true} if AT is live, else 401.
-  POST /control/mode   JSON {"mode": normal|error500|error429|hang|slow|garbage|invalid_grant,
-                       "retry_after": 1, "count": N (absent/null: until changed),
-                       "hang_seconds": 60, "target": "token"|"revoke"|"both"}
+  POST /control/mode   JSON {"mode": normal|error500|error429|hang|slow|garbage|invalid_grant|
+                                 close|reset|truncated|huge|huge_unannounced|down,
+                       "retry_after": 1 (null: error429 sends no Retry-After),
+                       "count": N (absent/null: until changed),
+                       "hang_seconds": 60, "target": "token"|"revoke"|"both",
+                       "body_bytes": 8388608}
                        The next N requests to the target endpoint(s) fail that way;
                        "slow" succeeds but holds the answer for hang_seconds.
+                       Outage kinds (issue 13): "close" reads the request and closes
+                       the connection without a byte; "reset" closes it with a TCP
+                       RST; "truncated" announces a 200 body of 400 bytes and sends
+                       30; "huge" answers 200 with body_bytes bytes and their
+                       Content-Length, "huge_unannounced" the same without one
+                       (closed at the end); "down" closes the listening socket for
+                       hang_seconds (connections are refused), then listens again
+                       on the same port with every token kept ("count" unused).
   GET  /control/stats  counters (see Stats.snapshot); POST /control/reset zeroes them
                        (tokens and the failure mode are kept).
 """
@@ -34,13 +46,16 @@ import secrets
 import select
 import signal
 import socket
+import ssl
+import struct
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote_plus
 
-MODES = ("normal", "error500", "error429", "hang", "slow", "garbage", "invalid_grant")
+MODES = ("normal", "error500", "error429", "hang", "slow", "garbage", "invalid_grant",
+         "close", "reset", "truncated", "huge", "huge_unannounced", "down")
 TARGETS = ("token", "revoke", "both")
 
 
@@ -79,6 +94,8 @@ class State:
         self.retry_after = 1
         self.hang_seconds = 60.0
         self.target = "token"
+        self.body_bytes = 8 << 20
+        self.down_until = None   # monotonic time the listener reopens at, while "down"
         self.reset_counters()
 
     def reset_counters(self):
@@ -96,6 +113,9 @@ class State:
         self.injected_failures = 0
         self.resource_ok = 0
         self.resource_denied = 0
+        self.connections = 0
+        self.tls_failures = 0
+        self.huge_bytes_sent = 0
 
     # --- failure injection (call with the lock held) ---
     def take_failure(self, endpoint):
@@ -165,8 +185,12 @@ class State:
             "injected_failures": self.injected_failures,
             "resource_ok": self.resource_ok,
             "resource_denied": self.resource_denied,
+            "connections": self.connections,
+            "tls_failures": self.tls_failures,
+            "huge_bytes_sent": self.huge_bytes_sent,
             "mode": self.mode,
             "mode_remaining": self.mode_remaining,
+            "down": self.down_until is not None,
         }
 
 
@@ -177,6 +201,22 @@ class Handler(BaseHTTPRequestHandler):
     state = None  # set in main()
 
     # --- plumbing ---
+    def setup(self):
+        with self.state.lock:
+            self.state.connections += 1
+        super().setup()
+
+    def handle(self):
+        try:
+            super().handle()
+        except ssl.SSLError as e:
+            # The client refused the certificate (or spoke no TLS).
+            with self.state.lock:
+                self.state.tls_failures += 1
+            sys.stderr.write("token_server: TLS handshake failed: %s\n" % e)
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+
     def log_request(self, code="-", size="-"):
         pass  # one line per request is written by _finish_log instead
 
@@ -250,13 +290,54 @@ class Handler(BaseHTTPRequestHandler):
             self._send(500, {"error": "server_error", "error_description": "injected failure"})
         elif mode == "error429":
             self._send(429, {"error": "rate_limited", "error_description": "injected failure"},
-                       headers={"Retry-After": str(st.retry_after)})
+                       headers=None if st.retry_after is None else {"Retry-After": str(st.retry_after)})
         elif mode == "garbage":
             self._send(200, b"<html>oops", content_type="text/html")
         elif mode == "invalid_grant":
             self._send(400, {"error": "invalid_grant"})
         elif mode == "hang":
             self._hang(st.hang_seconds)
+        elif mode == "close":
+            self.close_connection = True
+        elif mode == "reset":
+            # SO_LINGER 0: close() sends a RST instead of a FIN.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            self.close_connection = True
+        elif mode == "truncated":
+            self._status = 200
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "400")
+            self.end_headers()
+            self.wfile.write(b'{"access_token": "at_truncat')
+            self.wfile.flush()
+            self.close_connection = True
+        elif mode in ("huge", "huge_unannounced"):
+            self._huge(st.body_bytes, announce=mode == "huge")
+
+    def _huge(self, size, announce):
+        """A 200 answer of `size` bytes, sent until done or the client goes."""
+        self._status = 200
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        if announce:
+            self.send_header("Content-Length", str(size))
+        else:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        chunk = b'{"access_token": "' + b"x" * 65536
+        sent = 0
+        try:
+            while sent < size:
+                n = self.connection.send(chunk[:min(len(chunk), size - sent)])
+                sent += n
+        except OSError:
+            self._notes.append("client-gave-up")
+        with self.state.lock:
+            self.state.huge_bytes_sent += sent
+        self._notes.append("sent=%d" % sent)
+        self.close_connection = True
 
     def _hang(self, seconds):
         """Never answers: waits until the client closes or `seconds` pass, then closes."""
@@ -469,24 +550,31 @@ class Handler(BaseHTTPRequestHandler):
             retry_after = req.get("retry_after", 1)
             hang_seconds = float(req.get("hang_seconds", 60))
             target = req.get("target", "token")
+            body_bytes = req.get("body_bytes", 8 << 20)
+            if not isinstance(body_bytes, int) or not 0 <= body_bytes <= 1 << 30:
+                raise ValueError("body_bytes must be an integer in 0...2^30")
             if mode not in MODES or target not in TARGETS:
                 raise ValueError("mode must be one of %s, target one of %s" % (MODES, TARGETS))
             if mode == "slow" and target != "token":
                 raise ValueError("slow is for the token endpoint only")
             if count is not None and (not isinstance(count, int) or count < 0):
                 raise ValueError("count must be a non-negative integer or null")
-            if not isinstance(retry_after, int) or retry_after < 0:
-                raise ValueError("retry_after must be a non-negative integer")
+            if retry_after is not None and (not isinstance(retry_after, int) or retry_after < 0):
+                raise ValueError("retry_after must be a non-negative integer or null")
             if not 0 <= hang_seconds <= 600:
                 raise ValueError("hang_seconds must be in 0...600")
         except (ValueError, AttributeError, TypeError) as e:
             self._send(400, {"error": "bad_control_request", "error_description": str(e)})
             return
         with st.lock:
-            if mode == "normal" or count == 0:
+            if mode == "down":
+                # The serving loop closes the listener once this answer is out.
+                st.down_until = time.monotonic() + hang_seconds
+            elif mode == "normal" or count == 0:
                 st.mode, st.mode_remaining = "normal", None
             else:
                 st.mode, st.mode_remaining = mode, count
+            st.body_bytes = body_bytes
             st.retry_after = retry_after
             st.hang_seconds = hang_seconds
             st.target = target
@@ -506,14 +594,27 @@ def main():
     parser.add_argument("--salesforce", action="store_true", help="add issued_at (ms, string), instance_url and id")
     parser.add_argument("--no-rotate", action="store_true",
                         help="refresh responses carry no refresh_token; the old one stays valid")
+    parser.add_argument("--tls-cert", default=None, help="serve TLS with this PEM certificate")
+    parser.add_argument("--tls-key", default=None, help="the private key of --tls-cert (PEM)")
     config = parser.parse_args()
+
+    tls = None
+    if config.tls_cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(config.tls_cert, config.tls_key)
+
+    def listener(sock):
+        # The handshake runs in the request's thread, where a refused certificate is counted.
+        return tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False) if tls else sock
 
     server = ThreadingHTTPServer(("127.0.0.1", config.port), Handler)
     server.daemon_threads = True
     server.block_on_close = False
+    server.socket = listener(server.socket)
     port = server.server_address[1]
-    config.base_url = "http://127.0.0.1:%d" % port
-    Handler.state = State(config)
+    config.base_url = "%s://127.0.0.1:%d" % ("https" if tls else "http", port)
+    state = State(config)
+    Handler.state = state
 
     def stop(signum, frame):
         raise SystemExit(0)
@@ -522,8 +623,29 @@ def main():
     signal.signal(signal.SIGINT, stop)
     sys.stdout.write("LISTENING %s\n" % config.base_url)
     sys.stdout.flush()
+    server.timeout = 0.1
+    listening = True
     try:
-        server.serve_forever(poll_interval=0.2)
+        while True:
+            with state.lock:
+                down_until = state.down_until
+            if down_until is not None and time.monotonic() < down_until:
+                if listening:
+                    server.socket.close()   # connections are refused from now on
+                    listening = False
+                time.sleep(0.02)
+                continue
+            if not listening:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", port))
+                sock.listen(128)
+                server.socket = listener(sock)
+                listening = True
+            if down_until is not None:
+                with state.lock:
+                    state.down_until = None
+            server.handle_request()
     finally:
         server.server_close()
 

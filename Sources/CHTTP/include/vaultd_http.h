@@ -18,6 +18,10 @@ typedef struct {
     char retry_after[64];
     /* Why the request failed, "" when an answer came. */
     char error[256];
+    /* The libcurl error code (CURLE_*) when no answer came, else 0. */
+    int curl_code;
+    /* 1 when the body passed max_body bytes and the transfer was cut there. */
+    int too_large;
 } vaultd_http_response;
 
 /* 0 when libcurl could be loaded; else -1 with the reason in error. */
@@ -25,8 +29,10 @@ int vaultd_http_load(char *error, size_t error_size);
 
 /* POSTs body (application/x-www-form-urlencoded, Accept: application/json) to
  * url without following redirects. Gives up after timeout_ms in all, and when
- * the response body passes max_body bytes. Returns 0 when an answer came
- * (whatever its status), -1 otherwise; out is filled either way. */
+ * the response body passes max_body bytes: at once when its Content-Length
+ * says so, else as soon as that many bytes arrived, so no more than max_body
+ * bytes of a body are ever held. Returns 0 when an answer came (whatever its
+ * status), -1 otherwise; out is filled either way. */
 int vaultd_http_post_form(const char *url, const char *body, size_t body_length, long timeout_ms,
                           size_t max_body, vaultd_http_response *out);
 

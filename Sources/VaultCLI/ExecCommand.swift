@@ -1,0 +1,456 @@
+import Glibc
+import VaultClient
+import VaultCore
+
+/// What `vaultctl exec` does to its command when the token is refreshed.
+enum RefreshAction: Equatable {
+    /// Stop the command (SIGTERM, then SIGKILL after the grace time) and start it again with the new token.
+    case restart
+    /// Send the command this signal; it reads the new token itself (`vaultctl token`).
+    case signal(Int32)
+    /// Leave the command alone.
+    case none
+
+    /// Reads `restart`, `none` or `signal:NAME` (`signal:HUP`, `signal:SIGUSR1`, `signal:10`).
+    init?(_ text: String) {
+        switch text {
+        case "restart": self = .restart
+        case "none": self = .none
+        default:
+            guard text.hasPrefix("signal:") else { return nil }
+            var name = String(text.dropFirst("signal:".count)).uppercased()
+            if name.hasPrefix("SIG") { name.removeFirst(3) }
+            if let number = Int32(name), number > 0, number < 65 {
+                self = .signal(number)
+            } else if let number = RefreshAction.signals[name] {
+                self = .signal(number)
+            } else {
+                return nil
+            }
+        }
+    }
+
+    /// The signals a command is usually told to reload with.
+    static let signals: [String: Int32] = [
+        "HUP": SIGHUP, "INT": SIGINT, "QUIT": SIGQUIT, "TERM": SIGTERM, "USR1": SIGUSR1, "USR2": SIGUSR2,
+        "WINCH": SIGWINCH, "ALRM": SIGALRM,
+    ]
+}
+
+/// The write end of the pipe the signal handler reports to; set once before
+/// the handler is installed.
+nonisolated(unsafe) private var execSignalPipe: Int32 = -1
+
+/// The events after which the command must not keep the token.
+private let sessionEndings: Set<EventKind> = [.logoutSuccess, .kickedOffline, .tokenInvalid, .tokenExpired]
+
+extension VaultCtl {
+    /// `vaultctl exec`: runs a command with the token in its environment and
+    /// keeps it in step with the session (see the command's help).
+    mutating func exec(_ command: ParsedCommand) -> ExitCode {
+        let (provider, user) = (command.arguments[0], command.arguments[1])
+        let variable = command.value("--env") ?? "VAULTD_TOKEN"
+        guard Self.isEnvironmentName(variable) else {
+            return usage("exec: --env needs a variable name (letters, digits, _), not '\(variable)'", command: "exec")
+        }
+        let actionText = command.value("--on-refresh") ?? "restart"
+        guard let action = RefreshAction(actionText) else {
+            return usage(
+                "exec: --on-refresh takes restart, none or signal:NAME (signal:HUP), not '\(actionText)'",
+                command: "exec")
+        }
+        var grace = 10
+        if let text = command.value("--grace") {
+            guard let seconds = Int(text), seconds >= 0, seconds <= 3600 else {
+                return usage("exec: --grace needs a number of seconds from 0 to 3600, not '\(text)'", command: "exec")
+            }
+            grace = seconds
+        }
+        var session = ExecSession(
+            ctl: self, provider: provider, user: user, variable: variable, action: action, graceSeconds: grace,
+            argv: command.trailing)
+        return session.run()
+    }
+
+    /// Whether `name` can be an environment variable's name.
+    static func isEnvironmentName(_ name: String) -> Bool {
+        guard let first = name.utf8.first, !(UInt8(ascii: "0")...UInt8(ascii: "9")).contains(first) else {
+            return false
+        }
+        return name.utf8.allSatisfy {
+            ($0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z")) || ($0 >= UInt8(ascii: "a") && $0 <= UInt8(ascii: "z"))
+                || ($0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9")) || $0 == UInt8(ascii: "_")
+        }
+    }
+}
+
+/// One run of `vaultctl exec`: the subscription, the child, and the loop
+/// that waits on both and on signals.
+struct ExecSession {
+    let ctl: VaultCtl
+    let provider: String
+    let user: String
+    let variable: String
+    let action: RefreshAction
+    let graceSeconds: Int
+    let argv: [String]
+
+    private var token: Secret?
+    private var child: pid_t = 0
+    private var pump: EventPump?
+    private var signalRead: Int32 = -1
+
+    init(
+        ctl: VaultCtl, provider: String, user: String, variable: String, action: RefreshAction, graceSeconds: Int,
+        argv: [String]
+    ) {
+        self.ctl = ctl
+        self.provider = provider
+        self.user = user
+        self.variable = variable
+        self.action = action
+        self.graceSeconds = graceSeconds
+        self.argv = argv
+    }
+
+    /// Why the loop ended.
+    private enum Outcome {
+        case childExited(Int32)
+        case sessionEnded(String)
+        case failed(VaultCtl.ExitCode)
+    }
+
+    mutating func run() -> VaultCtl.ExitCode {
+        // Subscribe before reading the token, so no refresh falls between the two.
+        switch connect() {
+        case .failure(let code): return code
+        case .success: break
+        }
+        installSignalHandlers()
+        guard let first = token, spawn(first) else { return .daemonError }
+        let outcome = loop()
+        switch outcome {
+        case .childExited(let status):
+            return VaultCtl.ExitCode(rawValue: status)
+        case .sessionEnded(let why):
+            stopChild()
+            ctl.output.err("vaultctl: \(why); the command was stopped")
+            return .sessionEnded
+        case .failed(let code):
+            stopChild()
+            return code
+        }
+    }
+
+    private enum Connected {
+        case success
+        case failure(VaultCtl.ExitCode)
+    }
+
+    /// Subscribes to the account's events and reads its token.
+    private mutating func connect() -> Connected {
+        do throws(VaultClientError) {
+            let vault = try ctl.connect()
+            let stream = try vault.subscribe(
+                provider: provider, user: user,
+                kinds: [.tokenRefreshed] + sessionEndings.sorted { $0.rawValue < $1.rawValue })
+            token = try vault.token(provider: provider, user: user, ownerUID: ctl.owner).value
+            stream.raw.setReceiveTimeout(seconds: 0)
+            pump = EventPump(stream)
+            return .success
+        } catch {
+            return .failure(ctl.report(error))
+        }
+    }
+
+    /// Waits for signals and events until the child ends or the session does.
+    private mutating func loop() -> Outcome {
+        var reconnectDelay = 1
+        var reconnectAt: UInt64?
+        // Bounded by the child: every turn ends when it exits, the session ends, or a signal comes.
+        while true {
+            var fds = [pollfd(fd: signalRead, events: Int16(POLLIN), revents: 0)]
+            if let pump { fds.append(pollfd(fd: pump.wakeFD, events: Int16(POLLIN), revents: 0)) }
+            var timeout: Int32 = -1
+            if let at = reconnectAt {
+                let now = Self.nowMilliseconds()
+                timeout = at > now ? Int32(min(at - now, 60_000)) : 0
+            }
+            let ready = poll(&fds, nfds_t(fds.count), timeout)
+            if ready < 0 && errno != EINTR { return .failed(.daemonError) }
+            if fds[0].revents != 0, let outcome = handleSignals() { return outcome }
+            if let current = pump, fds.count > 1, fds[1].revents != 0 {
+                for item in current.take() {
+                    switch item {
+                    case .event(let event):
+                        if sessionEndings.contains(event.kind) {
+                            return .sessionEnded("the session of \(user) @ \(provider) ended (\(event.kind.rawValue))")
+                        }
+                        if let outcome = tokenMayHaveChanged() { return outcome }
+                    case .ended(let why):
+                        ctl.output.err("vaultctl: lost the connection to vaultd (\(why)); reconnecting")
+                        pump = nil
+                        reconnectDelay = 1
+                        reconnectAt = Self.nowMilliseconds() + 1000
+                    }
+                }
+            }
+            if let at = reconnectAt, Self.nowMilliseconds() >= at {
+                let before = token
+                switch connect() {
+                case .success:
+                    reconnectAt = nil
+                    ctl.output.err("vaultctl: connected to vaultd again")
+                    if token != before, let outcome = apply() { return outcome }
+                case .failure(let code):
+                    if code == .daemonError {
+                        return .sessionEnded("the session of \(user) @ \(provider) is gone")
+                    }
+                    reconnectDelay = min(reconnectDelay * 2, 30)
+                    reconnectAt = Self.nowMilliseconds() + UInt64(reconnectDelay) * 1000
+                }
+            }
+        }
+    }
+
+    /// After `tokenRefreshed`: reads the token and acts when it changed.
+    private mutating func tokenMayHaveChanged() -> Outcome? {
+        do throws(VaultClientError) {
+            let fresh = try ctl.connect().token(provider: provider, user: user, ownerUID: ctl.owner).value
+            guard fresh != token else { return nil }
+            token = fresh
+        } catch {
+            if error.vaultCode == .notLoggedIn {
+                return .sessionEnded("the session of \(user) @ \(provider) ended")
+            }
+            ctl.output.err("vaultctl: could not read the refreshed token: \(error.message)")
+            return nil
+        }
+        return apply()
+    }
+
+    /// Does what `--on-refresh` says with the new token.
+    private mutating func apply() -> Outcome? {
+        switch action {
+        case .none:
+            return nil
+        case .signal(let number):
+            kill(-child, number)
+            return nil
+        case .restart:
+            guard let token else { return nil }
+            stopChild()
+            return spawn(token) ? nil : .failed(.daemonError)
+        }
+    }
+
+    /// Handles what the signal pipe reported: a child that exited, or a
+    /// signal to pass on to it.
+    private mutating func handleSignals() -> Outcome? {
+        var bytes = [UInt8](repeating: 0, count: 64)
+        let n = read(signalRead, &bytes, bytes.count)
+        for number in bytes.prefix(max(0, n)).map(Int32.init) where number != SIGCHLD {
+            // SIGINT, SIGTERM, SIGHUP: the command decides; vaultctl ends with it.
+            if child > 0 { kill(-child, number) }
+        }
+        guard child > 0 else { return nil }
+        var status: Int32 = 0
+        let reaped = waitpid(child, &status, WNOHANG)
+        guard reaped == child else { return nil }
+        child = 0
+        return .childExited(Self.exitStatus(status))
+    }
+
+    /// Stops the child (its process group): SIGTERM, then SIGKILL after the
+    /// grace time. Returns its exit status, or nil when there was none.
+    @discardableResult
+    private mutating func stopChild() -> Int32? {
+        guard child > 0 else { return nil }
+        kill(-child, SIGTERM)
+        let deadline = Self.nowMilliseconds() + UInt64(graceSeconds) * 1000
+        var status: Int32 = 0
+        while true {
+            if waitpid(child, &status, WNOHANG) == child { break }
+            let now = Self.nowMilliseconds()
+            if now >= deadline {
+                kill(-child, SIGKILL)
+                while waitpid(child, &status, 0) < 0 && errno == EINTR {}
+                break
+            }
+            var fds = [pollfd(fd: signalRead, events: Int16(POLLIN), revents: 0)]
+            _ = poll(&fds, 1, Int32(min(deadline - now, 100)))
+            if fds[0].revents != 0 {
+                var bytes = [UInt8](repeating: 0, count: 64)
+                _ = read(signalRead, &bytes, bytes.count)
+            }
+        }
+        child = 0
+        return Self.exitStatus(status)
+    }
+
+    /// Starts the command in a process group of its own, with the token in
+    /// `variable` and the signals vaultctl handles back at their defaults.
+    private mutating func spawn(_ token: Secret) -> Bool {
+        var environment: [String] = []
+        var cursor = environ
+        while let entry = cursor.pointee {
+            let text = String(cString: entry)
+            if !text.hasPrefix(variable + "=") { environment.append(text) }
+            cursor += 1
+        }
+        environment.append(variable + "=" + token.revealed)
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var none = sigset_t()
+        sigemptyset(&none)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for number in [SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE] { sigaddset(&defaults, number) }
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setpgroup(&attributes, 0)
+        posix_spawnattr_setflags(
+            &attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP))
+        var cArguments = argv.map { strdup($0) } + [nil]
+        var cEnvironment = environment.map { strdup($0) } + [nil]
+        defer {
+            for pointer in cArguments { free(pointer) }
+            // The token is in one of these: zero them before they are freed.
+            for pointer in cEnvironment {
+                if let pointer { memset(pointer, 0, strlen(pointer)) }
+                free(pointer)
+            }
+        }
+        var pid: pid_t = 0
+        let result = posix_spawnp(&pid, argv[0], nil, &attributes, &cArguments, &cEnvironment)
+        guard result == 0 else {
+            ctl.output.err("vaultctl: cannot run \(argv[0]): \(String(cString: strerror(result)))")
+            return false
+        }
+        child = pid
+        return true
+    }
+
+    /// Reports SIGINT, SIGTERM, SIGHUP and SIGCHLD through a pipe the loop polls.
+    private mutating func installSignalHandlers() {
+        guard let ends = makePipe() else { return }
+        signalRead = ends[0]
+        execSignalPipe = ends[1]
+        for number in [SIGINT, SIGTERM, SIGHUP, SIGCHLD] {
+            var action = sigaction()
+            action.__sigaction_handler.sa_handler = { number in
+                var byte = UInt8(truncatingIfNeeded: number)
+                _ = write(execSignalPipe, &byte, 1)
+            }
+            action.sa_flags = SA_RESTART
+            sigemptyset(&action.sa_mask)
+            sigaction(number, &action, nil)
+        }
+        var signals = sigset_t()
+        sigemptyset(&signals)
+        for number in [SIGINT, SIGTERM, SIGHUP, SIGCHLD] { sigaddset(&signals, number) }
+        sigprocmask(SIG_UNBLOCK, &signals, nil)
+    }
+
+    /// A wait status as a shell shows it: the exit code, or 128 + the signal.
+    static func exitStatus(_ status: Int32) -> Int32 {
+        let signal = status & 0x7F
+        return signal == 0 ? (status >> 8) & 0xFF : 128 + signal
+    }
+
+    static func nowMilliseconds() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return UInt64(now.tv_sec) * 1000 + UInt64(now.tv_nsec) / 1_000_000
+    }
+}
+
+/// Reads a subscription on a thread of its own and hands what it read to the
+/// loop, waking it through a pipe.
+final class EventPump: @unchecked Sendable {
+    /// What the reader thread saw.
+    enum Item {
+        case event(VaultEvent)
+        case ended(String)
+    }
+
+    let wakeFD: Int32
+    private let wakeWrite: Int32
+    private let stream: VaultEventStream
+    private var lock = pthread_mutex_t()
+    private var items: [Item] = []
+
+    init(_ stream: VaultEventStream) {
+        self.stream = stream
+        let ends = makePipe() ?? [-1, -1]
+        wakeFD = ends[0]
+        wakeWrite = ends[1]
+        pthread_mutex_init(&lock, nil)
+        var thread = pthread_t()
+        let context = Unmanaged.passRetained(self).toOpaque()
+        pthread_create(
+            &thread, nil,
+            { context in
+                let pump = Unmanaged<EventPump>.fromOpaque(context!).takeRetainedValue()
+                pump.readEvents()
+                return nil
+            }, context)
+        pthread_detach(thread)
+    }
+
+    /// Reads until the stream ends; each item wakes the loop.
+    private func readEvents() {
+        // Bounded by the connection: next() returns nil or throws when it closes.
+        while true {
+            let item: Item
+            do throws(VaultClientError) {
+                guard let event = try stream.next() else {
+                    push(.ended(stream.end.map { "\($0)" } ?? "closed"))
+                    return
+                }
+                item = .event(event)
+            } catch {
+                push(.ended(error.message))
+                return
+            }
+            push(item)
+        }
+    }
+
+    private func push(_ item: Item) {
+        pthread_mutex_lock(&lock)
+        items.append(item)
+        pthread_mutex_unlock(&lock)
+        var byte: UInt8 = 1
+        _ = write(wakeWrite, &byte, 1)
+    }
+
+    /// Everything read since the last call.
+    func take() -> [Item] {
+        var drain = [UInt8](repeating: 0, count: 256)
+        while read(wakeFD, &drain, drain.count) > 0 {}
+        pthread_mutex_lock(&lock)
+        defer { pthread_mutex_unlock(&lock) }
+        let taken = items
+        items.removeAll()
+        return taken
+    }
+
+    deinit {
+        shutdown(stream.raw.fileDescriptor, Int32(SHUT_RDWR))
+        close(wakeFD)
+        close(wakeWrite)
+    }
+}
+
+/// A pipe whose two ends are non-blocking and closed on exec, or nil.
+func makePipe() -> [Int32]? {
+    var ends: [Int32] = [0, 0]
+    guard pipe(&ends) == 0 else { return nil }
+    for end in ends {
+        _ = fcntl(end, F_SETFD, FD_CLOEXEC)
+        _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
+    }
+    return ends
+}

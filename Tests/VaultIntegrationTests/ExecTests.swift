@@ -1,0 +1,116 @@
+import Foundation
+import Glibc
+import Testing
+import VaultClient
+import VaultCore
+
+/// `vaultctl exec` against the real daemon and token server: the token goes
+/// into the command's environment, a refresh restarts or signals it, the end
+/// of the session stops it, and its own exit status comes back.
+@Suite("vaultctl exec", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+struct ExecTests {
+    /// A daemon with one oauth2 provider, and a session logged in there.
+    func start(_ server: TokenServer) async throws -> (DaemonFixture, String) {
+        let fixture = try DaemonFixture(start: false)
+        try """
+        [Vault]
+        MinRefreshInterval=0
+
+        [Provider oauth]
+        Type=oauth2
+        TokenURL=\(server.url)/token
+        ClientID=vaultd-test
+        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.start()
+        let user = uniqueName("exec")
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        return (fixture, user)
+    }
+
+    /// The lines of `path` (empty while it does not exist).
+    func lines(_ path: String) -> [String] {
+        ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+    }
+
+    /// The processes whose command line starts with `marker`.
+    func processes(_ marker: String) -> [pid_t] {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        return entries.compactMap { pid_t($0) }.filter { pid in
+            let bytes = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") ?? Data()
+            return String(decoding: bytes.map { $0 == 0 ? 0x20 : $0 }, as: UTF8.self).hasPrefix(marker)
+        }
+    }
+
+    /// Should start the command with the token, restart it with the new one
+    /// after a refresh, and stop it and exit 75 when the session is kicked.
+    @Test func restartsOnRefreshAndStopsOnKick() async throws {
+        let server = try TokenServer()
+        let (fixture, user) = try await start(server)
+        let out = fixture.directory.path("tokens")
+        let marker = "3\(Int.random(in: 100...999))7"
+        let (process, stdout, stderr) = try startInterruptible(
+            Binaries.vaultctl.path,
+            [
+                "--socket", fixture.socketPath, "exec", "--env", "TOK", "oauth", user, "--", "/bin/sh", "-c",
+                "echo \"$TOK\" >> \(out); exec sleep \(marker)",
+            ])
+        defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
+        let first = try await eventually({ lines(out) }, until: { $0.count == 1 })
+        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
+        #expect(first == [token.trimmingCharacters(in: .newlines)], "\(stderr.text)")
+
+        #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
+        let second = try await eventually({ lines(out) }, until: { $0.count == 2 })
+        let refreshed = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
+        #expect(second.count == 2 && second[1] == refreshed.trimmingCharacters(in: .newlines), "\(stderr.text)")
+        #expect(second.first != second.last, "the restarted command has the new token")
+        let running = try await eventually({ processes("sleep \(marker)") }, until: { $0.count == 1 })
+        #expect(running.count == 1, "the old command was stopped, the new one runs: \(running)")
+
+        #expect(try vaultctl(fixture.socketPath, ["kick", "oauth", user]).status == 0)
+        #expect(stdout.waitForEnd(seconds: 20), "vaultctl exec ends with the session")
+        #expect(try reap(process) == 75, "\(stderr.text)")
+        #expect(stderr.text.contains("kickedOffline"), "\(stderr.text)")
+        let left = try await eventually({ processes("sleep \(marker)") }, until: { $0.isEmpty })
+        #expect(left.isEmpty, "the command was stopped: \(left)")
+    }
+
+    /// Should send the command the signal --on-refresh names instead of
+    /// restarting it, and pass SIGTERM on to it and exit with its status.
+    @Test func signalsOnRefreshAndForwardsSIGTERM() async throws {
+        let server = try TokenServer()
+        let (fixture, user) = try await start(server)
+        let out = fixture.directory.path("log")
+        let (process, stdout, stderr) = try startInterruptible(
+            Binaries.vaultctl.path,
+            [
+                "--socket", fixture.socketPath, "exec", "--on-refresh", "signal:HUP", "oauth", user, "--", "/bin/sh",
+                "-c",
+                "trap 'echo hup >> \(out)' HUP; echo \"start $VAULTD_TOKEN\" >> \(out); "
+                    + "while :; do sleep 1 & wait $!; done",
+            ])
+        defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
+        _ = try await eventually({ lines(out) }, until: { $0.count == 1 })
+        #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
+        let after = try await eventually({ lines(out) }, until: { $0.contains("hup") })
+        #expect(after.filter { $0.hasPrefix("start ") }.count == 1, "not restarted: \(after)")
+        #expect(after.contains("hup"), "\(after) \(stderr.text)")
+
+        kill(process.processIdentifier, SIGTERM)
+        #expect(stdout.waitForEnd(seconds: 20))
+        #expect(try reap(process) == 128 + SIGTERM, "the command's own status: killed by SIGTERM")
+    }
+
+    /// Should exit with the command's own status when it ends by itself.
+    @Test func passesTheCommandsStatus() async throws {
+        let server = try TokenServer()
+        let (fixture, user) = try await start(server)
+        let result = try vaultctl(fixture.socketPath, ["exec", "oauth", user, "--", "/bin/sh", "-c", "exit 7"])
+        #expect(result.status == 7, "\(result.stderr)")
+        let missing = try vaultctl(fixture.socketPath, ["exec", "oauth", user, "--", "/nonexistent/program"])
+        #expect(missing.status == 1 && missing.stderr.contains("cannot run /nonexistent/program"), "\(missing.stderr)")
+        let nobody = try vaultctl(fixture.socketPath, ["exec", "oauth", "nobody-here", "--", "true"])
+        #expect(nobody.status == 1 && nobody.stderr.contains("ERR_NOT_LOGGED_IN"), "\(nobody.stderr)")
+    }
+}
