@@ -40,7 +40,7 @@ struct HelperDaemon {
 /// on stderr. Each run is killed at its time limit (with all it started), its
 /// output is bounded, secrets are masked, the error says what happened, and
 /// vaultd keeps serving. Real vaultd, real helper processes.
-@Suite("exec helper outages", .timeLimit(.minutes(5)), .serialized)
+@Suite("exec helper outages", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct HelperOutageTests {
     /// Marks the helpers' grandchildren in their command lines, to find them in /proc.
     static let marker = "vaultd-outage-grandchild-\(UUID().uuidString.prefix(8))"
@@ -124,7 +124,8 @@ struct HelperOutageTests {
     func hangingHelper() async throws {
         let fixture = try start()
         let other = uniqueName("other")
-        #expect(try fixture.client().login("demo", other, token: "demo_token_abcdefghijklmnop").error == nil)
+        try VaultConnection(path: fixture.socketPath, timeoutSeconds: 60).login(
+            provider: "demo", user: other, token: "demo_token_abcdefghijklmnop")
         let user = "hang-" + uniqueName("u")
         #expect(try vaultctl(fixture.socketPath, ["login", "broken", user, "--from-provider"]).status == 0)
         // The refresh runs in a process of its own: no thread of this test waits for it.
