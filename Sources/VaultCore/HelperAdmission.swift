@@ -17,6 +17,7 @@ public struct HelperAdmission<Ticket: Hashable & Sendable>: Sendable {
         var ticket: Ticket
         var deadline: UInt64
         var order: UInt64
+        var urgent = false
     }
 
     private struct ProviderState: Sendable {
@@ -50,12 +51,23 @@ public struct HelperAdmission<Ticket: Hashable & Sendable>: Sendable {
 
     /// A run of `provider` (whose cap is `cap`, the newest value winning)
     /// arrives; it may wait until `deadline`. Returns the runs to start now:
-    /// this one, or none.
-    public mutating func arrive(_ ticket: Ticket, provider: String, cap: Int, deadline: UInt64) -> [Ticket] {
+    /// this one, or none. An `urgent` run waits behind the urgent runs that
+    /// arrived before it and ahead of every other waiting run, of its provider
+    /// and, for the next free worker, of the others (the secret store's write
+    /// of rotated tokens, which a crash must find as soon as possible).
+    public mutating func arrive(
+        _ ticket: Ticket, provider: String, cap: Int, deadline: UInt64, urgent: Bool = false
+    ) -> [Ticket] {
         arrivals += 1
         providerOf[ticket] = provider
         providers[provider, default: ProviderState(cap: max(1, cap))].cap = max(1, cap)
-        providers[provider]!.waiting.append(Waiting(ticket: ticket, deadline: deadline, order: arrivals))
+        let run = Waiting(ticket: ticket, deadline: deadline, order: arrivals, urgent: urgent)
+        if urgent {
+            let place = providers[provider]!.waiting.firstIndex { !$0.urgent } ?? providers[provider]!.waiting.count
+            providers[provider]!.waiting.insert(run, at: place)
+        } else {
+            providers[provider]!.waiting.append(run)
+        }
         return startWhatCan()
     }
 
@@ -83,15 +95,19 @@ public struct HelperAdmission<Ticket: Hashable & Sendable>: Sendable {
         return expired
     }
 
-    /// Starts waiting runs while a worker is free, first come first served
-    /// among the providers under their cap.
+    /// Starts waiting runs while a worker is free, urgent ones first, then
+    /// first come first served among the providers under their cap.
     private mutating func startWhatCan() -> [Ticket] {
         var started: [Ticket] = []
         while running < workers {
-            var best: (name: String, order: UInt64)?
+            var best: (name: String, urgent: Bool, order: UInt64)?
             for (name, state) in providers where state.running.count < state.cap {
                 guard let head = state.waiting.first else { continue }
-                if best == nil || head.order < best!.order { best = (name, head.order) }
+                if best == nil || (head.urgent && !best!.urgent)
+                    || (head.urgent == best!.urgent && head.order < best!.order)
+                {
+                    best = (name, head.urgent, head.order)
+                }
             }
             guard let name = best?.name else { break }
             let entry = providers[name]!.waiting.removeFirst()

@@ -207,20 +207,47 @@ public struct SessionTimers: Sendable, Equatable {
         }
     }
 
+    /// The longest an overdue refresh waits for its turn (see `refreshAt(_:now:)`).
+    public static let overdueSpreadSeconds: Int64 = 30
+
+    /// When to refresh a session whose tokens expire at `expiresAt`: at its
+    /// point 80-90% into the lifetime (`RefreshPolicy.refreshAt`), and at
+    /// least a second from now. A refresh that is overdue (its point passed
+    /// while vaultd was stopped or the machine slept) comes at now + 1 s plus
+    /// the account's jitter times a window of at most `overdueSpreadSeconds`,
+    /// a tenth of the lifetime and, while the token is valid, half of what is
+    /// left of it: after a restart, a thousand overdue sessions refresh
+    /// spread over that window instead of all in the same second.
+    public static func refreshAt(_ facts: Facts, expiresAt: UnixTime, now: UnixTime) -> UnixTime {
+        let planned = RefreshPolicy.refreshAt(issuedAt: facts.refreshedAt, expiresAt: expiresAt, jitter: facts.jitter)
+        let soonest = now.adding(seconds: 1)
+        guard planned < soonest else { return planned }
+        var window = min(overdueSpreadSeconds, max(0, expiresAt.seconds - facts.refreshedAt.seconds) / 10)
+        let left = expiresAt.seconds - soonest.seconds
+        if left > 0 { window = min(window, left / 2) }
+        let jitter = min(max(facts.jitter, 0), 0.999)
+        return soonest.adding(seconds: Int64((Double(window) * jitter).rounded(.down)))
+    }
+
     /// The hard expiry, the refresh (80-90% into the lifetime, at most one a
-    /// second) and the maximum lifetime of a session.
+    /// second, overdue ones spread) and the maximum lifetime of a session.
     private mutating func schedule(_ facts: Facts, now: UnixTime) -> [Action] {
         canRefresh = facts.canRefresh
         var actions: [Action] = []
+        // A token that expired while vaultd was stopped, and can be refreshed,
+        // is refreshed at its spread refresh time like any overdue one (a
+        // client asking for it meanwhile gets it refreshed at once): its expiry
+        // comes due with that refresh, not all of them together at start-up.
+        let refreshAt = facts.expiresAt.flatMap {
+            facts.canRefresh ? Self.refreshAt(facts, expiresAt: $0, now: now) : nil
+        }
         if let expiresAt = facts.expiresAt {
-            actions.append(.schedule(.expire, at: expiresAt))
+            let expiredRefreshable = expiresAt <= now && refreshAt != nil
+            actions.append(.schedule(.expire, at: expiredRefreshable ? max(expiresAt, refreshAt!) : expiresAt))
         } else {
             actions.append(.cancel(.expire))
         }
-        if let expiresAt = facts.expiresAt, facts.canRefresh {
-            let at = max(
-                RefreshPolicy.refreshAt(issuedAt: facts.refreshedAt, expiresAt: expiresAt, jitter: facts.jitter),
-                now.adding(seconds: 1))
+        if let at = refreshAt {
             status.refreshAt = at
             actions.append(.schedule(.refresh, at: at))
         } else {

@@ -10,15 +10,33 @@ import VaultSystem
 /// waiting in that lane's FIFO queue until their deadline, which a timer
 /// thread enforces. A run that waited past its deadline never starts.
 ///
-/// Two executors of this kind: `helpers` for exec helper runs (one lane per
-/// provider, `MaxConcurrentHelpers=`), and `io` for the secret store (one
-/// lane, one call at a time) and HTTP requests (one lane per host), so that
-/// hanging helpers never hold the threads the store needs.
+/// Three executors of this kind: `helpers` for exec helper runs (one lane
+/// per provider, `MaxConcurrentHelpers=`), `io` for HTTP requests (one lane
+/// per host), and `store` for the secret store (one lane, one call at a
+/// time), so that neither hanging helpers nor hanging token endpoints ever
+/// hold the thread the store needs.
+///
+/// A run submitted inside `urgent(_:)` goes ahead of every waiting run but
+/// the urgent ones before it: the write of tokens a refresh got (the server
+/// has rotated the refresh token; until the write lands a crash loses it)
+/// waits for the store call in progress only.
 final class BlockingExecutor: @unchecked Sendable {
     /// The executor exec helpers run on, started on first use.
     static let helpers = BlockingExecutor(workers: 8)
-    /// The executor the secret store and HTTP requests run on, started on first use.
+    /// The executor HTTP requests run on, started on first use.
     static let io = BlockingExecutor(workers: 4)
+    /// The executor the secret store runs on (one call at a time), started on first use.
+    static let store = BlockingExecutor(workers: 1)
+
+    /// Set by `urgent(_:)` for the runs its body submits.
+    @TaskLocal private static var isUrgent = false
+
+    /// Runs `body`, whose runs on any executor go ahead of the waiting ones
+    /// (behind earlier urgent ones). For a write that must not wait behind
+    /// others; the caller makes sure no earlier write it must follow is queued.
+    static func urgent<T: Sendable>(_ body: () async -> T) async -> T {
+        await $isUrgent.withValue(true) { await body() }
+    }
 
     /// One run: `start` runs it on a worker, `expire` reports that its
     /// deadline passed while it waited. Exactly one of them is called.
@@ -62,19 +80,20 @@ final class BlockingExecutor: @unchecked Sendable {
     func run<T: Sendable>(lane: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> T) async
         -> T?
     {
-        await withCheckedContinuation { (continuation: CheckedContinuation<T?, Never>) in
+        let urgent = BlockingExecutor.isUrgent
+        return await withCheckedContinuation { (continuation: CheckedContinuation<T?, Never>) in
             submit(
-                lane: lane, cap: cap, deadline: deadline,
+                lane: lane, cap: cap, deadline: deadline, urgent: urgent,
                 Job(start: { continuation.resume(returning: work()) }, expire: { continuation.resume(returning: nil) }))
         }
     }
 
-    private func submit(lane: String, cap: Int, deadline: UInt64, _ job: Job) {
+    private func submit(lane: String, cap: Int, deadline: UInt64, urgent: Bool, _ job: Job) {
         pthread_mutex_lock(mutex)
         lastTicket += 1
         let ticket = lastTicket
         jobs[ticket] = job
-        makeReady(admission.arrive(ticket, provider: lane, cap: cap, deadline: deadline))
+        makeReady(admission.arrive(ticket, provider: lane, cap: cap, deadline: deadline, urgent: urgent))
         pthread_cond_signal(timerCondition)
         pthread_mutex_unlock(mutex)
     }

@@ -191,14 +191,14 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         return UnsafeMutablePointer<SecretService>(service)
     }
 
-    /// Runs `body` on the store's lane of `BlockingExecutor.io` (one call at
+    /// Runs `body` on the store's lane of `BlockingExecutor.store` (one call at
     /// a time) with a cancellable that fires after the timeout; a call that
     /// waited the whole timeout for its turn never starts.
     private func perform<T: Sendable>(
         _ what: String, _ body: @escaping @Sendable (Cancellable) throws(VaultError) -> T
     ) async throws(VaultError) -> T {
         let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
-        let result = await BlockingExecutor.io.run(lane: "secret-store", cap: 1, deadline: deadline) {
+        let result = await BlockingExecutor.store.run(lane: "secret-store", cap: 1, deadline: deadline) {
             () -> Result<T, VaultError> in
             let cancellable = Cancellable(timeoutSeconds: self.timeoutSeconds)
             do throws(VaultError) {

@@ -217,6 +217,9 @@ extension SessionManager {
     {
         let account = key.account
         let outcome = await provider.refresh(snapshot)
+        // From here until the new tokens are written, a rotated refresh token
+        // exists only in this process: a crash loses it (see docs/reliability/crash.md).
+        let answeredAt = clock.preciseNow()
         defer { if entries[key]?.id == entryID { entries[key]?.refresh = nil } }
         func stillCurrent() -> SessionRecord? {
             guard let entry = entries[key], entry.id == entryID, let current = entry.record,
@@ -242,15 +245,27 @@ extension SessionManager {
             let lifetime = expiresIn ?? config.providers[account.provider]?.oauth2?.defaultLifetime ?? 3600
             updated.expiresAt = now.adding(seconds: lifetime)
             // Write-through before anyone gets the new access token: a rotated
-            // refresh token that is not stored would be lost at a crash.
-            var saved = true
-            do throws(VaultError) {
-                try await store.save(updated)
-            } catch {
-                saved = false
+            // refresh token that is not stored would be lost at a crash. The write
+            // goes ahead of every store call waiting (it waits for the one in
+            // progress only), unless an earlier write of this session is still out
+            // (its tokens were unsaved): that one holds older tokens and must land first.
+            let store = self.store
+            let record = updated
+            let write = { () async -> VaultError? in
+                do throws(VaultError) {
+                    try await store.save(record)
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            let mustFollow = entries[key]?.timers.status.unsaved == true
+            let failure = mustFollow ? await write() : await BlockingExecutor.urgent(write)
+            let saved = failure == nil
+            if let failure {
                 log.error(
                     "refreshed tokens could not be stored; kept in memory and retried",
-                    fields(key, event: "tokenRefreshed", code: error.code))
+                    fields(key, event: "tokenRefreshed", code: failure.code))
             }
             guard stillCurrent() != nil else {
                 // The session ended or was replaced while the write was out: put the
@@ -261,7 +276,10 @@ extension SessionManager {
                 return .failure(.notLoggedIn(account))
             }
             entries[key]?.machine.refreshed(updated)
-            log.info("token refreshed", fields(key, event: "tokenRefreshed"))
+            var logFields = fields(key, event: "tokenRefreshed")
+            // How long the new tokens were in memory only: the crash window of rotation.
+            logFields["storedAfterMs"] = String(Int(((clock.preciseNow() - answeredAt) * 1000).rounded()))
+            log.info("token refreshed", logFields)
             events(
                 VaultEvent(
                     kind: .tokenRefreshed, account: account, ownerUID: key.owner, time: now,

@@ -43,6 +43,31 @@ struct HelperAdmissionTests {
         #expect(admission.finished(2) == [], "an expired run never started")
     }
 
+    @Test("Should start an urgent run before every waiting run but the urgent ones that came first")
+    func urgentGoesAhead() {
+        var admission = HelperAdmission<Int>(workers: 1)
+        #expect(admission.arrive(1, provider: "store", cap: 1, deadline: 100) == [1])
+        _ = admission.arrive(2, provider: "store", cap: 1, deadline: 100)
+        _ = admission.arrive(3, provider: "store", cap: 1, deadline: 100)
+        #expect(admission.arrive(4, provider: "store", cap: 1, deadline: 100, urgent: true) == [])
+        #expect(admission.arrive(5, provider: "store", cap: 1, deadline: 100, urgent: true) == [])
+        #expect(admission.finished(1) == [4], "the running call is not cut short; the urgent one is next")
+        #expect(admission.finished(4) == [5], "urgent ones keep their order")
+        #expect(admission.finished(5) == [2])
+        #expect(admission.finished(2) == [3])
+        // Across providers: the next free worker goes to an urgent head first.
+        var shared = HelperAdmission<Int>(workers: 1)
+        _ = shared.arrive(1, provider: "http", cap: 2, deadline: 100)
+        _ = shared.arrive(2, provider: "http", cap: 2, deadline: 100)
+        _ = shared.arrive(3, provider: "store", cap: 1, deadline: 100, urgent: true)
+        #expect(shared.finished(1) == [3])
+        // An urgent run expires at its deadline like any.
+        var expiring = HelperAdmission<Int>(workers: 1)
+        _ = expiring.arrive(1, provider: "p", cap: 1, deadline: 100)
+        _ = expiring.arrive(2, provider: "p", cap: 1, deadline: 10, urgent: true)
+        #expect(expiring.expire(now: 10) == [2])
+    }
+
     @Test("Should share the workers first come first served among providers under their cap")
     func workersShared() {
         var admission = HelperAdmission<Int>(workers: 2)

@@ -71,13 +71,70 @@ struct SessionTimersStoredTests {
         let issued = clock.now
         clock.advance(3500)  // restored past 90% of the lifetime, still valid
         var timers = SessionTimers()
-        let late = timers.handle(.stored(facts(at: issued), now: clock.now))
+        // The account whose jitter is 0 comes first in the spread of overdue refreshes.
+        let late = timers.handle(.stored(facts(at: issued, jitter: 0), now: clock.now))
         #expect(deadline(.refresh, in: late) == clock.now.adding(seconds: 1))
 
         // A token living a second: 80% of it rounds down to its issue time.
         let short = timers.handle(.stored(facts(at: clock.now, lifetime: 1), now: clock.now))
         #expect(deadline(.refresh, in: short) == clock.now.adding(seconds: 1))
         #expect(deadline(.expire, in: short) == clock.now.adding(seconds: 1))
+    }
+
+    @Test(
+        "Should spread overdue refreshes by the account's jitter over at most 30 s, before the token expires",
+        arguments: [0.0, 0.25, 0.5, 0.999])
+    func stored_overdueRefreshesSpread(jitter: Double) throws {
+        var clock = HandClock()
+        let issued = clock.now
+        clock.advance(3300)  // restored after a stop: the refresh point (80-90%) has passed, 300 s left
+        var timers = SessionTimers()
+        let actions = timers.handle(.stored(facts(at: issued, jitter: jitter), now: clock.now))
+        let at = try #require(deadline(.refresh, in: actions))
+        #expect(at == clock.now.adding(seconds: 1 + Int64((30 * jitter).rounded(.down))))
+        #expect(deadline(.expire, in: actions) == issued.adding(seconds: 3600), "a valid token keeps its expiry")
+
+        // Little left of the token: the spread is half of what is left, so every refresh comes before it expires.
+        clock.advance(280)  // 20 s left
+        let tight = timers.handle(.stored(facts(at: issued, jitter: jitter), now: clock.now))
+        let tightAt = try #require(deadline(.refresh, in: tight))
+        #expect(tightAt == clock.now.adding(seconds: 1 + Int64((9 * jitter).rounded(.down))))
+        #expect(tightAt < issued.adding(seconds: 3600))
+    }
+
+    @Test("Should spread the refreshes of tokens that expired while vaultd was stopped, their expiry due with them")
+    func stored_expiredRefreshableSpread() throws {
+        var clock = HandClock()
+        let issued = clock.now
+        clock.advance(7200)  // an hour past the expiry
+        var timers = SessionTimers()
+        let actions = timers.handle(.stored(facts(at: issued, jitter: 0.5), now: clock.now))
+        let at = try #require(deadline(.refresh, in: actions))
+        #expect(at == clock.now.adding(seconds: 16))
+        #expect(deadline(.expire, in: actions) == at, "the expiry comes due with the refresh, not at once")
+        // One that cannot be refreshed ends at once, as before.
+        var fixed = SessionTimers()
+        let cannot = fixed.handle(.stored(facts(at: issued, canRefresh: false, maxLifetime: nil), now: clock.now))
+        #expect(cannot == [.schedule(.expire, at: issued.adding(seconds: 3600)), .cancel(.refresh)])
+    }
+
+    @Test("Should spread 60 sessions overdue at once over the window instead of one second")
+    func stored_manyOverdueSpread() {
+        var clock = HandClock()
+        let issued = clock.now
+        clock.advance(3400)
+        var seconds: [Int64] = []
+        for index in 0..<60 {
+            var timers = SessionTimers()
+            let account = Account(provider: "oauth", user: "user\(index)")
+            let jitter = RefreshPolicy.jitter(for: account)
+            let at = deadline(.refresh, in: timers.handle(.stored(facts(at: issued, jitter: jitter), now: clock.now)))
+            seconds.append((at ?? clock.now).seconds - clock.now.seconds)
+        }
+        let perSecond = Dictionary(seconds.map { ($0, 1) }, uniquingKeysWith: +)
+        #expect(seconds.allSatisfy { (1...31).contains($0) })
+        #expect(perSecond.count >= 15, "spread over many seconds: \(perSecond.sorted { $0.key < $1.key })")
+        #expect(perSecond.values.max() ?? 0 <= 10, "no second takes most of them: \(perSecond)")
     }
 
     @Test("Should arm no expiry and no refresh for a token without an expiry")

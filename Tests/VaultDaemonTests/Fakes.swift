@@ -211,6 +211,22 @@ final class FakeProvider: TokenProvider, Sendable {
         var everIssued: [String] = []
     }
     let state = Mutex(State())
+    /// While true, a refresh that rotated waits before it answers (the
+    /// server has rotated, vaultd has not heard yet): `held` counts them,
+    /// `releaseHeld()` lets them answer.
+    let holdAfterRotation = Mutex(false)
+    private let heldAnswers = Mutex<[CheckedContinuation<Void, Never>]>([])
+
+    /// Refreshes that rotated and wait to answer.
+    var held: Int { heldAnswers.withLock { $0.count } }
+
+    /// Lets every held refresh answer.
+    func releaseHeld() {
+        for continuation in heldAnswers.withLock({ held in
+            defer { held = [] }
+            return held
+        }) { continuation.resume() }
+    }
 
     var exchangesCredentials: Bool { false }
 
@@ -252,7 +268,7 @@ final class FakeProvider: TokenProvider, Sendable {
         guard let grant else { return .permanent(code: "invalid_grant", reason: "unknown refresh token") }
         // Let whatever else is runnable run while the request is "out".
         for _ in 0..<3 { await Task.yield() }
-        return state.withLock { state -> RefreshOutcome in
+        let outcome = state.withLock { state -> RefreshOutcome in
             state.inFlight[grant]! -= 1
             switch state.mode {
             case .transient: return .transient(reason: "HTTP 503 (injected)", retryAfter: nil)
@@ -279,6 +295,10 @@ final class FakeProvider: TokenProvider, Sendable {
             tokens.tokenType = "Bearer"
             return .refreshed(tokens, expiresIn: state.lifetime)
         }
+        if case .refreshed = outcome, holdAfterRotation.withLock({ $0 }) {
+            await withCheckedContinuation { continuation in heldAnswers.withLock { $0.append(continuation) } }
+        }
+        return outcome
     }
 
     func canRefresh(_ record: SessionRecord) -> Bool { record.tokens.refreshToken != nil }

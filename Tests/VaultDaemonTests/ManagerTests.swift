@@ -197,6 +197,30 @@ struct TimedLifecycleTests {
         #expect(h.store.contents.records.isEmpty)
     }
 
+    @Test("Should spread the refreshes of 60 sessions overdue at a restart over the jitter window, not one second")
+    func overdueAtRestartSpread() async throws {
+        let h = try ManagerHarness()
+        for index in 0..<60 { try await h.login("user\(index)", lifetime: 300) }
+        // vaultd is stopped past every session's refresh point (80-90%), 24 s before expiry.
+        let next = try ManagerHarness(store: FaultyStore(h.store.contents), provider: h.provider)
+        next.clock.advance(by: 276)
+        _ = try await next.manager.restore()
+        var perSecond: [Int] = []
+        var done = 0
+        for _ in 0..<20 {
+            await next.advance(by: 1)
+            let calls = h.provider.state.withLock { $0.refreshCalls }
+            perSecond.append(calls - done)
+            done = calls
+        }
+        #expect(done == 60, "every overdue session refreshed within 20 s: \(perSecond)")
+        // The window is half of the 24 s left: 12 s, so no second carries more than a fraction.
+        #expect(perSecond.max() ?? 0 <= 15, "spread, not all at once: \(perSecond)")
+        #expect(perSecond.filter { $0 > 0 }.count >= 8, "over most of the window: \(perSecond)")
+        #expect(h.provider.state.withLock { $0.reusedGrants.isEmpty })
+        #expect(next.events.all.allSatisfy { $0.kind != .tokenExpired })
+    }
+
     @Test("Should share one refresh among concurrent GetToken calls")
     func singleFlight() async throws {
         let h = try ManagerHarness()

@@ -84,17 +84,23 @@ final class Simulation {
         rng = SplitMix64(state: seed)
         config = try Simulation.config()
         manager = Simulation.makeManager(
-            store: store, clock: clock, provider: provider, events: events, config: config)
+            store: store, clock: clock, provider: provider, events: events, config: config, alive: alive)
     }
 
+    /// Cleared when the process of the current manager "dies": work it still
+    /// has (a refresh released after the crash) publishes nothing more.
+    var alive = Liveness()
+
     static func makeManager(
-        store: FaultyStore, clock: ManualClock, provider: FakeProvider, events: EventLog, config: VaultConfig
+        store: FaultyStore, clock: ManualClock, provider: FakeProvider, events: EventLog, config: VaultConfig,
+        alive: Liveness = Liveness()
     ) -> SessionManager {
         SessionManager(
             store: store, config: config, clock: clock, log: Logger(level: .debug, target: .discard),
             policy: AccessPolicy(vaultdUID: 0),
             providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil },
-            random: { 0.5 }, armsTimer: false, events: { event in events.append(event) })
+            random: { 0.5 }, armsTimer: false,
+            events: { event in if alive.isAlive { events.append(event) } })
     }
 
     func caller(_ owner: UInt32) -> Caller { Caller(uid: owner, gid: owner, pid: 7) }
@@ -130,7 +136,8 @@ final class Simulation {
             case 61..<82: await advance()
             case 82..<85: storeFault()
             case 85..<87: storeOutage()
-            case 87..<94: providerFault()
+            case 87..<92: providerFault()
+            case 92..<95: try await crashInRotationWindow()
             default: try await crash()
             }
             await settle()
@@ -256,6 +263,43 @@ final class Simulation {
         trace.append("provider: \(mode), revocations \(revocationsFail ? "fail" : "work")")
     }
 
+    /// The process dies after the provider rotated a refresh token and before
+    /// vaultd heard of it (the window no write can close): the store keeps the
+    /// rotated-away token, which the next manager may send once, to be refused
+    /// (reuse) and end the session as tokenInvalid.
+    func crashInRotationWindow() async throws {
+        let key = randomKey()
+        guard manager.table.view(of: key)?.record != nil, let grant = grantOf[key] else {
+            trace.append("crash in rotation window \(key): not logged in")
+            return
+        }
+        provider.holdAfterRotation.withLock { $0 = true }
+        let manager = self.manager
+        let owner = caller(key.owner)
+        let refresh = Task { _ = try? await manager.refresh(key, caller: owner, clientAsked: true) }
+        for _ in 0..<10_000 where provider.held == 0 { await Task.yield() }
+        provider.holdAfterRotation.withLock { $0 = false }
+        guard provider.held > 0 else {
+            // Refused or failed before rotating (a fault, a reuse): no window.
+            await refresh.value
+            trace.append("crash in rotation window \(key): the refresh did not rotate")
+            return
+        }
+        if !limboGrants.contains(grant) {
+            limboGrants.insert(grant)
+            reuseAllowance[grant] = 0
+        }
+        // What happened up to the crash (the refresh's connectionChanged) is checked first.
+        do { try check() } catch {
+            throw Violation.broken("seed \(seed), before a crash in the rotation window: \(error)")
+        }
+        // `crash()` counts one more allowed reuse for every limbo grant still served.
+        try await crash()
+        provider.releaseHeld()
+        await refresh.value
+        trace.append("crash in rotation window \(key): grant \(grant) rotated, not stored")
+    }
+
     /// The process dies: what the store holds now is all the next one gets.
     func crash() async throws {
         let contents = store.contents
@@ -268,12 +312,14 @@ final class Simulation {
                 reuseAllowance[grant, default: 1] += 1
             }
         }
+        alive.die()
         await manager.shutdown(graceSeconds: 0)
         // The next process starts once the store is back (it refuses to start without one).
         store = FaultyStore(contents)
+        alive = Liveness()
         if outageEndedAt == nil { outageEndedAt = clock.preciseNow() }
         manager = Simulation.makeManager(
-            store: store, clock: clock, provider: provider, events: events, config: config)
+            store: store, clock: clock, provider: provider, events: events, config: config, alive: alive)
         do throws(VaultError) {
             _ = try await manager.restore()
         } catch {
@@ -408,6 +454,13 @@ final class Simulation {
             throw Violation.broken("grant \(grant) ended but is neither revoked nor queued for revocation")
         }
     }
+}
+
+/// Whether a simulated process still lives.
+final class Liveness: Sendable {
+    private let state = Mutex(true)
+    var isAlive: Bool { state.withLock { $0 } }
+    func die() { state.withLock { $0 = false } }
 }
 
 /// Failures found by the simulation's lanes.
