@@ -43,13 +43,16 @@ final class OwnMemoryScanner {
         guard fd >= 0, !pattern.isEmpty, pattern.count < chunk else { return false }
         for region in regions {
             var offset = region.start
+            // Bounded by the region: every turn moves on, or the read failed for good.
             while offset < region.end {
                 let want = Int(min(UInt64(chunk), region.end - offset))
                 let got = pread(fd, buffer.baseAddress, want, off_t(Int64(bitPattern: offset)))
+                if got < 0 && errno == EINTR { continue }
+                // A short read is not the end of the region: go on from where it stopped.
                 guard got > 0 else { break }
                 if find(pattern, key: key, count: got) { return true }
-                guard got == want, offset + UInt64(got) < region.end else { break }
-                offset += UInt64(got - pattern.count + 1)
+                guard offset + UInt64(got) < region.end else { break }
+                offset += UInt64(max(1, got - pattern.count + 1))
             }
         }
         return false

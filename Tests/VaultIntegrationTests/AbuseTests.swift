@@ -464,7 +464,9 @@ struct AbuseTests {
 
     @Test("Should close thousands of half-sent messages at RequestTimeout, serving others meanwhile")
     func partialMessages() async throws {
-        let d = try AbuseDaemon("RequestTimeout=8s\n")
+        // 20 s: on a loaded machine opening the connections took past 8 s, and
+        // vaultd had closed the first ones before the last were counted.
+        let d = try AbuseDaemon("RequestTimeout=20s\n")
         let count = Soak.size(short: 500, long: 4000)
         // The bystander's connection is open for the whole test: counted in "before".
         let bystander = try GetTokenBystander(d)
@@ -473,7 +475,7 @@ struct AbuseTests {
         let attacker = try Attacker(d, ["mode": "partial", "count": .int(Int64(count))])
         #expect(attacker.report["held"]?.integerValue == Int64(count))
         // vaultd takes them in batches: wait (bounded) until it holds them all.
-        let during = try await eventually(tries: 50, interval: .milliseconds(100)) {
+        let during = try await eventually(tries: 150, interval: .milliseconds(100)) {
             d.descriptors
         } until: {
             $0 >= before.fds + count
@@ -486,13 +488,13 @@ struct AbuseTests {
         try attacker.release()
         #expect(during >= before.fds + count, "vaultd held the connections: \(during)")
         #expect(after <= before.fds, "every half-sent connection closed: \(after) descriptors, \(before.fds) before")
-        #expect(closedAfter >= 7, "not before RequestTimeout=8s: \(closedAfter) s")
+        #expect(closedAfter >= 19, "not before RequestTimeout=20s: \(closedAfter) s")
         #expect(latency.errors.isEmpty, "\(latency.errors.prefix(3))")
         #expect(latency.percentile(0.99) < Self.p99Bound, "\(latency)")
         #expect(d.daemon.output.wait(for: "unfinished message past its timeout"))
         reportFigures(
             "\(count) connections sending half a message then nothing", "\(latency)",
-            "all closed after \(String(format: "%.1f", closedAfter)) s (RequestTimeout=8s)",
+            "all closed after \(String(format: "%.1f", closedAfter)) s (RequestTimeout=20s)",
             "rss_kib before=\(before.rss) held=\(peak) after=\(d.residentKiB)",
             "fds before=\(before.fds) held=\(during) after=\(after)")
     }

@@ -176,8 +176,9 @@ struct ConformanceTests {
         let result = try runCommand(
             URL(fileURLWithPath: "/usr/bin/env"), ["python3", "-c", script, path], seconds: 60)
         #expect(result.status == 0, "\(result.stdout)\n\(result.stderr)")
-        // 5 types (LoginState, StoreState, UserProfile, Session, Event), every method, every error.
-        let members = 5 + VaultMethod.allCases.count + VaultError.Code.allCases.count
+        // Every type, method and error the declaration holds.
+        let declaration = VaultInterface.declaration
+        let members = declaration.types.count + declaration.methods.count + declaration.errors.count
         #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "io.vaultd.Vault \(members)")
     }
 }

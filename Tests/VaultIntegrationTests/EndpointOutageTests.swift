@@ -209,7 +209,8 @@ struct EndpointOutageTests {
             var answers = 0
             var slowest = 0.0
             let end = outageStarted.addingTimeInterval(Double(EndpointOutageTests.window))
-            for _ in 0..<100_000 where Date() < end {
+            // At least three reads, even when a loaded machine spent the window on the refresh above.
+            for round in 0..<100_000 where round < 3 || Date() < end {
                 let (current, seconds) = try token()
                 #expect(current == served, "\(failure): the still-valid token is served")
                 answers += 1

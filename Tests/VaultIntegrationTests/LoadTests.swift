@@ -9,6 +9,7 @@ import VaultProtocol
 /// What one driver thread saw.
 struct LoadTally {
     var calls = 0
+    var tokenCalls = 0
     var latenciesMicros: [Int] = []
     var errors: [String] = []
 }
@@ -98,6 +99,7 @@ struct LoadTests {
                     }
                 }
                 var sentAt = [UInt64](repeating: 0, count: connections.count)
+                var askedToken = [Bool](repeating: false, count: connections.count)
                 var sequence = t
                 func send(_ i: Int) {
                     sequence += 1
@@ -109,6 +111,7 @@ struct LoadTests {
                                 method: method.rawValue,
                                 parameters: ["provider": "oauth", "user": .string(user)]))
                         sentAt[i] = LoadTests.now()
+                        askedToken[i] = method == .getToken
                     } catch {
                         tally.errors.append("send: \(error)")
                     }
@@ -123,6 +126,7 @@ struct LoadTests {
                             let reply = try connections[i].receive()
                             tally.latenciesMicros.append(Int((LoadTests.now() - sentAt[i]) / 1000))
                             tally.calls += 1
+                            if askedToken[i] && reply.error == nil { tally.tokenCalls += 1 }
                             if let error = reply.error { tally.errors.append("\(error): \(reply.parameters)") }
                         } catch {
                             tally.errors.append("receive: \(error)")
@@ -137,7 +141,9 @@ struct LoadTests {
                 }
                 // The last replies, then every connection closes.
                 for (i, connection) in connections.enumerated() where sentAt[i] != 0 {
-                    _ = try? connection.receive()
+                    if let reply = try? connection.receive(), reply.error == nil, askedToken[i] {
+                        tally.tokenCalls += 1
+                    }
                 }
                 connections.removeAll()
                 tallies.withLock { $0.append(tally) }
@@ -170,5 +176,18 @@ struct LoadTests {
         #expect(after.rssKiB - before.rssKiB < 64 * 1024, "after \(after), before \(before)")
         // Every session still serves its current token.
         for user in users { #expect(!(try vault.token(provider: "oauth", user: user).value.isEmpty)) }
+
+        // Audit volume: every handout is accounted for, in far fewer lines
+        // (repeats of one kind are counted per interval; SIGTERM writes the rest).
+        #expect(daemon.stop() == 0)
+        let audit = daemon.allOutput.split(separator: "\n").filter { $0.contains("audit action=GetToken") }
+        let accounted = audit.reduce(0) { sum, line in
+            let count = line.split(separator: " ").first { $0.hasPrefix("count=") }.flatMap { Int($0.dropFirst(6)) }
+            return sum + (count ?? 1)
+        }
+        let handouts = all.reduce(0) { $0 + $1.tokenCalls } + users.count
+        print("load: audit: \(handouts) token handouts in \(audit.count) audit lines")
+        #expect(accounted == handouts, "audit lines account for \(accounted) handouts of \(handouts)")
+        #expect(audit.count * 100 < handouts, "\(audit.count) audit lines for \(handouts) handouts")
     }
 }
