@@ -70,8 +70,8 @@ struct RefreshTests {
     }
 
     func subscribe(_ socket: String, _ user: String) throws -> VarlinkClient {
-        // Generous: a refresh or a retry may be seconds away on a loaded machine.
-        let watcher = try VarlinkClient(path: socket, timeoutSeconds: 45)
+        // Generous: a refresh or a retry may be tens of seconds away on a loaded machine.
+        let watcher = try VarlinkClient(path: socket, timeoutSeconds: 90)
         try watcher.send(
             JSON.object([
                 "method": .string(VaultMethod.subscribe.rawValue), "more": true,
@@ -94,9 +94,10 @@ struct RefreshTests {
     func refreshesAheadOfExpiry() async throws {
         // issued_at (Salesforce style) lets vaultd count the lifetime from the
         // server's clock rather than from the moment of the login.
-        // 20 s leaves a loaded machine time between the grant and the login
-        // (8 s was seen to expire on the way).
-        let server = try TokenServer(["--lifetime", "20", "--salesforce"])
+        // 45 s leaves a loaded machine time between the grant and the login
+        // (8 s and 20 s were seen to expire on the way, with the suite running
+        // beside two busy loops on 2 cores).
+        let server = try TokenServer(["--lifetime", "45", "--salesforce"])
         let (fixture, _) = try start(server)
         let user = uniqueName("auto")
         let watcher = try subscribe(fixture.socketPath, user)
@@ -356,8 +357,9 @@ struct RefreshTests {
         let user = uniqueName("orphan")
         #expect(
             try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        // The token endpoint issues new tokens at once but answers 2 s later.
-        try await server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 2])
+        // The token endpoint issues new tokens at once but answers 8 s later: time
+        // for the logout below even on a loaded machine (2 s was seen too short).
+        try await server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 8])
         let socket = fixture.socketPath
         let refresh = Task.detached { try vaultctl(socket, ["refresh", "oauth", user]) }
         let asked = try await eventually(
