@@ -11,16 +11,7 @@ import VaultCore
 struct ExecTests {
     /// A daemon with one oauth2 provider, and a session logged in there.
     func start(_ server: TokenServer) async throws -> (DaemonFixture, String) {
-        let fixture = try DaemonFixture(start: false)
-        try """
-        [Vault]
-        MinRefreshInterval=0
-
-        [Provider oauth]
-        Type=oauth2
-        TokenURL=\(server.url)/token
-        ClientID=vaultd-test
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let fixture = try DaemonFixture(oauthServer: server)
         try fixture.start()
         let user = uniqueName("exec")
         #expect(

@@ -235,6 +235,22 @@ final class DaemonFixture {
         if start { try self.start() }
     }
 
+    /// A fixture (not started) whose one provider, `oauth`, refreshes at
+    /// `server`, and whose clients may refresh as often as they ask
+    /// (`MinRefreshInterval=0`).
+    convenience init(oauthServer server: TokenServer) throws {
+        try self.init(start: false)
+        try """
+        [Vault]
+        MinRefreshInterval=0
+
+        [Provider oauth]
+        Type=oauth2
+        TokenURL=\(server.url)/token
+        ClientID=vaultd-test
+        """.write(toFile: configPath, atomically: true, encoding: .utf8)
+    }
+
     @discardableResult
     func start() throws -> RunningDaemon {
         let d = try RunningDaemon(socketPath: socketPath, configPath: configPath)

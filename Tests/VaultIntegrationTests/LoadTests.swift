@@ -58,16 +58,7 @@ struct LoadTests {
         // Tokens that live 10 s are refreshed every few seconds (3 s lifetimes expired
         // under a load average of 18, before their refresh came round).
         let server = try TokenServer(["--lifetime", "10"])
-        let fixture = try DaemonFixture(start: false)
-        try """
-        [Vault]
-        MinRefreshInterval=0
-
-        [Provider oauth]
-        Type=oauth2
-        TokenURL=\(server.url)/token
-        ClientID=vaultd-test
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let fixture = try DaemonFixture(oauthServer: server)
         let daemon = try fixture.start()
         let pid = daemon.process.processIdentifier
         let vault = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 60)
