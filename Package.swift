@@ -54,18 +54,21 @@ let package = Package(
         .executableTarget(name: "vaultd", dependencies: ["VaultDaemon", "CWipeOnFree"]),
         .executableTarget(name: "vaultctl", dependencies: ["VaultCLI"]),
 
+        // Test process only: keeps Foundation's Process.run() from faulting (see its source).
+        .target(name: "CProcessSpawnFix", path: "Tests/Support/CProcessSpawnFix"),
+
         .testTarget(name: "VaultCoreTests", dependencies: ["VaultCore"]),
         .testTarget(name: "VaultProtocolTests", dependencies: ["VaultProtocol"]),
         // The transport alone, serving a toy interface: no vault, no processes.
         .testTarget(
             name: "VarlinkServerTests", dependencies: ["VarlinkServer", "VaultCore", "VaultProtocol", "VaultSystem"]),
         // vaultctl in-process: parsing, help, usage errors, completion scripts; no daemon.
-        .testTarget(name: "VaultCLITests", dependencies: ["VaultCLI"]),
+        .testTarget(name: "VaultCLITests", dependencies: ["VaultCLI", "CProcessSpawnFix"]),
         // The session manager without processes: fakes, a manual clock, the simulation.
         .testTarget(name: "VaultDaemonTests", dependencies: ["VaultDaemon", "VaultCore"]),
         .testTarget(
             name: "VaultIntegrationTests",
-            dependencies: ["VaultClient", "VaultProtocol", "VaultSystem", "VaultDaemon"]
+            dependencies: ["VaultClient", "VaultProtocol", "VaultSystem", "VaultDaemon", "CProcessSpawnFix"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -20,6 +20,12 @@ final class Connection {
         /// The stream was ended with a final reply, which is being sent; the
         /// connection closes once it is out, or at `deadline`.
         case ending(deadline: UInt64)
+        /// The peer sent something that is no call; its error reply is being
+        /// sent. Once it is out, the write side is shut (the peer reads the
+        /// error, then an end of file) and what the peer still sends is read
+        /// and dropped until it closes or `deadline`: closing with its bytes
+        /// unread would reach it as a reset, before it read the error.
+        case lingering(deadline: UInt64)
         /// Closed; nothing more happens.
         case closed
     }
@@ -45,6 +51,8 @@ final class Connection {
     @exclusivity(unchecked) var partialSince: UInt64?
     /// The connection's entry in the server's deadline heap, if any.
     @exclusivity(unchecked) var scheduledAt: UInt64?
+    /// The write side was shut (lingering after a malformed message).
+    @exclusivity(unchecked) var writeShut = false
     /// Queued output stopped the answering of buffered calls.
     @exclusivity(unchecked) var heldBack = false
     /// The events epoll watches for; nil once the descriptor is no longer
@@ -71,13 +79,18 @@ final class Connection {
     var isStream: Bool {
         switch state {
         case .streaming, .ending: return true
-        case .open, .waiting, .closed: return false
+        case .open, .waiting, .lingering, .closed: return false
         }
+    }
+    /// The connection is being closed after a malformed message.
+    var isLingering: Bool {
+        if case .lingering = state { return true }
+        return false
     }
     /// Calls are not answered now: one is in flight, or a stream runs.
     var busy: Bool {
         switch state {
-        case .waiting, .streaming, .ending: return true
+        case .waiting, .streaming, .ending, .lingering: return true
         case .open, .closed: return false
         }
     }

@@ -50,19 +50,27 @@ public struct TransportErrors: Sendable {
     public var stopping: VarlinkReply
     /// The last reply of every stream when the server starts to drain.
     public var streamStopping: VarlinkReply
+    /// The last reply on a connection that sent something that is no call
+    /// (`problem` says what, and that the connection closes): a message past
+    /// `VarlinkServer.maximumMessageSize`, or one that is not JSON.
+    public var malformedMessage: @Sendable (_ problem: String) -> VarlinkReply
 
     /// Errors with the given names and parameters.
     public init(
         refused: @escaping @Sendable (ServingLimits.Admission, Caller, ServingLimits) -> VarlinkReply,
         replyTooLarge: @escaping @Sendable (String, Int, Int) -> VarlinkReply,
         callTooLarge: @escaping @Sendable (String, Int, Int) -> VarlinkReply,
-        stopping: VarlinkReply, streamStopping: VarlinkReply
+        stopping: VarlinkReply, streamStopping: VarlinkReply,
+        malformedMessage: @escaping @Sendable (String) -> VarlinkReply = { _ in
+            VarlinkServiceError.invalidParameter("")
+        }
     ) {
         self.refused = refused
         self.replyTooLarge = replyTooLarge
         self.callTooLarge = callTooLarge
         self.stopping = stopping
         self.streamStopping = streamStopping
+        self.malformedMessage = malformedMessage
     }
 }
 

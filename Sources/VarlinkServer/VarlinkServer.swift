@@ -28,6 +28,10 @@ public final class VarlinkServer: @unchecked Sendable {
     /// from the loop, and so from the other clients' latency.
     public static let inlineParseLimit = 4096
 
+    /// How long a connection that sent a malformed message is read (and what
+    /// it sends dropped) after its error reply, before it is closed anyway.
+    public static let lingerMilliseconds: UInt64 = 2000
+
     private let service: VarlinkService
     private let log: any ServerLog
     private let hooks: ServerHooks
@@ -361,6 +365,10 @@ public final class VarlinkServer: @unchecked Sendable {
 
     private func serve(_ connection: Connection, events: UInt32) {
         let failed = events & (VAULTD_EPOLLHUP | VAULTD_EPOLLERR) != 0
+        if connection.isLingering {
+            linger(connection, events: events)
+            return
+        }
         if failed && connection.isStream {
             disconnect(connection)
             return
@@ -451,10 +459,13 @@ public final class VarlinkServer: @unchecked Sendable {
                 message = next
                 connection.partialSince = nil
             } catch {
-                log.warning(
-                    "message over \(VarlinkServer.maximumMessageSize) bytes; connection closed",
-                    ["pid": String(connection.caller.pid)])
-                disconnect(connection)
+                let limit = VarlinkServer.maximumMessageSize
+                log.warning("message over \(limit) bytes; connection closed", ["pid": String(connection.caller.pid)])
+                refuseMalformed(
+                    on: connection,
+                    problem:
+                        "a message grew past \(limit) bytes without its NUL terminator; vaultd closes the connection; end each call with a NUL byte and keep it under \(limit) bytes"
+                )
                 return
             }
             if message.count > VarlinkServer.inlineParseLimit {
@@ -486,10 +497,66 @@ public final class VarlinkServer: @unchecked Sendable {
         switch failure {
         case .invalidJSON(let reason):
             log.warning("invalid JSON; connection closed", ["pid": String(connection.caller.pid), "reason": reason])
-            disconnect(connection)
+            refuseMalformed(
+                on: connection,
+                problem:
+                    "a message is not JSON (\(reason)); vaultd closes the connection; send each call as one JSON object ended by a NUL byte"
+            )
         case .invalidField(let field):
             queue(VarlinkServiceError.invalidParameter(field), on: connection)
         }
+    }
+
+    /// Ends a connection that sent something that is no call: its last reply
+    /// says what was wrong, then it lingers (see `Connection.State.lingering`).
+    /// What it sent after is never read as calls.
+    private func refuseMalformed(on connection: Connection, problem: String) {
+        connection.decoder.wipe()
+        connection.partialSince = nil
+        queue(errors.malformedMessage(problem), on: connection)
+        connection.state = .lingering(deadline: now + VarlinkServer.lingerMilliseconds)
+    }
+
+    /// A lingering connection's events: its error reply goes out, then what
+    /// the peer sends is read and dropped, a bounded amount per event.
+    private func linger(_ connection: Connection, events: UInt32) {
+        if events & VAULTD_EPOLLOUT != 0 {
+            flush(connection)
+            if connection.isClosed { return }
+        }
+        if events & (VAULTD_EPOLLIN | VAULTD_EPOLLHUP | VAULTD_EPOLLERR) != 0 {
+            for _ in 0..<16 {
+                let n: Int = recv(connection.fd, readBuffer.baseAddress, readBuffer.count, Int32(MSG_DONTWAIT))
+                if n > 0 {
+                    vaultd_explicit_bzero(readBuffer.baseAddress, n)
+                    continue
+                }
+                if n == 0 {
+                    connection.peerClosedInput = true
+                } else if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
+                    disconnect(connection)
+                    return
+                }
+                break
+            }
+        }
+        settleLingering(connection)
+    }
+
+    /// Shuts the write side once the error reply is out; closes when the
+    /// peer has closed too (or the server stops).
+    private func settleLingering(_ connection: Connection) {
+        if connection.pendingOutput == 0 {
+            if connection.peerClosedInput || stopping {
+                disconnect(connection)
+                return
+            }
+            if !connection.writeShut {
+                connection.writeShut = true
+                _ = shutdown(connection.fd, Int32(SHUT_WR))
+            }
+        }
+        updateInterest(connection)
     }
 
     /// Answers one call read from a message of `size` bytes: queues its
@@ -563,6 +630,10 @@ public final class VarlinkServer: @unchecked Sendable {
     private func sendAndSettle(_ connection: Connection) {
         flush(connection)
         if connection.isClosed { return }
+        if connection.isLingering {
+            settleLingering(connection)
+            return
+        }
         // Calls held back by queued output the peer has now taken: answer them,
         // since no more input may come to wake this connection.
         while connection.heldBack, !connection.busy, connection.pendingOutput < outputHighWater {
@@ -760,7 +831,7 @@ public final class VarlinkServer: @unchecked Sendable {
         if connection.wantsInput && connection.pendingOutput < outputHighWater {
             wanted |= VAULTD_EPOLLIN
         }
-        if connection.isStream && !connection.peerClosedInput { wanted |= VAULTD_EPOLLIN }
+        if (connection.isStream || connection.isLingering) && !connection.peerClosedInput { wanted |= VAULTD_EPOLLIN }
         if connection.pendingOutput > 0 { wanted |= VAULTD_EPOLLOUT }
         if let interest = connection.interest, wanted != interest {
             connection.interest = wanted
@@ -773,7 +844,10 @@ public final class VarlinkServer: @unchecked Sendable {
 
     /// When `connection` is closed unless it makes progress; nil for never.
     private func dueTime(_ connection: Connection) -> UInt64? {
-        if case .ending(let deadline) = connection.state { return deadline }
+        switch connection.state {
+        case .ending(let deadline), .lingering(let deadline): return deadline
+        case .open, .waiting, .streaming, .closed: break
+        }
         return limits.deadline(
             streaming: connection.isStream, busy: connection.busy, lastActivity: connection.lastActivity,
             partialSince: connection.partialSince)?.at
@@ -827,6 +901,8 @@ public final class VarlinkServer: @unchecked Sendable {
         let reason: String
         if case .ending = connection.state {
             reason = "ended stream"
+        } else if connection.isLingering {
+            reason = "malformed message"
         } else {
             reason = connection.partialSince != nil ? "unfinished message" : "idle"
         }

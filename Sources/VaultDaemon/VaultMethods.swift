@@ -255,7 +255,8 @@ public enum VaultMethods {
             ).varlinkReply
         },
         stopping: VaultError(.internalError, "vaultd is stopping; retry when it is back").varlinkReply,
-        streamStopping: VaultError(.internalError, "vaultd is stopping; subscribe again when it is back").varlinkReply)
+        streamStopping: VaultError(.internalError, "vaultd is stopping; subscribe again when it is back").varlinkReply,
+        malformedMessage: { problem in VaultError(.invalidParameter, problem).varlinkReply })
 
     /// The GetToken reply of a session record, written straight into the
     /// connection's output.

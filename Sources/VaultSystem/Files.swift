@@ -55,9 +55,13 @@ extension Files {
         defer { closedir(dir) }
         var names: [String] = []
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
-            }
+            // The name is read where it lies: copying `pointee.d_name` would
+            // copy all 256 bytes of the declared array, past the end of a
+            // short record, and fault when that record ends glibc's buffer
+            // just before an unmapped page.
+            let nameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name)!
+            let name = String(
+                cString: UnsafeRawPointer(entry).advanced(by: nameOffset).assumingMemoryBound(to: CChar.self))
             if name != "." && name != ".." { names.append(name) }
         }
         return names.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }

@@ -83,8 +83,10 @@ struct GenericServerTests {
         #expect(
             try client.call(#"{"method":"org.example.Echo.Say","parameters":{"text":"still here"}}"#)
                 == #"{"parameters":{"text":"still here"}}"#)
-        // Large and not JSON: the connection is closed, as for a small one.
+        // Large and not JSON: the service's last word, then the connection
+        // is closed (a clean end of file), as for a small one.
         try client.send(#"{"parameters":{"text":[\#(numbers)"#)
+        #expect(try client.read()?.hasPrefix(#"{"error":"org.example.Echo.Malformed""#) == true)
         #expect(try client.read() == nil)
         #expect(harness.stop() == SIGTERM)
     }
@@ -157,7 +159,10 @@ private final class Harness: Sendable {
                 VarlinkReply(error: "org.example.Echo.CallTooLarge", parameters: ["method": .string(method)])
             },
             stopping: VarlinkReply(error: "org.example.Echo.Stopping"),
-            streamStopping: VarlinkReply(error: "org.example.Echo.Stopping"))
+            streamStopping: VarlinkReply(error: "org.example.Echo.Stopping"),
+            malformedMessage: { problem in
+                VarlinkReply(error: "org.example.Echo.Malformed", parameters: ["problem": .string(problem)])
+            })
         server = try VarlinkServer(
             listenFD: listenFD, signalFD: pipeFDs[0], service: service, log: SilentLog(), errors: errors,
             limits: limits)

@@ -362,8 +362,8 @@ final class Attacker {
                             answer, _ = read_reply(s)
                         with lock:
                             count(answers, kind + " " + answer)
-                        if answer == "closed":
-                            break
+                        if answer in ("closed", "io.vaultd.Vault.InvalidParameter"):
+                            break  # the last reply of a connection vaultd ends
                     s.close()
             threads = [threading.Thread(target=worker, args=(k,)) for k in spec["payloads"]]
             for t in threads:
@@ -399,7 +399,8 @@ struct AbuseTests {
     /// for a loaded 2-core machine; the figures printed are what counts.
     static let p99Bound = 2000.0
 
-    @Test("Should answer a call of exactly the size cap and close one a byte over, serving others meanwhile")
+    @Test(
+        "Should answer a call of exactly the size cap and end one a byte over with an error, serving others meanwhile")
     func sizeCap() async throws {
         let d = try AbuseDaemon()
         let cap = 1 << 20
@@ -419,11 +420,13 @@ struct AbuseTests {
             try atCap.send(#"{"method":"org.varlink.service.GetInfo"}"#)
             #expect(try atCap.nextReply()?.error == nil)
 
-            // One byte more: the connection is closed, with nothing answered.
+            // One byte more: not read as a call; its last reply says why, then
+            // the connection ends.
             let overCap = try VarlinkClient.raw(d.socketPath)
-            try? overCap.send(head + "x" + String(text.dropFirst(head.utf8.count)))
-            let end = Result { try overCap.nextReply() }
-            if case .success(.some(let reply)) = end { Issue.record("answered a message over the cap: \(reply)") }
+            try overCap.send(head + "x" + String(text.dropFirst(head.utf8.count)))
+            let refusal = try #require(try overCap.nextReply(), "a message over the cap gets an error")
+            #expect(refusal.error == "io.vaultd.Vault.InvalidParameter", "\(refusal)")
+            #expect(try overCap.nextReply() == nil, "then the connection ends")
         }
 
         // Four connections sending 1 MiB calls back to back while a bystander
@@ -444,9 +447,11 @@ struct AbuseTests {
         let final = try attacker.release()
         let answers = final["answers"]?.objectValue ?? [:]
         let valid = answers["string io.vaultd.Vault.SessionTooLarge"]?.integerValue ?? 0
-        let refused = answers["numbers closed"]?.integerValue ?? 0
+        let refused = answers["numbers io.vaultd.Vault.InvalidParameter"]?.integerValue ?? 0
         #expect(
-            Set(answers.keys).isSubset(of: ["string io.vaultd.Vault.SessionTooLarge", "numbers closed"]), "\(answers)")
+            Set(answers.keys).isSubset(of: [
+                "string io.vaultd.Vault.SessionTooLarge", "numbers io.vaultd.Vault.InvalidParameter",
+            ]), "\(answers)")
         #expect(valid >= 2 && refused >= 2, "\(answers)")
         #expect(latency.errors.isEmpty, "\(latency.errors.prefix(3))")
         #expect(latency.percentile(0.99) < Self.p99Bound, "\(latency)")

@@ -58,29 +58,70 @@ struct ProtocolTests {
         #expect(try c.nextReply()?.error == nil)
     }
 
-    @Test("Should close only the connection that sent invalid JSON")
+    @Test("Should answer invalid JSON with InvalidParameter, then close only that connection")
     func invalidJSONClosesConnection() throws {
         let bystander = try VarlinkClient.raw(fixture.socketPath)
         let c = try VarlinkClient.raw(fixture.socketPath)
         try c.send("{not json")
-        #expect(try c.nextReply() == nil)
+        try expectMalformedReplyThenEnd(c, saying: "is not JSON")
         try bystander.send(#"{"method":"org.varlink.service.GetInfo"}"#)
         #expect(try bystander.nextReply()?.error == nil)
     }
 
-    @Test("Should close a connection whose message grows past 1 MiB")
+    @Test("Should answer a message past 1 MiB with InvalidParameter and a clean end of file, never a reset")
     func oversizedMessage() throws {
-        let c = try VarlinkClient.raw(fixture.socketPath)
-        let chunk = [UInt8](repeating: UInt8(ascii: "a"), count: 64 * 1024)
-        // 17 chunks without a NUL: past the cap. The daemon may close before all is sent.
-        for _ in 0..<17 { try? c.send(bytes: chunk) }
-        // Closed between messages: no reply, no error.
-        let end = Result { try c.nextReply() }
-        var closed = false
-        if case .success(.none) = end { closed = true }
-        #expect(closed, "vaultd closed the connection: \(end)")
+        // Five times: the reset this guards against came from vaultd closing
+        // while the rest of the message was still unread, a matter of timing.
+        for _ in 0..<5 {
+            let c = try VarlinkClient.raw(fixture.socketPath)
+            let chunk = [UInt8](repeating: UInt8(ascii: "a"), count: 64 * 1024)
+            // 17 chunks without a NUL: past the cap. vaultd reads (and drops)
+            // the rest after its error, so every send goes through.
+            for _ in 0..<17 { try c.send(bytes: chunk) }
+            try expectMalformedReplyThenEnd(c, saying: "without its NUL terminator")
+        }
         let other = try fixture.client().call(ServiceMethod.getInfo.rawValue)
         #expect(other.error == nil)
+    }
+
+    @Test("Should close a connection that keeps sending after its malformed message within the linger time")
+    func lingerIsBounded() throws {
+        let c = try VarlinkClient.raw(fixture.socketPath)
+        try c.send("[1,2")
+        let start = Monotonic.milliseconds()
+        // Keeps sending what vaultd drops; the send fails once vaultd has closed.
+        var sendFailed = false
+        for _ in 0..<10_000 where Monotonic.milliseconds() - start < 15_000 {
+            if (try? c.send(bytes: [UInt8](repeating: 0x20, count: 4096))) == nil {
+                sendFailed = true
+                break
+            }
+            usleep(5_000)  // paces the sender; no synchronisation waits on it
+        }
+        let elapsed = Monotonic.milliseconds() - start
+        #expect(sendFailed, "vaultd still read the connection after \(elapsed) ms")
+        #expect(elapsed >= 1_000, "closed after \(elapsed) ms, before the linger time")
+        let daemon = try #require(fixture.daemon)
+        #expect(daemon.output.wait(for: "connection closed: malformed message past its timeout"))
+    }
+
+    /// The last reply of a connection that sent no call: InvalidParameter
+    /// saying `problem`, then a clean end of file.
+    private func expectMalformedReplyThenEnd(
+        _ c: VarlinkClient, saying problem: String, sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
+        let reply = Result { try c.nextReply() }
+        guard case .success(let answer?) = reply else {
+            Issue.record("no error reply: \(reply)", sourceLocation: sourceLocation)
+            return
+        }
+        let error = VaultError(reply: answer)
+        #expect(error?.code == .invalidParameter, "\(answer)", sourceLocation: sourceLocation)
+        #expect(error?.message.contains(problem) == true, "\(answer)", sourceLocation: sourceLocation)
+        let end = Result { try c.nextReply() }
+        var clean = false
+        if case .success(.none) = end { clean = true }
+        #expect(clean, "then a clean end of file: \(end)", sourceLocation: sourceLocation)
     }
 
     @Test("Should answer pipelined calls in order and send nothing for oneway calls")
