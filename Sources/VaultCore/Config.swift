@@ -108,6 +108,8 @@ public struct AccountSettings: Sendable, Equatable {
     public var readUsers: [String]
     /// Groups (names or gids) whose members may read the owner's token.
     public var readGroups: [String]
+    /// Where the owner's token is written for programs that cannot speak Varlink (`TokenFile=`).
+    public var tokenFile: TokenFileSettings? = nil
 
     /// A declaration.
     public init(owner: String? = nil, readUsers: [String] = [], readGroups: [String] = []) {
@@ -197,7 +199,7 @@ public enum ConfigParser {
             "ClientSecretFile", "AllowInsecureHTTP", "Timeout",
         ],
     ]
-    static let accountKeys = ["Owner", "TokenReadUsers", "TokenReadGroups"]
+    static let accountKeys = ["Owner", "TokenReadUsers", "TokenReadGroups"] + tokenFileKeys
 
     /// The text of a configuration file read as `bytes`: UTF-8, or an error
     /// naming the file and the first line that is not (never quoting it).
@@ -257,8 +259,10 @@ public enum ConfigParser {
                 }
                 settings.owner = owner.value
             }
+            settings.tokenFile = try tokenFile(entries, account)
             config.accounts[account] = settings
         }
+        try checkTokenFilePaths(config.accounts)
         for name in merged.providerOrder {
             let section = merged.providers[name]!
             guard let type = section.entries["Type"] else {
