@@ -279,6 +279,30 @@ struct TokenFileTests {
         #expect(st.st_uid == 65534 && st.st_mode & 0o7777 == 0o640)
     }
 
+    /// Should leave no copy of the token in vaultd's memory once the session
+    /// is logged out and its file removed: the write went from the session's
+    /// wiped storage straight to the file.
+    @Test(.enabled(if: memoryParent != nil && geteuid() == 0, "needs root (to read vaultd's memory) and a tmpfs"))
+    func noCopyInMemoryAfterLogout() async throws {
+        let directory = try TokenDirectory()
+        let fixture = try DaemonFixture(start: false)
+        let user = uniqueName("tokenfile")
+        let path = directory.file("t.token")
+        try "[Provider demo]\nType=static\n\n[Account demo \(user)]\nTokenFile=\(path)\n".write(
+            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let daemon = try fixture.start()
+        let secret = MemoryWipeTests.randomToken("tokfile")
+        #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: secret).status == 0)
+        #expect(try await fileBecomes(path, secret) == secret)
+        let live = try ProcessMemory.find(Array(secret.utf8), in: daemon.process.processIdentifier)
+        #expect(!live.isEmpty, "the scan finds the token of a live session")
+
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
+        #expect(try await fileBecomes(path, nil) == nil)
+        let hits = try ProcessMemory.find(Array(secret.utf8), in: daemon.process.processIdentifier)
+        #expect(hits.isEmpty, "\(hits.count) copies survive: \(hits.map(\.description).joined(separator: "\n"))")
+    }
+
     /// Should refuse a token file on a disk file system at --check-config,
     /// naming the file, the line and the key, and accept it with TokenFileOnDisk=yes.
     @Test func checkConfigRefusesDisk() throws {
