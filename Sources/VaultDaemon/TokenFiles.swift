@@ -13,6 +13,13 @@ public struct TokenFilePlan: Sendable, Equatable {
     /// The group given with the owner: the owner's primary group, or
     /// unchanged (`UInt32.max`) for a uid with no entry in the user database.
     public var fileGroup: UInt32?
+
+    /// A plan for `settings`, the file given to `fileOwner` (and `fileGroup`) when set.
+    public init(settings: TokenFileSettings, fileOwner: UInt32? = nil, fileGroup: UInt32? = nil) {
+        self.settings = settings
+        self.fileOwner = fileOwner
+        self.fileGroup = fileGroup
+    }
 }
 
 /// The token files of `[Account PROVIDER USER] TokenFile=`: each holds the
