@@ -45,9 +45,10 @@ public final class TokenFiles: Sendable {
         var plan: TokenFilePlan
     }
 
-    /// What the file of one account was last brought to.
+    /// What the file of one account was last brought to: written with a
+    /// plan (path, mode, owner), or removed from a path.
     enum Written {
-        case token(path: String, Secret)
+        case token(TokenFilePlan, Secret)
         case absent(path: String)
     }
 
@@ -151,6 +152,17 @@ public final class TokenFiles: Sendable {
             }
             if stale.isEmpty && dirty.isEmpty { return }
             for target in stale { removeStale(target) }
+            if !stale.isEmpty {
+                // A path a reload gave to another account may have been written
+                // for it already (a reload racing this job): write it again.
+                let removed = Set(stale.map(\.plan.settings.path))
+                state.withLock { state in
+                    for (key, target) in state.targets where removed.contains(target.plan.settings.path) {
+                        state.written[key] = nil
+                        state.dirty.insert(key)
+                    }
+                }
+            }
             for key in dirty.sorted() { bringInLine(key) }
         }
         state.withLock { $0.scheduled = false }
@@ -163,13 +175,13 @@ public final class TokenFiles: Sendable {
         let token = view?.state == .logged ? view?.record?.tokens.accessToken : nil
         let last = state.withLock { $0.written[key] }
         let path = target.plan.settings.path
-        var fields = SessionManagerFields.of(key)
+        var fields = TokenFiles.fields(key)
         fields["path"] = path
         if let token {
-            if case .token(path, let written)? = last, written == token { return }
+            if case .token(let plan, let written)? = last, plan == target.plan, written == token { return }
             do throws(SystemError) {
                 try write(token, target.plan)
-                state.withLock { $0.written[key] = .token(path: path, token) }
+                state.withLock { $0.written[key] = .token(target.plan, token) }
                 fields["event"] = "tokenFileWritten"
                 log.info("token file written", fields)
             } catch {
@@ -200,7 +212,7 @@ public final class TokenFiles: Sendable {
 
     /// Removes the file of a target the configuration no longer has.
     private func removeStale(_ target: Target) {
-        var fields = SessionManagerFields.of(target.key)
+        var fields = TokenFiles.fields(target.key)
         fields["path"] = target.plan.settings.path
         do throws(SystemError) {
             if try Directory(target.plan.settings.directory).remove(target.plan.settings.name) {
@@ -238,9 +250,9 @@ public final class TokenFiles: Sendable {
     }
 }
 
-/// The log fields of one session, as the session manager writes them.
-enum SessionManagerFields {
-    static func of(_ key: SessionKey) -> [String: String] {
+extension TokenFiles {
+    /// The log fields of one session, as the session manager writes them.
+    static func fields(_ key: SessionKey) -> [String: String] {
         ["provider": key.account.provider, "user": key.account.user, "owner": String(key.owner)]
     }
 }

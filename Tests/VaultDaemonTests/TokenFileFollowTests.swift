@@ -1,4 +1,5 @@
 import Foundation
+import Glibc
 import Testing
 import VaultCore
 import VaultDaemon
@@ -75,5 +76,32 @@ struct TokenFileFollowTests {
         #expect(settled(files, path) != nil)
         files.update([:])
         #expect(settled(files, path) == nil, "no longer configured: removed")
+    }
+
+    @Test("Should write the file again when a reload changes its mode, and move it when a reload swaps two paths")
+    func reloadChangesPlan() async throws {
+        let (h, files, path, cleanUp) = try setUp()
+        defer { cleanUp() }
+        let record = try await h.login("u")
+        let token = record.tokens.accessToken.revealed
+        #expect(settled(files, path) == token)
+        files.update([h.key("u"): TokenFilePlan(settings: TokenFileSettings(path: path, mode: 0o440, onDisk: true))])
+        #expect(settled(files, path) == token)
+        var st = stat()
+        #expect(stat(path, &st) == 0 && st.st_mode & 0o7777 == 0o440, "rewritten with the new mode")
+
+        let other = try await h.login("v")
+        let second = path + ".v"
+        files.update([
+            h.key("u"): TokenFilePlan(settings: TokenFileSettings(path: path, onDisk: true)),
+            h.key("v"): TokenFilePlan(settings: TokenFileSettings(path: second, onDisk: true)),
+        ])
+        #expect(settled(files, second) == other.tokens.accessToken.revealed)
+        files.update([
+            h.key("u"): TokenFilePlan(settings: TokenFileSettings(path: second, onDisk: true)),
+            h.key("v"): TokenFilePlan(settings: TokenFileSettings(path: path, onDisk: true)),
+        ])
+        #expect(settled(files, path) == other.tokens.accessToken.revealed)
+        #expect(settled(files, second) == token)
     }
 }
