@@ -107,7 +107,8 @@ struct ReplaceManagerTests {
         _ = try await h.manager.login(
             LoginRequest(provider: "demo", user: "s", token: "tok_static_abcdefghijkl"), caller: ManagerHarness.alice)
         let wrong = SHA256.hash(Array("tok_other_abcdefghijkl".utf8))
-        #expect(try await h.manager.reportRejected(key, tokenHash: wrong, caller: ManagerHarness.alice) == .alreadyReplaced)
+        #expect(
+            try await h.manager.reportRejected(key, tokenHash: wrong, caller: ManagerHarness.alice) == .alreadyReplaced)
         #expect(h.manager.table.view(of: key)?.record != nil, "a token that is not the current one ends nothing")
         let hash = SHA256.hash(Array("tok_static_abcdefghijkl".utf8))
         #expect(try await h.manager.reportRejected(key, tokenHash: hash, caller: ManagerHarness.alice) == .ended)

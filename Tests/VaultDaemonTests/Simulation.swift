@@ -239,7 +239,8 @@ final class Simulation {
         }
         let requests = provider.state.withLock { $0.refreshCalls } - before
         if requests > (current ? 1 : 0) {
-            trace.append("BROKEN: \(reporters) reports of a \(current ? "current" : "stale") token caused \(requests) refreshes")
+            trace.append(
+                "BROKEN: \(reporters) reports of a \(current ? "current" : "stale") token caused \(requests) refreshes")
         }
         if !current, outcomes.contains(where: { $0 != RejectedOutcome.alreadyReplaced.rawValue }) {
             trace.append("BROKEN: a stale token's report did something: \(outcomes)")

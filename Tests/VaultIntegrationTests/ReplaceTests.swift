@@ -140,7 +140,8 @@ struct ReplaceTests {
 /// `vaultctl report-rejected` against the real daemon, keyring and token server.
 @Suite("Report a rejected token", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct ReportRejectedTests {
-    @Test("Should refresh once for eight clients reporting the current token at once, and answer a stale report at once")
+    @Test(
+        "Should refresh once for eight clients reporting the current token at once, and answer a stale report at once")
     func reportersShareOneRefresh() async throws {
         let server = try TokenServer(["--lifetime", "600"])
         let fixture = try DaemonFixture(oauthServer: server)
@@ -151,7 +152,8 @@ struct ReportRejectedTests {
         #expect(try vaultctl(fixture.socketPath, ["login", "oauth", user], input: grant).status == 0)
         try await server.post("/control/reset")
         // The refresh takes 3 s, so every reporter arrives while it is out.
-        try await server.post("/control/mode", json: ["mode": "slow", "hang_seconds": 3, "count": 1, "target": "token"])
+        try await server.post(
+            "/control/mode", json: ["mode": "slow", "hang_seconds": 3, "count": 1, "target": "token"])
 
         let results = try vaultctlTogether(8, fixture.socketPath, ["report-rejected", "oauth", user], input: access)
         for r in results { #expect(r.status == 0 && r.stdout.hasPrefix("refreshed"), "\(r.stdout) \(r.stderr)") }
@@ -174,7 +176,8 @@ struct ReportRejectedTests {
     func staticSessionEnds() async throws {
         let fixture = try DaemonFixture()
         let user = uniqueName("rejected-static")
-        #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: "tok_static_abcdefgh1234").status == 0)
+        #expect(
+            try vaultctl(fixture.socketPath, ["login", "demo", user], input: "tok_static_abcdefgh1234").status == 0)
         let watcher = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30).subscribe(
             provider: "demo", user: user)
         let other = try vaultctl(

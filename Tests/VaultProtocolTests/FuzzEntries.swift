@@ -158,7 +158,9 @@ enum ProtocolFuzzEntry {
             let (provider, user) = try p.account()
             _ = try p.optionalUID("ownerUid")
             _ = try? Account.validate(provider: provider, user: user)
-            if SHA256.digest(hex: try p.string("tokenHash")) == nil { throw ParameterReader.Invalid(parameter: "tokenHash") }
+            if SHA256.digest(hex: try p.string("tokenHash")) == nil {
+                throw ParameterReader.Invalid(parameter: "tokenHash")
+            }
         case nil:
             _ = try p.optionalString("interface")
         }
