@@ -118,8 +118,8 @@ struct TokenFileTests {
     }
 
     /// Should write the token with mode 0600 at login, replace it atomically
-    /// on every refresh (a reader polling all along never sees it missing,
-    /// empty or partial), and remove it at logout and at a kick.
+    /// on every refresh and on a replacement (a reader polling all along never
+    /// sees it missing, empty or partial), and remove it at logout and at a kick.
     @Test(.enabled(if: memoryParent != nil, "no tmpfs at $XDG_RUNTIME_DIR or /dev/shm"))
     func followsTheSession() async throws {
         let server = try TokenServer(["--lifetime", "3600"])
@@ -148,6 +148,15 @@ struct TokenFileTests {
             issued.insert(next)
             #expect(try await fileBecomes(path, expected) == expected)
         }
+        // A replacement by hand (login --replace) is a change like a refresh.
+        let replace = try vaultctl(
+            fixture.socketPath, ["login", "--replace", "oauth", user], input: try await server.grant())
+        #expect(replace.status == 0, "\(replace.stderr)")
+        let replaced = try token(fixture, "oauth", user)
+        #expect(replaced != expected)
+        issued.insert(replaced)
+        expected = replaced
+        #expect(try await fileBecomes(path, expected) == expected, "written after a replacement")
         let seen = try await reader.stop()
         #expect(seen.reads > 100, "the reader read the file \(seen.reads) times")
         #expect(seen.missing == 0 && seen.empty == 0, "missing \(seen.missing)×, empty \(seen.empty)×")
