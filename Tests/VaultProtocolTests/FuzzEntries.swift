@@ -154,6 +154,12 @@ enum ProtocolFuzzEntry {
             _ = p.parameters["kinds"]?.arrayValue?.map { $0.stringValue.flatMap(EventKind.init(rawValue:)) }
         case .setProviderSecret?:
             _ = try LoginCredential.trimmed(p.string("secret"))
+        case .setConnectionState?:
+            let (provider, user) = try p.account()
+            _ = try p.optionalUID("ownerUid")
+            _ = try? Account.validate(provider: provider, user: user)
+            _ = ClientConnectionState(rawValue: try p.string("state"))
+            _ = try? ClientConnections.validate(name: try p.optionalString("client") ?? "x")
         case nil:
             _ = try p.optionalString("interface")
         }
