@@ -95,6 +95,8 @@ extension SessionManager {
     public func clientGone(_ connection: UInt64, from keys: Set<SessionKey>) {
         for key in keys.sorted() {
             guard let report = entries[key]?.clients.drop(connection: connection) else { continue }
+            // A session being logged out is no longer live to subscribers: nothing to tell.
+            guard entries[key]?.record != nil else { continue }
             publishView(key)
             events(
                 VaultEvent(
