@@ -79,7 +79,9 @@ extension SessionManager {
         entries[key] = entry
         publishView(key)
         guard changed else { return }
-        log.info(
+        // Debug only: a client reconnecting in a loop would flood the journal;
+        // subscribers get every change as an event.
+        log.debug(
             "a client reports its connection",
             fields(key, event: "connectionChanged", by: .peer(caller)).merging([
                 "client": client, "state": state.rawValue,

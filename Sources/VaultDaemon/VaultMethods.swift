@@ -355,7 +355,8 @@ public enum VaultMethods {
     /// The name of a client that gave none: its executable's, else its pid.
     static func defaultClientName(_ caller: Caller) -> String {
         let name = caller.executable.flatMap { $0.split(separator: "/").last.map(String.init) } ?? ""
-        return name.isEmpty ? "pid \(caller.pid)" : String(name.utf8.prefix(ClientConnections.maximumNameBytes)) ?? name
+        return name.isEmpty
+            ? "pid \(caller.pid)" : String(name.utf8.prefix(ClientConnections.maximumNameBytes)) ?? "pid \(caller.pid)"
     }
 
     /// The account and the optional `ownerUid` a call names.

@@ -69,8 +69,8 @@ struct EventFidelityTests {
         let server = try TokenServer(["--lifetime", "600"])
         let fixture = try start(server)
         let user = uniqueName("logging")
-        // The token endpoint holds its answer 6 s: the login is in flight meanwhile.
-        try await server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 6])
+        // The token endpoint holds its answer 8 s: the login is in flight meanwhile.
+        try await server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 8])
         let socket = fixture.socketPath
         let login = Task.detached { try vaultctl(socket, ["login", "oauth", user, "--from-provider"]) }
         let state = try await eventually(
@@ -78,8 +78,13 @@ struct EventFidelityTests {
                 try vaultctl(socket, ["--json", "status", "oauth", user]).stdout
             }, until: { $0.contains(#""state":"logging""#) })
         #expect(state.contains(#""state":"logging""#), "\(state)")
+        // The same in the list, the human status and a subscription's snapshot, while the provider still holds.
         let listed = try vaultctl(socket, ["--json", "list"]).stdout
-        #expect(listed.contains(#""state":"logging""#) || listed.contains(#""state":"logged""#), "\(listed)")
+        #expect(listed.contains(#""state":"logging""#), "\(listed)")
+        let text = try vaultctl(socket, ["status", "oauth", user]).stdout
+        #expect(text.contains("logging"), "\(text)")
+        let snapshot = try RecordedStream(socket, provider: "oauth", user: user).snapshot
+        #expect(snapshot.map(\.state) == [.logging])
         let done = try await login.value
         #expect(done.status == 0, "\(done.stderr)")
         #expect(try vaultctl(socket, ["--json", "status", "oauth", user]).stdout.contains(#""state":"logged""#))
