@@ -29,7 +29,7 @@ struct ConnectionStateTests {
     @Test("Should list a reporting client with its pid and state, tell subscribers, and drop it when it disconnects")
     func reportsListedWhileConnected() async throws {
         let (d, user) = try loggedIn("report")
-        let watcher = try RecordedStream(d.socketPath, provider: "demo", user: user)
+        let watcher = try RecordedStream(d.socketPath, provider: "demo", user: user, timeoutSeconds: 60)
         let bot = try d.connection()
         try bot.setConnectionState(provider: "demo", user: user, state: .connecting, client: "bot-1")
         try bot.setConnectionState(provider: "demo", user: user, state: .connected, client: "bot-1")
@@ -58,7 +58,7 @@ struct ConnectionStateTests {
         #expect(gone.kind == .connectionChanged, "no other event came between: the repeat was no news")
         #expect(gone.reason == "clientGone")
         #expect(gone.client == "bot-1")
-        let after = try await eventually({ try clients(d, user) }, until: { $0.isEmpty })
+        let after = try await eventually(tries: 1000, { try clients(d, user) }, until: { $0.isEmpty })
         #expect(after.isEmpty)
     }
 
@@ -70,7 +70,7 @@ struct ConnectionStateTests {
         let user = uniqueName("source")
         let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant())
         #expect(login.status == 0, "\(login.stderr)")
-        let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user)
+        let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
         let report = try vaultctl(
             fixture.socketPath, ["connection-state", "oauth", user, "connectFailed", "--client", "sh-bot"])
@@ -89,7 +89,7 @@ struct ConnectionStateTests {
     @Test("Should end the session when a client reports kickedOffline, as ForceLogout does")
     func kickedOfflineEndsTheSession() throws {
         let (d, user) = try loggedIn("kicked")
-        let watcher = try RecordedStream(d.socketPath, provider: "demo", user: user)
+        let watcher = try RecordedStream(d.socketPath, provider: "demo", user: user, timeoutSeconds: 60)
         try d.connection().setConnectionState(provider: "demo", user: user, state: .kickedOffline, client: "bot")
         let reported = try watcher.event()
         #expect(reported.kind == .connectionChanged)
@@ -122,7 +122,8 @@ struct ConnectionStateTests {
         }
         // One leaves: its place is free once vaultd saw it go.
         shutdown(connections[0].raw.fileDescriptor, Int32(SHUT_RDWR))
-        let count = try await eventually({ try clients(d, user).count }, until: { $0 < ClientConnections.limit })
+        let count = try await eventually(
+            tries: 1000, { try clients(d, user).count }, until: { $0 < ClientConnections.limit })
         #expect(count == ClientConnections.limit - 1)
         try extra.setConnectionState(provider: "demo", user: user, state: .connected, client: "extra")
         #expect(try clients(d, user).contains { $0.name == "extra" })
@@ -163,14 +164,16 @@ struct ConnectionStateTests {
         process.standardError = FileHandle.nullDevice
         try process.run()
         input.fileHandleForWriting.write(Data("connecting\n".utf8))
-        let first = try await eventually({ try clients(d, user) }, until: { $0.first?.state == .connecting })
+        let first = try await eventually(
+            tries: 1000, { try clients(d, user) }, until: { $0.first?.state == .connecting })
         #expect(first.map(\.name) == ["script"])
         input.fileHandleForWriting.write(Data("connected\n".utf8))
-        let second = try await eventually({ try clients(d, user) }, until: { $0.first?.state == .connected })
+        let second = try await eventually(
+            tries: 1000, { try clients(d, user) }, until: { $0.first?.state == .connected })
         #expect(second.first?.state == .connected)
         try input.fileHandleForWriting.close()
         #expect(try reap(process) == 0)
-        let after = try await eventually({ try clients(d, user) }, until: { $0.isEmpty })
+        let after = try await eventually(tries: 1000, { try clients(d, user) }, until: { $0.isEmpty })
         #expect(after.isEmpty)
     }
 }
