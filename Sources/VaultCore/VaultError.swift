@@ -25,6 +25,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case tooManyConnections
         case replyTooLarge
         case internalError
+        case tooManyClients
 
         /// How a kind of failure is named on the wire and by the SDKs, and what
         /// it means: the `io.vaultd.Vault` error's name and doc comment, and
@@ -147,6 +148,13 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                 return Declaration(
                     varlinkName: "InternalError", seedCode: "ERR_INTERNAL",
                     doc: "vaultd failed in a way it did not expect.")
+            case .tooManyClients:
+                return Declaration(
+                    varlinkName: "TooManyClients", seedCode: "ERR_TOO_MANY_CLIENTS",
+                    doc: """
+                        As many clients report their connection for the session as vaultd lists for one
+                        (64); a report goes away when its client's connection to vaultd closes.
+                        """)
             }
         }
 

@@ -30,7 +30,7 @@ extension SessionManager {
                 events(
                     VaultEvent(
                         kind: .connectionChanged, account: key.account, ownerUID: key.owner, time: clock.now(),
-                        reason: reason.map { "\(state.rawValue): \($0)" } ?? state.rawValue))
+                        reason: reason.map { "\(state.rawValue): \($0)" } ?? state.rawValue, source: .vaultd))
             }
         }
         publishView(key)
@@ -108,8 +108,16 @@ extension SessionManager {
 
     /// Logs the session out as vaultd itself.
     func end(_ key: SessionKey, reason: String, kind: EventKind) async {
+        var cause = entries[key]?.endCause
+        if reason == "maxSessionLifetime",
+            let seconds = config.providers[key.account.provider]?.oauth2?.maxSessionLifetime
+        {
+            cause = EndCause(
+                code: nil, message: "the session reached its MaxSessionLifetime= of \(seconds) s; log in again")
+        }
         do throws(VaultError) {
-            try await performLogout(key, by: .vaultd, reason: reason, kind: kind)
+            try await performLogout(
+                key, by: .vaultd, reason: reason, kind: kind, code: cause?.code, message: cause?.message)
         } catch {
             log.error("a session could not be ended", fields(key, event: kind.rawValue, by: .vaultd, code: error.code))
             if error.code != .notLoggedIn {
@@ -308,6 +316,7 @@ extension SessionManager {
             log.error(
                 "refresh refused; the session is logged out",
                 fields(key, event: "tokenInvalid").merging(["reason": code]) { a, _ in a })
+            entries[key]?.endCause = EndCause(code: code, message: reason)
             await handle(key, .refreshRefused(code: code, reason: reason))
             return .failure(
                 VaultError(.invalidCredential, "the provider refused to refresh \(account) (\(code)); log in again"))

@@ -159,7 +159,8 @@ extension SessionManager {
                 return failLogin(key, caller, VaultError(.networkError, "logging \(account) in failed: \(reason)"))
             case .permanent(let code, let reason):
                 let known = VaultError.Code(seedCode: code) ?? .invalidCredential
-                return failLogin(key, caller, VaultError(known, "the provider refused \(account): \(reason)"))
+                return failLogin(
+                    key, caller, VaultError(known, "the provider refused \(account): \(reason)"), providerCode: code)
             }
         }
         let record: SessionRecord
@@ -171,14 +172,17 @@ extension SessionManager {
         return await commitLogin(record, caller: caller)
     }
 
-    func failLogin(_ key: SessionKey, _ caller: Caller, _ error: VaultError) -> Result<
+    /// Ends a login that failed: subscribers get `loginFailed` with the
+    /// provider's own code (`providerCode`, when it refused) or the error's,
+    /// and the error's message.
+    func failLogin(_ key: SessionKey, _ caller: Caller, _ error: VaultError, providerCode: String? = nil) -> Result<
         SessionRecord, VaultError
     > {
         entries[key]?.login = nil
         entries[key]?.machine.loginFailed()
         forget(key)
         log.error("login failed", fields(key, event: "loginFailed", by: .peer(caller), code: error.code))
-        emit(.loginFailed, key, code: error.code)
+        emit(.loginFailed, key, code: error.code, providerCode: providerCode, message: error.message)
         Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
         return .failure(error)
     }
@@ -275,9 +279,11 @@ extension SessionManager {
     }
 
     /// `logout` for a peer, or for vaultd itself (an expiry, a refused grant).
-    func performLogout(_ key: SessionKey, by principal: Principal, reason: String? = nil, kind: EventKind? = nil)
-        async throws(VaultError)
-    {
+    /// `code` and `message` say why vaultd ends a session (its `tokenInvalid`).
+    func performLogout(
+        _ key: SessionKey, by principal: Principal, reason: String? = nil, kind: EventKind? = nil,
+        code: String? = nil, message: String? = nil
+    ) async throws(VaultError) {
         let account = key.account
         let action = LogoutKind(reason: reason, kind: kind).auditAction
         if let caller = principal.caller, !policy.policy.mayManage(caller, key) {
@@ -311,7 +317,9 @@ extension SessionManager {
                 // milliseconds (gnome-keyring rewrites its file), a client should not
                 // go on using the token meanwhile.
                 table.publish(key, SessionView(state: .logout, record: nil))
-                emit(LogoutKind(reason: reason, kind: kind).event, key, reason: reason)
+                emit(
+                    LogoutKind(reason: reason, kind: kind).event, key, reason: reason, providerCode: code,
+                    message: message)
                 let task = Task { () -> Result<Void, VaultError> in
                     await self.commitLogout(record, by: principal, reason: reason, kind: kind)
                 }

@@ -66,6 +66,9 @@ final class Simulation {
     var outageEndedAt: Double?
     /// The store's availability as the storeChanged events tell it.
     var reportedStore = StoreState.available
+    /// The clients' connections to vaultd that are open now (ids as the server gives them).
+    var openConnections: [UInt64] = []
+    var nextConnection: UInt64 = 16
 
     static let owners: [UInt32] = [1000, 1001]
 
@@ -130,7 +133,8 @@ final class Simulation {
             case 0..<24: await login()
             case 24..<34: await logout(kick: false)
             case 34..<39: await logout(kick: true)
-            case 39..<52: await getToken()
+            case 39..<49: await getToken()
+            case 49..<52: await clientConnection()
             case 52..<57: await burst()
             case 57..<61: await refresh()
             case 61..<82: await advance()
@@ -246,6 +250,43 @@ final class Simulation {
             trace.append("BROKEN: a stale token's report did something: \(outcomes)")
         }
         trace.append("report rejected \(key) \(current ? "current" : "stale") x\(reporters): \(outcomes)")
+    }
+
+    /// A client reports its connection to the chat server on one of its
+    /// connections to vaultd (a new one or an open one), or one of those
+    /// connections closes, as the serving loop would tell the manager.
+    func clientConnection() async {
+        if !openConnections.isEmpty, rng.next() % 3 == 0 {
+            let connection = openConnections.remove(at: Int(rng.next() % UInt64(openConnections.count)))
+            if let keys = manager.reporting.closed(connection) { await manager.clientGone(connection, from: keys) }
+            trace.append("client connection \(connection) closed")
+            return
+        }
+        let key = randomKey()
+        let connection: UInt64
+        if openConnections.count < 3, openConnections.isEmpty || rng.next() % 2 == 0 {
+            connection = nextConnection
+            nextConnection += 1
+            openConnections.append(connection)
+        } else {
+            connection = pick(openConnections)
+        }
+        let state = pick([ClientConnectionState.connecting, .connected, .connected, .connectFailed, .kickedOffline])
+        var client = caller(key.owner)
+        client.connection = connection
+        manager.reporting.opened(connection)
+        do throws(VaultError) {
+            try await manager.setConnectionState(key, state: state, client: "c\(connection)", caller: client)
+            if state == .kickedOffline {
+                acknowledged[key] = false
+                uncertain.remove(key)
+                if let grant = grantOf[key] { endedGrants.insert(grant) }
+            }
+            trace.append("client \(connection) reports \(state) on \(key): ok")
+        } catch {
+            if state == .kickedOffline, error.code != .notLoggedIn { uncertain.insert(key) }
+            trace.append("client \(connection) reports \(state) on \(key): \(error.code)")
+        }
     }
 
     func getToken() async {
@@ -381,6 +422,8 @@ final class Simulation {
         }
         alive.die()
         await manager.shutdown(graceSeconds: 0)
+        // The process's connections die with it.
+        openConnections.removeAll()
         // The next process starts once the store is back (it refuses to start without one).
         store = FaultyStore(contents)
         alive = Liveness()
@@ -431,7 +474,8 @@ final class Simulation {
         for event in all[eventsSeen...] {
             let key = SessionKey(owner: event.ownerUID, account: event.account)
             // Names are the simulation's own; only the free-text fields could carry a token.
-            for text in [event.reason, event.code].compactMap({ $0 }) where Self.holdsToken(text) {
+            for text in [event.reason, event.code, event.message, event.client].compactMap({ $0 })
+            where Self.holdsToken(text) {
                 throw Violation.broken("an event carries a token: \(event.json().text)")
             }
             let isLive = live[key] ?? false
@@ -473,6 +517,14 @@ final class Simulation {
             } else if clock.preciseNow() - ended > 2 * StoreHealth.longestProbeSeconds {
                 throw Violation.broken(
                     "the store came back \(Int(clock.preciseNow() - ended))s ago and is still reported \(storeState)")
+            }
+        }
+
+        // Clients are listed only on logged-in sessions, and only while their connection is open.
+        for (key, view) in views where !view.clients.isEmpty {
+            if view.record == nil { throw Violation.broken("\(key) lists clients but is not logged in") }
+            for client in view.clients where !openConnections.contains(client.connection) {
+                throw Violation.broken("\(key) lists client \(client.name), whose connection closed")
             }
         }
 
