@@ -22,6 +22,10 @@ struct AccountEntry {
     /// from the store with the next write of the record, so that it never
     /// revokes the session that goes on.
     var unqueue: PendingRevocation?
+    /// Access tokens refreshes replaced, to be revoked once the store holds
+    /// their successor (revoking one the store still holds would leave a
+    /// crash to restore a dead token).
+    var replacedAwaitingSave: [SessionRecord] = []
 
     /// The record, when the session is logged in.
     var record: SessionRecord? {

@@ -100,7 +100,10 @@ extension SessionManager {
             try await store.save(record)
             // Only what is served now counts as saved: a refresh may have
             // replaced the tokens while this write was out.
-            if entries[key]?.record?.tokens == record.tokens { await handle(key, .saved) }
+            if entries[key]?.record?.tokens == record.tokens {
+                await handle(key, .saved)
+                await revokeReplacedTokens(key)
+            }
         } catch {
             await handle(key, .saveFailed(now: clock.now()))
         }
@@ -242,8 +245,11 @@ extension SessionManager {
             tokens.issuedAt = now
             var updated = current
             updated.tokens = tokens
-            let lifetime = expiresIn ?? config.providers[account.provider]?.oauth2?.defaultLifetime ?? 3600
-            updated.expiresAt = now.adding(seconds: lifetime)
+            // No expires_in, no expiry in the token and no DefaultLifetime=: the
+            // new token does not expire either, and gets no refresh deadline.
+            updated.expiresAt = RefreshPolicy.expiresAt(
+                issuedAt: now, expiresIn: expiresIn, embedded: JWT.expiry(of: tokens.accessToken.revealed),
+                defaultLifetime: config.providers[account.provider]?.defaultLifetime)
             // Write-through before anyone gets the new access token: a rotated
             // refresh token that is not stored would be lost at a crash. The write
             // goes ahead of every store call waiting (it waits for the one in
@@ -285,8 +291,9 @@ extension SessionManager {
                     kind: .tokenRefreshed, account: account, ownerUID: key.owner, time: now,
                     expiresAt: updated.expiresAt))
             await handle(key, .refreshed(facts(updated, refreshedAt: now), saved: saved, now: now))
+            await noteReplaced(key, old: current, new: tokens, saved: saved, provider: provider)
             return .success(updated)
-        case .transient(let reason, let retryAfter):
+        case .transient(let reason, let retryAfter, let code):
             await handle(
                 key,
                 .refreshFailed(
@@ -300,15 +307,19 @@ extension SessionManager {
                 ]) { a, _ in a })
             return .failure(
                 VaultError(
-                    .networkError,
-                    "refreshing \(account) failed: \(reason); retrying at \(retryAt.map { "\($0)" } ?? "-")"))
+                    ProviderFailure.transientKind(code),
+                    "refreshing \(account) failed: \(reason); retrying at \(retryAt.map { "\($0)" } ?? "-")",
+                    providerCode: ProviderFailure.passedThrough(code)))
         case .permanent(let code, let reason):
             log.error(
                 "refresh refused; the session is logged out",
                 fields(key, event: "tokenInvalid").merging(["reason": code]) { a, _ in a })
             await handle(key, .refreshRefused(code: code, reason: reason))
             return .failure(
-                VaultError(.invalidCredential, "the provider refused to refresh \(account) (\(code)); log in again"))
+                VaultError(
+                    ProviderFailure.permanentKind(code),
+                    "the provider refused to refresh \(account) (\(code)); log in again",
+                    providerCode: ProviderFailure.passedThrough(code)))
         }
     }
 
