@@ -12,14 +12,14 @@ enum HelperProgram {
     /// runs as; a script's `#!` interpreter must exist and be executable too.
     static func problem(_ path: String) -> String? {
         var st = stat()
-        guard stat(path, &st) == 0 else { return "it cannot be found (\(String(cString: strerror(errno))))" }
-        guard st.st_mode & S_IFMT == S_IFREG else { return "it is \(Daemon.fileKind(st.st_mode)), not a program" }
+        guard stat(path, &st) == 0 else { return "cannot be found (\(String(cString: strerror(errno))))" }
+        guard st.st_mode & S_IFMT == S_IFREG else { return "is \(Daemon.fileKind(st.st_mode)), not a program" }
         guard access(path, X_OK) == 0 else {
-            return "it is not executable by uid \(getuid()) (\(String(cString: strerror(errno))))"
+            return "is not executable by uid \(getuid()) (\(String(cString: strerror(errno))))"
         }
         guard let interpreter = interpreter(of: path) else { return nil }
         guard stat(interpreter, &st) == 0, st.st_mode & S_IFMT == S_IFREG, access(interpreter, X_OK) == 0 else {
-            return "its interpreter \(interpreter) (the #! line) cannot be run"
+            return "names an interpreter on its #! line, \(interpreter), that cannot be run"
         }
         return nil
     }
