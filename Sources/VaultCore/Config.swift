@@ -22,6 +22,8 @@ public struct ExecSettings: Sendable, Equatable {
     /// refreshes it on a schedule. Unset, such a token never expires and is
     /// refreshed only when a client asks.
     public var defaultLifetime: Int64?
+    /// Where `Command=` was written (`FILE:LINE`), for errors about the program.
+    public var commandLocation: String?
 
     /// The default of `MaxConcurrentHelpers=`.
     public static let defaultMaxConcurrentHelpers = 4
@@ -410,6 +412,7 @@ public enum ConfigParser {
             throw command.error("key 'Command': expected the program as an absolute path, then its arguments")
         }
         var settings = ExecSettings(command: argv)
+        settings.commandLocation = "\(command.file):\(command.line)"
         if let timeout = section.entries["Timeout"] {
             settings.timeoutSeconds = try ConfigParser.timeout(timeout, key: "Timeout")
         }

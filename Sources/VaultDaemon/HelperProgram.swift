@@ -19,7 +19,7 @@ enum HelperProgram {
         }
         guard let interpreter = interpreter(of: path) else { return nil }
         guard stat(interpreter, &st) == 0, st.st_mode & S_IFMT == S_IFREG, access(interpreter, X_OK) == 0 else {
-            return "names an interpreter on its #! line, \(interpreter), that cannot be run"
+            return "names an interpreter on its #! line that cannot be run"
         }
         return nil
     }
@@ -40,15 +40,17 @@ enum HelperProgram {
     }
 
     /// Refuses a configuration with an exec provider whose helper cannot be
-    /// run, naming the provider, the key, the program and the fix.
+    /// run, naming the file, the line, the provider, the key and the fix.
     static func check(_ config: VaultConfig) throws(VaultError) {
         for name in config.providers.keys.sorted() {
-            guard let program = config.providers[name]?.exec?.command.first, let problem = problem(program) else {
-                continue
-            }
+            guard let exec = config.providers[name]?.exec, let program = exec.command.first,
+                let problem = problem(program)
+            else { continue }
+            // The line is named, its value is not (configuration errors never quote one).
+            let location = exec.commandLocation.map { "\($0): " } ?? ""
             throw VaultError(
                 .invalidConfig,
-                "[Provider \(name)] key 'Command': the helper \(program) \(problem); install it (executable by the user vaultd runs as) or fix Command="
+                "\(location)[Provider \(name)] key 'Command': the helper program \(problem); install it (executable by the user vaultd runs as) or fix Command="
             )
         }
     }

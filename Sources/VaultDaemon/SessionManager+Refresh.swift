@@ -325,15 +325,26 @@ extension SessionManager {
 
     /// Revokes tokens a refresh obtained for a session that ended (or was
     /// replaced) while the request was out: nobody will use them, and they
-    /// would stay valid at the provider. Only a new refresh token needs it; an
-    /// unrotated one is the ended session's, which its logout revokes. Queued
-    /// in the store before it is attempted.
+    /// would stay valid at the provider. A new refresh token needs it (an
+    /// unrotated one is the ended session's, which its logout revokes), and
+    /// so does a new access token that stays valid until it is revoked (an
+    /// exec helper's, `revokesReplaced`): that one alone, as a replaced token,
+    /// so that a session of the account that began meanwhile is not signed
+    /// out with it. Queued in the store before it is attempted.
     func revokeOrphaned(_ issued: TokenSet, of snapshot: SessionRecord) async {
-        guard let rotated = issued.refreshToken, rotated != snapshot.tokens.refreshToken,
-            let provider = client(for: snapshot.account.provider)
-        else { return }
+        guard let provider = client(for: snapshot.account.provider) else { return }
         var orphan = snapshot
         orphan.tokens = issued
+        guard let rotated = issued.refreshToken, rotated != snapshot.tokens.refreshToken else {
+            if provider.revokesReplaced(snapshot, by: issued) {
+                if orphan.tokens.refreshToken == snapshot.tokens.refreshToken { orphan.tokens.refreshToken = nil }
+                log.info(
+                    "a refresh finished after its session ended; the token it obtained is revoked",
+                    fields(snapshot.key, event: "revokeOrphaned"))
+                await revokeReplaced([orphan])
+            }
+            return
+        }
         log.info(
             "a refresh finished after its session ended; the tokens it obtained are revoked",
             fields(snapshot.key, event: "revokeOrphaned"))

@@ -42,7 +42,8 @@ extension SessionManager {
                     "the revocation of a replaced token could not be queued in the store; it is attempted all the same",
                     fields(old.key, event: "revokeReplaced", code: error.code))
             }
-            log.info("a refresh replaced the access token; the old one is revoked", fields(old.key, event: "revokeReplaced"))
+            log.info(
+                "a refresh replaced the access token; the old one is revoked", fields(old.key, event: "revokeReplaced"))
             startRevocation(revocation, provider: provider)
         }
     }

@@ -14,12 +14,15 @@ struct NoExpiryTests {
     @Test("Should take expires_in first, then the token's own expiry, then DefaultLifetime=, else none")
     func expiresAtOrder() {
         let embedded = now.adding(seconds: 500)
-        #expect(RefreshPolicy.expiresAt(issuedAt: now, expiresIn: 60, embedded: embedded, defaultLifetime: 7200)
-            == now.adding(seconds: 60))
-        #expect(RefreshPolicy.expiresAt(issuedAt: now, expiresIn: nil, embedded: embedded, defaultLifetime: 7200)
-            == embedded)
-        #expect(RefreshPolicy.expiresAt(issuedAt: now, expiresIn: nil, defaultLifetime: 7200)
-            == now.adding(seconds: 7200))
+        #expect(
+            RefreshPolicy.expiresAt(issuedAt: now, expiresIn: 60, embedded: embedded, defaultLifetime: 7200)
+                == now.adding(seconds: 60))
+        #expect(
+            RefreshPolicy.expiresAt(issuedAt: now, expiresIn: nil, embedded: embedded, defaultLifetime: 7200)
+                == embedded)
+        #expect(
+            RefreshPolicy.expiresAt(issuedAt: now, expiresIn: nil, defaultLifetime: 7200)
+                == now.adding(seconds: 7200))
         #expect(RefreshPolicy.expiresAt(issuedAt: now, expiresIn: nil, defaultLifetime: nil) == nil)
     }
 

@@ -165,7 +165,8 @@ final class Simulation {
             uncertain.remove(key)
             if created { grantOf[key] = grant }
             trace.append(
-                "login \(key) lifetime \(lifetime.map(String.init) ?? "none"): \(created ? "created grant \(grant)" : "existing")")
+                "login \(key) lifetime \(lifetime.map(String.init) ?? "none"): \(created ? "created grant \(grant)" : "existing")"
+            )
         } catch {
             trace.append("login \(key): \(error.code)")
         }
@@ -379,7 +380,8 @@ final class Simulation {
                 continue
             }
             if let expiresAt = record.expiresAt {
-                throw Violation.broken("\(key)'s grant \(grant) issues tokens without an expiry, yet it expires at \(expiresAt)")
+                throw Violation.broken(
+                    "\(key)'s grant \(grant) issues tokens without an expiry, yet it expires at \(expiresAt)")
             }
         }
         for (key, view) in views where view.record != nil && view.record?.expiresAt == nil {
