@@ -30,6 +30,10 @@ struct AccountEntry {
     /// Why vaultd is ending the session, when the provider said (a refused
     /// refresh): the code and message its `tokenInvalid` carries.
     var endCause: EndCause?
+    /// Access tokens refreshes replaced, to be revoked once the store holds
+    /// their successor (revoking one the store still holds would leave a
+    /// crash to restore a dead token).
+    var replacedAwaitingSave: [SessionRecord] = []
 
     /// The record, when the session is logged in.
     var record: SessionRecord? {

@@ -155,12 +155,20 @@ extension SessionManager {
             switch await provider.login(account, credential: credential) {
             case .refreshed(let tokens, let expiresIn):
                 obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
-            case .transient(let reason, _):
-                return failLogin(key, caller, VaultError(.networkError, "logging \(account) in failed: \(reason)"))
-            case .permanent(let code, let reason):
-                let known = VaultError.Code(seedCode: code) ?? .invalidCredential
+            case .transient(let reason, _, let code):
                 return failLogin(
-                    key, caller, VaultError(known, "the provider refused \(account): \(reason)"), providerCode: code)
+                    key, caller,
+                    VaultError(
+                        ProviderFailure.transientKind(code), "logging \(account) in failed: \(reason)",
+                        providerCode: ProviderFailure.passedThrough(code)),
+                    providerCode: code)
+            case .permanent(let code, let reason):
+                return failLogin(
+                    key, caller,
+                    VaultError(
+                        ProviderFailure.permanentKind(code), "the provider refused \(account): \(reason)",
+                        providerCode: ProviderFailure.passedThrough(code)),
+                    providerCode: code)
             }
         }
         let record: SessionRecord
@@ -182,7 +190,9 @@ extension SessionManager {
         entries[key]?.machine.loginFailed()
         forget(key)
         log.error("login failed", fields(key, event: "loginFailed", by: .peer(caller), code: error.code))
-        emit(.loginFailed, key, code: error.code, providerCode: providerCode, message: error.message)
+        emit(
+            .loginFailed, key, code: error.code, providerCode: providerCode ?? error.providerCode,
+            message: error.message)
         Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
         return .failure(error)
     }
@@ -224,9 +234,12 @@ extension SessionManager {
         }
         let now = clock.now()
         var expiresAt = credential.expiry(explicit: request.expiresAt.map(UnixTime.init(seconds:)), now: now)
-        if expiresAt == nil, let settings = config.providers[account.provider]?.oauth2 {
-            // Salesforce sends no expires_in: assume the provider's DefaultLifetime.
-            expiresAt = (credential.tokens.issuedAt ?? now).adding(seconds: settings.defaultLifetime)
+        if expiresAt == nil {
+            // Salesforce sends no expires_in: the provider's DefaultLifetime=, when
+            // set; else the token does not expire (CometChat's auth tokens).
+            expiresAt = RefreshPolicy.expiresAt(
+                issuedAt: credential.tokens.issuedAt ?? now, expiresIn: nil,
+                defaultLifetime: config.providers[account.provider]?.defaultLifetime)
         }
         if let expiresAt, expiresAt > UnixTime.latestExpiry {
             throw VaultError(.invalidParameter, "the expiry of the token for \(account) is past the year 9999")
@@ -376,10 +389,13 @@ extension SessionManager {
             Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)
             return .failure(error)
         }
+        // Replaced tokens whose successor's write was still pending: the store holds neither now.
+        let replaced = entries[key]?.replacedAwaitingSave ?? []
         entries[key]?.machine.logoutFinished(succeeded: true)
         forget(key)
         rearmTimer()
         if let revocation, let provider { startRevocation(revocation, provider: provider) }
+        await revokeReplaced(replaced)
         var logFields = fields(key, event: what.event.rawValue, by: principal)
         logFields["reason"] = reason
         log.info("logged out", logFields)

@@ -69,6 +69,8 @@ final class Simulation {
     /// The clients' connections to vaultd that are open now (ids as the server gives them).
     var openConnections: [UInt64] = []
     var nextConnection: UInt64 = 16
+    /// Refresh requests per grant without an expiry before the last clock move.
+    var eternalRefreshesBefore: [Int: Int]?
 
     static let owners: [UInt32] = [1000, 1001]
 
@@ -159,7 +161,8 @@ final class Simulation {
 
     func login() async {
         let key = randomKey()
-        let lifetime = number(5...400)
+        // One login in five brings tokens without an expiry (a CometChat auth token).
+        let lifetime: Int64? = rng.next() % 5 == 0 ? nil : number(5...400)
         let (grant, response) = provider.grant(lifetime: lifetime)
         let request = LoginRequest(provider: "oauth", user: key.account.user, tokenResponse: response)
         do throws(VaultError) {
@@ -167,7 +170,9 @@ final class Simulation {
             acknowledged[key] = true
             uncertain.remove(key)
             if created { grantOf[key] = grant }
-            trace.append("login \(key) lifetime \(lifetime): \(created ? "created grant \(grant)" : "existing")")
+            trace.append(
+                "login \(key) lifetime \(lifetime.map(String.init) ?? "none"): \(created ? "created grant \(grant)" : "existing")"
+            )
         } catch {
             trace.append("login \(key): \(error.code)")
         }
@@ -334,6 +339,9 @@ final class Simulation {
     }
 
     func advance() async {
+        eternalRefreshesBefore = provider.state.withLock { state in
+            state.refreshesOfGrant.filter { state.eternalGrants.contains($0.key) }
+        }
         let seconds = Double(number(1...200))
         clock.advance(by: seconds)
         await manager.runDueWork()
@@ -468,6 +476,29 @@ final class Simulation {
         let state = provider.state.withLock { $0 }
 
         if let broken = trace.last(where: { $0.hasPrefix("BROKEN") }) { throw Violation.broken(broken) }
+
+        // Tokens without an expiry (and no DefaultLifetime=) are never refreshed on a schedule.
+        if let before = eternalRefreshesBefore {
+            eternalRefreshesBefore = nil
+            for (grant, count) in state.refreshesOfGrant
+            where state.eternalGrants.contains(grant) && count > before[grant, default: 0] {
+                throw Violation.broken("grant \(grant) has no expiry, yet moving the clock refreshed it")
+            }
+        }
+        for (key, view) in views {
+            guard let record = view.record, let grant = grantOf[key], state.eternalGrants.contains(grant) else {
+                continue
+            }
+            if let expiresAt = record.expiresAt {
+                throw Violation.broken(
+                    "\(key)'s grant \(grant) issues tokens without an expiry, yet it expires at \(expiresAt)")
+            }
+        }
+        for (key, view) in views where view.record != nil && view.record?.expiresAt == nil {
+            if let at = view.refresh?.refreshAt {
+                throw Violation.broken("\(key) has a token without an expiry, yet a refresh at \(at)")
+            }
+        }
 
         // Events: in order, one per change, never a secret.
         let all = events.all
