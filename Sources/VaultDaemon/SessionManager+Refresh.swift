@@ -292,6 +292,9 @@ extension SessionManager {
                 return .failure(.notLoggedIn(account))
             }
             entries[key]?.machine.refreshed(updated)
+            // Served before it is announced: a subscriber that reads the token
+            // on tokenRefreshed gets the new one.
+            publishView(key)
             var logFields = fields(key, event: "tokenRefreshed")
             // How long the new tokens were in memory only: the crash window of rotation.
             logFields["storedAfterMs"] = String(Int(((clock.preciseNow() - answeredAt) * 1000).rounded()))

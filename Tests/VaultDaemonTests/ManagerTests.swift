@@ -238,3 +238,40 @@ struct TimedLifecycleTests {
         #expect(h.provider.state.withLock { $0.reusedGrants.isEmpty })
     }
 }
+
+@Suite("SessionManager: events follow what clients can read", .timeLimit(.minutes(5)))
+struct EventOrderTests {
+    /// What the table served at the moment each tokenRefreshed event went out.
+    final class Observed: Sendable {
+        let manager = Mutex<SessionManager?>(nil)
+        let tokensAtEvent = Mutex<[String]>([])
+    }
+
+    @Test("Should serve the new token by the time tokenRefreshed reaches a subscriber")
+    func tokenRefreshedAfterPublish() async throws {
+        let observed = Observed()
+        let provider = FakeProvider()
+        let clock = ManualClock()
+        let manager = SessionManager(
+            store: FaultyStore(), config: try TestConfig.make(), clock: clock,
+            log: Logger(level: .debug, target: .discard), policy: AccessPolicy(vaultdUID: 0),
+            providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
+            armsTimer: false,
+            events: { event in
+                guard event.kind == .tokenRefreshed, let manager = observed.manager.withLock({ $0 }) else { return }
+                let key = SessionKey(owner: event.ownerUID, account: event.account)
+                let served = manager.table.view(of: key)?.record?.tokens.accessToken.revealed ?? "none"
+                observed.tokensAtEvent.withLock { $0.append(served) }
+            })
+        observed.manager.withLock { $0 = manager }
+        let (_, response) = provider.grant(lifetime: 300)
+        let caller = ManagerHarness.alice
+        _ = try await manager.login(LoginRequest(provider: "oauth", user: "u", tokenResponse: response), caller: caller)
+        let key = SessionKey(owner: 1000, account: Account(provider: "oauth", user: "u"))
+        var refreshedTokens: [String] = []
+        for _ in 0..<3 {
+            refreshedTokens.append(try await manager.refresh(key, caller: caller).tokens.accessToken.revealed)
+        }
+        #expect(observed.tokensAtEvent.withLock { $0 } == refreshedTokens)
+    }
+}
