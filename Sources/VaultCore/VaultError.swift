@@ -25,6 +25,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case tooManyConnections
         case replyTooLarge
         case internalError
+        case loginBackingOff
 
         /// How a kind of failure is named on the wire and by the SDKs, and what
         /// it means: the `io.vaultd.Vault` error's name and doc comment, and
@@ -147,6 +148,15 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                 return Declaration(
                     varlinkName: "InternalError", seedCode: "ERR_INTERNAL",
                     doc: "vaultd failed in a way it did not expect.")
+            case .loginBackingOff:
+                return Declaration(
+                    varlinkName: "LoginBackingOff", seedCode: "ERR_LOGIN_BACKING_OFF",
+                    doc: """
+                        A login of the account that asks the provider failed lately, and no such login
+                        starts before the backoff ends (the message names when; status shows
+                        nextRetryAt). Every caller, and vaultd's own AutoLogin=, waits out the same
+                        backoff.
+                        """)
             }
         }
 

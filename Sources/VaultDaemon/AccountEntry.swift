@@ -7,7 +7,7 @@ import VaultCore
 struct AccountEntry {
     /// Unique per entry: work started for an earlier session of the same key
     /// finds a different id and leaves this entry alone.
-    let id: UInt64
+    var id: UInt64
     /// Login and logout (see `AccountStateMachine`).
     var machine: AccountStateMachine
     /// Refresh, expiry, backoff and save retry (see `SessionTimers`).
@@ -22,6 +22,10 @@ struct AccountEntry {
     /// from the store with the next write of the record, so that it never
     /// revokes the session that goes on.
     var unqueue: PendingRevocation?
+
+    /// Kept while logged out: vaultd logs the account in on its own, or its
+    /// failed logins are shown (and their backoff kept).
+    var parks: Bool { machine.autoLogin || machine.backoff.consecutiveFailures > 0 }
 
     /// The record, when the session is logged in.
     var record: SessionRecord? {

@@ -38,9 +38,13 @@ extension SessionManager {
         // Bounded: each pass waits for one in-flight operation to end.
         for _ in 0..<64 {
             var entry = entries[key] ?? makeEntry(account)
-            let action = entry.machine.loginRequested()
+            let action = entry.machine.loginRequested(
+                asksProvider: Self.mints(request, provider: provider), now: clock.now())
             entries[key] = entry
             switch action {
+            case .backingOff(let backoff):
+                Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.loginBackingOff.seedCode)
+                throw Self.backingOff(account, backoff)
             case .returnExisting(let record):
                 if entries[key]?.timers.status.unsaved == true {
                     // Acknowledged only once the store holds what is served.
@@ -103,7 +107,7 @@ extension SessionManager {
                 // The task ends only after the state changed, so that whoever
                 // awaits it (a joiner, a waiting logout) sees the new state.
                 let task = Task { () -> Result<SessionRecord, VaultError> in
-                    await self.performLogin(request, key: key, caller: caller)
+                    await self.performLogin(request, key: key, by: .peer(caller))
                 }
                 entries[key]?.login = task
                 return (try await task.value.get(), true)
@@ -125,7 +129,7 @@ extension SessionManager {
 
     /// Builds the session (asking the provider for tokens when the client
     /// brought none), then stores it.
-    func performLogin(_ request: LoginRequest, key: SessionKey, caller: Caller) async -> Result<
+    func performLogin(_ request: LoginRequest, key: SessionKey, by principal: Principal) async -> Result<
         SessionRecord, VaultError
     > {
         let account = key.account
@@ -139,35 +143,52 @@ extension SessionManager {
             switch await provider.login(account, credential: credential) {
             case .refreshed(let tokens, let expiresIn):
                 obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
-            case .transient(let reason, _):
-                return failLogin(key, caller, VaultError(.networkError, "logging \(account) in failed: \(reason)"))
+            case .transient(let reason, let retryAfter):
+                return failLogin(
+                    key, principal, VaultError(.networkError, "logging \(account) in failed: \(reason)"),
+                    retryAfter: retryAfter, fromProvider: true)
             case .permanent(let code, let reason):
                 let known = VaultError.Code(seedCode: code) ?? .invalidCredential
-                return failLogin(key, caller, VaultError(known, "the provider refused \(account): \(reason)"))
+                return failLogin(
+                    key, principal, VaultError(known, "the provider refused \(account): \(reason)"),
+                    fromProvider: true)
             }
         }
         let record: SessionRecord
         do throws(VaultError) {
             record = try makeRecord(request, key: key, obtained: obtained)
         } catch {
-            return failLogin(key, caller, error)
+            return failLogin(key, principal, error)
         }
-        return await commitLogin(record, caller: caller)
+        return await commitLogin(record, by: principal)
     }
 
-    func failLogin(_ key: SessionKey, _ caller: Caller, _ error: VaultError) -> Result<
-        SessionRecord, VaultError
-    > {
+    /// Ends a login that failed. A failure of a login that asked the provider
+    /// (`fromProvider`), or of an automatic account's login, starts or
+    /// lengthens the account's backoff (`retryAfter`: the server's).
+    func failLogin(
+        _ key: SessionKey, _ principal: Principal, _ error: VaultError, retryAfter: Int64? = nil,
+        fromProvider: Bool = false
+    ) -> Result<SessionRecord, VaultError> {
         entries[key]?.login = nil
-        entries[key]?.machine.loginFailed()
+        if var entry = entries[key], fromProvider || principal == .vaultd || entry.machine.autoLogin {
+            let again = entry.machine.loginFailed(
+                code: error.code.seedCode, message: error.message, retryAfter: retryAfter, random: random(),
+                now: clock.now())
+            entries[key] = entry
+            performAutoLogin(again, key)
+        } else {
+            entries[key]?.machine.loginFailed()
+        }
         forget(key)
-        log.error("login failed", fields(key, event: "loginFailed", by: .peer(caller), code: error.code))
+        wakeLoginWaiters(key)
+        log.error("login failed", fields(key, event: "loginFailed", by: principal, code: error.code))
         emit(.loginFailed, key, code: error.code)
-        Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
+        Audit.log(log, "Login", key, by: principal, result: error.code.seedCode)
         return .failure(error)
     }
 
-    func commitLogin(_ record: SessionRecord, caller: Caller) async -> Result<SessionRecord, VaultError> {
+    func commitLogin(_ record: SessionRecord, by principal: Principal) async -> Result<SessionRecord, VaultError> {
         let key = record.key
         defer { entries[key]?.login = nil }
         do throws(VaultError) {
@@ -175,14 +196,16 @@ extension SessionManager {
         } catch {
             // A write abandoned at the timeout may still land in the keyring: remove it.
             try? await store.delete(key)
-            return failLogin(key, caller, error)
+            return failLogin(key, principal, error)
         }
         entries[key]?.machine.loginSucceeded(record)
+        renewParkedEntry(key)
         // Scheduled before it is published, so that the view shows when the refresh is due.
         await handle(key, .stored(facts(record, refreshedAt: clock.now()), now: clock.now()))
-        log.info("logged in", fields(key, event: "loginSuccess", by: .peer(caller)))
+        log.info("logged in", fields(key, event: "loginSuccess", by: principal))
         emit(.loginSuccess, key)
-        Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
+        Audit.log(log, "Login", key, by: principal, result: "ok")
+        wakeLoginWaiters(key)
         return .success(record)
     }
 
@@ -353,7 +376,9 @@ extension SessionManager {
             return .failure(error)
         }
         entries[key]?.machine.logoutFinished(succeeded: true)
+        let again = entries[key]?.machine.sessionEnded(what.event, now: clock.now()) ?? []
         forget(key)
+        performAutoLogin(again, key)
         rearmTimer()
         if let revocation, let provider { startRevocation(revocation, provider: provider) }
         var logFields = fields(key, event: what.event.rawValue, by: principal)

@@ -60,6 +60,9 @@ public actor SessionManager {
     var runningDueWork = false
     /// The background work that waits to probe the store, while it is not available.
     var probeTask: UInt64?
+    /// `GetToken` calls waiting for the automatic login of their account, by id.
+    var loginWaiters: [UInt64: LoginWaiter] = [:]
+    var nextWaiterID: UInt64 = 0
 
     /// A manager over `store`, reading time from `clock`.
     public init(
@@ -127,6 +130,7 @@ public actor SessionManager {
                 fields(key, event: "reload"))
         }
         warnOfUndeclaredHolders()
+        startAutoLogins()
         return (new.subtracting(old).sorted(), removed, orphaned)
     }
 
@@ -176,7 +180,9 @@ public actor SessionManager {
         }
         rearmTimer()
         warnOfUndeclaredHolders()
-        return (table.count, finished)
+        let restored = table.count
+        startAutoLogins()
+        return (restored, finished)
     }
 
     /// Retries the revocations a previous run queued and could not finish.
@@ -208,6 +214,7 @@ public actor SessionManager {
         stopping = true
         timer?.cancel()
         timer = nil
+        wakeAllLoginWaiters()
         if let id = probeTask { background[id]?.cancel() }
         // Refreshed tokens held only in memory while the store is gone: one
         // last look whether it is back, so that they are not lost at the exit.
@@ -291,7 +298,12 @@ public actor SessionManager {
 
     func makeEntry(_ account: Account, state: AccountStateMachine.State = .loggedOut) -> AccountEntry {
         nextEntryID += 1
-        return AccountEntry(id: nextEntryID, machine: AccountStateMachine(account: account, state: state))
+        var machine = AccountStateMachine(account: account, state: state)
+        if let settings = config.accounts[account], settings.autoLogin {
+            machine.autoLogin = true
+            machine.reloginAfterKick = settings.reloginAfterKick
+        }
+        return AccountEntry(id: nextEntryID, machine: machine)
     }
 
     /// The token source of `provider`, made once per configuration.
@@ -329,8 +341,17 @@ public actor SessionManager {
     }
 
     /// Forgets a session that is logged out: its entry, its deadlines, its view.
+    /// An account vaultd keeps logged in, or whose logins failed, stays parked
+    /// instead: its session's deadlines go, its login deadline and backoff stay.
     func forget(_ key: SessionKey) {
-        guard entries[key]?.machine.state == .loggedOut else { return }
+        guard let entry = entries[key], entry.machine.state == .loggedOut else { return }
+        if entry.parks {
+            for timer in SessionTimers.Timer.allCases where timer != .login {
+                deadlines.cancel(TimedWork(key: key, timer: timer))
+            }
+            publishParked(key)
+            return
+        }
         entries[key] = nil
         for timer in SessionTimers.Timer.allCases { deadlines.cancel(TimedWork(key: key, timer: timer)) }
         table.publish(key, nil)
