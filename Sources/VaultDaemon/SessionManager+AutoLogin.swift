@@ -123,6 +123,18 @@ extension SessionManager {
         _ = await task.value
     }
 
+    /// A client's login was refused before it began (the store is down, too
+    /// many sessions): the account is logged out again. An automatic account
+    /// is then logged in by vaultd, now or after its backoff: the client
+    /// wanted it logged in, and vaultd keeps trying.
+    func abandonLogin(_ key: SessionKey) {
+        guard var entry = entries[key] else { return }
+        entry.machine.loginFailed()
+        let again = entry.machine.autoLoginStarted(now: clock.now())
+        entries[key] = entry
+        performAutoLogin(again, key)
+    }
+
     /// Publishes a logged-out account that stays (automatic, or with failed
     /// logins to show): state `logout`, its failed logins, not counted as a session.
     func publishParked(_ key: SessionKey) {
@@ -220,4 +232,15 @@ extension SessionManager {
     func wakeAllLoginWaiters() {
         for id in Array(loginWaiters.keys) { wakeLoginWaiter(id) }
     }
+}
+
+extension SessionManager {
+    /// When vaultd logs the account of `key` in next on its own, if it plans
+    /// to (the simulation's liveness check, `vaultctl status` through the view).
+    public func plannedAutoLogin(_ key: SessionKey) -> UnixTime? {
+        entries[key]?.machine.autoLoginAt
+    }
+
+    /// `GetToken` calls waiting for an automatic login now.
+    public var waitingForLogin: Int { loginWaiters.count }
 }

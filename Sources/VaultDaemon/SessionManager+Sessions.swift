@@ -71,13 +71,13 @@ extension SessionManager {
             case .startLogin:
                 if let refusal = gate.health.refusal {
                     // Refused before the provider is asked: tokens minted now could not be kept.
-                    entries[key]?.machine.loginFailed()
+                    abandonLogin(key)
                     forget(key)
                     Audit.log(log, "Login", key, by: .peer(caller), result: refusal.code.seedCode)
                     throw refusal
                 }
                 if key.owner != 0, table.sessionCount(of: key.owner) >= config.limits.sessionsPerUser {
-                    entries[key]?.machine.loginFailed()
+                    abandonLogin(key)
                     forget(key)
                     Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.tooManySessions.seedCode)
                     throw VaultError(
