@@ -174,7 +174,8 @@ final class Simulation {
         for step in 0..<steps {
             let roll = rng.next() % 112
             switch roll {
-            case 100..<103: await botLogin()
+            case 100..<101: await botLogin()
+            case 101..<103: await botRace()
             case 103..<106: await botLogout(kick: rng.next() % 2 == 0)
             case 106..<112: await botRead()
             case 0..<24: await login()
@@ -342,6 +343,61 @@ final class Simulation {
                 if !uncertain.contains(key) { acknowledged[key] = nil }
             }
             trace.append("login --from-provider \(key): \(error.code)")
+        }
+    }
+
+    /// vaultd's own login of the automatic account comes due (the clock moves
+    /// to it) while two clients log it in: all share one login. A session
+    /// there is kicked first, and vaultd's login after the kick made to fail,
+    /// so that the account waits for its next login.
+    func botRace() async {
+        let manager = self.manager
+        let owner = caller(Self.bot.owner)
+        let kick = manager.table.view(of: Self.bot)?.record != nil
+        if kick {
+            let mode = provider.state.withLock { state in
+                defer { state.loginMode = .transient }
+                return state.loginMode
+            }
+            _ = try? await manager.logout(Self.bot, caller: owner, reason: "kicked")
+            await settle()
+            provider.state.withLock { $0.loginMode = mode }
+            if !uncertain.contains(Self.bot) { acknowledged[Self.bot] = nil }
+        }
+        if let at = await manager.plannedAutoLogin(Self.bot), Double(at.seconds) > clock.preciseNow() {
+            clock.advance(by: Double(at.seconds) - clock.preciseNow())
+        }
+        let outcomes = FailureLog()
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<2 {
+                group.addTask {
+                    let outcome = await Simulation.clientLogin(manager, owner)
+                    outcomes.append(outcome)
+                }
+            }
+            group.addTask {
+                for _ in 0..<3 { await Task.yield() }
+                await manager.runDueWork()
+            }
+        }
+        let results = outcomes.all.sorted()
+        if results.contains(where: { $0 != "ok" && $0 != "\(VaultError.Code.loginBackingOff)" }) {
+            botStopped = false
+            if !uncertain.contains(Self.bot) { acknowledged[Self.bot] = nil }
+        } else if results.contains("ok") {
+            acknowledged[Self.bot] = true
+            botStopped = false
+        }
+        trace.append("race: \(kick ? "kick" : "due work") and logins --from-provider \(Self.bot): \(results)")
+    }
+
+    /// "ok", or the code of a client's failed login of the automatic account.
+    static func clientLogin(_ manager: SessionManager, _ owner: Caller) async -> String {
+        do throws(VaultError) {
+            _ = try await manager.login(LoginRequest(provider: "oauth", user: bot.account.user), caller: owner)
+            return "ok"
+        } catch {
+            return "\(error.code)"
         }
     }
 
@@ -617,7 +673,8 @@ extension Simulation {
         for attempt in state.loginAttempts[loginAttemptsSeen...] {
             if let retryAt = botRetryAt, attempt.account == Self.bot.account, attempt.at < retryAt {
                 throw Violation.broken(
-                    "a login of \(Self.bot) reached the provider at \(Int(attempt.at)), before its nextRetryAt \(Int(retryAt))")
+                    "a login of \(Self.bot) reached the provider at \(Int(attempt.at)), before its nextRetryAt \(Int(retryAt))"
+                )
             }
         }
         loginAttemptsSeen = state.loginAttempts.count
@@ -626,12 +683,14 @@ extension Simulation {
         if !botStopped, view?.record == nil, view?.state != .logging, store.outage == nil {
             // Not logged in and no login in flight: one must be planned.
             if manager.table.view(of: Self.bot)?.parked != true {
-                throw Violation.broken("\(Self.bot) is neither logged in nor parked: \(view.map { "\($0.state)" } ?? "gone")")
+                throw Violation.broken(
+                    "\(Self.bot) is neither logged in nor parked: \(view.map { "\($0.state)" } ?? "gone")")
             }
         }
         let now = clock.preciseNow()
         for read in botReads where read.deadline < now && !read.finished {
-            throw Violation.broken("a GetToken waiting for \(Self.bot) until \(Int(read.deadline)) is still waiting at \(Int(now))")
+            throw Violation.broken(
+                "a GetToken waiting for \(Self.bot) until \(Int(read.deadline)) is still waiting at \(Int(now))")
         }
     }
 }
