@@ -250,6 +250,15 @@ extension AccountStateMachine {
         return planAutoLogin(now: now)
     }
 
+    /// The provider's credential or configuration changed (a new client
+    /// secret, a reload): the failures it caused say nothing about the next
+    /// try, so the backoff ends, and an automatic account is logged in now.
+    public mutating func credentialsChanged(now: UnixTime) -> [AutoLoginAction] {
+        backoff.nextRetryAt = nil
+        guard autoLogin, state == .loggedOut, autoLoginAt != nil else { return [] }
+        return planAutoLogin(now: now)
+    }
+
     /// The account stops being kept logged in (a reload took `AutoLogin=yes` away).
     public mutating func autoLoginStopped() {
         autoLogin = false

@@ -46,6 +46,19 @@ extension SessionManager {
         rearmTimer()
     }
 
+    /// The credential or configuration of `provider` (nil: of every provider)
+    /// changed: the backoff of its accounts ends, and automatic ones waiting
+    /// for their next login are logged in now.
+    func providerCredentialsChanged(_ provider: String?) {
+        let now = clock.now()
+        for key in entries.keys.sorted() where provider == nil || key.account.provider == provider {
+            guard var entry = entries[key] else { continue }
+            let actions = entry.machine.credentialsChanged(now: now)
+            entries[key] = entry
+            performAutoLogin(actions, key)
+        }
+    }
+
     /// Performs what an account's state machine said about its automatic login.
     func performAutoLogin(_ actions: [AccountStateMachine.AutoLoginAction], _ key: SessionKey) {
         for action in actions {

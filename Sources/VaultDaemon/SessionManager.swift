@@ -130,6 +130,7 @@ public actor SessionManager {
                 fields(key, event: "reload"))
         }
         warnOfUndeclaredHolders()
+        providerCredentialsChanged(nil)
         startAutoLogins()
         return (new.subtracting(old).sorted(), removed, orphaned)
     }
@@ -291,6 +292,7 @@ public actor SessionManager {
         try await store.saveProviderSecret(provider, secret)
         providerSecrets[provider] = secret
         clients[provider] = nil
+        providerCredentialsChanged(provider)
         log.notice("client secret stored", ["provider": provider, "uid": String(caller.uid)])
     }
 
