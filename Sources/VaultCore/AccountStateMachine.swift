@@ -200,7 +200,15 @@ extension AccountStateMachine {
         case login
         /// Arm the account's login deadline (`SessionTimers.Timer.login`) at `at`.
         case schedule(at: UnixTime)
+        /// Drop the account's entry: an account vaultd does not log in whose
+        /// last failure is `forgetFailuresAfter` past its backoff.
+        case forget
     }
+
+    /// How long after its backoff ended the failures of an account that is
+    /// not automatic are kept (and shown): a client retrying within it keeps
+    /// the backoff growing; after it, the account is forgotten.
+    public static let forgetFailuresAfter: Int64 = 300
 
     /// vaultd starts, or a reload declared the account `AutoLogin=yes`: log it
     /// in now, or when its backoff ends.
@@ -211,6 +219,10 @@ extension AccountStateMachine {
 
     /// The account's login deadline passed.
     public mutating func autoLoginDue(now: UnixTime) -> [AutoLoginAction] {
+        if !autoLogin, state == .loggedOut, let retryAt = backoff.nextRetryAt {
+            let forgetAt = retryAt.adding(seconds: Self.forgetFailuresAfter)
+            return now < forgetAt ? [.schedule(at: forgetAt)] : [.forget]
+        }
         guard autoLogin, state == .loggedOut, let at = autoLoginAt else { return [] }
         return at <= now ? [.login] : [.schedule(at: at)]
     }
@@ -231,7 +243,7 @@ extension AccountStateMachine {
             attempt: backoff.consecutiveFailures, random: random, retryAfter: retryAfter)
         let at = now.adding(seconds: wait)
         backoff.nextRetryAt = at
-        guard autoLogin else { return [] }
+        guard autoLogin else { return [.schedule(at: at.adding(seconds: Self.forgetFailuresAfter))] }
         autoLoginAt = at
         return [.schedule(at: at)]
     }
@@ -252,8 +264,13 @@ extension AccountStateMachine {
 
     /// The provider's credential or configuration changed (a new client
     /// secret, a reload): the failures it caused say nothing about the next
-    /// try, so the backoff ends, and an automatic account is logged in now.
+    /// try, so the backoff ends, and an automatic account is logged in now;
+    /// another logged-out account's failures are forgotten.
     public mutating func credentialsChanged(now: UnixTime) -> [AutoLoginAction] {
+        if !autoLogin, state == .loggedOut, backoff != LoginBackoff() {
+            backoff = LoginBackoff()
+            return [.forget]
+        }
         backoff.nextRetryAt = nil
         guard autoLogin, state == .loggedOut, autoLoginAt != nil else { return [] }
         return planAutoLogin(now: now)

@@ -68,6 +68,12 @@ extension SessionManager {
                 spawn { await self.autoLogin(key) }
             case .schedule(let at):
                 deadlines.schedule(TimedWork(key: key, timer: .login), at: at)
+            case .forget:
+                guard entries[key]?.machine.state == .loggedOut else { continue }
+                entries[key] = nil
+                for timer in SessionTimers.Timer.allCases { deadlines.cancel(TimedWork(key: key, timer: timer)) }
+                table.publish(key, nil)
+                return
             }
         }
         publishParked(key)

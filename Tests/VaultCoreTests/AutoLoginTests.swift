@@ -80,7 +80,8 @@ struct AutoLoginMachineTests {
     func sharedBackoff() {
         var m = machine(autoLogin: false)
         _ = m.loginRequested(asksProvider: true, now: t0)
-        #expect(fail(&m, now: t0, random: 0.999) == [])
+        // Not automatic: only a deadline to forget the failures, 5 min after the wait.
+        #expect(fail(&m, now: t0, random: 0.999) == [.schedule(at: t0.adding(seconds: 2 + 300))])
         guard case .backingOff(let backoff) = m.loginRequested(asksProvider: true, now: t0.adding(seconds: 1)) else {
             Issue.record("a login during the backoff was not refused")
             return
@@ -94,6 +95,30 @@ struct AutoLoginMachineTests {
         m.loginFailed()
         // At nextRetryAt the next try may start.
         #expect(m.loginRequested(asksProvider: true, now: t0.adding(seconds: 2)) == .startLogin)
+    }
+
+    @Test("Should forget the failures of an account vaultd does not log in 5 min after their backoff")
+    func forgetsPlainFailures() {
+        var m = machine(autoLogin: false)
+        _ = m.loginRequested(asksProvider: true, now: t0)
+        let actions = fail(&m, now: t0, random: 0.999)
+        #expect(actions == [.schedule(at: t0.adding(seconds: 302))])
+        #expect(m.autoLoginDue(now: t0.adding(seconds: 301)) == [.schedule(at: t0.adding(seconds: 302))])
+        #expect(m.autoLoginDue(now: t0.adding(seconds: 302)) == [.forget])
+    }
+
+    @Test("Should end the wait when the credentials change, logging an automatic account in at once")
+    func credentialsChanged() {
+        var auto = machine()
+        _ = auto.loginRequested(asksProvider: true, now: t0)
+        _ = fail(&auto, now: t0, random: 0.999)
+        #expect(auto.credentialsChanged(now: t0) == [.login])
+        #expect(auto.loginRequested(asksProvider: true, now: t0) == .startLogin)
+        var plain = machine(autoLogin: false)
+        _ = plain.loginRequested(asksProvider: true, now: t0)
+        _ = fail(&plain, now: t0, random: 0.999)
+        #expect(plain.credentialsChanged(now: t0) == [.forget])
+        #expect(plain.loginRequested(asksProvider: true, now: t0) == .startLogin)
     }
 
     @Test("Should clear the backoff and the planned login once a login succeeds")
