@@ -10,6 +10,7 @@
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/vfs.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -100,4 +101,11 @@ int vaultd_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
 
 int vaultd_spawn_close_from(posix_spawn_file_actions_t *actions, int lowest) {
     return posix_spawn_file_actions_addclosefrom_np(actions, lowest);
+}
+
+int vaultd_fstatfs_type(int fd, long *type) {
+    struct statfs st;
+    if (fstatfs(fd, &st) != 0) return -1;
+    *type = (long)st.f_type;
+    return 0;
 }

@@ -152,6 +152,7 @@ public enum CommandTable {
                 .value("--token-file", "FILE", .file, "read the token or token response from FILE, not stdin"),
                 .value("--expires-at", "UNIX_SECONDS", .text, "when a bare token expires"),
                 .flag("--from-provider", "the provider obtains the tokens; nothing is read"),
+                .flag("--replace", "replace the tokens of a session that is logged in already"),
             ],
             summary: "log in; the token comes on stdin or from FILE (or the provider obtains it)",
             details: """
@@ -163,11 +164,16 @@ public enum CommandTable {
                 argument. An account that is already logged in keeps its session.
                 With --from-provider nothing is read: the provider obtains the tokens
                 itself (oauth2: client credentials; exec: its helper's login).
+                With --replace a logged-in account gets the new tokens instead: they are
+                stored before vaultctl returns and served at once, subscribers see
+                tokenRefreshed (reason replaced), and a replaced refresh token is revoked
+                at the provider. Only the session's owner (or root, the admin group) may.
                 """,
             examples: [
                 ("echo -n \"$TOKEN\" | vaultctl login demo alice", "log in with a bare token"),
                 ("vaultctl login demo alice --token-file token.json", "log in with a token response from a file"),
                 ("vaultctl login cometchat alice --from-provider", "have the provider's helper log alice in"),
+                ("echo -n \"$NEW\" | vaultctl login --replace demo alice", "rotate alice's token by hand"),
             ],
             handler: { ctl, parsed in ctl.login(parsed) }),
         CommandSpec(
@@ -296,6 +302,25 @@ public enum CommandTable {
                 """,
             examples: [("vaultctl kick demo alice --reason revoked", "withdraw alice's token now")],
             handler: { ctl, parsed in ctl.kick(parsed) }),
+        CommandSpec(
+            name: "report-rejected", required: [.provider, .user], optional: [],
+            options: [.value("--token-file", "FILE", .file, "read the rejected token from FILE, not stdin")],
+            summary: "tell vaultd the chat server rejected a token (read from stdin)",
+            details: """
+                Reads the token the chat server rejected from stdin (or FILE) and sends
+                only its SHA-256 to vaultd. If it is still the session's current token,
+                vaultd refreshes the session, once however many clients report it
+                (outcome refreshed), or ends it with tokenInvalid when the provider
+                cannot refresh it (outcome ended). If the session has a newer token
+                already, nothing is done (outcome alreadyReplaced): read the token again.
+                """,
+            examples: [
+                (
+                    "vaultctl token demo alice | vaultctl report-rejected demo alice",
+                    "the current token was refused: get a new one"
+                )
+            ],
+            handler: { ctl, parsed in ctl.reportRejected(parsed) }),
         CommandSpec(
             name: "completion", required: [ArgumentSpec("SHELL", .oneOf(Completion.shells))], optional: [],
             options: [],

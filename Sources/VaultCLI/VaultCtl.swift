@@ -108,11 +108,13 @@ public struct VaultCtl {
             expiresAt = value
         }
         let (provider, user) = (positional[0], positional[1])
+        let replace = command.has("--replace")
         if command.has("--from-provider") {
             // The provider obtains the tokens itself (client credentials, an exec helper).
             return run { vault throws(VaultClientError) in
-                let result = try vault.loginFromProvider(provider: provider, user: user, ownerUID: owner)
-                return (loginJSON(result), "logged in: \(describe(result.session))")
+                let result = try vault.loginFromProvider(
+                    provider: provider, user: user, ownerUID: owner, replace: replace)
+                return (loginJSON(result), "\(loginWhat(result)): \(describe(result.session))")
             }
         }
         let text: String
@@ -135,19 +137,26 @@ public struct VaultCtl {
             let result =
                 if let response {
                     try vault.login(
-                        provider: provider, user: user, tokenResponse: response, expiresAt: expiry, ownerUID: owner)
+                        provider: provider, user: user, tokenResponse: response, expiresAt: expiry, ownerUID: owner,
+                        replace: replace)
                 } else {
                     try vault.login(
                         provider: provider, user: user, token: credential.tokens.accessToken.revealed,
-                        expiresAt: expiry, ownerUID: owner)
+                        expiresAt: expiry, ownerUID: owner, replace: replace)
                 }
-            let what = result.created ? "logged in" : "already logged in"
-            return (loginJSON(result), "\(what): \(describe(result.session))")
+            return (loginJSON(result), "\(loginWhat(result)): \(describe(result.session))")
         }
     }
 
     func loginJSON(_ result: LoginResult) -> JSON {
-        .object(["session": result.session.json, "created": .bool(result.created)])
+        var o: [String: JSON] = ["session": result.session.json, "created": .bool(result.created)]
+        if result.replaced { o["replaced"] = true }
+        return .object(o)
+    }
+
+    /// What a login did, as the first words of its line.
+    func loginWhat(_ result: LoginResult) -> String {
+        result.replaced ? "replaced" : result.created ? "logged in" : "already logged in"
     }
 
     mutating func logout(_ command: ParsedCommand) -> ExitCode {

@@ -164,6 +164,8 @@ public struct LoginResult: Sendable, Equatable {
     public var session: Session
     /// False when the account was already logged in and kept its session.
     public var created: Bool
+    /// True when a login with `replace` replaced the tokens of a logged-in session.
+    public var replaced: Bool = false
 }
 
 /// An access token from `GetToken`. The token is a `Secret`: printing it shows it masked.
@@ -223,11 +225,11 @@ public final class VaultConnection {
     @discardableResult
     public func login(
         provider: String, user: String, token: String, expiresAt: UnixTime? = nil, profile: UserProfile? = nil,
-        ownerUID: UInt32? = nil
+        ownerUID: UInt32? = nil, replace: Bool = false
     ) throws(VaultClientError) -> LoginResult {
         var parameters = Self.account(provider, user, ownerUID)
         parameters["token"] = .string(token)
-        return try login(parameters, expiresAt: expiresAt, profile: profile)
+        return try login(parameters, expiresAt: expiresAt, profile: profile, replace: replace)
     }
 
     /// Logs an account in with an OAuth 2.0 token response as the token
@@ -235,20 +237,20 @@ public final class VaultConnection {
     @discardableResult
     public func login(
         provider: String, user: String, tokenResponse: JSON, expiresAt: UnixTime? = nil,
-        profile: UserProfile? = nil, ownerUID: UInt32? = nil
+        profile: UserProfile? = nil, ownerUID: UInt32? = nil, replace: Bool = false
     ) throws(VaultClientError) -> LoginResult {
         var parameters = Self.account(provider, user, ownerUID)
         parameters["tokenResponse"] = tokenResponse
-        return try login(parameters, expiresAt: expiresAt, profile: profile)
+        return try login(parameters, expiresAt: expiresAt, profile: profile, replace: replace)
     }
 
     /// Logs an account in with tokens the provider obtains itself (client
     /// credentials, an exec provider's helper).
     @discardableResult
     public func loginFromProvider(
-        provider: String, user: String, profile: UserProfile? = nil, ownerUID: UInt32? = nil
+        provider: String, user: String, profile: UserProfile? = nil, ownerUID: UInt32? = nil, replace: Bool = false
     ) throws(VaultClientError) -> LoginResult {
-        try login(Self.account(provider, user, ownerUID), expiresAt: nil, profile: profile)
+        try login(Self.account(provider, user, ownerUID), expiresAt: nil, profile: profile, replace: replace)
     }
 
     /// Logs an account out and deletes its stored session.
@@ -342,6 +344,32 @@ public final class VaultConnection {
         _ = try call(.forceLogout, parameters)
     }
 
+    /// Tells vaultd that the chat server rejected `token`, a token of this
+    /// session; only its SHA-256 is sent. vaultd refreshes the session (once
+    /// for all reporters), ends it when it cannot be refreshed, or does
+    /// nothing when the token is no longer the current one (read it again).
+    @discardableResult
+    public func reportRejected(provider: String, user: String, token: Secret, ownerUID: UInt32? = nil)
+        throws(VaultClientError) -> RejectedOutcome
+    {
+        try reportRejected(provider: provider, user: user, tokenHash: SHA256.hexDigest(of: token), ownerUID: ownerUID)
+    }
+
+    /// `reportRejected(provider:user:token:ownerUID:)` with the token's
+    /// SHA-256 already computed, as 64 lowercase hex digits.
+    @discardableResult
+    public func reportRejected(provider: String, user: String, tokenHash: String, ownerUID: UInt32? = nil)
+        throws(VaultClientError) -> RejectedOutcome
+    {
+        var parameters = Self.account(provider, user, ownerUID)
+        parameters["tokenHash"] = .string(tokenHash)
+        let reply = try call(.reportRejected, parameters)
+        guard let outcome = reply.parameters["outcome"]?.stringValue.flatMap(RejectedOutcome.init(rawValue:)) else {
+            throw .unexpectedReply(method: VaultMethod.reportRejected.rawValue, detail: "no known outcome")
+        }
+        return outcome
+    }
+
     /// Stores the OAuth 2.0 client secret of an oauth2 provider in the secret store.
     public func setProviderSecret(provider: String, secret: Secret) throws(VaultClientError) {
         _ = try call(.setProviderSecret, ["provider": .string(provider), "secret": .string(secret.revealed)])
@@ -374,16 +402,18 @@ public final class VaultConnection {
         return reply
     }
 
-    private func login(_ parameters: [String: JSON], expiresAt: UnixTime?, profile: UserProfile?)
+    private func login(_ parameters: [String: JSON], expiresAt: UnixTime?, profile: UserProfile?, replace: Bool)
         throws(VaultClientError) -> LoginResult
     {
         var parameters = parameters
         parameters["expiresAt"] = expiresAt.map { .int($0.seconds) }
         parameters["profile"] = profile.map { $0.json() }
+        if replace { parameters["replace"] = true }
         let reply = try call(.login, parameters)
         return LoginResult(
             session: try Self.session(reply.parameters["session"], of: .login),
-            created: reply.parameters["created"]?.boolValue ?? false)
+            created: reply.parameters["created"]?.boolValue ?? false,
+            replaced: reply.parameters["replaced"]?.boolValue ?? false)
     }
 
     static func account(_ provider: String, _ user: String, _ ownerUID: UInt32?) -> [String: JSON] {

@@ -35,13 +35,16 @@ public struct AccountStateMachine: Sendable {
         case loggingIn
         case loggedIn(SessionRecord)
         case loggingOut(SessionRecord)
+        /// A replacing credential is being written; the record is the one it
+        /// replaces, which stays served until the new one is in the store.
+        case replacing(SessionRecord)
 
         /// The state as clients see it (OpenIM's three states).
         public var loginState: LoginState {
             switch self {
             case .loggedOut: return .logout
             case .loggingIn: return .logging
-            case .loggedIn, .loggingOut: return .logged
+            case .loggedIn, .loggingOut, .replacing: return .logged
             }
         }
     }
@@ -56,6 +59,9 @@ public struct AccountStateMachine: Sendable {
         case waitThenRetry
         /// Write the new session to the store, then call `loginSucceeded` or `loginFailed`.
         case startLogin
+        /// Replace the tokens of this logged-in session (`Login` with
+        /// `replace`): write the new record, then call `replaceFinished`.
+        case startReplace(SessionRecord)
         /// A login that asks the provider failed lately: refuse until
         /// `backoff.nextRetryAt`, naming it (the state does not change).
         case backingOff(LoginBackoff)
@@ -108,7 +114,36 @@ public struct AccountStateMachine: Sendable {
             return .waitThenRetry
         case .loggedIn(let record):
             return .returnExisting(record)
+        case .replacing:
+            // Answered with the session as the replace leaves it.
+            return .waitThenRetry
         }
+    }
+
+    /// A login that replaces the credential of a logged-in session was asked
+    /// for (`Login` with `replace`). A logged-out account is logged in as by
+    /// `loginRequested`; a login, logout or replace in flight is waited for
+    /// first (a login in flight is not joined: its credential is not this one).
+    public mutating func replaceRequested() -> LoginAction {
+        switch state {
+        case .loggedOut:
+            state = .loggingIn
+            return .startLogin
+        case .loggingIn, .loggingOut, .replacing:
+            return .waitThenRetry
+        case .loggedIn(let record):
+            state = .replacing(record)
+            return .startReplace(record)
+        }
+    }
+
+    /// The replace ended: `record` is the new session, safely in the store;
+    /// nil when it failed, and the replaced session goes on.
+    public mutating func replaceFinished(_ record: SessionRecord?) {
+        guard case .replacing(let old) = state else {
+            preconditionFailure("replaceFinished in state \(state)")
+        }
+        state = .loggedIn(record ?? old)
     }
 
     /// The login's record is safely in the store. The backoff of failed
@@ -131,7 +166,7 @@ public struct AccountStateMachine: Sendable {
         switch state {
         case .loggedOut:
             return .fail(.notLoggedIn(account))
-        case .loggingIn:
+        case .loggingIn, .replacing:
             return .waitThenRetry
         case .loggingOut:
             return .joinInFlight
@@ -290,7 +325,7 @@ extension AccountStateMachine {
         switch state {
         case .loggingIn: return true
         case .loggedOut: return autoLogin && autoLoginAt.map { $0 <= deadline } == true
-        case .loggedIn, .loggingOut: return false
+        case .loggedIn, .loggingOut, .replacing: return false
         }
     }
 

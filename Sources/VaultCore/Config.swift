@@ -114,6 +114,8 @@ public struct AccountSettings: Sendable, Equatable {
     public var autoLogin = false
     /// `ReloginAfterKick=yes`: an automatic account is logged in again after a kick too.
     public var reloginAfterKick = false
+    /// Where the owner's token is written for programs that cannot speak Varlink (`TokenFile=`).
+    public var tokenFile: TokenFileSettings? = nil
 
     /// A declaration.
     public init(owner: String? = nil, readUsers: [String] = [], readGroups: [String] = []) {
@@ -203,7 +205,8 @@ public enum ConfigParser {
             "ClientSecretFile", "AllowInsecureHTTP", "Timeout",
         ],
     ]
-    static let accountKeys = ["Owner", "TokenReadUsers", "TokenReadGroups", "AutoLogin", "ReloginAfterKick"]
+    static let accountKeys =
+        ["Owner", "TokenReadUsers", "TokenReadGroups", "AutoLogin", "ReloginAfterKick"] + tokenFileKeys
 
     /// The text of a configuration file read as `bytes`: UTF-8, or an error
     /// naming the file and the first line that is not (never quoting it).
@@ -270,8 +273,10 @@ public enum ConfigParser {
                 }
                 if key == "AutoLogin" { settings.autoLogin = value } else { settings.reloginAfterKick = value }
             }
+            settings.tokenFile = try tokenFile(entries, account)
             config.accounts[account] = settings
         }
+        try checkTokenFilePaths(config.accounts)
         for name in merged.providerOrder {
             let section = merged.providers[name]!
             guard let type = section.entries["Type"] else {

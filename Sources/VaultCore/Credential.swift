@@ -190,13 +190,17 @@ public struct LoginRequest: Sendable {
     /// Whose session to log in, when an administrator logs one in for another
     /// user; nil is the caller's own (or the declared `Owner=`).
     public var ownerUID: UInt32?
+    /// Replace the tokens of a session that is already logged in, instead of
+    /// answering with it (`vaultctl login --replace`).
+    public var replace: Bool
 
     /// Makes a request.
     public init(
         provider: String, user: String, token: String? = nil, tokenResponse: JSON? = nil, profile: JSON? = nil,
-        expiresAt: Int64? = nil, ownerUID: UInt32? = nil
+        expiresAt: Int64? = nil, ownerUID: UInt32? = nil, replace: Bool = false
     ) {
         self.ownerUID = ownerUID
+        self.replace = replace
         self.provider = provider
         self.user = user
         self.token = token

@@ -80,6 +80,11 @@ public struct SessionTimers: Sendable, Equatable {
         case refreshImpossible(expired: Bool)
         /// Ending the session failed (its logout could not be written): try again.
         case endFailed(reason: String, kind: EventKind, now: UnixTime)
+        /// The session's tokens were replaced by a client (`Login` with
+        /// `replace`) and the new ones are in the store: what was known of the
+        /// old tokens (failures, a refused grant, an end still to be done) is
+        /// forgotten, and the new tokens are scheduled as at a login.
+        case replaced(Facts, now: UnixTime)
     }
 
     /// What the owner of the session must do.
@@ -210,6 +215,9 @@ public struct SessionTimers: Sendable, Equatable {
         case .storeStale(let now):
             status.unsaved = true
             return [.schedule(.saveRetry, at: now.adding(seconds: Self.saveRetrySeconds))]
+        case .replaced(let facts, let now):
+            self = SessionTimers()
+            return schedule(facts, now: now) + [.cancel(.saveRetry)]
         }
     }
 

@@ -16,6 +16,9 @@ struct AccountEntry {
     var login: Task<Result<SessionRecord, VaultError>, Never>?
     /// The logout in flight, which later logouts join and logins wait for.
     var logout: Task<Result<Void, VaultError>, Never>?
+    /// The replace in flight (`Login` with `replace`), which logins, logouts
+    /// and refreshes wait for.
+    var replace: Task<Result<SessionRecord, VaultError>, Never>?
     /// The refresh in flight: every caller and the scheduler share it.
     var refresh: Task<Result<SessionRecord, VaultError>, Never>?
     /// A revocation a failed logout queued and could not take back: removed

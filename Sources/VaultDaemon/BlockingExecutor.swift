@@ -27,6 +27,8 @@ final class BlockingExecutor: @unchecked Sendable {
     static let io = BlockingExecutor(workers: 4)
     /// The executor the secret store runs on (one call at a time), started on first use.
     static let store = BlockingExecutor(workers: 1)
+    /// The executor token files are written on (one write at a time), started on first use.
+    static let files = BlockingExecutor(workers: 1)
 
     /// Set by `urgent(_:)` for the runs its body submits.
     @TaskLocal private static var isUrgent = false
@@ -86,6 +88,17 @@ final class BlockingExecutor: @unchecked Sendable {
                 lane: lane, cap: cap, deadline: deadline, urgent: urgent,
                 Job(start: { continuation.resume(returning: work()) }, expire: { continuation.resume(returning: nil) }))
         }
+    }
+
+    /// Runs `work` on a worker as `run(lane:cap:deadline:_:)` does, without
+    /// waiting for it: for a caller that must not wait (the session manager
+    /// publishing a change). `expired` is called instead when `deadline`
+    /// passed while the run waited.
+    func enqueue(
+        lane: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> Void,
+        expired: @escaping @Sendable () -> Void
+    ) {
+        submit(lane: lane, cap: cap, deadline: deadline, urgent: false, Job(start: work, expire: expired))
     }
 
     private func submit(lane: String, cap: Int, deadline: UInt64, urgent: Bool, _ job: Job) {

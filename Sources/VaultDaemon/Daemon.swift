@@ -153,6 +153,7 @@ public enum Daemon {
         throws(VaultError) -> Int32
     {
         let config = try loadConfig(options.configPath, log: log)
+        let tokenFilePlans = try TokenFiles.check(config)
         if options.checkConfigOnly {
             print("configuration is valid: \(config.providers.count) provider(s)")
             return 0
@@ -189,6 +190,10 @@ public enum Daemon {
             await manager.resumePendingRevocations()
             return restored
         }
+        // Token files follow the table from here on, starting with the sessions restored.
+        let tokenFiles = TokenFiles(table: manager.table, log: log)
+        manager.table.observe { key in tokenFiles.changed(key) }
+        tokenFiles.update(TokenFiles.targets(tokenFilePlans, policy: policy))
 
         // From here the serving loop reads the signals; no socket file exists yet.
         startup?.handOff()
@@ -214,7 +219,9 @@ public enum Daemon {
             watchdogProbe: { await manager.ping() },
             watchdog: { notifier.watchdog() },
             stopping: { notifier.stopping() },
-            reload: { server in reload(options, manager: manager, server: server, notifier: notifier, log: log) },
+            reload: { server in
+                reload(options, manager: manager, server: server, notifier: notifier, tokenFiles: tokenFiles, log: log)
+            },
             privileged: { caller in manager.policy.policy.isAdmin(caller) })
         let server: VarlinkServer
         do {
@@ -237,6 +244,7 @@ public enum Daemon {
         // Background work (refreshes, revocations, save retries) gets what is
         // left of the drain time; revocations are queued in the store already.
         try? blocking { () async throws(VaultError) in await manager.shutdown(graceSeconds: 5) }
+        tokenFiles.waitIdle(seconds: 2)
         notifier.flush()
         log.notice("stopped", ["signal": String(signal)])
         return 0
@@ -286,7 +294,7 @@ public enum Daemon {
     /// in force at once; a broken one is refused and the old one stays.
     static func reload(
         _ options: DaemonOptions, manager: SessionManager, server: VarlinkServer, notifier: ServiceNotifier,
-        log: Logger
+        tokenFiles: TokenFiles, log: Logger
     ) {
         notifier.reloading()
         // Off the serving thread (reading files and resolving names can block),
@@ -294,9 +302,11 @@ public enum Daemon {
         reloadQueue.async {
             let config: VaultConfig
             let policy: AccessPolicy
+            let tokenFilePlans: [Account: TokenFilePlan]
             do throws(VaultError) {
                 config = try loadConfig(options.configPath, log: log)
                 policy = try PolicyResolver.resolve(config)
+                tokenFilePlans = try TokenFiles.check(config)
             } catch {
                 log.error(
                     "reload refused, the previous configuration stays in force: \(error.message)",
@@ -308,6 +318,7 @@ public enum Daemon {
                 await manager.apply(config, policy: policy)
             }
             server.reload(config.serving)
+            tokenFiles.update(TokenFiles.targets(tokenFilePlans, policy: policy))
             log.notice(
                 "configuration reloaded",
                 [

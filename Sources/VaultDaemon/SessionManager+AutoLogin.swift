@@ -99,7 +99,7 @@ extension SessionManager {
         let action = entry.machine.loginRequested(asksProvider: true, now: now)
         entries[key] = entry
         switch action {
-        case .returnExisting, .joinInFlight, .waitThenRetry:
+        case .returnExisting, .joinInFlight, .waitThenRetry, .startReplace:
             // Logged in already, or the work in flight decides (a logout's end plans the next login).
             return
         case .backingOff:

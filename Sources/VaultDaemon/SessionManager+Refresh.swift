@@ -133,6 +133,7 @@ extension SessionManager {
     ) async throws(VaultError) -> SessionRecord {
         let account = key.account
         if let caller, !policy.policy.mayManage(caller, key) { throw AccessPolicy.notYours(key) }
+        if let task = entries[key]?.replace { _ = await task.value }
         guard let entry = entries[key], let record = entry.record else { throw .notLoggedIn(account) }
         if let task = entry.refresh { return try await task.value.get() }
         let now = clock.now()
@@ -191,6 +192,7 @@ extension SessionManager {
         -> SessionRecord
     {
         let account = key.account
+        if let task = entries[key]?.replace { _ = await task.value }
         guard let entry = entries[key], let record = entry.record else { throw .notLoggedIn(account) }
         guard policy.policy.mayReadToken(caller, key) else {
             throw VaultError(.accessDenied, "the token of \(account) is handed only to its owner")

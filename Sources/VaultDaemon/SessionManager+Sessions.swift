@@ -12,6 +12,15 @@ extension SessionManager {
     /// the declared owner's for a declared account, or, for an administrator,
     /// the one `request.ownerUID` names.
     public func login(_ request: LoginRequest, caller: Caller) async throws(VaultError) -> (SessionRecord, Bool) {
+        let (record, outcome) = try await loginOrReplace(request, caller: caller)
+        return (record, outcome != .existing)
+    }
+
+    /// `login`, saying whether the session was created, already there, or
+    /// had its tokens replaced (`request.replace`, see SessionManager+Replace.swift).
+    func loginOrReplace(_ request: LoginRequest, caller: Caller) async throws(VaultError) -> (
+        SessionRecord, LoginOutcome
+    ) {
         let account = try Account.validate(provider: request.provider, user: request.user)
         guard let provider = config.providers[account.provider] else { throw .unknownProvider(account.provider) }
         let access = policy.policy
@@ -37,9 +46,17 @@ extension SessionManager {
         }
         // Bounded: each pass waits for one in-flight operation to end.
         for _ in 0..<64 {
+            if request.replace, let task = entries[key]?.refresh {
+                // The replaced tokens' refresh ends first (and any end it brings).
+                _ = await task.value
+                continue
+            }
             var entry = entries[key] ?? makeEntry(account)
-            let action = entry.machine.loginRequested(
-                asksProvider: Self.mints(request, provider: provider), now: clock.now())
+            let action =
+                request.replace
+                ? entry.machine.replaceRequested()
+                : entry.machine.loginRequested(
+                    asksProvider: Self.mints(request, provider: provider), now: clock.now())
             entries[key] = entry
             switch action {
             case .backingOff(let backoff):
@@ -59,15 +76,17 @@ extension SessionManager {
                     await handle(key, .saved)
                 }
                 Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
-                return (record, false)
+                return (record, .existing)
             case .joinInFlight:
                 guard let task = entries[key]?.login else { continue }
                 let record = try await task.value.get()
                 Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
-                return (record, true)
+                return (record, .created)
             case .waitThenRetry:
-                if let task = entries[key]?.logout { _ = await task.value }
+                await waitForChangeInFlight(key)
                 continue
+            case .startReplace(let old):
+                return (try await startReplace(request, key: key, replacing: old, caller: caller), .replaced)
             case .startLogin:
                 if let refusal = gate.health.refusal {
                     // Refused before the provider is asked: tokens minted now could not be kept.
@@ -110,7 +129,7 @@ extension SessionManager {
                     await self.performLogin(request, key: key, by: .peer(caller))
                 }
                 entries[key]?.login = task
-                return (try await task.value.get(), true)
+                return (try await task.value.get(), .created)
             }
         }
         throw VaultError(.loginInProgress, "\(account) kept changing while logging in; try again")
@@ -310,7 +329,7 @@ extension SessionManager {
                 guard let task = entries[key]?.logout else { continue }
                 return try await task.value.get()
             case .waitThenRetry:
-                if let task = entries[key]?.login { _ = await task.value }
+                await waitForChangeInFlight(key)
                 continue
             case .startLogout(let record):
                 // Nobody gets the token from here on, even before the store answered,

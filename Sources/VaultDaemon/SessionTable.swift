@@ -65,6 +65,8 @@ public final class SessionTable: Sendable {
         var owners: [Account: Set<UInt32>] = [:]
         /// Sessions per owner, for the per-user limit.
         var perOwner: [UInt32: Int] = [:]
+        /// Told the key of each change once it is visible (`observe(_:)`).
+        var observer: (@Sendable (SessionKey) -> Void)?
     }
 
     private let contents = Mutex(Contents())
@@ -101,9 +103,17 @@ public final class SessionTable: Sendable {
     /// How many accounts are in each state, without looking at every view.
     public var counts: Counts { contents.withLock { $0.counts } }
 
+    /// Calls `observer` with the key of every change from now on, right
+    /// after the change is visible to `view(of:)`, on the thread that made it:
+    /// it must return at once. The token files follow the table this way,
+    /// whichever path (login, refresh, logout, expiry) changed a token.
+    public func observe(_ observer: @escaping @Sendable (SessionKey) -> Void) {
+        contents.withLock { $0.observer = observer }
+    }
+
     /// Publishes the state of the session `key` (nil removes it). Only the session manager calls this.
     func publish(_ key: SessionKey, _ view: SessionView?) {
-        contents.withLock { contents in
+        let observer = contents.withLock { contents in
             let old = contents.views[key]
             if let old { contents.counts.count(old, -1) }
             if let view { contents.counts.count(view, 1) }
@@ -120,7 +130,9 @@ public final class SessionTable: Sendable {
                 if contents.perOwner[key.owner] == 0 { contents.perOwner[key.owner] = nil }
             default: break
             }
+            return contents.observer
         }
+        observer?(key)
         didChange(self)
     }
 }

@@ -25,10 +25,12 @@ public enum VaultMethods {
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
                         let input = try LoginRequest(p)
                         return answered { () async throws(VaultError) -> VarlinkReply in
-                            let (record, created) = try await manager.login(input, caller: caller)
-                            return VarlinkReply(parameters: [
-                                "session": record.wireJSON(state: .logged), "created": .bool(created),
-                            ])
+                            let (record, outcome) = try await manager.loginOrReplace(input, caller: caller)
+                            var parameters: [String: JSON] = [
+                                "session": record.wireJSON(state: .logged), "created": .bool(outcome != .existing),
+                            ]
+                            if input.replace { parameters["replaced"] = .bool(outcome == .replaced) }
+                            return VarlinkReply(parameters: parameters)
                         }
                     }
                 }
@@ -188,6 +190,21 @@ public enum VaultMethods {
                         return answered { () async throws(VaultError) -> VarlinkReply in
                             try await manager.setProviderSecret(provider, secret, caller: caller)
                             return VarlinkReply()
+                        }
+                    }
+                }
+
+            case .reportRejected:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let (account, requested) = try addressed(p)
+                        guard let hash = SHA256.digest(hex: try p.string("tokenHash")) else {
+                            throw ParameterReader.Invalid(parameter: "tokenHash")
+                        }
+                        return answered { () async throws(VaultError) -> VarlinkReply in
+                            let key = try sessionKey(account, requested, caller, policy.policy, table)
+                            let outcome = try await manager.reportRejected(key, tokenHash: hash, caller: caller)
+                            return VarlinkReply(parameters: ["outcome": .string(outcome.rawValue)])
                         }
                     }
                 }

@@ -46,6 +46,16 @@ public struct ParameterReader {
         }
     }
 
+    /// An optional boolean; null counts as absent.
+    public func optionalBool(_ name: String) throws(Invalid) -> Bool? {
+        switch parameters[name] {
+        case nil, .null?: return nil
+        case let value?:
+            guard let b = value.boolValue else { throw Invalid(parameter: name) }
+            return b
+        }
+    }
+
     /// An optional object; null counts as absent.
     public func optionalObject(_ name: String) throws(Invalid) -> JSON? {
         guard let value = parameters[name], value != .null else { return nil }
@@ -79,7 +89,8 @@ extension LoginRequest {
         self.init(
             provider: provider, user: user, token: try p.optionalString("token"),
             tokenResponse: try p.optionalObject("tokenResponse"), profile: try p.optionalObject("profile"),
-            expiresAt: try p.optionalInt("expiresAt"), ownerUID: try p.optionalUID("ownerUid"))
+            expiresAt: try p.optionalInt("expiresAt"), ownerUID: try p.optionalUID("ownerUid"),
+            replace: try p.optionalBool("replace") ?? false)
     }
 }
 

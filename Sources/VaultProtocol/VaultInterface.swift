@@ -137,6 +137,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
     case forceLogout = "io.vaultd.Vault.ForceLogout"
     case refresh = "io.vaultd.Vault.Refresh"
     case setProviderSecret = "io.vaultd.Vault.SetProviderSecret"
+    case reportRejected = "io.vaultd.Vault.ReportRejected"
 
     /// The method's declaration: its doc comment, parameters and output.
     public var declaration: VarlinkMethodDeclaration {
@@ -157,6 +158,11 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     user vaultd runs as and [Provider] MintUsers=/MintGroups= may ask for that.
                     One user (but root) may hold MaxSessionsPerUser= sessions (TooManySessions);
                     a session may take MaxSessionSize= bytes (SessionTooLarge).
+                    With replace, a logged-in session gets the new tokens instead: they are in
+                    the secret store before the reply, served at once, subscribers get
+                    tokenRefreshed with reason replaced, and a replaced refresh token is
+                    revoked at the provider (queued in the store first); replaced is then true.
+                    Without a profile the session keeps its own.
                     """,
                 parameters: [
                     VarlinkField("provider", .string),
@@ -166,10 +172,12 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     VarlinkField("profile", .nullable(.named("UserProfile"))),
                     VarlinkField("expiresAt", .nullable(.int)),
                     VarlinkField("ownerUid", .nullable(.int)),
+                    VarlinkField("replace", .nullable(.bool)),
                 ],
                 output: [
                     VarlinkField("session", .named("Session")),
                     VarlinkField("created", .bool),
+                    VarlinkField("replaced", .nullable(.bool)),
                 ])
         case .logout:
             return VarlinkMethodDeclaration(
@@ -316,6 +324,29 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     VarlinkField("secret", .string),
                 ],
                 output: [])
+        case .reportRejected:
+            return VarlinkMethodDeclaration(
+                "ReportRejected",
+                doc: """
+                    The chat server rejected a token of this session. tokenHash is the SHA-256 of
+                    the token, as 64 lowercase hex digits, so the token itself never travels.
+                    When it is the session's current token, vaultd refreshes the session once for
+                    every reporter (later reports join the refresh in flight; at most once per
+                    MinRefreshInterval=, RefreshTooSoon) and outcome is refreshed; a provider that
+                    cannot refresh it ends the session with tokenInvalid (reason rejected) and
+                    outcome is ended. When it is no longer the current token, nothing is done and
+                    outcome is alreadyReplaced: read the token again. The owner and the token's
+                    readers may report.
+                    """,
+                parameters: [
+                    VarlinkField("provider", .string),
+                    VarlinkField("user", .string),
+                    VarlinkField("tokenHash", .string),
+                    VarlinkField("ownerUid", .nullable(.int)),
+                ],
+                output: [
+                    VarlinkField("outcome", .string)
+                ])
         }
     }
 }

@@ -236,9 +236,11 @@ struct EndpointOutageTests {
                 seen = try #require(stats)["token_requests"]?.integerValue ?? -1
             }
             let failures = status["consecutiveFailures"]?.integerValue ?? 0
-            // Every wait is at least 1 s (3 s after Retry-After: 3): at most that many tries fit in the window.
-            let most = Int64(failure == .error429 ? EndpointOutageTests.window / 3 + 2 : EndpointOutageTests.window + 2)
-            #expect(seen <= most, "\(failure): the endpoint saw \(seen) requests in \(EndpointOutageTests.window)s")
+            // Every wait is at least 1 s (3 s after Retry-After: 3): at most that many tries fit
+            // in the time from the outage to the count (the window, or more on a loaded machine).
+            let counted = Int(Date().timeIntervalSince(outageStarted).rounded(.up))
+            let most = Int64(failure == .error429 ? counted / 3 + 2 : counted + 2)
+            #expect(seen <= most, "\(failure): the endpoint saw \(seen) requests in \(counted) s")
             #expect(answers >= 2, "\(failure): GetToken answered \(answers) times")
             // What the endpoint sent never filled vaultd's memory.
             let grown = try peakMemory(daemon) - memoryBefore

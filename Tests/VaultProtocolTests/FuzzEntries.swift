@@ -154,6 +154,13 @@ enum ProtocolFuzzEntry {
             _ = p.parameters["kinds"]?.arrayValue?.map { $0.stringValue.flatMap(EventKind.init(rawValue:)) }
         case .setProviderSecret?:
             _ = try LoginCredential.trimmed(p.string("secret"))
+        case .reportRejected?:
+            let (provider, user) = try p.account()
+            _ = try p.optionalUID("ownerUid")
+            _ = try? Account.validate(provider: provider, user: user)
+            if SHA256.digest(hex: try p.string("tokenHash")) == nil {
+                throw ParameterReader.Invalid(parameter: "tokenHash")
+            }
         case nil:
             _ = try p.optionalString("interface")
         }

@@ -60,5 +60,8 @@ int vaultd_pipe_cloexec(int fds[2]);
  * descriptor from `lowest` up (glibc 2.34+); 0 on success. */
 int vaultd_spawn_close_from(posix_spawn_file_actions_t *actions, int lowest);
 
+/* fstatfs(fd)'s f_type (TMPFS_MAGIC, ...) into *type; 0 or -1 with errno. */
+int vaultd_fstatfs_type(int fd, long *type);
+
 
 #endif

@@ -1,0 +1,400 @@
+import Glibc
+import Synchronization
+import VaultCore
+import VaultSystem
+
+/// One account's token file as checked against the host: the settings, and
+/// the uid and gid the file is given to (nil: left to vaultd's own).
+public struct TokenFilePlan: Sendable, Equatable {
+    /// What the configuration says.
+    public var settings: TokenFileSettings
+    /// The owner the file is given with fchown; nil when vaultd's own.
+    public var fileOwner: UInt32?
+    /// The group given with the owner: the owner's primary group, or
+    /// unchanged (`UInt32.max`) for a uid with no entry in the user database.
+    public var fileGroup: UInt32?
+
+    /// A plan for `settings`, the file given to `fileOwner` (and `fileGroup`) when set.
+    public init(settings: TokenFileSettings, fileOwner: UInt32? = nil, fileGroup: UInt32? = nil) {
+        self.settings = settings
+        self.fileOwner = fileOwner
+        self.fileGroup = fileGroup
+    }
+}
+
+/// The token files of `[Account PROVIDER USER] TokenFile=`: each holds the
+/// access token of the declared owner's session of that account, exactly
+/// what `GetToken` serves. It is written (atomically, see
+/// `Directory.writeAtomically`) when vaultd starts with the session logged
+/// in, on login and on every refresh or replacement, and removed when the
+/// session ends (logout, kick, expiry, a refused token).
+///
+/// The files follow the `SessionTable`, the one place where the token
+/// served changes, through its observer: a change marks the account dirty
+/// and one job on `BlockingExecutor.files` (a thread of vaultd's own, never
+/// the serving loop or the cooperative pool) brings every dirty account's
+/// file in line with the table, coalescing changes that come while it
+/// works. A login never waits for a file. A failed write or removal is
+/// logged, without the token, and tried again at the account's next change.
+/// The token goes from its `Secret` storage (wiped when released) straight
+/// to write(2); no other copy of it is made.
+public final class TokenFiles: Sendable {
+    /// One file to keep in line with one session.
+    struct Target: Sendable, Equatable {
+        var key: SessionKey
+        var plan: TokenFilePlan
+    }
+
+    /// What the file of one account was last brought to: written with a
+    /// plan (path, mode, owner), or removed from a path.
+    enum Written {
+        case token(TokenFilePlan, Secret)
+        case absent(path: String)
+    }
+
+    private struct State {
+        var targets: [SessionKey: Target] = [:]
+        var dirty: Set<SessionKey> = []
+        /// Files of targets a reload dropped or moved: removed by the next job.
+        var stale: [Target] = []
+        var written: [SessionKey: Written] = [:]
+        /// A job is queued or running.
+        var scheduled = false
+    }
+
+    private let state = Mutex(State())
+    private let table: SessionTable
+    private let log: Logger
+
+    /// Token files for the sessions of `table`, reported to `log`; none until `update(_:)`.
+    public init(table: SessionTable, log: Logger) {
+        self.table = table
+        self.log = log
+    }
+
+    /// The targets of `plans`: the session of each account's declared owner
+    /// (`Owner=`, else the user vaultd runs as), as `policy` resolves it.
+    public static func targets(_ plans: [Account: TokenFilePlan], policy: AccessPolicy) -> [SessionKey: TokenFilePlan] {
+        var targets: [SessionKey: TokenFilePlan] = [:]
+        for (account, plan) in plans {
+            targets[SessionKey(owner: policy.declared[account]?.owner ?? policy.vaultdUID, account: account)] = plan
+        }
+        return targets
+    }
+
+    /// Puts `targets` in force (at start, and at each reload) and brings
+    /// every file in line with the table. The file of an account no longer
+    /// configured, or moved to another path, is removed.
+    public func update(_ targets: [SessionKey: TokenFilePlan]) {
+        let schedule = state.withLock { state in
+            for (key, old) in state.targets where targets[key] != old.plan {
+                if targets[key]?.settings.path != old.plan.settings.path { state.stale.append(old) }
+                state.written[key] = nil
+            }
+            state.targets = Dictionary(
+                uniqueKeysWithValues: targets.map { ($0.key, Target(key: $0.key, plan: $0.value)) })
+            state.dirty.formUnion(targets.keys)
+            return takeSchedule(&state)
+        }
+        if schedule { enqueue() }
+    }
+
+    /// The session `key` changed: its file is brought in line soon. Returns at once.
+    public func changed(_ key: SessionKey) {
+        let schedule = state.withLock { state in
+            guard state.targets[key] != nil else { return false }
+            state.dirty.insert(key)
+            return takeSchedule(&state)
+        }
+        if schedule { enqueue() }
+    }
+
+    /// Waits, at most `seconds`, until no job is queued or running: at
+    /// shutdown, so that no write is cut short by the exit.
+    public func waitIdle(seconds: Double) {
+        let deadline = Monotonic.milliseconds() + UInt64(seconds * 1000)
+        var pause = timespec(tv_sec: 0, tv_nsec: 5_000_000)
+        while state.withLock({ $0.scheduled }), Monotonic.milliseconds() < deadline {
+            nanosleep(&pause, nil)
+        }
+    }
+
+    /// True (and marks a job scheduled) when a job must be queued.
+    private func takeSchedule(_ state: inout State) -> Bool {
+        guard !state.scheduled, !state.dirty.isEmpty || !state.stale.isEmpty else { return false }
+        state.scheduled = true
+        return true
+    }
+
+    private func enqueue() {
+        BlockingExecutor.files.enqueue(
+            lane: "tokenfiles", cap: 1, deadline: Monotonic.milliseconds() + 3_600_000,
+            { [self] in work() },
+            expired: { [self] in
+                // Never seen: one job at a time, on an executor of its own.
+                let again = state.withLock { state in
+                    state.scheduled = false
+                    return takeSchedule(&state)
+                }
+                if again { enqueue() }
+            })
+    }
+
+    /// The job: handles dirty accounts until none is left.
+    private func work() {
+        for _ in 0..<1_000_000 {
+            let (stale, dirty) = state.withLock { state in
+                let taken = (state.stale, state.dirty)
+                state.stale = []
+                state.dirty = []
+                if taken.0.isEmpty && taken.1.isEmpty { state.scheduled = false }
+                return taken
+            }
+            if stale.isEmpty && dirty.isEmpty { return }
+            for target in stale { removeStale(target) }
+            if !stale.isEmpty {
+                // A path a reload gave to another account may have been written
+                // for it already (a reload racing this job): write it again.
+                let removed = Set(stale.map(\.plan.settings.path))
+                state.withLock { state in
+                    for (key, target) in state.targets where removed.contains(target.plan.settings.path) {
+                        state.written[key] = nil
+                        state.dirty.insert(key)
+                    }
+                }
+            }
+            for key in dirty.sorted() { bringInLine(key) }
+        }
+        state.withLock { $0.scheduled = false }
+    }
+
+    /// Writes or removes the file of `key` as its session in the table says.
+    private func bringInLine(_ key: SessionKey) {
+        guard let target = state.withLock({ $0.targets[key] }) else { return }
+        let view = table.view(of: key)
+        let token = view?.state == .logged ? view?.record?.tokens.accessToken : nil
+        let last = state.withLock { $0.written[key] }
+        let path = target.plan.settings.path
+        var fields = TokenFiles.fields(key)
+        fields["path"] = path
+        if let token {
+            if case .token(let plan, let written)? = last, plan == target.plan, written == token { return }
+            do throws(SystemError) {
+                try write(token, target.plan)
+                state.withLock { $0.written[key] = .token(target.plan, token) }
+                fields["event"] = "tokenFileWritten"
+                log.info("token file written", fields)
+            } catch {
+                state.withLock { $0.written[key] = nil }
+                fields["event"] = "tokenFileFailed"
+                fields["error"] = error.description
+                log.warning(
+                    "the token file could not be written; it is tried again at the session's next change", fields)
+            }
+        } else {
+            if case .absent(path)? = last { return }
+            do throws(SystemError) {
+                let removed = try Directory(target.plan.settings.directory).remove(target.plan.settings.name)
+                state.withLock { $0.written[key] = .absent(path: path) }
+                if removed {
+                    fields["event"] = "tokenFileRemoved"
+                    log.info("token file removed", fields)
+                }
+            } catch {
+                state.withLock { $0.written[key] = nil }
+                fields["event"] = "tokenFileFailed"
+                fields["error"] = error.description
+                log.warning(
+                    "the token file could not be removed; it is tried again at the session's next change", fields)
+            }
+        }
+    }
+
+    /// Removes the file of a target the configuration no longer has.
+    private func removeStale(_ target: Target) {
+        var fields = TokenFiles.fields(target.key)
+        fields["path"] = target.plan.settings.path
+        do throws(SystemError) {
+            if try Directory(target.plan.settings.directory).remove(target.plan.settings.name) {
+                fields["event"] = "tokenFileRemoved"
+                log.info("token file removed: no longer configured", fields)
+            }
+        } catch {
+            fields["event"] = "tokenFileFailed"
+            fields["error"] = error.description
+            log.warning("a token file no longer configured could not be removed", fields)
+        }
+    }
+
+    /// Writes `token` as `plan` says, after checking the directory again on
+    /// its open descriptor (a memory file system unless on disk is allowed,
+    /// writable by nobody else), so a directory remounted or changed since
+    /// the configuration was checked gets no token.
+    private func write(_ token: Secret, _ plan: TokenFilePlan) throws(SystemError) {
+        let directory = try Directory(plan.settings.directory)
+        if let problem = try TokenFiles.unfit(directory, plan.settings, vaultdUID: getuid()) {
+            throw SystemError("\(directory.path): \(problem)", errno: EPERM)
+        }
+        let owner = plan.fileOwner.map { (uid: uid_t($0), gid: gid_t(plan.fileGroup ?? UInt32.max)) }
+        // Secret.withUTF8 rethrows untyped errors: the outcome is carried out as a value.
+        let failure = token.withUTF8 { (bytes) -> SystemError? in
+            do throws(SystemError) {
+                try directory.writeAtomically(
+                    plan.settings.name, mode: mode_t(plan.settings.mode), owner: owner, bytes: bytes)
+                return nil
+            } catch {
+                return error
+            }
+        }
+        if let failure { throw failure }
+    }
+}
+
+extension TokenFiles {
+    /// The log fields of one session, as the session manager writes them.
+    static func fields(_ key: SessionKey) -> [String: String] {
+        ["provider": key.account.provider, "user": key.account.user, "owner": String(key.owner)]
+    }
+}
+
+// MARK: Checks
+
+extension TokenFiles {
+    /// Checks every token file of `config` against this host and resolves
+    /// its owner, for `--check-config`, start-up and reload. Refused, with
+    /// the file, the line and the key, and what to do:
+    ///
+    /// - a directory that is missing or not a directory;
+    /// - a directory on a disk file system (not tmpfs or ramfs), unless
+    ///   `TokenFileOnDisk=yes`: the token would outlive a reboot and end up
+    ///   in backups;
+    /// - a directory, or one above it, writable by group or others without
+    ///   the sticky bit, or owned by another user than root or vaultd's:
+    ///   they could replace the token or, for a vaultd running as root,
+    ///   redirect its writes through a symlink;
+    /// - a path that is a directory;
+    /// - `TokenFileOwner=` naming an unknown user, or another user than
+    ///   vaultd's own when vaultd does not run as root (only root can give a
+    ///   file away).
+    public static func check(_ config: VaultConfig, vaultdUID: UInt32 = getuid()) throws(VaultError)
+        -> [Account: TokenFilePlan]
+    {
+        var plans: [Account: TokenFilePlan] = [:]
+        for account in config.accounts.keys.sorted() {
+            guard let settings = config.accounts[account]?.tokenFile else { continue }
+            plans[account] = try plan(settings, vaultdUID: vaultdUID)
+        }
+        return plans
+    }
+
+    static func plan(_ settings: TokenFileSettings, vaultdUID: UInt32) throws(VaultError) -> TokenFilePlan {
+        func refuse(_ message: String) -> VaultError {
+            VaultError(.invalidConfig, "\(settings.location): key 'TokenFile': \(message)")
+        }
+        var plan = TokenFilePlan(settings: settings)
+        if let owner = settings.owner {
+            let at = settings.ownerLocation ?? settings.location
+            let uid: UInt32
+            var gid: UInt32?
+            if let number = UInt32(owner) {
+                uid = number
+                if let entry = getpwuid(number) { gid = entry.pointee.pw_gid }
+            } else if let entry = getpwnam(owner) {
+                uid = entry.pointee.pw_uid
+                gid = entry.pointee.pw_gid
+            } else {
+                throw VaultError(
+                    .invalidConfig,
+                    "\(at): key 'TokenFileOwner': no user '\(owner)' on this host; create it or fix the name")
+            }
+            if uid != vaultdUID {
+                guard vaultdUID == 0 else {
+                    throw VaultError(
+                        .invalidConfig,
+                        "\(at): key 'TokenFileOwner': vaultd runs as uid \(vaultdUID) and cannot give a file to uid \(uid) (only root can); remove TokenFileOwner=, or give the reader access with TokenFileMode=0640 and the directory's group"
+                    )
+                }
+                plan.fileOwner = uid
+                plan.fileGroup = gid ?? UInt32.max
+            }
+        }
+        let directory: Directory
+        do { directory = try Directory(settings.directory) } catch {
+            throw refuse(
+                "cannot open the directory \(settings.directory) (\(error)); create it (for a service, RuntimeDirectory= in its unit) or choose another"
+            )
+        }
+        let problem: String?
+        do { problem = try unfit(directory, settings, vaultdUID: vaultdUID) } catch {
+            throw refuse("cannot check the directory \(settings.directory) (\(error))")
+        }
+        if let problem { throw refuse(problem) }
+        if let unsafe = unsafeAncestor(of: settings.directory, vaultdUID: vaultdUID) { throw refuse(unsafe) }
+        var st = stat()
+        if fstatat(directory.fd, settings.name, &st, AT_SYMLINK_NOFOLLOW) == 0, st.st_mode & S_IFMT == S_IFDIR {
+            throw refuse("\(settings.path) is a directory; name a file")
+        }
+        return plan
+    }
+
+    /// What makes the open `directory` unfit for the token file, or nil:
+    /// checked at configuration time and again before every write.
+    static func unfit(_ directory: Directory, _ settings: TokenFileSettings, vaultdUID: UInt32) throws(SystemError)
+        -> String?
+    {
+        if !settings.onDisk, !(try directory.isInMemory()) {
+            let type = fileSystemName(try directory.fileSystemType())
+            return
+                "\(directory.path) is on a disk file system (\(type)), where the token would outlive a reboot and end up in backups; choose a directory on a memory file system (tmpfs or ramfs: under /run, $XDG_RUNTIME_DIR or /dev/shm), or set TokenFileOnDisk=yes"
+        }
+        return unsafe(try directory.status(), directory.path, vaultdUID: vaultdUID)
+    }
+
+    /// Why the directory `path` with status `st` lets someone else meddle
+    /// with the token file, or nil.
+    static func unsafe(_ st: stat, _ path: String, vaultdUID: UInt32) -> String? {
+        if st.st_uid != 0 && st.st_uid != vaultdUID {
+            return
+                "\(path) belongs to uid \(st.st_uid), who could replace the token file or redirect vaultd's writes; choose a directory of root's or of uid \(vaultdUID) (vaultd's)"
+        }
+        if st.st_mode & 0o022 != 0 && st.st_mode & S_ISVTX == 0 {
+            return
+                "\(path) is writable by \(st.st_mode & 0o002 != 0 ? "others" : "its group") (mode \(String(st.st_mode & 0o7777, radix: 8))) without the sticky bit, so they could replace or remove the token file; choose a directory only its owner can write"
+        }
+        return nil
+    }
+
+    /// The first directory above `path` (after resolving symlinks) that
+    /// `unsafe` refuses, as a message; nil when all are safe.
+    static func unsafeAncestor(of path: String, vaultdUID: UInt32) -> String? {
+        guard let resolved = realpath(path, nil) else { return nil }
+        let real = String(cString: resolved)
+        free(resolved)
+        var prefix = ""
+        var ancestors = ["/"]
+        for component in real.split(separator: "/") {
+            prefix += "/" + component
+            ancestors.append(prefix)
+        }
+        // The directory itself was checked on its descriptor.
+        for ancestor in ancestors.dropLast() {
+            var st = stat()
+            guard stat(ancestor, &st) == 0 else { continue }
+            if let problem = unsafe(st, ancestor, vaultdUID: vaultdUID) { return problem }
+        }
+        return nil
+    }
+
+    /// A file system's name for a message.
+    static func fileSystemName(_ type: Int) -> String {
+        switch type {
+        case 0xEF53: return "ext2/ext3/ext4"
+        case 0x5846_5342: return "xfs"
+        case 0x9123_683E: return "btrfs"
+        case 0x794C_7630: return "overlayfs"
+        case 0x6969: return "nfs"
+        case 0xF2F5_2010: return "f2fs"
+        default: return "type 0x" + String(type, radix: 16)
+        }
+    }
+}
