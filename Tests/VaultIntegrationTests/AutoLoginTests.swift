@@ -137,14 +137,15 @@ struct AutoLoginTests {
         let again = try await eventually(
             tries: 600, interval: .milliseconds(50), { try await logins(server) }, until: { $0 >= 2 })
         let waited = Date().timeIntervalSince(started)
-        #expect(again == 2)
+        // A loaded machine may see the third try (4 s later again) before this poll does.
+        #expect(again >= 2)
         #expect(waited >= 3, "the second login came after \(waited)s, before Retry-After")
         try await server.post("/control/mode", json: ["mode": "normal"])
         let token = try await eventually(
             tries: 600, interval: .milliseconds(50), { try vaultctl(fixture.socketPath, ["token", "oauth", user]) },
             until: { $0.status == 0 })
         #expect(token.status == 0, "\(token.stderr)")
-        #expect(try await logins(server) == 3)
+        #expect(try await logins(server) >= again + 1)
         let logged = try status(fixture, user)
         #expect(logged["state"]?.stringValue == "logged")
         #expect(logged["lastErrorCode"] == nil, "the backoff ends with the login")
@@ -171,8 +172,10 @@ struct AutoLoginTests {
         print("AUTOLOGIN backoff: \(count) logins in \(Date().timeIntervalSince(started))s while the server failed")
         #expect(count >= 2, "vaultd retried")
         #expect(count <= 9, "\(count) logins in 8 s")
-        let session = try status(fixture, user)
-        #expect(session["consecutiveFailures"]?.integerValue == count, "\(session)")
+        // Read after the count: at most one request the server took is still
+        // on its way back to vaultd, and more may have failed since.
+        let failures = try status(fixture, user)["consecutiveFailures"]?.integerValue ?? 0
+        #expect(failures >= count - 1, "\(failures) failures shown, \(count) requests taken")
         fixture.daemon?.stop()
     }
 
@@ -215,6 +218,35 @@ struct AutoLoginTests {
             VaultMethod.getToken.rawValue, ["provider": "oauth", "user": .string(user), "waitSeconds": 0])
         #expect(reply.parameters["token"]?.stringValue != nil)
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+    }
+
+    @Test("Should log an exec account in at start through its helper's own credential (OpenIM's admin secret)")
+    func execHelperAtStart() async throws {
+        let standIns = try ChatStandIns()
+        let fixture = try DaemonFixture(start: false)
+        let examples = Binaries.packageRoot.appendingPathComponent("config/examples").path
+        let openim = fixture.directory.path("openim.json")
+        try
+            #"{"api_url": "\#(standIns.url)/openim", "admin_user_id": "imAdmin", "secret": "openIM123", "platform_id": 5}"#
+            .write(toFile: openim, atomically: true, encoding: .utf8)
+        // The stand-in knows alice and bob; the fixture's own store scope keeps this bob apart.
+        let user = "bob"
+        try """
+        [Provider openim]
+        Type=exec
+        Command=\(examples)/openim-helper --config \(openim)
+        Timeout=15s
+
+        [Account openim \(user)]
+        AutoLogin=yes
+        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.start()
+        let token = try await eventually(
+            tries: 500, interval: .milliseconds(20), { try vaultctl(fixture.socketPath, ["token", "openim", user]) },
+            until: { $0.status == 0 })
+        #expect(token.status == 0, "\(token.stderr)")
+        #expect(!token.stdout.isEmpty)
+        _ = try vaultctl(fixture.socketPath, ["logout", "openim", user])
     }
 
     @Test("Should refuse AutoLogin for a static provider at --check-config, naming file, line and key")
