@@ -322,6 +322,7 @@ public final class VarlinkServer: @unchecked Sendable {
             caller.executable = VarlinkServer.executable(of: pid)
             let id = nextID
             nextID += 1
+            caller.connection = id
             let connection = Connection(
                 id: id, fd: fd, caller: caller,
                 maximumMessageSize: VarlinkServer.maximumMessageSize)
@@ -927,6 +928,7 @@ public final class VarlinkServer: @unchecked Sendable {
         Glibc.close(connection.fd)
         connections[connection.id] = nil
         closedStream?(StreamID(connection: connection.id))
+        service.connectionClosed?(connection.caller)
     }
 }
 

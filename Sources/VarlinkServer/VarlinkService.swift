@@ -60,6 +60,15 @@ public struct VarlinkService: Sendable {
     public var product: String
     public var version: String
     public var url: String
+    /// Called on the serving loop's thread once for every connection that
+    /// closes, whoever closed it and why (the peer left, a timeout, a send
+    /// that failed, the server stopping), with the caller of that connection
+    /// (`Caller.connection` names it). A peer that leaves while a deferred
+    /// call of its connection is in flight is closed once that call's work
+    /// has finished; only a send that fails, or the end of the drain at a
+    /// stop, closes a connection with work still in flight. Must return at
+    /// once: hand anything slow to other work.
+    public var connectionClosed: (@Sendable (Caller) -> Void)?
 
     /// A service with the `org.varlink.service` methods bound.
     public init(vendor: String, product: String, version: String, url: String) {

@@ -322,6 +322,35 @@ public enum CommandTable {
             ],
             handler: { ctl, parsed in ctl.reportRejected(parsed) }),
         CommandSpec(
+            name: "connection-state",
+            required: [
+                .provider, .user,
+                ArgumentSpec("STATE", .suggest(ClientConnectionState.allCases.map(\.rawValue) + ["-"])),
+            ],
+            optional: [],
+            options: [.value("--client", "NAME", .text, "the name the client is listed under (default: vaultctl)")],
+            summary: "report your own connection to the chat server (connecting, connected, ...)",
+            details: """
+                Reports that this client's connection to the chat server is in STATE:
+                connecting, connected, connectFailed or kickedOffline (OpenIM's
+                connection callbacks). Subscribers get connectionChanged with source
+                client and the client's NAME; status lists the client for as long as
+                its connection to vaultd is open, so a single report lasts only while
+                vaultctl runs. With STATE -, states are read from stdin, one per line,
+                over one connection, and the client stays listed until stdin ends (the
+                last state is sent again each minute, so vaultd's idle timeout does not
+                close the connection). kickedOffline logs the session out, as kick does.
+                The session's owner and root may report.
+                """,
+            examples: [
+                ("vaultctl connection-state demo alice connected --client mybot", "tell subscribers mybot connected"),
+                (
+                    "./bot 2>&1 | sed -n 's/^STATE //p' | vaultctl connection-state demo alice - --client bot",
+                    "report every STATE line the bot prints, listed while it runs"
+                ),
+            ],
+            handler: { ctl, parsed in ctl.connectionState(parsed) }),
+        CommandSpec(
             name: "completion", required: [ArgumentSpec("SHELL", .oneOf(Completion.shells))], optional: [],
             options: [],
             summary: "print a completion script for bash, zsh or fish",

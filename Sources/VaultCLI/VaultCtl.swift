@@ -227,6 +227,12 @@ public struct VaultCtl {
         if let at = session["nextRetryAt"]?.integerValue { lines.append(("Next retry", Format.time(at))) }
         if session["unsaved"]?.boolValue == true { lines.append(("Unsaved", "yes (the store write is retried)")) }
         if let name = session["profile"]?["name"]?.stringValue { lines.append(("Name", name)) }
+        for client in session["clients"]?.arrayValue ?? [] {
+            let pid = client["pid"]?.integerValue.map { String($0) } ?? "?"
+            let state = client["state"]?.stringValue ?? "?"
+            let since = Format.time(client["since"]?.integerValue)
+            lines.append(("Client", "\(client["name"]?.stringValue ?? "?") (pid \(pid)): \(state) since \(since)"))
+        }
         return lines.map { Format.pad($0.0 + ":", 15) + $0.1 }.joined(separator: "\n")
     }
 
@@ -344,6 +350,9 @@ public struct VaultCtl {
         if let reason = event["reason"]?.stringValue { line += "  reason=\(reason)" }
         if let code = event["code"]?.stringValue { line += "  code=\(code)" }
         if let expires = event["expiresAt"]?.integerValue { line += "  expires=\(Format.time(expires))" }
+        if let source = event["source"]?.stringValue { line += "  source=\(source)" }
+        if let client = event["client"]?.stringValue { line += "  client=\(client)" }
+        if let message = event["message"]?.stringValue { line += "  message=\(message)" }
         return line
     }
 

@@ -112,6 +112,8 @@ public struct Session: Sendable, Equatable {
     /// is then in state `logout`, and `nextRetryAt` says when a login that
     /// asks the provider is allowed again).
     public var lastErrorCode: String?
+    /// The clients that report their own connection to the chat server.
+    public var clients: [ClientReport] = []
     /// The session object as vaultd sent it, fields this client does not know included.
     public var json: JSON
 
@@ -141,6 +143,19 @@ public struct Session: Sendable, Equatable {
             nextRetryAt = try p.optionalInt("nextRetryAt").map(UnixTime.init(seconds:))
             connection = try p.optionalString("connection")
             lastErrorCode = try p.optionalString("lastErrorCode")
+            for item in o["clients"]?.arrayValue ?? [] {
+                guard let c = item.objectValue else { throw FieldError("clients") }
+                let r = ParameterReader(c)
+                guard let state = ClientConnectionState(rawValue: try r.string("state")),
+                    let pid = try r.optionalInt("pid").flatMap({ Int32(exactly: $0) }),
+                    let since = try r.optionalInt("since")
+                else { throw FieldError("clients") }
+                // vaultd's connection id is its own business: 0 here.
+                clients.append(
+                    ClientReport(
+                        connection: 0, name: try r.string("name"), pid: pid, state: state,
+                        since: UnixTime(seconds: since)))
+            }
         } catch let invalid as ParameterReader.Invalid {
             throw FieldError(invalid.parameter)
         } catch let error as FieldError {
@@ -370,6 +385,19 @@ public final class VaultConnection {
         return outcome
     }
 
+    /// Reports this client's own connection to the chat server for a session
+    /// (OpenIM's connection callbacks), as `client` (default: the executable's
+    /// name). The report lasts as long as this connection; `kickedOffline`
+    /// ends the session as `forceLogout` does.
+    public func setConnectionState(
+        provider: String, user: String, state: ClientConnectionState, client: String? = nil, ownerUID: UInt32? = nil
+    ) throws(VaultClientError) {
+        var parameters = Self.account(provider, user, ownerUID)
+        parameters["state"] = .string(state.rawValue)
+        parameters["client"] = client.map(JSON.string)
+        _ = try call(.setConnectionState, parameters)
+    }
+
     /// Stores the OAuth 2.0 client secret of an oauth2 provider in the secret store.
     public func setProviderSecret(provider: String, secret: Secret) throws(VaultClientError) {
         _ = try call(.setProviderSecret, ["provider": .string(provider), "secret": .string(secret.revealed)])
@@ -513,7 +541,10 @@ public final class VaultEventStream {
                 kind: kind, account: Account(provider: try p.string("provider"), user: try p.string("user")),
                 ownerUID: owner, time: UnixTime(seconds: time), reason: try p.optionalString("reason"),
                 code: try p.optionalString("code"),
-                expiresAt: try p.optionalInt("expiresAt").map(UnixTime.init(seconds:)))
+                expiresAt: try p.optionalInt("expiresAt").map(UnixTime.init(seconds:)),
+                message: try p.optionalString("message"),
+                source: try p.optionalString("source").flatMap(ConnectionSource.init(rawValue:)),
+                client: try p.optionalString("client"))
         } catch {
             throw .unexpectedReply(
                 method: VaultMethod.subscribe.rawValue, detail: "an event with a bad '\(error.parameter)'")

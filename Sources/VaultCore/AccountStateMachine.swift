@@ -7,14 +7,23 @@ public struct Caller: Sendable, Equatable {
     public var groups: [UInt32]
     /// The peer's executable, for the audit log, when it could be read.
     public var executable: String?
+    /// The server's id of the connection the call came on: unique for the
+    /// server's life (never reused), so that state a service keeps per
+    /// connection can be dropped when the server says the connection closed.
+    /// Nil for a caller that is no peer of a connection.
+    public var connection: UInt64?
 
     /// Makes a caller from peer credentials.
-    public init(uid: UInt32, gid: UInt32, pid: Int32, groups: [UInt32] = [], executable: String? = nil) {
+    public init(
+        uid: UInt32, gid: UInt32, pid: Int32, groups: [UInt32] = [], executable: String? = nil,
+        connection: UInt64? = nil
+    ) {
         self.uid = uid
         self.gid = gid
         self.pid = pid
         self.groups = groups
         self.executable = executable
+        self.connection = connection
     }
 
     /// True for root.

@@ -17,6 +17,13 @@ public struct ExecSettings: Sendable, Equatable {
     /// The most runs of this provider's helper at once (`MaxConcurrentHelpers=`);
     /// further runs wait in line, first come first served.
     public var maxConcurrentHelpers: Int
+    /// `DefaultLifetime=`, in seconds, when set: the lifetime assumed for a
+    /// token the helper hands out without `expires_in`, so that vaultd
+    /// refreshes it on a schedule. Unset, such a token never expires and is
+    /// refreshed only when a client asks.
+    public var defaultLifetime: Int64?
+    /// Where `Command=` was written (`FILE:LINE`), for errors about the program.
+    public var commandLocation: String?
 
     /// The default of `MaxConcurrentHelpers=`.
     public static let defaultMaxConcurrentHelpers = 4
@@ -43,8 +50,10 @@ public struct OAuth2Settings: Sendable, Equatable {
     public var revocationURL: String?
     /// The scope asked for, space separated.
     public var scope: String?
-    /// The token lifetime assumed when the server sends no `expires_in` (Salesforce), in seconds.
-    public var defaultLifetime: Int64
+    /// `DefaultLifetime=`, in seconds, when set: the token lifetime assumed
+    /// when the server sends no `expires_in` (Salesforce). Unset, such a token
+    /// has no expiry and is never refreshed on a schedule.
+    public var defaultLifetime: Int64?
     /// After this long a session is ended whatever its tokens say, in seconds.
     public var maxSessionLifetime: Int64?
     /// A file holding the client secret (systemd credentials), never the secret itself.
@@ -60,7 +69,6 @@ public struct OAuth2Settings: Sendable, Equatable {
     public init(tokenURL: String, clientID: String) {
         self.tokenURL = tokenURL
         self.clientID = clientID
-        self.defaultLifetime = 3600
     }
 }
 
@@ -199,7 +207,7 @@ public enum ConfigParser {
     ]
     /// The keys only some types of provider take.
     static let typeKeys: [ProviderType: Set<String>] = [
-        .exec: ["Command", "Timeout", "MaxConcurrentHelpers"],
+        .exec: ["Command", "Timeout", "MaxConcurrentHelpers", "DefaultLifetime"],
         .oauth2: [
             "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime",
             "ClientSecretFile", "AllowInsecureHTTP", "Timeout",
@@ -449,6 +457,7 @@ public enum ConfigParser {
             throw command.error("key 'Command': expected the program as an absolute path, then its arguments")
         }
         var settings = ExecSettings(command: argv)
+        settings.commandLocation = "\(command.file):\(command.line)"
         if let timeout = section.entries["Timeout"] {
             settings.timeoutSeconds = try ConfigParser.timeout(timeout, key: "Timeout")
         }
@@ -459,6 +468,12 @@ public enum ConfigParser {
                     "key 'MaxConcurrentHelpers': expected a whole number from 1 to \(most)")
             }
             settings.maxConcurrentHelpers = value
+        }
+        if let entry = section.entries["DefaultLifetime"] {
+            guard let seconds = DurationParser.seconds(entry.value), seconds > 0 else {
+                throw entry.error("key 'DefaultLifetime': expected a duration of at least 1s, e.g. 7200 or 2h")
+            }
+            settings.defaultLifetime = seconds
         }
         return settings
     }
@@ -684,4 +699,11 @@ public enum ProviderURL {
         }
         return numbers.count == 4 && numbers[0] == 127 && numbers.allSatisfy { $0 <= 255 }
     }
+}
+
+extension ProviderConfig {
+    /// `DefaultLifetime=` of the provider (oauth2 or exec), when its section
+    /// sets it: the lifetime assumed for a token handed out without an
+    /// expiry. Nil: such a token is taken as never expiring.
+    public var defaultLifetime: Int64? { oauth2?.defaultLifetime ?? exec?.defaultLifetime }
 }

@@ -29,11 +29,19 @@ public struct VaultEvent: Sendable, Equatable {
     public var code: String?
     /// The token's new expiry (tokenRefreshed).
     public var expiresAt: UnixTime?
+    /// What the failure was, for a human (tokenInvalid, loginFailed): the
+    /// provider's words, masked by `Redactor`. Never a secret.
+    public var message: String?
+    /// Where a `connectionChanged` comes from: vaultd's token endpoint, or a client.
+    public var source: ConnectionSource?
+    /// The name of the client whose report a `connectionChanged` is.
+    public var client: String?
 
     /// Makes an event.
     public init(
         kind: EventKind, account: Account, ownerUID: UInt32, time: UnixTime, reason: String? = nil,
-        code: String? = nil, expiresAt: UnixTime? = nil
+        code: String? = nil, expiresAt: UnixTime? = nil, message: String? = nil, source: ConnectionSource? = nil,
+        client: String? = nil
     ) {
         self.kind = kind
         self.account = account
@@ -42,6 +50,9 @@ public struct VaultEvent: Sendable, Equatable {
         self.reason = reason
         self.code = code
         self.expiresAt = expiresAt
+        self.message = message
+        self.source = source
+        self.client = client
     }
 
     /// The event as clients see it.
@@ -53,6 +64,9 @@ public struct VaultEvent: Sendable, Equatable {
         o["reason"] = reason.map(JSON.string)
         o["code"] = code.map(JSON.string)
         o["expiresAt"] = expiresAt.map { .int($0.seconds) }
+        o["message"] = message.map(JSON.string)
+        o["source"] = source.map { .string($0.rawValue) }
+        o["client"] = client.map(JSON.string)
         return .object(o)
     }
 }

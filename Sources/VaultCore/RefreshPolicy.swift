@@ -10,6 +10,21 @@ public enum RefreshPolicy {
         return issuedAt.adding(seconds: Int64((Double(lifetime) * fraction).rounded(.down)))
     }
 
+    /// When tokens issued at `issuedAt` expire: `expiresIn` seconds later
+    /// when the server said; else the expiry the access token carries itself
+    /// (a JWT's `exp`, `embedded`); else `defaultLifetime` seconds later when
+    /// the provider's section sets `DefaultLifetime=`; else never (nil). A
+    /// token without an expiry gets no refresh deadline (`SessionTimers`):
+    /// CometChat's auth tokens do not expire, and refreshing one on a
+    /// schedule would only mint a new token at every turn.
+    public static func expiresAt(
+        issuedAt: UnixTime, expiresIn: Int64?, embedded: UnixTime? = nil, defaultLifetime: Int64?
+    ) -> UnixTime? {
+        if let expiresIn { return issuedAt.adding(seconds: expiresIn) }
+        if let embedded { return embedded }
+        return defaultLifetime.map { issuedAt.adding(seconds: $0) }
+    }
+
     /// A stable number in 0..<1 for an account (FNV-1a of its names).
     public static func jitter(for account: Account) -> Double {
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
@@ -44,7 +59,9 @@ public enum RefreshOutcome: Sendable, Equatable {
     /// New tokens; `expiresIn` when the server said.
     case refreshed(TokenSet, expiresIn: Int64?)
     /// Worth trying again later: network, timeout, HTTP 5xx or 429, garbage.
-    case transient(reason: String, retryAfter: Int64?)
+    /// `code`: the provider's own code, when it named one (an exec helper's
+    /// `error`); `ERR_HELPER_UNAVAILABLE` when the helper could not be run.
+    case transient(reason: String, retryAfter: Int64?, code: String? = nil)
     /// The grant is gone (invalid_grant, invalid_client, 401): log the session out.
     case permanent(code: String, reason: String)
 }

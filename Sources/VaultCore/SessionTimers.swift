@@ -121,12 +121,17 @@ public struct SessionTimers: Sendable, Equatable {
     public private(set) var refused = false
     /// The end still to be done, when ending failed.
     public private(set) var pendingEnd: (reason: String, kind: EventKind)?
+    /// The access token has an expiry (from the last facts). A token without
+    /// one is never refreshed on a schedule: no refresh deadline, and no retry
+    /// after a failed refresh a client asked for (the token stays valid; the
+    /// client got the error and may ask again).
+    public private(set) var expires = true
 
     public static func == (lhs: SessionTimers, rhs: SessionTimers) -> Bool {
         lhs.status == rhs.status && lhs.refreshing == rhs.refreshing
             && lhs.expiredWhileRefreshing == rhs.expiredWhileRefreshing && lhs.canRefresh == rhs.canRefresh
             && lhs.refused == rhs.refused && lhs.pendingEnd?.reason == rhs.pendingEnd?.reason
-            && lhs.pendingEnd?.kind == rhs.pendingEnd?.kind
+            && lhs.pendingEnd?.kind == rhs.pendingEnd?.kind && lhs.expires == rhs.expires
     }
 
     /// A session with no schedule yet.
@@ -183,6 +188,10 @@ public struct SessionTimers: Sendable, Equatable {
                 return [
                     .connection(.connectFailed, reason: reason), .end(reason: "tokenExpired", kind: .tokenExpired),
                 ]
+            }
+            guard expires else {
+                status.nextRetryAt = nil
+                return [.connection(.connectFailed, reason: reason)]
             }
             let wait = RefreshPolicy.backoff(
                 attempt: status.consecutiveFailures, random: random, retryAfter: retryAfter)
@@ -247,6 +256,7 @@ public struct SessionTimers: Sendable, Equatable {
     /// second, overdue ones spread) and the maximum lifetime of a session.
     private mutating func schedule(_ facts: Facts, now: UnixTime) -> [Action] {
         canRefresh = facts.canRefresh
+        expires = facts.expiresAt != nil
         var actions: [Action] = []
         // A token that expired while vaultd was stopped, and can be refreshed,
         // is refreshed at its spread refresh time like any overdue one (a

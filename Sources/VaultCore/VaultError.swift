@@ -25,6 +25,8 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case tooManyConnections
         case replyTooLarge
         case internalError
+        case tooManyClients
+        case helperUnavailable
         case loginBackingOff
 
         /// How a kind of failure is named on the wire and by the SDKs, and what
@@ -148,6 +150,21 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                 return Declaration(
                     varlinkName: "InternalError", seedCode: "ERR_INTERNAL",
                     doc: "vaultd failed in a way it did not expect.")
+            case .tooManyClients:
+                return Declaration(
+                    varlinkName: "TooManyClients", seedCode: "ERR_TOO_MANY_CLIENTS",
+                    doc: """
+                        As many clients report their connection for the session as vaultd lists for one
+                        (64); a report goes away when its client's connection to vaultd closes.
+                        """)
+            case .helperUnavailable:
+                return Declaration(
+                    varlinkName: "HelperUnavailable", seedCode: "ERR_HELPER_UNAVAILABLE",
+                    doc: """
+                        The exec provider's helper program (Command=) is missing or cannot be run
+                        (not executable, a bad interpreter line): install it or fix Command=, then
+                        reload vaultd. A refresh is retried with backoff meanwhile.
+                        """)
             case .loginBackingOff:
                 return Declaration(
                     varlinkName: "LoginBackingOff", seedCode: "ERR_LOGIN_BACKING_OFF",
@@ -177,6 +194,12 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
     public var code: Code
     /// What happened and what to do, for a human. Never holds a secret.
     public var message: String
+    /// The code the provider answered (an exec helper's `error`, such as
+    /// `AUTH_ERR_APIKEY_NOT_FOUND` or `ERR_INVALID_API_KEY`), passed through
+    /// unchanged as the reply's `code` instead of `code.seedCode`: the SDKs
+    /// report the chat server's own code, and so does vaultd. Nil for
+    /// vaultd's own errors.
+    public var providerCode: String?
 
     /// Makes an error of `code` with a human `message`.
     public init(_ code: Code, _ message: String) {
@@ -184,10 +207,19 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         self.message = message
     }
 
+    /// Makes an error of `code` whose reply carries the provider's own code.
+    public init(_ code: Code, _ message: String, providerCode: String?) {
+        self.init(code, message)
+        self.providerCode = providerCode
+    }
+
+    /// The code a reply carries: the provider's, when it gave one, else the seed code.
+    public var replyCode: String { providerCode ?? code.seedCode }
+
     /// Errors are equal when their codes are; the message is for humans.
     public static func == (lhs: VaultError, rhs: VaultError) -> Bool { lhs.code == rhs.code }
 
-    public var description: String { "\(code.seedCode): \(message)" }
+    public var description: String { "\(replyCode): \(message)" }
 }
 
 extension VaultError {

@@ -25,6 +25,15 @@ struct AccountEntry {
     /// from the store with the next write of the record, so that it never
     /// revokes the session that goes on.
     var unqueue: PendingRevocation?
+    /// The clients that report their own connection to the chat server.
+    var clients = ClientConnections()
+    /// Why vaultd is ending the session, when the provider said (a refused
+    /// refresh): the code and message its `tokenInvalid` carries.
+    var endCause: EndCause?
+    /// Access tokens refreshes replaced, to be revoked once the store holds
+    /// their successor (revoking one the store still holds would leave a
+    /// crash to restore a dead token).
+    var replacedAwaitingSave: [SessionRecord] = []
 
     /// Kept while logged out: vaultd logs the account in on its own, or its
     /// failed logins are shown (and their backoff kept).
@@ -35,6 +44,14 @@ struct AccountEntry {
         if case .loggedIn(let record) = machine.state { return record }
         return nil
     }
+}
+
+/// What the provider said when it refused a session for good.
+struct EndCause: Sendable {
+    /// The provider's own code (`invalid_grant`, a helper's `ERR_...`).
+    var code: String?
+    /// What happened, masked by `Redactor`.
+    var message: String?
 }
 
 /// One deadline of one session.

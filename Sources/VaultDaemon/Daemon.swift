@@ -362,6 +362,8 @@ public enum Daemon {
         {
             throw VaultError(.invalidConfig, "[Provider \(name)] is an oauth2 provider, but \(failure)")
         }
+        // A helper that cannot be run would fail every login and refresh.
+        try HelperProgram.check(config)
         return config
     }
 

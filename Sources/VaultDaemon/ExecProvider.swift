@@ -55,6 +55,24 @@ public struct ExecProvider: TokenProvider {
         return false
     }
 
+    /// A refresh that handed out a new access token replaced one that may
+    /// stay valid at the provider (a CometChat auth token lives until it is
+    /// deleted): it is revoked through the helper.
+    public func revokesReplaced(_ old: SessionRecord, by new: TokenSet) -> Bool {
+        old.tokens.accessToken != new.accessToken
+    }
+
+    /// Runs the helper's `revoke` with `"replaced": true`: only `accessToken`
+    /// (a token a refresh replaced) is to go, the session goes on. A helper
+    /// that can only sign the whole user out (OpenIM's force_logout) answers
+    /// `{}` and does nothing.
+    public func revokeReplaced(_ old: SessionRecord) async -> Bool {
+        var request = input("revoke", old)
+        request["replaced"] = true
+        if case .refreshed = await run(request, secrets(old)) { return true }
+        return false
+    }
+
     private func input(_ action: String, _ record: SessionRecord) -> [String: JSON] {
         var o: [String: JSON] = [
             "action": .string(action), "provider": .string(record.account.provider),
@@ -115,7 +133,10 @@ public struct ExecProvider: TokenProvider {
                         limit: ExecProvider.loggedStderr),
                 ])
         }
-        if let failure = result.failure { return .transient(reason: failure, retryAfter: nil) }
+        if let failure = result.failure {
+            return .transient(
+                reason: failure, retryAfter: nil, code: result.unavailable ? ProviderFailure.helperUnavailable : nil)
+        }
         let ended = ExecProvider.ending(program, result)
         guard let json = answer, case .object = json else {
             if !result.stdout.isEmpty {
@@ -134,7 +155,7 @@ public struct ExecProvider: TokenProvider {
             let code = ExecProvider.plausibleCode(error) ? error : "ERR_HELPER"
             let message = json["message"]?.stringValue.map { masked($0, limit: ExecProvider.keptMessage) } ?? code
             if ExecProvider.permanentCodes.contains(code) { return .permanent(code: code, reason: message) }
-            return .transient(reason: "\(code): \(message)", retryAfter: nil)
+            return .transient(reason: "\(code): \(message)", retryAfter: nil, code: code)
         }
         if action == "revoke" { return .refreshed(TokenSet(accessToken: Secret("-")), expiresIn: nil) }
         guard result.status == 0 else {
@@ -172,6 +193,9 @@ public struct ExecProvider: TokenProvider {
         var stdout: [UInt8] = []
         var stderr: [UInt8] = []
         var failure: String?
+        /// The helper could not be run at all (missing, not executable, a bad
+        /// interpreter): `ERR_HELPER_UNAVAILABLE`, not a network error.
+        var unavailable = false
     }
 
     /// Runs the helper of `settings` on vaultd's helper pool once a slot of
@@ -214,6 +238,11 @@ public struct ExecProvider: TokenProvider {
             child = try ChildProcess.spawn(argv, environment: environment)
         } catch {
             result.failure = "the helper \(argv[0]) could not be started: \(error)"
+            if let problem = HelperProgram.spawnProblem(error.errno) {
+                result.unavailable = true
+                result.failure =
+                    "the helper \(argv[0]) cannot be run (\(problem)); install it or fix Command=, then reload vaultd"
+            }
             return result
         }
         var stdinFD = child.stdin

@@ -358,6 +358,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
 
     /// The queued revocation's document: the record, with the revocation's id.
     static let revocationIDMember = "revocationId"
+    /// Marks a queued revocation of an access token a refresh replaced.
+    static let revocationReplacedMember = "revocationOfReplaced"
 
     public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
         try await perform("queueing the revocation of \(revocation.record.account)") {
@@ -371,6 +373,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         let record = revocation.record
         guard case .object(var members) = record.storedJSON() else { return }
         members[LibsecretStore.revocationIDMember] = .string(revocation.id)
+        if revocation.replaced { members[LibsecretStore.revocationReplacedMember] = true }
         var document = JSON.object(members).serialized()
         defer { document.wipe() }
         try store(
@@ -400,7 +403,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
                     let record = try? SessionRecord(storedJSON: json)
                 else { continue }
                 if let id = json[LibsecretStore.revocationIDMember]?.stringValue, !id.isEmpty {
-                    revocations.append(PendingRevocation(id: id, record: record))
+                    let replaced = json[LibsecretStore.revocationReplacedMember]?.boolValue == true
+                    revocations.append(PendingRevocation(id: id, record: record, replaced: replaced))
                     continue
                 }
                 // Queued before revocations had ids: queued again under one, and the

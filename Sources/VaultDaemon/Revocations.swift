@@ -21,7 +21,10 @@ enum Revocations {
         let fields = ["provider": account.provider, "user": account.user, "owner": String(revocation.record.ownerUID)]
         for attempt in 1...attempts {
             if Task.isCancelled { return }
-            if await provider.revoke(revocation.record) {
+            let accepted =
+                revocation.replaced
+                ? await provider.revokeReplaced(revocation.record) : await provider.revoke(revocation.record)
+            if accepted {
                 do throws(VaultError) {
                     try await store.deletePendingRevocation(revocation)
                 } catch {

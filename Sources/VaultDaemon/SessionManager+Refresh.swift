@@ -30,7 +30,7 @@ extension SessionManager {
                 events(
                     VaultEvent(
                         kind: .connectionChanged, account: key.account, ownerUID: key.owner, time: clock.now(),
-                        reason: reason.map { "\(state.rawValue): \($0)" } ?? state.rawValue))
+                        reason: reason.map { "\(state.rawValue): \($0)" } ?? state.rawValue, source: .vaultd))
             }
         }
         publishView(key)
@@ -104,7 +104,10 @@ extension SessionManager {
             try await store.save(record)
             // Only what is served now counts as saved: a refresh may have
             // replaced the tokens while this write was out.
-            if entries[key]?.record?.tokens == record.tokens { await handle(key, .saved) }
+            if entries[key]?.record?.tokens == record.tokens {
+                await handle(key, .saved)
+                await revokeReplacedTokens(key)
+            }
         } catch {
             await handle(key, .saveFailed(now: clock.now()))
         }
@@ -112,8 +115,16 @@ extension SessionManager {
 
     /// Logs the session out as vaultd itself.
     func end(_ key: SessionKey, reason: String, kind: EventKind) async {
+        var cause = entries[key]?.endCause
+        if reason == "maxSessionLifetime",
+            let seconds = config.providers[key.account.provider]?.oauth2?.maxSessionLifetime
+        {
+            cause = EndCause(
+                code: nil, message: "the session reached its MaxSessionLifetime= of \(seconds) s; log in again")
+        }
         do throws(VaultError) {
-            try await performLogout(key, by: .vaultd, reason: reason, kind: kind)
+            try await performLogout(
+                key, by: .vaultd, reason: reason, kind: kind, code: cause?.code, message: cause?.message)
         } catch {
             log.error("a session could not be ended", fields(key, event: kind.rawValue, by: .vaultd, code: error.code))
             if error.code != .notLoggedIn {
@@ -248,8 +259,11 @@ extension SessionManager {
             tokens.issuedAt = now
             var updated = current
             updated.tokens = tokens
-            let lifetime = expiresIn ?? config.providers[account.provider]?.oauth2?.defaultLifetime ?? 3600
-            updated.expiresAt = now.adding(seconds: lifetime)
+            // No expires_in, no expiry in the token and no DefaultLifetime=: the
+            // new token does not expire either, and gets no refresh deadline.
+            updated.expiresAt = RefreshPolicy.expiresAt(
+                issuedAt: now, expiresIn: expiresIn, embedded: JWT.expiry(of: tokens.accessToken.revealed),
+                defaultLifetime: config.providers[account.provider]?.defaultLifetime)
             // Write-through before anyone gets the new access token: a rotated
             // refresh token that is not stored would be lost at a crash. The write
             // goes ahead of every store call waiting (it waits for the one in
@@ -291,8 +305,9 @@ extension SessionManager {
                     kind: .tokenRefreshed, account: account, ownerUID: key.owner, time: now,
                     expiresAt: updated.expiresAt))
             await handle(key, .refreshed(facts(updated, refreshedAt: now), saved: saved, now: now))
+            await noteReplaced(key, old: current, new: tokens, saved: saved, provider: provider)
             return .success(updated)
-        case .transient(let reason, let retryAfter):
+        case .transient(let reason, let retryAfter, let code):
             await handle(
                 key,
                 .refreshFailed(
@@ -306,29 +321,45 @@ extension SessionManager {
                 ]) { a, _ in a })
             return .failure(
                 VaultError(
-                    .networkError,
-                    "refreshing \(account) failed: \(reason); retrying at \(retryAt.map { "\($0)" } ?? "-")"))
+                    ProviderFailure.transientKind(code),
+                    "refreshing \(account) failed: \(reason); retrying at \(retryAt.map { "\($0)" } ?? "-")",
+                    providerCode: ProviderFailure.passedThrough(code)))
         case .permanent(let code, let reason):
             log.error(
                 "refresh refused; the session is logged out",
                 fields(key, event: "tokenInvalid").merging(["reason": code]) { a, _ in a })
+            entries[key]?.endCause = EndCause(code: code, message: reason)
             await handle(key, .refreshRefused(code: code, reason: reason))
             return .failure(
-                VaultError(.invalidCredential, "the provider refused to refresh \(account) (\(code)); log in again"))
+                VaultError(
+                    ProviderFailure.permanentKind(code),
+                    "the provider refused to refresh \(account) (\(code)); log in again",
+                    providerCode: ProviderFailure.passedThrough(code)))
         }
     }
 
     /// Revokes tokens a refresh obtained for a session that ended (or was
     /// replaced) while the request was out: nobody will use them, and they
-    /// would stay valid at the provider. Only a new refresh token needs it; an
-    /// unrotated one is the ended session's, which its logout revokes. Queued
-    /// in the store before it is attempted.
+    /// would stay valid at the provider. A new refresh token needs it (an
+    /// unrotated one is the ended session's, which its logout revokes), and
+    /// so does a new access token that stays valid until it is revoked (an
+    /// exec helper's, `revokesReplaced`): that one alone, as a replaced token,
+    /// so that a session of the account that began meanwhile is not signed
+    /// out with it. Queued in the store before it is attempted.
     func revokeOrphaned(_ issued: TokenSet, of snapshot: SessionRecord) async {
-        guard let rotated = issued.refreshToken, rotated != snapshot.tokens.refreshToken,
-            let provider = client(for: snapshot.account.provider)
-        else { return }
+        guard let provider = client(for: snapshot.account.provider) else { return }
         var orphan = snapshot
         orphan.tokens = issued
+        guard let rotated = issued.refreshToken, rotated != snapshot.tokens.refreshToken else {
+            if provider.revokesReplaced(snapshot, by: issued) {
+                if orphan.tokens.refreshToken == snapshot.tokens.refreshToken { orphan.tokens.refreshToken = nil }
+                log.info(
+                    "a refresh finished after its session ended; the token it obtained is revoked",
+                    fields(snapshot.key, event: "revokeOrphaned"))
+                await revokeReplaced([orphan])
+            }
+            return
+        }
         log.info(
             "a refresh finished after its session ended; the tokens it obtained are revoked",
             fields(snapshot.key, event: "revokeOrphaned"))

@@ -140,11 +140,14 @@ extension SessionManager {
             switch await provider.login(account, credential: credential) {
             case .refreshed(let tokens, let expiresIn):
                 obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
-            case .transient(let reason, _):
-                throw VaultError(.networkError, "replacing the tokens of \(account) failed: \(reason)")
+            case .transient(let reason, _, let code):
+                throw VaultError(
+                    ProviderFailure.transientKind(code), "replacing the tokens of \(account) failed: \(reason)",
+                    providerCode: ProviderFailure.passedThrough(code))
             case .permanent(let code, let reason):
-                let known = VaultError.Code(seedCode: code) ?? .invalidCredential
-                throw VaultError(known, "the provider refused \(account): \(reason)")
+                throw VaultError(
+                    ProviderFailure.permanentKind(code), "the provider refused \(account): \(reason)",
+                    providerCode: ProviderFailure.passedThrough(code))
             }
         }
         return try makeRecord(request, key: key, obtained: obtained)

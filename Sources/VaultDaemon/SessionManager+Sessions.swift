@@ -162,15 +162,20 @@ extension SessionManager {
             switch await provider.login(account, credential: credential) {
             case .refreshed(let tokens, let expiresIn):
                 obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
-            case .transient(let reason, let retryAfter):
+            case .transient(let reason, let retryAfter, let code):
                 return failLogin(
-                    key, principal, VaultError(.networkError, "logging \(account) in failed: \(reason)"),
-                    retryAfter: retryAfter, fromProvider: true)
+                    key, principal,
+                    VaultError(
+                        ProviderFailure.transientKind(code), "logging \(account) in failed: \(reason)",
+                        providerCode: ProviderFailure.passedThrough(code)),
+                    providerCode: code, retryAfter: retryAfter, fromProvider: true)
             case .permanent(let code, let reason):
-                let known = VaultError.Code(seedCode: code) ?? .invalidCredential
                 return failLogin(
-                    key, principal, VaultError(known, "the provider refused \(account): \(reason)"),
-                    fromProvider: true)
+                    key, principal,
+                    VaultError(
+                        ProviderFailure.permanentKind(code), "the provider refused \(account): \(reason)",
+                        providerCode: ProviderFailure.passedThrough(code)),
+                    providerCode: code, fromProvider: true)
             }
         }
         let record: SessionRecord
@@ -182,12 +187,14 @@ extension SessionManager {
         return await commitLogin(record, by: principal)
     }
 
-    /// Ends a login that failed. A failure of a login that asked the provider
+    /// Ends a login that failed: subscribers get `loginFailed` with the
+    /// provider's own code (`providerCode`, when it refused) or the error's,
+    /// and the error's message. A failure of a login that asked the provider
     /// (`fromProvider`), or of an automatic account's login, starts or
     /// lengthens the account's backoff (`retryAfter`: the server's).
     func failLogin(
-        _ key: SessionKey, _ principal: Principal, _ error: VaultError, retryAfter: Int64? = nil,
-        fromProvider: Bool = false
+        _ key: SessionKey, _ principal: Principal, _ error: VaultError, providerCode: String? = nil,
+        retryAfter: Int64? = nil, fromProvider: Bool = false
     ) -> Result<SessionRecord, VaultError> {
         entries[key]?.login = nil
         if var entry = entries[key], fromProvider || principal == .vaultd || entry.machine.autoLogin {
@@ -202,7 +209,9 @@ extension SessionManager {
         forget(key)
         wakeLoginWaiters(key)
         log.error("login failed", fields(key, event: "loginFailed", by: principal, code: error.code))
-        emit(.loginFailed, key, code: error.code)
+        emit(
+            .loginFailed, key, code: error.code, providerCode: providerCode ?? error.providerCode,
+            message: error.message)
         Audit.log(log, "Login", key, by: principal, result: error.code.seedCode)
         return .failure(error)
     }
@@ -246,9 +255,12 @@ extension SessionManager {
         }
         let now = clock.now()
         var expiresAt = credential.expiry(explicit: request.expiresAt.map(UnixTime.init(seconds:)), now: now)
-        if expiresAt == nil, let settings = config.providers[account.provider]?.oauth2 {
-            // Salesforce sends no expires_in: assume the provider's DefaultLifetime.
-            expiresAt = (credential.tokens.issuedAt ?? now).adding(seconds: settings.defaultLifetime)
+        if expiresAt == nil {
+            // Salesforce sends no expires_in: the provider's DefaultLifetime=, when
+            // set; else the token does not expire (CometChat's auth tokens).
+            expiresAt = RefreshPolicy.expiresAt(
+                issuedAt: credential.tokens.issuedAt ?? now, expiresIn: nil,
+                defaultLifetime: config.providers[account.provider]?.defaultLifetime)
         }
         if let expiresAt, expiresAt > UnixTime.latestExpiry {
             throw VaultError(.invalidParameter, "the expiry of the token for \(account) is past the year 9999")
@@ -301,9 +313,11 @@ extension SessionManager {
     }
 
     /// `logout` for a peer, or for vaultd itself (an expiry, a refused grant).
-    func performLogout(_ key: SessionKey, by principal: Principal, reason: String? = nil, kind: EventKind? = nil)
-        async throws(VaultError)
-    {
+    /// `code` and `message` say why vaultd ends a session (its `tokenInvalid`).
+    func performLogout(
+        _ key: SessionKey, by principal: Principal, reason: String? = nil, kind: EventKind? = nil,
+        code: String? = nil, message: String? = nil
+    ) async throws(VaultError) {
         let account = key.account
         let action = LogoutKind(reason: reason, kind: kind).auditAction
         if let caller = principal.caller, !policy.policy.mayManage(caller, key) {
@@ -337,7 +351,9 @@ extension SessionManager {
                 // milliseconds (gnome-keyring rewrites its file), a client should not
                 // go on using the token meanwhile.
                 table.publish(key, SessionView(state: .logout, record: nil))
-                emit(LogoutKind(reason: reason, kind: kind).event, key, reason: reason)
+                emit(
+                    LogoutKind(reason: reason, kind: kind).event, key, reason: reason, providerCode: code,
+                    message: message)
                 let task = Task { () -> Result<Void, VaultError> in
                     await self.commitLogout(record, by: principal, reason: reason, kind: kind)
                 }
@@ -394,12 +410,15 @@ extension SessionManager {
             Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)
             return .failure(error)
         }
+        // Replaced tokens whose successor's write was still pending: the store holds neither now.
+        let replaced = entries[key]?.replacedAwaitingSave ?? []
         entries[key]?.machine.logoutFinished(succeeded: true)
         let again = entries[key]?.machine.sessionEnded(what.event, now: clock.now()) ?? []
         forget(key)
         performAutoLogin(again, key)
         rearmTimer()
         if let revocation, let provider { startRevocation(revocation, provider: provider) }
+        await revokeReplaced(replaced)
         var logFields = fields(key, event: what.event.rawValue, by: principal)
         logFields["reason"] = reason
         log.info("logged out", logFields)

@@ -38,6 +38,8 @@ public actor SessionManager {
     public private(set) var config: VaultConfig
     /// The table the serving thread reads.
     public nonisolated let table: SessionTable
+    /// The connections whose clients report their connection state, and for which sessions.
+    public nonisolated let reporting = ReportingConnections()
     /// The access policy in force, shared with the serving thread.
     public nonisolated let policy: PolicyBox
 
@@ -328,18 +330,34 @@ public actor SessionManager {
             jitter: RefreshPolicy.jitter(for: record.account))
     }
 
-    func emit(_ kind: EventKind, _ key: SessionKey, reason: String? = nil, code: VaultError.Code? = nil) {
+    /// Tells subscribers; `providerCode` (the provider's own code) goes in
+    /// place of `code`'s seed code, `message` is masked before it goes out.
+    func emit(
+        _ kind: EventKind, _ key: SessionKey, reason: String? = nil, code: VaultError.Code? = nil,
+        providerCode: String? = nil, message: String? = nil
+    ) {
         events(
             VaultEvent(
                 kind: kind, account: key.account, ownerUID: key.owner, time: clock.now(), reason: reason,
-                code: code?.seedCode))
+                code: providerCode ?? code?.seedCode, message: message.map(SessionManager.eventMessage)))
+    }
+
+    /// The most bytes of an event's `message`.
+    static let eventMessageLimit = 512
+
+    /// `text` as an event may carry it: secrets masked (`Redactor`), cut to `eventMessageLimit` bytes.
+    nonisolated static func eventMessage(_ text: String) -> String {
+        Redactor.redact(text, limit: eventMessageLimit)
     }
 
     func publishView(_ key: SessionKey) {
         guard let entry = entries[key], let record = entry.record else { return }
         let status = entry.timers.status
         table.publish(
-            key, SessionView(state: .logged, record: record, refresh: status == RefreshStatus() ? nil : status))
+            key,
+            SessionView(
+                state: .logged, record: record, refresh: status == RefreshStatus() ? nil : status,
+                clients: entry.clients.clients))
     }
 
     /// Forgets a session that is logged out: its entry, its deadlines, its view.

@@ -22,11 +22,22 @@ public struct PendingRevocation: Sendable, Equatable {
     public var id: String
     /// The record whose tokens are to be revoked.
     public var record: SessionRecord
+    /// Only the access token of `record` is to go, which a refresh replaced
+    /// (`TokenProvider.revokeReplaced`); the session goes on.
+    public var replaced = false
 
     /// A revocation with the given id.
-    public init(id: String, record: SessionRecord) {
+    public init(id: String, record: SessionRecord, replaced: Bool = false) {
         self.id = id
         self.record = record
+        self.replaced = replaced
+    }
+
+    /// A revocation of the access token of `old`, which a refresh replaced,
+    /// under a new random id.
+    public init(replacing old: SessionRecord) {
+        self.init(queueing: old)
+        replaced = true
     }
 
     /// A revocation of `record` under a new random id.

@@ -1,5 +1,6 @@
 import Synchronization
 import VaultCore
+import VaultProtocol
 
 /// What the serving thread may read about one session without asking the
 /// session manager: its client-visible state and its record, if any.
@@ -14,13 +15,30 @@ public struct SessionView: Sendable {
     /// No session: an account kept only to show its failed logins and, for
     /// `AutoLogin=yes`, that vaultd logs it in. Not counted as a session.
     public var parked = false
+    /// The clients that report their connection to the chat server.
+    public var clients: [ClientReport]
 
     /// A view.
-    public init(state: LoginState, record: SessionRecord?, refresh: RefreshStatus? = nil, parked: Bool = false) {
+    public init(
+        state: LoginState, record: SessionRecord?, refresh: RefreshStatus? = nil, clients: [ClientReport] = [],
+        parked: Bool = false
+    ) {
         self.state = state
         self.record = record
         self.refresh = refresh
+        self.clients = clients
         self.parked = parked
+    }
+
+    /// The session as clients see it (type `Session`), when it has a record.
+    public func wireJSON() -> JSON? {
+        guard let record else { return nil }
+        var json = record.wireJSON(state: state, refresh: refresh)
+        if !clients.isEmpty, case .object(var o) = json {
+            o["clients"] = .array(clients.map { $0.json() })
+            json = .object(o)
+        }
+        return json
     }
 }
 

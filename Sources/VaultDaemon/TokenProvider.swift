@@ -20,6 +20,21 @@ public protocol TokenProvider: Sendable {
     /// True when the session's end must be told to the provider (`revoke`):
     /// then the revocation is queued in the store before it is attempted.
     func revokes(_ record: SessionRecord) -> Bool
+    /// True when the access token of `old`, which a refresh replaced with
+    /// `new`, stays valid at the provider until it is revoked
+    /// (`revokeReplaced`); the session itself goes on.
+    func revokesReplaced(_ old: SessionRecord, by new: TokenSet) -> Bool
+    /// Revokes the access token of `old`, which a refresh replaced; true when
+    /// the provider accepted (or had nothing to revoke).
+    func revokeReplaced(_ old: SessionRecord) async -> Bool
+}
+
+extension TokenProvider {
+    /// Replaced tokens expire on their own (OAuth 2.0 access tokens): nothing to revoke.
+    public func revokesReplaced(_ old: SessionRecord, by new: TokenSet) -> Bool { false }
+
+    /// Nothing to revoke.
+    public func revokeReplaced(_ old: SessionRecord) async -> Bool { true }
 }
 
 extension OAuth2Client: TokenProvider {

@@ -72,7 +72,7 @@ public enum VaultMethods {
                         }
                         return .reply(
                             VarlinkReply(parameters: [
-                                "session": record.wireJSON(state: view.state, refresh: view.refresh)
+                                "session": view.wireJSON() ?? record.wireJSON(state: view.state, refresh: view.refresh)
                             ]))
                     }
                 }
@@ -172,12 +172,10 @@ public enum VaultMethods {
                         return answered { () async throws(VaultError) -> VarlinkReply in
                             let key = try sessionKey(account, requested, caller, policy.policy, table)
                             _ = try await manager.refresh(key, caller: caller, clientAsked: true)
-                            guard let view = table.view(of: key), let record = view.record else {
+                            guard let view = table.view(of: key), let session = view.wireJSON() else {
                                 return VaultError.notLoggedIn(account).varlinkReply
                             }
-                            return VarlinkReply(parameters: [
-                                "session": record.wireJSON(state: view.state, refresh: view.refresh)
-                            ])
+                            return VarlinkReply(parameters: ["session": session])
                         }
                     }
                 }
@@ -226,6 +224,31 @@ public enum VaultMethods {
                     }
                 }
 
+            case .setConnectionState:
+                return { call, caller in
+                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
+                        let (account, requested) = try addressed(p)
+                        guard let state = ClientConnectionState(rawValue: try p.string("state")) else {
+                            throw ParameterReader.Invalid(parameter: "state")
+                        }
+                        let named = try p.optionalString("client") ?? defaultClientName(caller)
+                        let client: String
+                        do throws(VaultError) {
+                            client = try ClientConnections.validate(name: named)
+                        } catch {
+                            return .reply(error.varlinkReply)
+                        }
+                        // Marked now, on the serving thread: the server tells of the
+                        // connection's close on this thread too, never before this.
+                        if let connection = caller.connection { manager.reporting.opened(connection) }
+                        return answered { () async throws(VaultError) -> VarlinkReply in
+                            let key = try sessionKey(account, requested, caller, policy.policy, table)
+                            try await manager.setConnectionState(key, state: state, client: client, caller: caller)
+                            return VarlinkReply()
+                        }
+                    }
+                }
+
             case .subscribe:
                 return { call, caller in
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
@@ -264,6 +287,11 @@ public enum VaultMethods {
         let callSizeLimit: (VarlinkMethodDeclaration) -> Int = { declaration in
             "\(VaultInterface.name).\(declaration.name)" == VaultMethod.login.rawValue
                 ? VarlinkServer.maximumMessageSize : VarlinkService.defaultCallSizeLimit
+        }
+        // A client's reports last as long as its connection.
+        service.connectionClosed = { caller in
+            guard let connection = caller.connection, let keys = manager.reporting.closed(connection) else { return }
+            Task { await manager.clientGone(connection, from: keys) }
         }
         service.add(VaultInterface.declaration, callSizeLimit: callSizeLimit) { declaration in
             guard let method = VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)") else {
@@ -355,11 +383,15 @@ public enum VaultMethods {
     ) -> [JSON] {
         table.all().compactMap { (key, view) -> JSON? in
             guard policy.maySee(caller, ownerUID: key.owner), including(key) else { return nil }
-            guard let record = view.record else {
-                return pendingSessionJSON(key, state: view.state, refresh: view.refresh)
-            }
-            return record.wireJSON(state: view.state, refresh: view.refresh)
+            return view.wireJSON() ?? pendingSessionJSON(key, state: view.state, refresh: view.refresh)
         }
+    }
+
+    /// The name of a client that gave none: its executable's, else its pid.
+    static func defaultClientName(_ caller: Caller) -> String {
+        let name = caller.executable.flatMap { $0.split(separator: "/").last.map(String.init) } ?? ""
+        return name.isEmpty
+            ? "pid \(caller.pid)" : String(name.utf8.prefix(ClientConnections.maximumNameBytes)) ?? "pid \(caller.pid)"
     }
 
     /// The account and the optional `ownerUid` a call names.

@@ -322,10 +322,11 @@ extension VaultError {
     /// The full Varlink error name of this error's code.
     public var varlinkName: String { "\(VaultInterface.name).\(code.varlinkErrorName)" }
 
-    /// The error as a Varlink reply: its name, the seed-style code and the message.
+    /// The error as a Varlink reply: its name, the seed-style code (or the
+    /// provider's own, `providerCode`) and the message.
     public var varlinkReply: VarlinkReply {
         VarlinkReply(
-            error: varlinkName, parameters: ["code": .string(code.seedCode), "message": .string(message)])
+            error: varlinkName, parameters: ["code": .string(replyCode), "message": .string(message)])
     }
 
     /// Reads a vaultd error back from a Varlink error reply, when it is one.
@@ -335,6 +336,9 @@ extension VaultError {
                 "\(VaultInterface.name).\($0.varlinkErrorName)" == name
             })
         else { return nil }
-        self.init(code, reply.parameters["message"]?.stringValue ?? name)
+        let wireCode = reply.parameters["code"]?.stringValue
+        self.init(
+            code, reply.parameters["message"]?.stringValue ?? name,
+            providerCode: wireCode == code.seedCode ? nil : wireCode)
     }
 }

@@ -81,6 +81,8 @@ public enum VaultInterface {
                 (state logout) or that vaultd keeps logged in (AutoLogin=yes) shows its failed
                 logins: consecutiveFailures, lastError and lastErrorCode, and nextRetryAt, before
                 which no login that asks the provider starts (LoginBackingOff).
+                connected, connectFailed). clients: the clients that report their own
+                connection to the chat server (SetConnectionState), absent when none does.
                 """,
             .structure([
                 VarlinkField("provider", .string),
@@ -101,6 +103,7 @@ public enum VaultInterface {
                 VarlinkField("lastError", .nullable(.string)),
                 VarlinkField("nextRetryAt", .nullable(.int)),
                 VarlinkField("connection", .nullable(.string)),
+                VarlinkField("clients", .nullable(.array(.named("ClientConnection")))),
                 VarlinkField("lastErrorCode", .nullable(.string)),
             ])),
         VarlinkTypeDeclaration(
@@ -122,6 +125,22 @@ public enum VaultInterface {
                 VarlinkField("reason", .nullable(.string)),
                 VarlinkField("code", .nullable(.string)),
                 VarlinkField("expiresAt", .nullable(.int)),
+                VarlinkField("message", .nullable(.string)),
+                VarlinkField("source", .nullable(.string)),
+                VarlinkField("client", .nullable(.string)),
+            ])),
+        VarlinkTypeDeclaration(
+            "ClientConnection",
+            doc: """
+                A client that reports its own connection to the chat server (SetConnectionState):
+                the name it gave, its pid, its state (connecting, connected, connectFailed) and
+                since when (Unix seconds). Listed for as long as its connection to vaultd is open.
+                """,
+            .structure([
+                VarlinkField("name", .string),
+                VarlinkField("pid", .int),
+                VarlinkField("state", .string),
+                VarlinkField("since", .int),
             ])),
     ]
 }
@@ -138,6 +157,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
     case refresh = "io.vaultd.Vault.Refresh"
     case setProviderSecret = "io.vaultd.Vault.SetProviderSecret"
     case reportRejected = "io.vaultd.Vault.ReportRejected"
+    case setConnectionState = "io.vaultd.Vault.SetConnectionState"
 
     /// The method's declaration: its doc comment, parameters and output.
     public var declaration: VarlinkMethodDeclaration {
@@ -347,6 +367,28 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                 output: [
                     VarlinkField("outcome", .string)
                 ])
+        case .setConnectionState:
+            return VarlinkMethodDeclaration(
+                "SetConnectionState",
+                doc: """
+                    A client reports its own connection to the chat server for a session, as
+                    OpenIM's connection callbacks: state is connecting, connected, connectFailed or
+                    kickedOffline; client names the client (default: its executable's name).
+                    The session's owner or root may report. The client is listed in the session
+                    (clients) for as long as this connection to vaultd stays open, at most 64
+                    per session (TooManyClients); subscribers get connectionChanged with source
+                    client when its state changes, and with reason clientGone when the
+                    connection closes. kickedOffline ends the session as ForceLogout does
+                    (kickedOffline, reason kicked); the reply comes once it is stored.
+                    """,
+                parameters: [
+                    VarlinkField("provider", .string),
+                    VarlinkField("user", .string),
+                    VarlinkField("state", .string),
+                    VarlinkField("client", .nullable(.string)),
+                    VarlinkField("ownerUid", .nullable(.int)),
+                ],
+                output: [])
         }
     }
 }

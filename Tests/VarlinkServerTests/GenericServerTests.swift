@@ -91,6 +91,45 @@ struct GenericServerTests {
         #expect(harness.stop() == SIGTERM)
     }
 
+    @Test("Should name each connection in its caller and tell the service once when it closes, however it closes")
+    func tellsTheServiceOfClosedConnections() throws {
+        let harness = try Harness()
+        let first = try harness.connect()
+        let second = try harness.connect()
+        let firstID = try #require(UInt64(try first.call(#"{"method":"org.example.Echo.Who"}"#).digits))
+        let secondID = try #require(UInt64(try second.call(#"{"method":"org.example.Echo.Who"}"#).digits))
+        // The same connection keeps its id; another one has its own.
+        #expect(try first.call(#"{"method":"org.example.Echo.Who"}"#).digits == String(firstID))
+        #expect(firstID != secondID)
+        #expect(harness.streams.closedConnections.withLock { $0 }.isEmpty)
+        // The peer leaves: told once, with that connection's id.
+        close(first.fd)
+        #expect(harness.waitForClose())
+        #expect(harness.streams.closedConnections.withLock { $0 } == [firstID])
+        // The server closes the other one as it stops: told too.
+        #expect(harness.stop() == SIGTERM)
+        #expect(harness.streams.closedConnections.withLock { $0 } == [firstID, secondID])
+    }
+
+    @Test("Should tell the service of a closed connection only after the deferred call in flight on it finished")
+    func closeHookAfterDeferredWork() throws {
+        let harness = try Harness()
+        let client = try harness.connect()
+        try client.send(#"{"method":"org.example.Echo.Slow"}"#)
+        // The call is in flight (its work waits for the gate): the peer leaves.
+        #expect(harness.slowStarted.wait(timeout: .now() + 60) == .success)
+        close(client.fd)
+        // Not told while the call's work runs.
+        let other = try harness.connect()
+        _ = try other.call(#"{"method":"org.example.Echo.Say","parameters":{"text":"x"}}"#)
+        #expect(harness.streams.closedConnections.withLock { $0 }.isEmpty)
+        harness.slowGate.open()
+        #expect(harness.waitForClose())
+        #expect(harness.streams.closedConnections.withLock { $0 }.count == 1)
+        #expect(harness.streams.workFinishedBeforeClose.withLock { $0 } == true)
+        #expect(harness.stop() == SIGTERM)
+    }
+
     @Test("Should refuse a connection past the limit with the error the service configured")
     func refusesWithTheConfiguredError() throws {
         var limits = ServingLimits()
@@ -113,6 +152,11 @@ private final class Harness: Sendable {
     let server: VarlinkServer
     let path: String
     let streams = Record()
+    /// Signalled once per closed connection.
+    private let closed = DispatchSemaphore(value: 0)
+    /// Signalled when a Slow call's work starts; its work ends when `slowGate` opens.
+    let slowStarted = DispatchSemaphore(value: 0)
+    let slowGate = Gate()
     private let signalWrite: Int32
     private let done = DispatchSemaphore(value: 0)
     private let result = Mutex<Int32>(0)
@@ -134,12 +178,32 @@ private final class Harness: Sendable {
         let limit: (VarlinkMethodDeclaration) -> Int = {
             $0.name == "Say" ? VarlinkServer.maximumMessageSize : VarlinkService.defaultCallSizeLimit
         }
+        let closed = self.closed
+        let slowStarted = self.slowStarted
+        let slowGate = self.slowGate
         service.add(Harness.interface, callSizeLimit: limit) { method in
             switch method.name {
             case "Say":
                 return { call, _ in .reply(VarlinkReply(parameters: ["text": call.parameters["text"]!])) }
             case "Small":
                 return { _, _ in .reply(VarlinkReply()) }
+            case "Who":
+                return { _, caller in
+                    .reply(VarlinkReply(parameters: ["connection": .string(caller.connection.map(String.init) ?? "")]))
+                }
+            case "Slow":
+                return { _, _ in
+                    .deferred {
+                        slowStarted.signal()
+                        // Bounded: the test signals the gate well before.
+                        // Awaited, not blocked on: the cooperative pool stays free.
+                        await slowGate.wait()
+                        streams.workFinishedBeforeClose.withLock {
+                            $0 = streams.closedConnections.withLock { $0.isEmpty }
+                        }
+                        return VarlinkReply()
+                    }
+                }
             default:
                 return { _, _ in
                     .stream(
@@ -149,6 +213,10 @@ private final class Harness: Sendable {
                             closed: { id in streams.closed.withLock { $0.append(id) } }))
                 }
             }
+        }
+        service.connectionClosed = { caller in
+            streams.closedConnections.withLock { $0.append(caller.connection ?? 0) }
+            closed.signal()
         }
         let errors = TransportErrors(
             refused: { admission, _, _ in
@@ -182,10 +250,18 @@ private final class Harness: Sendable {
             VarlinkMethodDeclaration("Watch", doc: "A stream.", parameters: [], output: [], streams: true),
             VarlinkMethodDeclaration(
                 "Small", doc: "Takes anything small.", parameters: [VarlinkField("text", .object)], output: []),
+            VarlinkMethodDeclaration(
+                "Who", doc: "The caller's connection id.", parameters: [],
+                output: [VarlinkField("connection", .string)]),
+            VarlinkMethodDeclaration("Slow", doc: "Answers when the test says so.", parameters: [], output: []),
         ],
         errors: [])
 
     func connect() throws -> Client { Client(fd: try UnixSocket.connect(to: path)) }
+
+    /// Waits (at most 60 s: the whole suite may run beside busy builds) until
+    /// the server said one more connection closed.
+    func waitForClose() -> Bool { closed.wait(timeout: .now() + 60) == .success }
 
     /// Sends the loop a SIGTERM as signalfd would deliver it; the signal run returned.
     func stop() -> Int32 {
@@ -198,10 +274,40 @@ private final class Harness: Sendable {
     }
 }
 
-/// The streams opened and closed, as the server reported them.
+/// Holds back whoever waits until it is opened, without blocking a thread.
+private final class Gate: Sendable {
+    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func wait() async {
+        await withCheckedContinuation { continuation in
+            let resumeNow = state.withLock { state -> Bool in
+                if state.open { return true }
+                state.waiters.append(continuation)
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
+
+    func open() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.open = true
+            defer { state.waiters.removeAll() }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+}
+
+/// The streams opened and closed and the connections closed, as the server
+/// reported them.
 private final class Record: Sendable {
     let opened = Mutex<[StreamID]>([])
     let closed = Mutex<[StreamID]>([])
+    /// The connections the server said closed, in order.
+    let closedConnections = Mutex<[UInt64]>([])
+    /// Set when a Slow call's work ended before any connection was said closed.
+    let workFinishedBeforeClose = Mutex<Bool?>(nil)
 }
 
 /// A blocking client that writes a message and reads one back.
@@ -237,6 +343,11 @@ private struct Client {
             message.append(byte)
         }
     }
+}
+
+extension String {
+    /// The decimal digits in the text, in order (a connection id out of a reply).
+    fileprivate var digits: String { String(filter(\.isNumber)) }
 }
 
 /// Logs nothing.

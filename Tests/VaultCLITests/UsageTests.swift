@@ -18,6 +18,14 @@ struct UsageTests {
         #expect(result.stdout.isEmpty, sourceLocation: sourceLocation)
     }
 
+    @Test("Should refuse a connection state vaultd does not know, naming the ones it does, before connecting")
+    func unknownConnectionState() {
+        expectUsage(
+            ["connection-state", "demo", "alice", "online"],
+            "connection-state: 'online' is not a state (connecting, connected, connectFailed, kickedOffline",
+            help: "connection-state")
+    }
+
     @Test("Should name an unknown option of every command")
     func unknownOption() {
         for spec in CommandTable.commands {

@@ -217,6 +217,10 @@ final class FakeProvider: TokenProvider, Sendable {
         var lifetime: Int64 = 300
         /// Every token ever issued (to check that none reaches an event or a log).
         var everIssued: [String] = []
+        /// Grants whose tokens have no expiry (no `expires_in`, at login and refresh).
+        var eternalGrants: Set<Int> = []
+        /// Refresh requests per grant.
+        var refreshesOfGrant: [Int: Int] = [:]
         var loginMode = LoginMode.unsupported
         /// The lifetime of the tokens a login issues.
         var loginLifetime: Int64 = 120
@@ -250,8 +254,9 @@ final class FakeProvider: TokenProvider, Sendable {
 
     var exchangesCredentials: Bool { false }
 
-    /// A new grant: the token response a client would bring to `Login`.
-    func grant(lifetime: Int64) -> (grant: Int, response: JSON) {
+    /// A new grant: the token response a client would bring to `Login`;
+    /// `lifetime` nil: its tokens have no expiry, now and after every refresh.
+    func grant(lifetime: Int64?) -> (grant: Int, response: JSON) {
         state.withLock { state in
             state.issued += 1
             let grant = state.issued
@@ -260,13 +265,12 @@ final class FakeProvider: TokenProvider, Sendable {
             state.grantOfToken[refresh] = grant
             state.current[grant] = refresh
             state.everIssued += [access, refresh]
-            return (
-                grant,
-                .object([
-                    "access_token": .string(access), "refresh_token": .string(refresh),
-                    "expires_in": .int(lifetime), "token_type": "Bearer",
-                ])
-            )
+            if lifetime == nil { state.eternalGrants.insert(grant) }
+            var response: [String: JSON] = [
+                "access_token": .string(access), "refresh_token": .string(refresh), "token_type": "Bearer",
+            ]
+            response["expires_in"] = lifetime.map(JSON.int)
+            return (grant, .object(response))
         }
     }
 
@@ -311,6 +315,7 @@ final class FakeProvider: TokenProvider, Sendable {
         let grant = state.withLock { state -> Int? in
             state.refreshCalls += 1
             guard let grant = state.grantOfToken[token] else { return nil }
+            state.refreshesOfGrant[grant, default: 0] += 1
             state.inFlight[grant, default: 0] += 1
             state.mostInFlight = max(state.mostInFlight, state.inFlight[grant]!)
             return grant
@@ -343,7 +348,7 @@ final class FakeProvider: TokenProvider, Sendable {
             var tokens = TokenSet(accessToken: Secret(access))
             tokens.refreshToken = Secret(refresh)
             tokens.tokenType = "Bearer"
-            return .refreshed(tokens, expiresIn: state.lifetime)
+            return .refreshed(tokens, expiresIn: state.eternalGrants.contains(grant) ? nil : state.lifetime)
         }
         if case .refreshed = outcome, holdAfterRotation.withLock({ $0 }) {
             await withCheckedContinuation { continuation in heldAnswers.withLock { $0.append(continuation) } }

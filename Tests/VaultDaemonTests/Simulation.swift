@@ -66,6 +66,11 @@ final class Simulation {
     var outageEndedAt: Double?
     /// The store's availability as the storeChanged events tell it.
     var reportedStore = StoreState.available
+    /// The clients' connections to vaultd that are open now (ids as the server gives them).
+    var openConnections: [UInt64] = []
+    var nextConnection: UInt64 = 16
+    /// Refresh requests per grant without an expiry before the last clock move.
+    var eternalRefreshesBefore: [Int: Int]?
     /// The automatic account's `nextRetryAt` as the last step left it: no
     /// login of it may reach the provider before.
     var botRetryAt: Double?
@@ -181,7 +186,8 @@ final class Simulation {
             case 0..<24: await login()
             case 24..<34: await logout(kick: false)
             case 34..<39: await logout(kick: true)
-            case 39..<52: await getToken()
+            case 39..<49: await getToken()
+            case 49..<52: await clientConnection()
             case 52..<57: await burst()
             case 57..<61: await refresh()
             case 61..<82: await advance()
@@ -207,7 +213,8 @@ final class Simulation {
 
     func login() async {
         let key = randomKey()
-        let lifetime = number(5...400)
+        // One login in five brings tokens without an expiry (a CometChat auth token).
+        let lifetime: Int64? = rng.next() % 5 == 0 ? nil : number(5...400)
         let (grant, response) = provider.grant(lifetime: lifetime)
         let request = LoginRequest(provider: "oauth", user: key.account.user, tokenResponse: response)
         do throws(VaultError) {
@@ -215,7 +222,9 @@ final class Simulation {
             acknowledged[key] = true
             uncertain.remove(key)
             if created { grantOf[key] = grant }
-            trace.append("login \(key) lifetime \(lifetime): \(created ? "created grant \(grant)" : "existing")")
+            trace.append(
+                "login \(key) lifetime \(lifetime.map(String.init) ?? "none"): \(created ? "created grant \(grant)" : "existing")"
+            )
         } catch {
             trace.append("login \(key): \(error.code)")
         }
@@ -300,6 +309,43 @@ final class Simulation {
         trace.append("report rejected \(key) \(current ? "current" : "stale") x\(reporters): \(outcomes)")
     }
 
+    /// A client reports its connection to the chat server on one of its
+    /// connections to vaultd (a new one or an open one), or one of those
+    /// connections closes, as the serving loop would tell the manager.
+    func clientConnection() async {
+        if !openConnections.isEmpty, rng.next() % 3 == 0 {
+            let connection = openConnections.remove(at: Int(rng.next() % UInt64(openConnections.count)))
+            if let keys = manager.reporting.closed(connection) { await manager.clientGone(connection, from: keys) }
+            trace.append("client connection \(connection) closed")
+            return
+        }
+        let key = randomKey()
+        let connection: UInt64
+        if openConnections.count < 3, openConnections.isEmpty || rng.next() % 2 == 0 {
+            connection = nextConnection
+            nextConnection += 1
+            openConnections.append(connection)
+        } else {
+            connection = pick(openConnections)
+        }
+        let state = pick([ClientConnectionState.connecting, .connected, .connected, .connectFailed, .kickedOffline])
+        var client = caller(key.owner)
+        client.connection = connection
+        manager.reporting.opened(connection)
+        do throws(VaultError) {
+            try await manager.setConnectionState(key, state: state, client: "c\(connection)", caller: client)
+            if state == .kickedOffline {
+                acknowledged[key] = false
+                uncertain.remove(key)
+                if let grant = grantOf[key] { endedGrants.insert(grant) }
+            }
+            trace.append("client \(connection) reports \(state) on \(key): ok")
+        } catch {
+            if state == .kickedOffline, error.code != .notLoggedIn { uncertain.insert(key) }
+            trace.append("client \(connection) reports \(state) on \(key): \(error.code)")
+        }
+    }
+
     func getToken() async {
         let key = randomKey()
         let minValid = number(0...500)
@@ -345,6 +391,9 @@ final class Simulation {
     }
 
     func advance() async {
+        eternalRefreshesBefore = provider.state.withLock { state in
+            state.refreshesOfGrant.filter { state.eternalGrants.contains($0.key) }
+        }
         let seconds = Double(number(1...200))
         clock.advance(by: seconds)
         await manager.runDueWork()
@@ -577,6 +626,8 @@ final class Simulation {
         }
         alive.die()
         await manager.shutdown(graceSeconds: 0)
+        // The process's connections die with it.
+        openConnections.removeAll()
         // The next process starts once the store is back (it refuses to start without one).
         store = FaultyStore(contents)
         alive = Liveness()
@@ -628,12 +679,36 @@ final class Simulation {
 
         if let broken = trace.last(where: { $0.hasPrefix("BROKEN") }) { throw Violation.broken(broken) }
 
+        // Tokens without an expiry (and no DefaultLifetime=) are never refreshed on a schedule.
+        if let before = eternalRefreshesBefore {
+            eternalRefreshesBefore = nil
+            for (grant, count) in state.refreshesOfGrant
+            where state.eternalGrants.contains(grant) && count > before[grant, default: 0] {
+                throw Violation.broken("grant \(grant) has no expiry, yet moving the clock refreshed it")
+            }
+        }
+        for (key, view) in views {
+            guard let record = view.record, let grant = grantOf[key], state.eternalGrants.contains(grant) else {
+                continue
+            }
+            if let expiresAt = record.expiresAt {
+                throw Violation.broken(
+                    "\(key)'s grant \(grant) issues tokens without an expiry, yet it expires at \(expiresAt)")
+            }
+        }
+        for (key, view) in views where view.record != nil && view.record?.expiresAt == nil {
+            if let at = view.refresh?.refreshAt {
+                throw Violation.broken("\(key) has a token without an expiry, yet a refresh at \(at)")
+            }
+        }
+
         // Events: in order, one per change, never a secret.
         let all = events.all
         for event in all[eventsSeen...] {
             let key = SessionKey(owner: event.ownerUID, account: event.account)
             // Names are the simulation's own; only the free-text fields could carry a token.
-            for text in [event.reason, event.code].compactMap({ $0 }) where Self.holdsToken(text) {
+            for text in [event.reason, event.code, event.message, event.client].compactMap({ $0 })
+            where Self.holdsToken(text) {
                 throw Violation.broken("an event carries a token: \(event.json().text)")
             }
             let isLive = live[key] ?? false
@@ -675,6 +750,14 @@ final class Simulation {
             } else if clock.preciseNow() - ended > 2 * StoreHealth.longestProbeSeconds {
                 throw Violation.broken(
                     "the store came back \(Int(clock.preciseNow() - ended))s ago and is still reported \(storeState)")
+            }
+        }
+
+        // Clients are listed only on logged-in sessions, and only while their connection is open.
+        for (key, view) in views where !view.clients.isEmpty {
+            if view.record == nil { throw Violation.broken("\(key) lists clients but is not logged in") }
+            for client in view.clients where !openConnections.contains(client.connection) {
+                throw Violation.broken("\(key) lists client \(client.name), whose connection closed")
             }
         }
 

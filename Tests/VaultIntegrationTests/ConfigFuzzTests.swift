@@ -162,10 +162,20 @@ struct ConfigFuzzTests {
         "config/examples/salesforce.conf",
     ]
 
-    @Test("Should accept every shipped configuration as it is")
+    /// A shipped configuration as installed: its helpers' `Command=` point at
+    /// the examples' helpers (--check-config refuses a helper that is missing).
+    static func installed(_ name: String) throws -> [UInt8] {
+        let text = try String(contentsOf: Binaries.packageRoot.appendingPathComponent(name), encoding: .utf8)
+        let helpers = Binaries.packageRoot.appendingPathComponent("config/examples").path + "/"
+        return Array(text.replacingOccurrences(of: "/usr/local/libexec/vaultd/", with: helpers).utf8)
+    }
+
+    @Test("Should accept every shipped configuration as it is (its helpers installed)")
     func originalsPass() throws {
-        for name in Self.configs {
-            let path = Binaries.packageRoot.appendingPathComponent(name).path
+        let directory = try TemporaryDirectory()
+        for (index, name) in Self.configs.enumerated() {
+            let path = directory.path("shipped-\(index).conf")
+            try Data(try Self.installed(name)).write(to: URL(fileURLWithPath: path))
             let result = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
             #expect(result.status == 0, "\(name): \(result.stderr)")
         }
@@ -178,9 +188,7 @@ struct ConfigFuzzTests {
         let budget = Soak.size(short: 90.0, long: 1200.0)
         let directory = try TemporaryDirectory()
         let base = directory.url.path
-        let originals = try Self.configs.map { name in
-            [UInt8](try Data(contentsOf: Binaries.packageRoot.appendingPathComponent(name)))
-        }
+        let originals = try Self.configs.map { name in try Self.installed(name) }
         let total = originals.count * perFile
         let started = Date()
         let outcome = Mutex<(ran: Int, passed: Int, failures: [String], statuses: [Int32: Int])>((0, 0, [], [:]))

@@ -304,13 +304,14 @@ struct EndpointOutageTests {
         try "[Provider web]\nType=oauth2\nClientID=c\nTokenURL=http://login.example.com/token\nAllowInsecureHTTP=yes\n"
             .write(toFile: config, atomically: true, encoding: .utf8)
         #expect(try runCommand(Binaries.vaultd, ["--check-config", "--config", config]).status == 0)
-        // The shipped configuration and examples pass the rule.
+        // The shipped configuration and examples pass the rule (their helpers installed).
         let root = Binaries.packageRoot.appendingPathComponent("config")
         let examples = try FileManager.default.contentsOfDirectory(atPath: root.appendingPathComponent("examples").path)
             .filter { $0.hasSuffix(".conf") }.map { "examples/" + $0 }
-        for file in ["vaultd.conf"] + examples {
-            let check = try runCommand(
-                Binaries.vaultd, ["--check-config", "--config", root.appendingPathComponent(file).path])
+        for (index, file) in (["vaultd.conf"] + examples).enumerated() {
+            let installed = directory.path("shipped-\(index).conf")
+            try Data(try ConfigFuzzTests.installed("config/" + file)).write(to: URL(fileURLWithPath: installed))
+            let check = try runCommand(Binaries.vaultd, ["--check-config", "--config", installed])
             #expect(check.status == 0, "\(file): \(check.stderr)")
         }
     }

@@ -161,6 +161,12 @@ enum ProtocolFuzzEntry {
             if SHA256.digest(hex: try p.string("tokenHash")) == nil {
                 throw ParameterReader.Invalid(parameter: "tokenHash")
             }
+        case .setConnectionState?:
+            let (provider, user) = try p.account()
+            _ = try p.optionalUID("ownerUid")
+            _ = try? Account.validate(provider: provider, user: user)
+            _ = ClientConnectionState(rawValue: try p.string("state"))
+            _ = try? ClientConnections.validate(name: try p.optionalString("client") ?? "x")
         case nil:
             _ = try p.optionalString("interface")
         }
