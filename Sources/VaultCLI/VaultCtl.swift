@@ -220,7 +220,10 @@ public struct VaultCtl {
         if let failures = session["consecutiveFailures"]?.integerValue, failures > 0 {
             lines.append(("Failures", String(failures)))
         }
-        if let error = session["lastError"]?.stringValue { lines.append(("Last error", error)) }
+        if let error = session["lastError"]?.stringValue {
+            let code = session["lastErrorCode"]?.stringValue
+            lines.append(("Last error", code.map { "\($0): \(error)" } ?? error))
+        }
         if let at = session["nextRetryAt"]?.integerValue { lines.append(("Next retry", Format.time(at))) }
         if session["unsaved"]?.boolValue == true { lines.append(("Unsaved", "yes (the store write is retried)")) }
         if let name = session["profile"]?["name"]?.stringValue { lines.append(("Name", name)) }

@@ -108,6 +108,10 @@ public struct Session: Sendable, Equatable {
     public var nextRetryAt: UnixTime?
     /// connecting, connected or connectFailed (providers with a connection).
     public var connection: String?
+    /// The code of the last failure, where known (failed logins: the session
+    /// is then in state `logout`, and `nextRetryAt` says when a login that
+    /// asks the provider is allowed again).
+    public var lastErrorCode: String?
     /// The clients that report their own connection to the chat server.
     public var clients: [ClientReport] = []
     /// The session object as vaultd sent it, fields this client does not know included.
@@ -138,6 +142,7 @@ public struct Session: Sendable, Equatable {
             lastError = try p.optionalString("lastError")
             nextRetryAt = try p.optionalInt("nextRetryAt").map(UnixTime.init(seconds:))
             connection = try p.optionalString("connection")
+            lastErrorCode = try p.optionalString("lastErrorCode")
             for item in o["clients"]?.arrayValue ?? [] {
                 guard let c = item.objectValue else { throw FieldError("clients") }
                 let r = ParameterReader(c)
@@ -312,12 +317,16 @@ public final class VaultConnection {
     }
 
     /// The current access token of a session; with `minValidSeconds`, one
-    /// valid at least that long (vaultd refreshes first where it can).
-    public func token(provider: String, user: String, minValidSeconds: Int64? = nil, ownerUID: UInt32? = nil)
-        throws(VaultClientError) -> Token
-    {
+    /// valid at least that long (vaultd refreshes first where it can). For an
+    /// account vaultd keeps logged in (`AutoLogin=yes`) that is not logged in
+    /// now, vaultd waits up to `waitSeconds` (its default: 30) for its login.
+    public func token(
+        provider: String, user: String, minValidSeconds: Int64? = nil, ownerUID: UInt32? = nil,
+        waitSeconds: Int64? = nil
+    ) throws(VaultClientError) -> Token {
         var parameters = Self.account(provider, user, ownerUID)
         parameters["minValidSeconds"] = minValidSeconds.map(JSON.int)
+        parameters["waitSeconds"] = waitSeconds.map(JSON.int)
         let reply = try call(.getToken, parameters)
         let p = ParameterReader(reply.parameters)
         do throws(ParameterReader.Invalid) {

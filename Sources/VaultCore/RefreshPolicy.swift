@@ -79,6 +79,8 @@ public struct RefreshStatus: Sendable, Equatable {
     public var lastRefreshAt: UnixTime?
     public var consecutiveFailures: Int = 0
     public var lastError: String?
+    /// The code of the last failure, where one is known (a failed login's).
+    public var lastErrorCode: String?
     public var nextRetryAt: UnixTime?
     public var connection: ConnectionState?
     /// The latest tokens are in memory only: the store write failed and is retried.
@@ -96,6 +98,7 @@ public struct RefreshStatus: Sendable, Equatable {
         o["nextRetryAt"] = nextRetryAt.map { .int($0.seconds) }
         o["connection"] = connection.map { .string($0.rawValue) }
         if unsaved { o["unsaved"] = true }
+        o["lastErrorCode"] = lastErrorCode.map(JSON.string)
         return o
     }
 }

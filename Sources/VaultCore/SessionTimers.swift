@@ -16,6 +16,10 @@ public struct SessionTimers: Sendable, Equatable {
         case maxLifetime
         /// Refreshed tokens that could not be written are written again.
         case saveRetry
+        /// vaultd logs an `AutoLogin=yes` account in (at start, after its
+        /// session ended, after a failed login's backoff): the account's
+        /// `AccountStateMachine` decides (`autoLoginDue`), not the timers.
+        case login
     }
 
     /// What the schedule of a session rests on.
@@ -154,6 +158,8 @@ public struct SessionTimers: Sendable, Equatable {
             return [.end(reason: "maxSessionLifetime", kind: .tokenInvalid)]
         case .due(.saveRetry, _, _):
             return status.unsaved ? [.persist] : []
+        case .due(.login, _, _):
+            return []
         case .refreshStarted:
             refreshing = true
             status.connection = .connecting

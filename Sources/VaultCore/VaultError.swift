@@ -27,6 +27,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case internalError
         case tooManyClients
         case helperUnavailable
+        case loginBackingOff
 
         /// How a kind of failure is named on the wire and by the SDKs, and what
         /// it means: the `io.vaultd.Vault` error's name and doc comment, and
@@ -163,6 +164,15 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                         The exec provider's helper program (Command=) is missing or cannot be run
                         (not executable, a bad interpreter line): install it or fix Command=, then
                         reload vaultd. A refresh is retried with backoff meanwhile.
+                        """)
+            case .loginBackingOff:
+                return Declaration(
+                    varlinkName: "LoginBackingOff", seedCode: "ERR_LOGIN_BACKING_OFF",
+                    doc: """
+                        A login of the account that asks the provider failed lately, and no such login
+                        starts before the backoff ends (the message names when; status shows
+                        nextRetryAt). Every caller, and vaultd's own AutoLogin=, waits out the same
+                        backoff.
                         """)
             }
         }

@@ -7,7 +7,7 @@ import VaultCore
 struct AccountEntry {
     /// Unique per entry: work started for an earlier session of the same key
     /// finds a different id and leaves this entry alone.
-    let id: UInt64
+    var id: UInt64
     /// Login and logout (see `AccountStateMachine`).
     var machine: AccountStateMachine
     /// Refresh, expiry, backoff and save retry (see `SessionTimers`).
@@ -34,6 +34,10 @@ struct AccountEntry {
     /// their successor (revoking one the store still holds would leave a
     /// crash to restore a dead token).
     var replacedAwaitingSave: [SessionRecord] = []
+
+    /// Kept while logged out: vaultd logs the account in on its own, or its
+    /// failed logins are shown (and their backoff kept).
+    var parks: Bool { machine.autoLogin || machine.backoff.consecutiveFailures > 0 }
 
     /// The record, when the session is logged in.
     var record: SessionRecord? {

@@ -64,6 +64,10 @@ extension SessionManager {
         // The timer running this is not re-armed (cancelled) halfway through.
         runningDueWork = true
         for work in deadlines.popDue(at: now) {
+            if work.timer == .login {
+                autoLoginDue(work.key)
+                continue
+            }
             guard let record = entries[work.key]?.record else { continue }
             await handle(work.key, .due(work.timer, now: now, expired: record.isExpired(at: now)))
         }

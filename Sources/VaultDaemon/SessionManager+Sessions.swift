@@ -52,9 +52,16 @@ extension SessionManager {
                 continue
             }
             var entry = entries[key] ?? makeEntry(account)
-            let action = request.replace ? entry.machine.replaceRequested() : entry.machine.loginRequested()
+            let action =
+                request.replace
+                ? entry.machine.replaceRequested()
+                : entry.machine.loginRequested(
+                    asksProvider: Self.mints(request, provider: provider), now: clock.now())
             entries[key] = entry
             switch action {
+            case .backingOff(let backoff):
+                Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.loginBackingOff.seedCode)
+                throw Self.backingOff(account, backoff)
             case .returnExisting(let record):
                 if entries[key]?.timers.status.unsaved == true {
                     // Acknowledged only once the store holds what is served.
@@ -83,13 +90,13 @@ extension SessionManager {
             case .startLogin:
                 if let refusal = gate.health.refusal {
                     // Refused before the provider is asked: tokens minted now could not be kept.
-                    entries[key]?.machine.loginFailed()
+                    abandonLogin(key)
                     forget(key)
                     Audit.log(log, "Login", key, by: .peer(caller), result: refusal.code.seedCode)
                     throw refusal
                 }
                 if key.owner != 0, table.sessionCount(of: key.owner) >= config.limits.sessionsPerUser {
-                    entries[key]?.machine.loginFailed()
+                    abandonLogin(key)
                     forget(key)
                     Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.tooManySessions.seedCode)
                     throw VaultError(
@@ -119,7 +126,7 @@ extension SessionManager {
                 // The task ends only after the state changed, so that whoever
                 // awaits it (a joiner, a waiting logout) sees the new state.
                 let task = Task { () -> Result<SessionRecord, VaultError> in
-                    await self.performLogin(request, key: key, caller: caller)
+                    await self.performLogin(request, key: key, by: .peer(caller))
                 }
                 entries[key]?.login = task
                 return (try await task.value.get(), .created)
@@ -141,7 +148,7 @@ extension SessionManager {
 
     /// Builds the session (asking the provider for tokens when the client
     /// brought none), then stores it.
-    func performLogin(_ request: LoginRequest, key: SessionKey, caller: Caller) async -> Result<
+    func performLogin(_ request: LoginRequest, key: SessionKey, by principal: Principal) async -> Result<
         SessionRecord, VaultError
     > {
         let account = key.account
@@ -155,49 +162,61 @@ extension SessionManager {
             switch await provider.login(account, credential: credential) {
             case .refreshed(let tokens, let expiresIn):
                 obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
-            case .transient(let reason, _, let code):
+            case .transient(let reason, let retryAfter, let code):
                 return failLogin(
-                    key, caller,
+                    key, principal,
                     VaultError(
                         ProviderFailure.transientKind(code), "logging \(account) in failed: \(reason)",
                         providerCode: ProviderFailure.passedThrough(code)),
-                    providerCode: code)
+                    providerCode: code, retryAfter: retryAfter, fromProvider: true)
             case .permanent(let code, let reason):
                 return failLogin(
-                    key, caller,
+                    key, principal,
                     VaultError(
                         ProviderFailure.permanentKind(code), "the provider refused \(account): \(reason)",
                         providerCode: ProviderFailure.passedThrough(code)),
-                    providerCode: code)
+                    providerCode: code, fromProvider: true)
             }
         }
         let record: SessionRecord
         do throws(VaultError) {
             record = try makeRecord(request, key: key, obtained: obtained)
         } catch {
-            return failLogin(key, caller, error)
+            return failLogin(key, principal, error)
         }
-        return await commitLogin(record, caller: caller)
+        return await commitLogin(record, by: principal)
     }
 
     /// Ends a login that failed: subscribers get `loginFailed` with the
     /// provider's own code (`providerCode`, when it refused) or the error's,
-    /// and the error's message.
-    func failLogin(_ key: SessionKey, _ caller: Caller, _ error: VaultError, providerCode: String? = nil) -> Result<
-        SessionRecord, VaultError
-    > {
+    /// and the error's message. A failure of a login that asked the provider
+    /// (`fromProvider`), or of an automatic account's login, starts or
+    /// lengthens the account's backoff (`retryAfter`: the server's).
+    func failLogin(
+        _ key: SessionKey, _ principal: Principal, _ error: VaultError, providerCode: String? = nil,
+        retryAfter: Int64? = nil, fromProvider: Bool = false
+    ) -> Result<SessionRecord, VaultError> {
         entries[key]?.login = nil
-        entries[key]?.machine.loginFailed()
+        if var entry = entries[key], fromProvider || principal == .vaultd || entry.machine.autoLogin {
+            let again = entry.machine.loginFailed(
+                code: error.code.seedCode, message: error.message, retryAfter: retryAfter, random: random(),
+                now: clock.now())
+            entries[key] = entry
+            performAutoLogin(again, key)
+        } else {
+            entries[key]?.machine.loginFailed()
+        }
         forget(key)
-        log.error("login failed", fields(key, event: "loginFailed", by: .peer(caller), code: error.code))
+        wakeLoginWaiters(key)
+        log.error("login failed", fields(key, event: "loginFailed", by: principal, code: error.code))
         emit(
             .loginFailed, key, code: error.code, providerCode: providerCode ?? error.providerCode,
             message: error.message)
-        Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
+        Audit.log(log, "Login", key, by: principal, result: error.code.seedCode)
         return .failure(error)
     }
 
-    func commitLogin(_ record: SessionRecord, caller: Caller) async -> Result<SessionRecord, VaultError> {
+    func commitLogin(_ record: SessionRecord, by principal: Principal) async -> Result<SessionRecord, VaultError> {
         let key = record.key
         defer { entries[key]?.login = nil }
         do throws(VaultError) {
@@ -205,14 +224,16 @@ extension SessionManager {
         } catch {
             // A write abandoned at the timeout may still land in the keyring: remove it.
             try? await store.delete(key)
-            return failLogin(key, caller, error)
+            return failLogin(key, principal, error)
         }
         entries[key]?.machine.loginSucceeded(record)
+        renewParkedEntry(key)
         // Scheduled before it is published, so that the view shows when the refresh is due.
         await handle(key, .stored(facts(record, refreshedAt: clock.now()), now: clock.now()))
-        log.info("logged in", fields(key, event: "loginSuccess", by: .peer(caller)))
+        log.info("logged in", fields(key, event: "loginSuccess", by: principal))
         emit(.loginSuccess, key)
-        Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
+        Audit.log(log, "Login", key, by: principal, result: "ok")
+        wakeLoginWaiters(key)
         return .success(record)
     }
 
@@ -392,7 +413,9 @@ extension SessionManager {
         // Replaced tokens whose successor's write was still pending: the store holds neither now.
         let replaced = entries[key]?.replacedAwaitingSave ?? []
         entries[key]?.machine.logoutFinished(succeeded: true)
+        let again = entries[key]?.machine.sessionEnded(what.event, now: clock.now()) ?? []
         forget(key)
+        performAutoLogin(again, key)
         rearmTimer()
         if let revocation, let provider { startRevocation(revocation, provider: provider) }
         await revokeReplaced(replaced)

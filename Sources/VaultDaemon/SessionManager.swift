@@ -62,6 +62,9 @@ public actor SessionManager {
     var runningDueWork = false
     /// The background work that waits to probe the store, while it is not available.
     var probeTask: UInt64?
+    /// `GetToken` calls waiting for the automatic login of their account, by id.
+    var loginWaiters: [UInt64: LoginWaiter] = [:]
+    var nextWaiterID: UInt64 = 0
 
     /// A manager over `store`, reading time from `clock`.
     public init(
@@ -129,6 +132,8 @@ public actor SessionManager {
                 fields(key, event: "reload"))
         }
         warnOfUndeclaredHolders()
+        providerCredentialsChanged(nil)
+        startAutoLogins()
         return (new.subtracting(old).sorted(), removed, orphaned)
     }
 
@@ -178,7 +183,9 @@ public actor SessionManager {
         }
         rearmTimer()
         warnOfUndeclaredHolders()
-        return (table.count, finished)
+        let restored = table.count
+        startAutoLogins()
+        return (restored, finished)
     }
 
     /// Retries the revocations a previous run queued and could not finish.
@@ -210,6 +217,7 @@ public actor SessionManager {
         stopping = true
         timer?.cancel()
         timer = nil
+        wakeAllLoginWaiters()
         if let id = probeTask { background[id]?.cancel() }
         // Refreshed tokens held only in memory while the store is gone: one
         // last look whether it is back, so that they are not lost at the exit.
@@ -286,6 +294,7 @@ public actor SessionManager {
         try await store.saveProviderSecret(provider, secret)
         providerSecrets[provider] = secret
         clients[provider] = nil
+        providerCredentialsChanged(provider)
         log.notice("client secret stored", ["provider": provider, "uid": String(caller.uid)])
     }
 
@@ -293,7 +302,12 @@ public actor SessionManager {
 
     func makeEntry(_ account: Account, state: AccountStateMachine.State = .loggedOut) -> AccountEntry {
         nextEntryID += 1
-        return AccountEntry(id: nextEntryID, machine: AccountStateMachine(account: account, state: state))
+        var machine = AccountStateMachine(account: account, state: state)
+        if let settings = config.accounts[account], settings.autoLogin {
+            machine.autoLogin = true
+            machine.reloginAfterKick = settings.reloginAfterKick
+        }
+        return AccountEntry(id: nextEntryID, machine: machine)
     }
 
     /// The token source of `provider`, made once per configuration.
@@ -347,8 +361,17 @@ public actor SessionManager {
     }
 
     /// Forgets a session that is logged out: its entry, its deadlines, its view.
+    /// An account vaultd keeps logged in, or whose logins failed, stays parked
+    /// instead: its session's deadlines go, its login deadline and backoff stay.
     func forget(_ key: SessionKey) {
-        guard entries[key]?.machine.state == .loggedOut else { return }
+        guard let entry = entries[key], entry.machine.state == .loggedOut else { return }
+        if entry.parks {
+            for timer in SessionTimers.Timer.allCases where timer != .login {
+                deadlines.cancel(TimedWork(key: key, timer: timer))
+            }
+            publishParked(key)
+            return
+        }
         entries[key] = nil
         for timer in SessionTimers.Timer.allCases { deadlines.cancel(TimedWork(key: key, timer: timer)) }
         table.publish(key, nil)

@@ -9,19 +9,25 @@ public struct SessionView: Sendable {
     public var state: LoginState
     /// The stored record; nil while the first login is in flight.
     public var record: SessionRecord?
-    /// Refresh bookkeeping, for providers that refresh.
+    /// Refresh bookkeeping, for providers that refresh; for a parked
+    /// account, its failed logins.
     public var refresh: RefreshStatus?
+    /// No session: an account kept only to show its failed logins and, for
+    /// `AutoLogin=yes`, that vaultd logs it in. Not counted as a session.
+    public var parked = false
     /// The clients that report their connection to the chat server.
     public var clients: [ClientReport]
 
     /// A view.
     public init(
-        state: LoginState, record: SessionRecord?, refresh: RefreshStatus? = nil, clients: [ClientReport] = []
+        state: LoginState, record: SessionRecord?, refresh: RefreshStatus? = nil, clients: [ClientReport] = [],
+        parked: Bool = false
     ) {
         self.state = state
         self.record = record
         self.refresh = refresh
         self.clients = clients
+        self.parked = parked
     }
 
     /// The session as clients see it (type `Session`), when it has a record.
@@ -56,6 +62,7 @@ public final class SessionTable: Sendable {
 
         /// Adds (`sign` 1) or removes (`sign` -1) the contribution of `view`.
         mutating func count(_ view: SessionView, _ sign: Int) {
+            if view.parked { return }
             if view.state == .logging { loggingIn += sign } else { sessions += sign }
             switch view.refresh?.connection {
             case .connecting?: refreshing += sign
@@ -129,7 +136,8 @@ public final class SessionTable: Sendable {
             if let old { contents.counts.count(old, -1) }
             if let view { contents.counts.count(view, 1) }
             contents.views[key] = view
-            switch (old == nil, view == nil) {
+            // A parked account holds no session: not an owner's, not against its limit.
+            switch (old == nil || old!.parked, view == nil || view!.parked) {
             case (true, false):
                 contents.owners[key.account, default: []].insert(key.owner)
                 contents.perOwner[key.owner, default: 0] += 1

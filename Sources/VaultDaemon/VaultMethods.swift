@@ -66,7 +66,9 @@ public enum VaultMethods {
                         guard let record = view.record else {
                             // A login or logout in flight.
                             return .reply(
-                                VarlinkReply(parameters: ["session": pendingSessionJSON(key, state: view.state)]))
+                                VarlinkReply(parameters: [
+                                    "session": pendingSessionJSON(key, state: view.state, refresh: view.refresh)
+                                ]))
                         }
                         return .reply(
                             VarlinkReply(parameters: [
@@ -112,7 +114,23 @@ public enum VaultMethods {
                                 ))
                         }
                         guard let view = table.view(of: key), let record = view.record else {
-                            return refuse(.notLoggedIn(account))
+                            guard access.declared[account] != nil, r.waitSeconds > 0 else {
+                                return refuse(.notLoggedIn(account))
+                            }
+                            // A declared account may be one vaultd keeps logged in
+                            // (AutoLogin=yes): the manager waits for its login.
+                            return .deferred {
+                                do throws(VaultError) {
+                                    let record = try await manager.autoLoginToken(
+                                        key, minValidSeconds: r.minValidSeconds, waitSeconds: r.waitSeconds,
+                                        caller: caller)
+                                    manager.audit("GetToken", key, caller: caller, result: "ok")
+                                    return VarlinkReply(parameters: tokenReply(record))
+                                } catch {
+                                    manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
+                                    return error.varlinkReply
+                                }
+                            }
                         }
                         // The rule the manager applies too. Whether the provider can refresh
                         // and the configured MinRefreshInterval= are the manager's to know:
@@ -365,7 +383,7 @@ public enum VaultMethods {
     ) -> [JSON] {
         table.all().compactMap { (key, view) -> JSON? in
             guard policy.maySee(caller, ownerUID: key.owner), including(key) else { return nil }
-            return view.wireJSON() ?? pendingSessionJSON(key, state: view.state)
+            return view.wireJSON() ?? pendingSessionJSON(key, state: view.state, refresh: view.refresh)
         }
     }
 

@@ -101,6 +101,14 @@ public struct GetTokenRequest: Sendable {
     public var minValidSeconds: Int64
     /// Whose session: nil is the caller's own (or the declared `Owner=`).
     public var ownerUID: UInt32?
+    /// How long to wait for the login of an `AutoLogin=yes` account that is
+    /// not logged in, in seconds (0 to `longestWaitSeconds`).
+    public var waitSeconds: Int64
+
+    /// The wait for an automatic login when the call names none.
+    public static let defaultWaitSeconds: Int64 = 30
+    /// The longest wait a call may ask for.
+    public static let longestWaitSeconds: Int64 = 300
 
     /// Reads the call's parameters.
     public init(_ p: ParameterReader) throws(ParameterReader.Invalid) {
@@ -108,6 +116,10 @@ public struct GetTokenRequest: Sendable {
         ownerUID = try p.optionalUID("ownerUid")
         minValidSeconds = try p.optionalInt("minValidSeconds") ?? 0
         if minValidSeconds < 0 { throw ParameterReader.Invalid(parameter: "minValidSeconds") }
+        waitSeconds = try p.optionalInt("waitSeconds") ?? Self.defaultWaitSeconds
+        guard (0...Self.longestWaitSeconds).contains(waitSeconds) else {
+            throw ParameterReader.Invalid(parameter: "waitSeconds")
+        }
     }
 }
 
@@ -133,10 +145,13 @@ extension SessionRecord {
     }
 }
 
-/// A session view with no stored record (a login or logout in flight).
-public func pendingSessionJSON(_ key: SessionKey, state: LoginState) -> JSON {
-    [
+/// A session view with no stored record (a login or logout in flight, or
+/// an account whose logins failed: `refresh` then shows them).
+public func pendingSessionJSON(_ key: SessionKey, state: LoginState, refresh: RefreshStatus? = nil) -> JSON {
+    var o: [String: JSON] = [
         "provider": .string(key.account.provider), "user": .string(key.account.user),
         "state": .string(state.rawValue), "ownerUid": .int(Int64(key.owner)), "hasRefreshToken": false,
     ]
+    if let refresh { o.merge(refresh.json()) { _, new in new } }
+    return .object(o)
 }

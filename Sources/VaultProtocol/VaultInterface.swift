@@ -77,6 +77,10 @@ public enum VaultInterface {
                 providers that refresh: when the next refresh is due (refreshAt), the last
                 one (lastRefreshAt), failures since the last success, the last error, when
                 the next retry is (nextRetryAt), and the connection state (connecting,
+                connected, connectFailed). An account that is not logged in but failed to
+                (state logout) or that vaultd keeps logged in (AutoLogin=yes) shows its failed
+                logins: consecutiveFailures, lastError and lastErrorCode, and nextRetryAt, before
+                which no login that asks the provider starts (LoginBackingOff).
                 connected, connectFailed). clients: the clients that report their own
                 connection to the chat server (SetConnectionState), absent when none does.
                 """,
@@ -100,6 +104,7 @@ public enum VaultInterface {
                 VarlinkField("nextRetryAt", .nullable(.int)),
                 VarlinkField("connection", .nullable(.string)),
                 VarlinkField("clients", .nullable(.array(.named("ClientConnection")))),
+                VarlinkField("lastErrorCode", .nullable(.string)),
             ])),
         VarlinkTypeDeclaration(
             "Event",
@@ -249,13 +254,17 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     the reply says whose session it came from. minValidSeconds asks for a token
                     valid at least that long from now: vaultd refreshes first where it can, at
                     most once per MinRefreshInterval=, and answers TokenExpired at once when no
-                    token of the session lives that long.
+                    token of the session lives that long. For an account vaultd keeps logged in
+                    (AutoLogin=yes) that is not logged in now, the call waits for vaultd's login
+                    in flight or due within waitSeconds (default 30, at most 300; 0 does not
+                    wait), and answers NotLoggedIn or LoginBackingOff when none comes by then.
                     """,
                 parameters: [
                     VarlinkField("provider", .string),
                     VarlinkField("user", .string),
                     VarlinkField("minValidSeconds", .nullable(.int)),
                     VarlinkField("ownerUid", .nullable(.int)),
+                    VarlinkField("waitSeconds", .nullable(.int)),
                 ],
                 output: [
                     VarlinkField("token", .string),

@@ -190,6 +190,14 @@ final class FaultyStore: SessionStore, Sendable {
 /// 9700 advises), revocation, and faults chosen by the test.
 final class FakeProvider: TokenProvider, Sendable {
     enum Mode: Sendable { case normal, transient, refused }
+    /// How client-credentials logins (`login` without a credential) answer.
+    enum LoginMode: Sendable { case unsupported, normal, transient, rateLimited, refused }
+    /// One login the provider was asked for: when (by `clock`), for which account, and how it ended.
+    struct LoginAttempt: Sendable {
+        var account: Account
+        var at: Double
+        var succeeded: Bool
+    }
 
     struct State {
         var grantOfToken: [String: Int] = [:]
@@ -213,8 +221,20 @@ final class FakeProvider: TokenProvider, Sendable {
         var eternalGrants: Set<Int> = []
         /// Refresh requests per grant.
         var refreshesOfGrant: [Int: Int] = [:]
+        var loginMode = LoginMode.unsupported
+        /// The lifetime of the tokens a login issues.
+        var loginLifetime: Int64 = 120
+        var loginAttempts: [LoginAttempt] = []
+        /// Logins in flight per account, and the most of one account at once.
+        var loginsInFlight: [Account: Int] = [:]
+        var mostLoginsInFlight = 0
     }
     let state = Mutex(State())
+    /// What the login attempts are timed by (nil: time 0).
+    let clock: ManualClock?
+
+    /// A provider; `clock` times its login attempts.
+    init(clock: ManualClock? = nil) { self.clock = clock }
     /// While true, a refresh that rotated waits before it answers (the
     /// server has rotated, vaultd has not heard yet): `held` counts them,
     /// `releaseHeld()` lets them answer.
@@ -254,8 +274,38 @@ final class FakeProvider: TokenProvider, Sendable {
         }
     }
 
+    /// A client-credentials login, answered as `loginMode` says: a new grant
+    /// without a refresh token (the session ends when it expires), a
+    /// transient failure, a 429 with Retry-After: 60, or a refusal.
     func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
-        .permanent(code: "unsupported_grant_type", reason: "the fake issues grants to tests only")
+        let at = clock?.preciseNow() ?? 0
+        let mode = state.withLock { state -> LoginMode in
+            state.loginsInFlight[account, default: 0] += 1
+            state.mostLoginsInFlight = max(state.mostLoginsInFlight, state.loginsInFlight[account]!)
+            return state.loginMode
+        }
+        if mode == .unsupported {
+            state.withLock { $0.loginsInFlight[account]! -= 1 }
+            return .permanent(code: "unsupported_grant_type", reason: "the fake issues grants to tests only")
+        }
+        // Let whatever else is runnable run while the request is "out".
+        for _ in 0..<3 { await Task.yield() }
+        return state.withLock { state -> RefreshOutcome in
+            state.loginsInFlight[account]! -= 1
+            state.loginAttempts.append(LoginAttempt(account: account, at: at, succeeded: state.loginMode == .normal))
+            switch state.loginMode {
+            case .unsupported, .refused: return .permanent(code: "invalid_client", reason: "refused (injected)")
+            case .transient: return .transient(reason: "HTTP 503 (injected)", retryAfter: nil)
+            case .rateLimited: return .transient(reason: "HTTP 429 (injected)", retryAfter: 60)
+            case .normal: break
+            }
+            state.issued += 1
+            let access = "at-\(state.issued)-login-" + String(repeating: "a", count: 16)
+            state.everIssued.append(access)
+            var tokens = TokenSet(accessToken: Secret(access))
+            tokens.tokenType = "Bearer"
+            return .refreshed(tokens, expiresIn: state.loginLifetime)
+        }
     }
 
     func refresh(_ record: SessionRecord) async -> RefreshOutcome {

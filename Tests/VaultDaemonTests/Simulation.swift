@@ -35,8 +35,8 @@ final class Simulation {
 
     let seed: UInt64
     var rng: SplitMix64
-    let provider = FakeProvider()
-    let clock = ManualClock()
+    let clock: ManualClock
+    let provider: FakeProvider
     let events = EventLog()
     var store = FaultyStore()
     var manager: SessionManager
@@ -71,13 +71,34 @@ final class Simulation {
     var nextConnection: UInt64 = 16
     /// Refresh requests per grant without an expiry before the last clock move.
     var eternalRefreshesBefore: [Int: Int]?
+    /// The automatic account's `nextRetryAt` as the last step left it: no
+    /// login of it may reach the provider before.
+    var botRetryAt: Double?
+    /// Login attempts already checked.
+    var loginAttemptsSeen = 0
+    /// A client logged the automatic account out: vaultd does not log it in
+    /// again until it restarts.
+    var botStopped = false
+    /// Token reads of the automatic account waiting for its login.
+    var botReads: [BotRead] = []
+
+    /// A `GetToken` of the automatic account that may wait for its login.
+    final class BotRead: Sendable {
+        let deadline: Double
+        let result = Mutex<String?>(nil)
+        init(deadline: Double) { self.deadline = deadline }
+        var finished: Bool { result.withLock { $0 != nil } }
+    }
+
+    /// The account vaultd keeps logged in (`AutoLogin=yes`, `ReloginAfterKick=yes`), owned by uid 1000.
+    static let bot = SessionKey(owner: 1000, account: Account(provider: "oauth", user: "bot"))
 
     static let owners: [UInt32] = [1000, 1001]
 
     /// The configuration, parsed once.
     static func config() throws -> VaultConfig {
         if let parsed = parsedConfig.withLock({ $0 }) { return parsed }
-        let parsed = try TestConfig.make()
+        let parsed = try TestConfig.make("[Account oauth bot]\nOwner=1000\nAutoLogin=yes\nReloginAfterKick=yes\n")
         parsedConfig.withLock { $0 = parsed }
         return parsed
     }
@@ -88,8 +109,26 @@ final class Simulation {
         self.seed = seed
         rng = SplitMix64(state: seed)
         config = try Simulation.config()
+        let clock = ManualClock()
+        let provider = FakeProvider(clock: clock)
+        self.clock = clock
+        self.provider = provider
         manager = Simulation.makeManager(
             store: store, clock: clock, provider: provider, events: events, config: config, alive: alive)
+        provider.state.withLock { $0.loginMode = .normal }
+    }
+
+    /// Starts the first process: restores (nothing) and logs the automatic account in.
+    func start() async throws {
+        do throws(VaultError) {
+            _ = try await manager.restore()
+        } catch {
+            throw Violation.broken("the first restore failed: \(error)")
+        }
+        await settle()
+        do { try check() } catch {
+            throw Violation.broken("seed \(seed) at the start: \(error)")
+        }
     }
 
     /// Cleared when the process of the current manager "dies": work it still
@@ -102,7 +141,7 @@ final class Simulation {
     ) -> SessionManager {
         SessionManager(
             store: store, config: config, clock: clock, log: Logger(level: .debug, target: .discard),
-            policy: AccessPolicy(vaultdUID: 0),
+            policy: AccessPolicy(vaultdUID: 0, declared: [bot.account: DeclaredAccount(owner: bot.owner)]),
             providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil },
             random: { 0.5 }, armsTimer: false,
             events: { event in if alive.isAlive { events.append(event) } })
@@ -121,17 +160,29 @@ final class Simulation {
 
     /// Waits (bounded) until all background work is done or asleep on the clock.
     func settle() async {
+        let now = clock.preciseNow()
         for _ in 0..<20_000 {
-            if await manager.backgroundWork <= clock.sleeping, !manager.storeChangePending { return }
+            // Each waiting GetToken has a timeout asleep on the clock: not background work.
+            let sleepingWork = clock.sleeping - (await manager.waitingForLogin)
+            if await manager.backgroundWork <= sleepingWork, !manager.storeChangePending,
+                !botReads.contains(where: { $0.deadline <= now && !$0.finished })
+            {
+                return
+            }
             await Task.yield()
         }
     }
 
     /// Runs `steps` random steps, checking the invariants after each.
     func run(steps: Int) async throws {
+        try await start()
         for step in 0..<steps {
-            let roll = rng.next() % 106
+            let roll = rng.next() % 118
             switch roll {
+            case 106..<107: await botLogin()
+            case 107..<109: await botRace()
+            case 109..<112: await botLogout(kick: rng.next() % 2 == 0)
+            case 112..<118: await botRead()
             case 0..<24: await login()
             case 24..<34: await logout(kick: false)
             case 34..<39: await logout(kick: true)
@@ -149,6 +200,7 @@ final class Simulation {
             default: try await crash()
             }
             await settle()
+            if step == steps - 1 { await finish() }
             do { try check() } catch {
                 throw Violation.broken(
                     "seed \(seed) step \(step): \(error)\nreplay: VAULTD_SIM_SEED=\(seed) swift test --filter Simulation\n"
@@ -371,12 +423,155 @@ final class Simulation {
 
     func providerFault() {
         let mode = pick([FakeProvider.Mode.normal, .normal, .transient, .refused])
+        let loginMode = pick([FakeProvider.LoginMode.normal, .normal, .transient, .rateLimited, .refused])
         let revocationsFail = rng.next() % 3 == 0
         provider.state.withLock {
             $0.mode = mode
+            $0.loginMode = loginMode
             $0.revocationsFail = revocationsFail
         }
-        trace.append("provider: \(mode), revocations \(revocationsFail ? "fail" : "work")")
+        trace.append("provider: \(mode), logins \(loginMode), revocations \(revocationsFail ? "fail" : "work")")
+    }
+
+    // MARK: The automatic account
+
+    /// A client logs the automatic account in with the provider's credential
+    /// (`vaultctl login --from-provider`): it shares the account's backoff.
+    func botLogin() async {
+        let key = Self.bot
+        do throws(VaultError) {
+            let (_, created) = try await manager.login(
+                LoginRequest(provider: "oauth", user: "bot"), caller: caller(key.owner))
+            acknowledged[key] = true
+            uncertain.remove(key)
+            botStopped = false
+            trace.append("login --from-provider \(key): \(created ? "created" : "existing")")
+        } catch {
+            if error.code == .loginBackingOff {
+                let retryAt = manager.table.view(of: key)?.refresh?.nextRetryAt
+                if retryAt.map({ Double($0.seconds) <= clock.preciseNow() }) ?? true {
+                    trace.append("BROKEN: LoginBackingOff with nextRetryAt \(retryAt.map { "\($0.seconds)" } ?? "nil")")
+                }
+            }
+            if error.code != .loginBackingOff {
+                // vaultd retries a failed login of an automatic account on its own.
+                botStopped = false
+                if !uncertain.contains(key) { acknowledged[key] = nil }
+            }
+            trace.append("login --from-provider \(key): \(error.code)")
+        }
+    }
+
+    /// vaultd's own login of the automatic account comes due (the clock moves
+    /// to it) while two clients log it in: all share one login. A session
+    /// there is kicked first, and vaultd's login after the kick made to fail,
+    /// so that the account waits for its next login.
+    func botRace() async {
+        let manager = self.manager
+        let owner = caller(Self.bot.owner)
+        let kick = manager.table.view(of: Self.bot)?.record != nil
+        if kick {
+            let mode = provider.state.withLock { state in
+                defer { state.loginMode = .transient }
+                return state.loginMode
+            }
+            _ = try? await manager.logout(Self.bot, caller: owner, reason: "kicked")
+            await settle()
+            provider.state.withLock { $0.loginMode = mode }
+            if !uncertain.contains(Self.bot) { acknowledged[Self.bot] = nil }
+        }
+        if let at = await manager.plannedAutoLogin(Self.bot), Double(at.seconds) > clock.preciseNow() {
+            clock.advance(by: Double(at.seconds) - clock.preciseNow())
+        }
+        let outcomes = FailureLog()
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<2 {
+                group.addTask {
+                    let outcome = await Simulation.clientLogin(manager, owner)
+                    outcomes.append(outcome)
+                }
+            }
+            group.addTask {
+                for _ in 0..<3 { await Task.yield() }
+                await manager.runDueWork()
+            }
+        }
+        let results = outcomes.all.sorted()
+        if results.contains(where: { $0 != "ok" && $0 != "\(VaultError.Code.loginBackingOff)" }) {
+            botStopped = false
+            if !uncertain.contains(Self.bot) { acknowledged[Self.bot] = nil }
+        } else if results.contains("ok") {
+            acknowledged[Self.bot] = true
+            botStopped = false
+        }
+        trace.append("race: \(kick ? "kick" : "due work") and logins --from-provider \(Self.bot): \(results)")
+    }
+
+    /// "ok", or the code of a client's failed login of the automatic account.
+    static func clientLogin(_ manager: SessionManager, _ owner: Caller) async -> String {
+        do throws(VaultError) {
+            _ = try await manager.login(LoginRequest(provider: "oauth", user: bot.account.user), caller: owner)
+            return "ok"
+        } catch {
+            return "\(error.code)"
+        }
+    }
+
+    /// A client logs the automatic account out (vaultd leaves it out) or kicks
+    /// it (vaultd logs it in again: ReloginAfterKick=yes).
+    func botLogout(kick: Bool) async {
+        let key = Self.bot
+        do throws(VaultError) {
+            try await manager.logout(key, caller: caller(key.owner), reason: kick ? "kicked" : nil)
+            acknowledged[key] = kick ? nil : false
+            uncertain.remove(key)
+            if !kick { botStopped = true }
+            trace.append("\(kick ? "kick" : "logout") \(key): ok")
+        } catch {
+            if error.code != .notLoggedIn { uncertain.insert(key) }
+            trace.append("\(kick ? "kick" : "logout") \(key): \(error.code)")
+        }
+    }
+
+    /// A client reads the automatic account's token, waiting for its login up
+    /// to a random time; it runs on while the simulation goes on.
+    func botRead() async {
+        let wait = number(0...60)
+        let waitingBefore = await manager.waitingForLogin
+        let read = BotRead(deadline: clock.preciseNow() + Double(wait))
+        let manager = self.manager
+        let owner = caller(Self.bot.owner)
+        Task.detached { [manager, owner, read, wait] in
+            let outcome = await Simulation.readBotToken(manager, owner, wait: wait)
+            read.result.withLock { $0 = outcome }
+        }
+        botReads.append(read)
+        // The read has begun when it waits or is answered: before the clock moves on.
+        for _ in 0..<20_000 {
+            if read.finished { break }
+            if await manager.waitingForLogin > waitingBefore { break }
+            await Task.yield()
+        }
+        trace.append("token \(Self.bot) wait \(wait)s (until \(Int(read.deadline)))")
+    }
+
+    /// "ok", or the code of the error a waiting read of the automatic account got.
+    static func readBotToken(_ manager: SessionManager, _ owner: Caller, wait: Int64) async -> String {
+        do throws(VaultError) {
+            _ = try await manager.autoLoginToken(bot, minValidSeconds: 0, waitSeconds: wait, caller: owner)
+            return "ok"
+        } catch {
+            return "\(error.code)"
+        }
+    }
+
+    /// The end of a schedule: the process stops, so that reads still waiting end.
+    func finish() async {
+        await manager.shutdown(graceSeconds: 0)
+        for _ in 0..<20_000 where botReads.contains(where: { !$0.finished }) { await Task.yield() }
+        if botReads.contains(where: { !$0.finished }) {
+            trace.append("BROKEN: a GetToken waiting for the automatic login did not end at shutdown")
+        }
     }
 
     /// The process dies after the provider rotated a refresh token and before
@@ -419,6 +614,7 @@ final class Simulation {
     /// The process dies: what the store holds now is all the next one gets.
     func crash() async throws {
         let contents = store.contents
+        for read in botReads { read.result.withLock { $0 = $0 ?? "crash" } }
         for (key, view) in manager.table.all() {
             guard let grant = grantOf[key], view.record != nil else { continue }
             if view.refresh?.unsaved == true, !limboGrants.contains(grant) {
@@ -447,7 +643,13 @@ final class Simulation {
         // Failed logouts that left their mark were finished by the restore.
         for key in uncertain where manager.table.view(of: key) == nil { acknowledged[key] = nil }
         uncertain.removeAll()
+        // A new process logs the automatic account in again, whatever a client said before.
+        acknowledged[Self.bot] = nil
+        botStopped = false
+        botRetryAt = nil
         for key in Set(live.keys) { live[key] = manager.table.view(of: key) != nil }
+        // Live if restored: its automatic login (which may have run already) then starts nothing.
+        live[Self.bot] = contents.records[Self.bot]?.phase == .active
         trace.append("crash: \(contents.records.count) records, \(contents.pending.count) revocations queued")
     }
 
@@ -595,6 +797,8 @@ final class Simulation {
             )
         }
 
+        try checkAutoLogin(views)
+
         // Every refresh token of an ended session is revoked or durably queued.
         let queuedGrants = Set(
             contents.pending.values.compactMap { revocation in
@@ -602,6 +806,41 @@ final class Simulation {
             })
         for grant in endedGrants where !state.revokedGrants.contains(grant) && !queuedGrants.contains(grant) {
             throw Violation.broken("grant \(grant) ended but is neither revoked nor queued for revocation")
+        }
+    }
+}
+
+extension Simulation {
+    /// The automatic account: never two logins of it at the provider at once;
+    /// none before the `nextRetryAt` the step before left; it is logged in,
+    /// on its way, or has its next login planned (unless a client logged it
+    /// out); and a read waiting for its login ended by its deadline.
+    func checkAutoLogin(_ views: [SessionKey: SessionView]) throws {
+        let state = provider.state.withLock { $0 }
+        if state.mostLoginsInFlight > 1 {
+            throw Violation.broken("\(state.mostLoginsInFlight) logins of one account were in flight at once")
+        }
+        for attempt in state.loginAttempts[loginAttemptsSeen...] {
+            if let retryAt = botRetryAt, attempt.account == Self.bot.account, attempt.at < retryAt {
+                throw Violation.broken(
+                    "a login of \(Self.bot) reached the provider at \(Int(attempt.at)), before its nextRetryAt \(Int(retryAt))"
+                )
+            }
+        }
+        loginAttemptsSeen = state.loginAttempts.count
+        let view = views[Self.bot]
+        botRetryAt = view?.record == nil ? view?.refresh?.nextRetryAt.map { Double($0.seconds) } : nil
+        if !botStopped, view?.record == nil, view?.state != .logging, store.outage == nil {
+            // Not logged in and no login in flight: one must be planned.
+            if manager.table.view(of: Self.bot)?.parked != true {
+                throw Violation.broken(
+                    "\(Self.bot) is neither logged in nor parked: \(view.map { "\($0.state)" } ?? "gone")")
+            }
+        }
+        let now = clock.preciseNow()
+        for read in botReads where read.deadline < now && !read.finished {
+            throw Violation.broken(
+                "a GetToken waiting for \(Self.bot) until \(Int(read.deadline)) is still waiting at \(Int(now))")
         }
     }
 }

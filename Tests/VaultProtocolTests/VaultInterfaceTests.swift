@@ -161,7 +161,7 @@ struct VarlinkRenderingTests {
         #expect(text.contains("method Login(\n  provider: string,\n  user: string,\n  token: ?string,\n"))
         #expect(
             text.contains(
-                "  ownerUid: ?int\n) -> (token: string, tokenType: ?string, expiresAt: ?int, instanceUrl: ?string, ownerUid: int)\n"
+                "  ownerUid: ?int,\n  waitSeconds: ?int\n) -> (token: string, tokenType: ?string, expiresAt: ?int, instanceUrl: ?string, ownerUid: int)\n"
             ))
         #expect(text.contains("\nmethod Logout(provider: string, user: string, ownerUid: ?int) -> ()\n"))
     }
