@@ -205,7 +205,12 @@ extension SessionManager {
                     _ = try await refresh(key, caller: nil, clientAsked: true, respectBackoff: true)
                     return done(.refreshed)
                 }
-                try await performLogout(key, by: .vaultd, reason: "rejected", kind: .tokenInvalid)
+                try await performLogout(
+                    key, by: .vaultd, reason: "rejected", kind: .tokenInvalid,
+                    code: VaultError.Code.invalidCredential.seedCode,
+                    message:
+                        "a client reported the chat server rejected the token, and provider '\(account.provider)' cannot refresh it; log \(account) in again"
+                )
                 return done(.ended)
             }
             throw VaultError(.loginInProgress, "\(account) kept changing while its report was handled; try again")

@@ -100,7 +100,8 @@ struct ReplaceManagerTests {
         #expect(h.provider.state.withLock { $0.refreshCalls } == 1)
     }
 
-    @Test("Should end a session whose provider cannot refresh as tokenInvalid, reason rejected")
+    @Test(
+        "Should end a session whose provider cannot refresh as tokenInvalid, reason rejected, with a code and message")
     func reportRejectedStatic() async throws {
         let h = try ManagerHarness()
         let key = SessionKey(owner: 1000, account: Account(provider: "demo", user: "s"))
@@ -115,6 +116,9 @@ struct ReplaceManagerTests {
         #expect(h.manager.table.view(of: key)?.record == nil)
         let event = try #require(h.events.all.last)
         #expect(event.kind == .tokenInvalid && event.reason == "rejected")
+        // Like a refused refresh's, the event says what happened and what to do.
+        #expect(event.code == VaultError.Code.invalidCredential.seedCode)
+        #expect(event.message?.contains("rejected") == true && event.message?.contains("log") == true)
         #expect(h.store.contents.records[key] == nil)
     }
 
