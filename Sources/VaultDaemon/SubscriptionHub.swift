@@ -15,8 +15,11 @@ public final class SubscriptionHub: @unchecked Sendable {
     public static let maximumPerUID = 64
     /// Unsent bytes past which a subscriber is dropped.
     static let queueLimit = 1 << 20
-    /// How long a dropped subscriber's final error may take to go out.
-    static let dropGraceMilliseconds: UInt64 = 5000
+    /// How long a dropped subscriber's final error may take to go out. Its
+    /// queued events are dropped at once (`Streams.end`), so the wait holds
+    /// only the message in flight, the error and a descriptor; 5 s lost the
+    /// error for a subscriber that a loaded machine kept from reading that long.
+    static let dropGraceMilliseconds: UInt64 = 30_000
 
     /// One open subscription.
     private struct Subscription {

@@ -161,7 +161,10 @@ final class Simulation {
     /// Waits (bounded) until all background work is done or asleep on the clock.
     func settle() async {
         let now = clock.preciseNow()
-        for _ in 0..<20_000 {
+        // Yields first; then, should the work need a thread of the cooperative
+        // pool that other tests' blocking calls hold (a loaded full run checked
+        // the invariants before a write had landed), real pauses, up to 60 s.
+        for attempt in 0..<(20_000 + 60_000) {
             // Each waiting GetToken has a timeout asleep on the clock: not background work.
             let sleepingWork = clock.sleeping - (await manager.waitingForLogin)
             if await manager.backgroundWork <= sleepingWork, !manager.storeChangePending,
@@ -169,7 +172,11 @@ final class Simulation {
             {
                 return
             }
-            await Task.yield()
+            if attempt < 20_000 {
+                await Task.yield()
+            } else {
+                try? await Task.sleep(for: .milliseconds(1))
+            }
         }
     }
 

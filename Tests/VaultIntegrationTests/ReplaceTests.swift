@@ -151,12 +151,20 @@ struct ReportRejectedTests {
         let access = try #require(try JSON.parse(grant)["access_token"]?.stringValue)
         #expect(try vaultctl(fixture.socketPath, ["login", "oauth", user], input: grant).status == 0)
         try await server.post("/control/reset")
-        // The refresh takes 3 s, so every reporter arrives while it is out.
+        // The refresh takes 10 s, so the reporters arrive while it is out (on a
+        // loaded machine a late one may find it done: "already replaced", also right).
         try await server.post(
-            "/control/mode", json: ["mode": "slow", "hang_seconds": 3, "count": 1, "target": "token"])
+            "/control/mode", json: ["mode": "slow", "hang_seconds": 10, "count": 1, "target": "token"])
 
         let results = try vaultctlTogether(8, fixture.socketPath, ["report-rejected", "oauth", user], input: access)
-        for r in results { #expect(r.status == 0 && r.stdout.hasPrefix("refreshed"), "\(r.stdout) \(r.stderr)") }
+        for r in results {
+            #expect(
+                r.status == 0 && (r.stdout.hasPrefix("refreshed") || r.stdout.hasPrefix("already replaced")),
+                "\(r.stdout) \(r.stderr)")
+        }
+        let joined = results.filter { $0.stdout.hasPrefix("refreshed") }.count
+        #expect(joined >= 1, "the first reporter's refresh is reported as such")
+        print("report-rejected: \(joined) of 8 reporters joined the one refresh")
         let stats = try await server.stats()
         #expect(stats["refresh_requests"]?.integerValue == 1, "eight reporters, one token request: \(stats)")
         let fresh = try #require(try currentToken(fixture.socketPath, "oauth", user))
