@@ -127,28 +127,16 @@ extension SessionManager {
     }
 
     /// The record a replace writes: from the request's credential, or
-    /// obtained from the provider as a login would (see `performLogin`).
+    /// obtained from the provider as a login would (`credentialFromProvider`).
     func replacementRecord(_ request: LoginRequest, key: SessionKey) async throws(VaultError) -> SessionRecord {
         let account = key.account
-        var obtained: LoginCredential?
         var request = request
-        let provider = client(for: account.provider)
-        let exchange = provider?.exchangesCredentials == true && request.tokenResponse == nil
-        if let provider, exchange || (request.token == nil && request.tokenResponse == nil) {
-            let credential = exchange ? request.token.map(Secret.init) : nil
-            request.token = nil
-            switch await provider.login(account, credential: credential) {
-            case .refreshed(let tokens, let expiresIn):
-                obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
-            case .transient(let reason, _, let code):
-                throw VaultError(
-                    ProviderFailure.transientKind(code), "replacing the tokens of \(account) failed: \(reason)",
-                    providerCode: ProviderFailure.passedThrough(code))
-            case .permanent(let code, let reason):
-                throw VaultError(
-                    ProviderFailure.permanentKind(code), "the provider refused \(account): \(reason)",
-                    providerCode: ProviderFailure.passedThrough(code))
-            }
+        let obtained: LoginCredential?
+        switch await credentialFromProvider(
+            &request, account: account, failure: "replacing the tokens of \(account) failed")
+        {
+        case .success(let credential): obtained = credential
+        case .failure(let refusal): throw refusal.error
         }
         return try makeRecord(request, key: key, obtained: obtained)
     }

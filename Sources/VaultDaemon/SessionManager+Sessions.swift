@@ -146,37 +146,61 @@ extension SessionManager {
         }
     }
 
+    /// Why the provider gave no tokens for a login or a replace: the error for
+    /// the client, the provider's own code and its `Retry-After`.
+    struct ProviderRefusal: Error {
+        var error: VaultError
+        var providerCode: String?
+        var retryAfter: Int64?
+    }
+
+    /// The tokens a login (or a replace) gets from the provider, when the
+    /// provider mints them (the client brought none, or brought a credential
+    /// the provider exchanges, which is then taken out of `request`); nil when
+    /// the client's own tokens are used. `failure` begins the message of a
+    /// transient failure ("logging alice @ demo in failed").
+    func credentialFromProvider(_ request: inout LoginRequest, account: Account, failure: String) async
+        -> Result<LoginCredential?, ProviderRefusal>
+    {
+        guard let provider = client(for: account.provider) else { return .success(nil) }
+        let exchange = provider.exchangesCredentials && request.tokenResponse == nil
+        guard exchange || (request.token == nil && request.tokenResponse == nil) else { return .success(nil) }
+        let credential = exchange ? request.token.map(Secret.init) : nil
+        request.token = nil
+        switch await provider.login(account, credential: credential) {
+        case .refreshed(let tokens, let expiresIn):
+            return .success(LoginCredential(tokens: tokens, expiresIn: expiresIn))
+        case .transient(let reason, let retryAfter, let code):
+            return .failure(
+                ProviderRefusal(
+                    error: VaultError(
+                        ProviderFailure.transientKind(code), "\(failure): \(reason)",
+                        providerCode: ProviderFailure.passedThrough(code)),
+                    providerCode: code, retryAfter: retryAfter))
+        case .permanent(let code, let reason):
+            return .failure(
+                ProviderRefusal(
+                    error: VaultError(
+                        ProviderFailure.permanentKind(code), "the provider refused \(account): \(reason)",
+                        providerCode: ProviderFailure.passedThrough(code)),
+                    providerCode: code))
+        }
+    }
+
     /// Builds the session (asking the provider for tokens when the client
     /// brought none), then stores it.
     func performLogin(_ request: LoginRequest, key: SessionKey, by principal: Principal) async -> Result<
         SessionRecord, VaultError
     > {
         let account = key.account
-        var obtained: LoginCredential?
         var request = request
-        let provider = client(for: account.provider)
-        let exchange = provider?.exchangesCredentials == true && request.tokenResponse == nil
-        if let provider, exchange || (request.token == nil && request.tokenResponse == nil) {
-            let credential = exchange ? request.token.map(Secret.init) : nil
-            request.token = nil
-            switch await provider.login(account, credential: credential) {
-            case .refreshed(let tokens, let expiresIn):
-                obtained = LoginCredential(tokens: tokens, expiresIn: expiresIn)
-            case .transient(let reason, let retryAfter, let code):
-                return failLogin(
-                    key, principal,
-                    VaultError(
-                        ProviderFailure.transientKind(code), "logging \(account) in failed: \(reason)",
-                        providerCode: ProviderFailure.passedThrough(code)),
-                    providerCode: code, retryAfter: retryAfter, fromProvider: true)
-            case .permanent(let code, let reason):
-                return failLogin(
-                    key, principal,
-                    VaultError(
-                        ProviderFailure.permanentKind(code), "the provider refused \(account): \(reason)",
-                        providerCode: ProviderFailure.passedThrough(code)),
-                    providerCode: code, fromProvider: true)
-            }
+        let obtained: LoginCredential?
+        switch await credentialFromProvider(&request, account: account, failure: "logging \(account) in failed") {
+        case .success(let credential): obtained = credential
+        case .failure(let refusal):
+            return failLogin(
+                key, principal, refusal.error, providerCode: refusal.providerCode, retryAfter: refusal.retryAfter,
+                fromProvider: true)
         }
         let record: SessionRecord
         do throws(VaultError) {
