@@ -12,21 +12,7 @@ struct AutoLoginTests {
     /// A fixture whose provider `oauth` logs in at `server` by client
     /// credentials, and whose account `oauth USER` vaultd keeps logged in.
     func fixture(_ server: TokenServer, user: String, extra: String = "") throws -> DaemonFixture {
-        let fixture = try DaemonFixture(start: false)
-        try """
-        [Vault]
-        MinRefreshInterval=0
-
-        [Provider oauth]
-        Type=oauth2
-        TokenURL=\(server.url)/token
-        ClientID=vaultd-test
-
-        [Account oauth \(user)]
-        AutoLogin=yes
-        \(extra)
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        return fixture
+        try DaemonFixture(oauthServer: server, extra: "\n[Account oauth \(user)]\nAutoLogin=yes\n\(extra)\n")
     }
 
     /// How many client-credentials requests the server took.
@@ -42,14 +28,7 @@ struct AutoLoginTests {
 
     /// A subscription to the events of `oauth USER`.
     func subscribe(_ socket: String, _ user: String) throws -> VarlinkClient {
-        let watcher = try VarlinkClient(path: socket, timeoutSeconds: 60)
-        try watcher.send(
-            JSON.object([
-                "method": .string(VaultMethod.subscribe.rawValue), "more": true,
-                "parameters": ["provider": "oauth", "user": .string(user)],
-            ]).text)
-        _ = try watcher.nextReply()
-        return watcher
+        try subscription(socket, provider: "oauth", user: user, timeoutSeconds: 60).watcher
     }
 
     /// The kinds of the next `count` events on `watcher`.

@@ -22,22 +22,7 @@ final class CrashRig {
     /// An oauth2 provider `oauth` (rotating refresh tokens, revocation) and a static `demo`.
     init(serverArguments: [String] = ["--lifetime", "600"]) throws {
         server = try TokenServer(serverArguments)
-        fixture = try DaemonFixture(start: false)
-        let text = """
-            [Vault]
-            MinRefreshInterval=0
-
-            [Provider oauth]
-            Type=oauth2
-            TokenURL=\(server.url)/token
-            ClientID=vaultd-test
-            RevocationURL=\(server.url)/revoke
-
-            [Provider demo]
-            Type=static
-
-            """
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        fixture = try DaemonFixture(oauthServer: server, revocation: true, extra: "\n[Provider demo]\nType=static\n")
         daemon = try fixture.start()
         store = try LibsecretStore.open(timeoutSeconds: 10, scope: fixture.scope)
     }
@@ -64,13 +49,7 @@ final class CrashRig {
 
     /// A subscriber to one account's events, past its snapshot.
     func subscribe(_ provider: String, _ user: String, timeoutSeconds: Int = 10) throws -> VarlinkClient {
-        let watcher = try VarlinkClient(path: socket, timeoutSeconds: timeoutSeconds)
-        try watcher.send(
-            VarlinkCall(
-                method: VaultMethod.subscribe.rawValue,
-                parameters: ["provider": .string(provider), "user": .string(user)], more: true))
-        _ = try watcher.nextReply()
-        return watcher
+        try subscription(socket, provider: provider, user: user, timeoutSeconds: timeoutSeconds).watcher
     }
 
     /// The kinds of the events `watcher` gets until one of `kind` arrives (bounded in count and by its timeout).

@@ -70,13 +70,7 @@ struct ExecProviderTests {
     func openIMRefreshes() throws {
         let standIns = try ChatStandIns()
         let fixture = try start(standIns)
-        let watcher = try VarlinkClient.raw(fixture.socketPath)
-        try watcher.send(
-            JSON.object([
-                "method": .string(VaultMethod.subscribe.rawValue), "more": true,
-                "parameters": ["provider": "openim", "user": "bob"],
-            ]).text)
-        _ = try watcher.nextReply()
+        let watcher = try subscription(fixture.socketPath, provider: "openim", user: "bob").watcher
         let login = try vaultctl(fixture.socketPath, ["login", "openim", "bob", "--from-provider"])
         #expect(login.status == 0, "\(login.stderr)")
         let first = try vaultctl(fixture.socketPath, ["token", "openim", "bob"]).stdout

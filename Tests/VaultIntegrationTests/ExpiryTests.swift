@@ -13,13 +13,8 @@ struct ExpiryTests {
     func expiresOnSchedule() async throws {
         let fixture = try DaemonFixture()
         let user = uniqueName("expiring")
-        let watcher = try VarlinkClient.raw(fixture.socketPath)
-        try watcher.send(
-            JSON.object([
-                "method": .string(VaultMethod.subscribe.rawValue), "more": true,
-                "parameters": ["provider": "demo", "user": .string(user)],
-            ]).text)
-        #expect(try watcher.nextReply()?.parameters["sessions"] != nil)
+        let (watcher, snapshot) = try subscription(fixture.socketPath, provider: "demo", user: user)
+        #expect(snapshot?.parameters["sessions"] != nil)
 
         let expiresAt = Int64(Date().timeIntervalSince1970) + 2
         let login = try vaultctl(

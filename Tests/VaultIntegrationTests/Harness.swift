@@ -236,19 +236,13 @@ final class DaemonFixture {
     }
 
     /// A fixture (not started) whose one provider, `oauth`, refreshes at
-    /// `server`, and whose clients may refresh as often as they ask
-    /// (`MinRefreshInterval=0`).
-    convenience init(oauthServer server: TokenServer) throws {
+    /// `server` (and revokes there, with `revocation`), whose clients may
+    /// refresh as often as they ask (`MinRefreshInterval=0`), with `extra`
+    /// configuration after the provider's section.
+    convenience init(oauthServer server: TokenServer, revocation: Bool = false, extra: String = "") throws {
         try self.init(start: false)
-        try """
-        [Vault]
-        MinRefreshInterval=0
-
-        [Provider oauth]
-        Type=oauth2
-        TokenURL=\(server.url)/token
-        ClientID=vaultd-test
-        """.write(toFile: configPath, atomically: true, encoding: .utf8)
+        try ("[Vault]\nMinRefreshInterval=0\n\n" + server.providerSection(revocation: revocation) + extra)
+            .write(toFile: configPath, atomically: true, encoding: .utf8)
     }
 
     @discardableResult
@@ -382,4 +376,17 @@ extension Trait where Self == ConditionTrait {
     /// Runs the suite only where a Secret Service answers; otherwise it is
     /// skipped with a message saying how to run it.
     static var requiresKeyring: Self { .enabled(if: Keyring.reachable, Keyring.skipReason) }
+}
+
+/// A subscription to the events of `provider USER` on `socket`, every read
+/// bounded by `timeoutSeconds`; `snapshot` is its first reply.
+func subscription(_ socket: String, provider: String, user: String, timeoutSeconds: Int = 10) throws -> (
+    watcher: VarlinkClient, snapshot: VarlinkReply?
+) {
+    let watcher = try VarlinkClient(path: socket, timeoutSeconds: timeoutSeconds)
+    try watcher.send(
+        VarlinkCall(
+            method: VaultMethod.subscribe.rawValue,
+            parameters: ["provider": .string(provider), "user": .string(user)], more: true))
+    return (watcher, try watcher.nextReply())
 }

@@ -17,6 +17,13 @@ final class TokenServer {
 
     init(_ arguments: [String] = []) throws { server = try PythonServer("token_server.py", arguments) }
 
+    /// The configuration section of a provider `oauth` that gets its tokens
+    /// here (and, with `revocation`, revokes them here).
+    func providerSection(revocation: Bool = false) -> String {
+        "[Provider oauth]\nType=oauth2\nTokenURL=\(url)/token\nClientID=vaultd-test\n"
+            + (revocation ? "RevocationURL=\(url)/revoke\n" : "")
+    }
+
     /// POSTs `body` to `path` and returns the JSON answer.
     @discardableResult
     func post(_ path: String, form: String? = nil, json: JSON? = nil) async throws -> JSON {
@@ -63,22 +70,14 @@ struct RefreshTests {
         DaemonFixture, RunningDaemon
     ) {
         let fixture = try DaemonFixture(start: false)
-        var text = "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=vaultd-test\n" + extra
-        if revocation { text += "RevocationURL=\(server.url)/revoke\n" }
+        let text = server.providerSection(revocation: revocation) + extra
         try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
         return (fixture, try fixture.start())
     }
 
     func subscribe(_ socket: String, _ user: String) throws -> VarlinkClient {
         // Generous: a refresh or a retry may be tens of seconds away on a loaded machine.
-        let watcher = try VarlinkClient(path: socket, timeoutSeconds: 90)
-        try watcher.send(
-            JSON.object([
-                "method": .string(VaultMethod.subscribe.rawValue), "more": true,
-                "parameters": ["provider": "oauth", "user": .string(user)],
-            ]).text)
-        _ = try watcher.nextReply()
-        return watcher
+        try subscription(socket, provider: "oauth", user: user, timeoutSeconds: 90).watcher
     }
 
     /// The next event of `kind`, skipping others; bounded by the socket timeout and a count.
@@ -320,9 +319,8 @@ struct RefreshTests {
     func legacyQueuedRevocation() async throws {
         let server = try TokenServer(["--lifetime", "600"])
         let fixture = try DaemonFixture(start: false)
-        try
-            "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=vaultd-test\nRevocationURL=\(server.url)/revoke\n"
-            .write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try server.providerSection(revocation: true).write(
+            toFile: fixture.configPath, atomically: true, encoding: .utf8)
         let user = uniqueName("legacy")
         var tokens = TokenSet(accessToken: Secret("legacy_access_abcdefghijklmnop"))
         tokens.refreshToken = Secret("lgcyrt_refresh_abcdefghijklmnop")

@@ -79,13 +79,8 @@ struct ReplaceTests {
     func replaceRevokesOldGrant() async throws {
         let server = try TokenServer(["--lifetime", "600"])
         let fixture = try DaemonFixture(start: false)
-        try """
-        [Provider oauth]
-        Type=oauth2
-        TokenURL=\(server.url)/token
-        ClientID=vaultd-test
-        RevocationURL=\(server.url)/revoke
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try server.providerSection(revocation: true).write(
+            toFile: fixture.configPath, atomically: true, encoding: .utf8)
         try fixture.start()
         let user = uniqueName("replace-oauth")
         let first = try await server.grant()

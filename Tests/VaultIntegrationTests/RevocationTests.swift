@@ -13,10 +13,8 @@ struct RevocationTests {
     /// A fixture whose one provider, `oauth`, revokes at `server`'s /revoke.
     func start(_ server: TokenServer) throws -> (DaemonFixture, RunningDaemon) {
         let fixture = try DaemonFixture(start: false)
-        let text =
-            "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=vaultd-test\n"
-            + "RevocationURL=\(server.url)/revoke\n"
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try server.providerSection(revocation: true).write(
+            toFile: fixture.configPath, atomically: true, encoding: .utf8)
         return (fixture, try fixture.start())
     }
 

@@ -21,7 +21,7 @@ final class OutageFixture {
         configPath = directory.path("vaultd.conf")
         var text = "[Vault]\nStoreTimeout=5\nMinRefreshInterval=0\n\n[Provider demo]\nType=static\n"
         if let tokenServer {
-            text += "\n[Provider oauth]\nType=oauth2\nTokenURL=\(tokenServer.url)/token\nClientID=vaultd-test\n"
+            text += "\n" + tokenServer.providerSection()
         }
         try text.write(toFile: configPath, atomically: true, encoding: .utf8)
     }
