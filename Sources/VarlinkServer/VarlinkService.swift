@@ -48,8 +48,11 @@ public struct VarlinkService: Sendable {
     /// megabyte of numbers sent to such a method costs a scan, not a parse).
     public static let defaultCallSizeLimit = 64 << 10
 
-    /// Interface name → interface definition text, rendered once.
-    public private(set) var interfaces: [String: String] = [:]
+    /// Interface name → its declaration. The definition text is rendered
+    /// when a client asks for it (`GetInterfaceDescription`), not at start:
+    /// wrapping every doc comment costs more than the rest of start-up's own
+    /// work, for a call almost no client makes.
+    public private(set) var interfaces: [String: VarlinkInterfaceDeclaration] = [:]
     /// The methods' checks and handlers, in the order of `methodNames`.
     private var bindings: [Binding] = []
     /// The full names of the methods, so that reading a call reuses them
@@ -95,7 +98,7 @@ public struct VarlinkService: Sendable {
         callSizeLimit: (VarlinkMethodDeclaration) -> Int = { _ in VarlinkService.defaultCallSizeLimit },
         handler: (VarlinkMethodDeclaration) -> MethodHandler?
     ) {
-        interfaces[interface.name] = interface.idl
+        interfaces[interface.name] = interface
         for method in interface.methods {
             guard let signature = interface.signature(of: method.name) else { continue }
             let binding = Binding(
@@ -159,10 +162,10 @@ public struct VarlinkService: Sendable {
                 ]))
         case ServiceMethod.getInterfaceDescription.rawValue:
             let name = call.parameters["interface"]?.stringValue ?? ""
-            guard let description = interfaces[name] else {
+            guard let interface = interfaces[name] else {
                 return .reply(VarlinkServiceError.interfaceNotFound(name))
             }
-            return .reply(VarlinkReply(parameters: ["description": .string(description)]))
+            return .reply(VarlinkReply(parameters: ["description": .string(interface.idl)]))
         default:
             return .reply(VarlinkServiceError.methodNotImplemented(call.method))
         }

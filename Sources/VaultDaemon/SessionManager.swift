@@ -43,8 +43,9 @@ public actor SessionManager {
     /// The access policy in force, shared with the serving thread.
     public nonisolated let policy: PolicyBox
 
-    /// Every session, one entry each.
-    var entries: [SessionKey: AccountEntry] = [:]
+    /// Every session, one entry each (dense: an entry is ~350 bytes, and a
+    /// dictionary would keep up to twice that per entry in empty buckets).
+    var entries = DenseTable<SessionKey, AccountEntry>()
     var nextEntryID: UInt64 = 0
     /// Every session's deadlines; the nearest one arms `timer`.
     var deadlines = DeadlineQueue<TimedWork>()

@@ -76,15 +76,41 @@ public final class SessionTable: Sendable {
     /// O(1) per change: every login and refresh publishes, and STATUS= must
     /// not scan 100,000 sessions each time.
     private struct Contents {
-        var views: [SessionKey: SessionView] = [:]
+        var views = DenseTable<SessionKey, SessionView>()
         var counts = Counts()
         /// Per account, the uids holding a session of it (an admin who names
         /// no owner is answered from the only one).
-        var owners: [Account: Set<UInt32>] = [:]
+        var owners: [Account: Owners] = [:]
         /// Sessions per owner, for the per-user limit.
         var perOwner: [UInt32: Int] = [:]
         /// Told the key of each change once it is visible (`observe(_:)`).
         var observer: (@Sendable (SessionKey) -> Void)?
+    }
+
+    /// The uids holding a session of one account: almost always one, kept
+    /// inline (a `Set` would be an allocation of its own per account).
+    private struct Owners {
+        private var first: UInt32
+        private var others: [UInt32] = []
+
+        init(_ owner: UInt32) { first = owner }
+
+        var sorted: [UInt32] { ([first] + others).sorted() }
+
+        mutating func insert(_ owner: UInt32) {
+            if owner != first && !others.contains(owner) { others.append(owner) }
+        }
+
+        /// Removes `owner`; false when none is left.
+        mutating func remove(_ owner: UInt32) -> Bool {
+            if owner == first {
+                guard let next = others.popLast() else { return false }
+                first = next
+            } else {
+                others.removeAll { $0 == owner }
+            }
+            return true
+        }
     }
 
     private let contents = Mutex(Contents())
@@ -107,7 +133,7 @@ public final class SessionTable: Sendable {
 
     /// The uids that hold a session (or a login in flight) of `account`, in order.
     public func owners(of account: Account) -> [UInt32] {
-        contents.withLock { ($0.owners[account] ?? []).sorted() }
+        contents.withLock { $0.owners[account]?.sorted ?? [] }
     }
 
     /// How many sessions (and logins in flight) `owner` holds.
@@ -139,11 +165,12 @@ public final class SessionTable: Sendable {
             // A parked account holds no session: not an owner's, not against its limit.
             switch (old == nil || old!.parked, view == nil || view!.parked) {
             case (true, false):
-                contents.owners[key.account, default: []].insert(key.owner)
+                if contents.owners[key.account]?.insert(key.owner) == nil {
+                    contents.owners[key.account] = Owners(key.owner)
+                }
                 contents.perOwner[key.owner, default: 0] += 1
             case (false, true):
-                contents.owners[key.account]?.remove(key.owner)
-                if contents.owners[key.account]?.isEmpty == true { contents.owners[key.account] = nil }
+                if contents.owners[key.account]?.remove(key.owner) == false { contents.owners[key.account] = nil }
                 contents.perOwner[key.owner, default: 1] -= 1
                 if contents.perOwner[key.owner] == 0 { contents.perOwner[key.owner] = nil }
             default: break
