@@ -28,9 +28,11 @@ struct PythonClientTests {
                 "PYTHONPATH": Self.clientDirectory.path, "PYTHONDONTWRITEBYTECODE": "1",
                 "VAULTD_CLIENT_TEST_SOCKET": fixture.socketPath, "VAULTD_CLIENT_TEST_TOKEN_SERVER": server.url,
             ], seconds: 180)
-        // unittest reports on stderr; its summary is "OK" or "OK (skipped=N)".
+        // unittest reports on stderr; its summary is "OK" or "OK (skipped=N)". Only
+        // the impostor-socket test may skip, and only when not root (it serves as nobody).
         #expect(result.status == 0, "\(result.stdout)\n\(result.stderr)")
-        #expect(result.stderr.contains("\nOK\n"), "every test ran, none skipped:\n\(result.stderr)")
+        let summary = getuid() == 0 ? "\nOK\n" : "\nOK (skipped=1)\n"
+        #expect(result.stderr.contains(summary), "every test ran (\(summary)):\n\(result.stderr)")
         #expect(result.stderr.contains("test_oauth_session_lifecycle"))
     }
 
@@ -42,10 +44,11 @@ struct PythonClientTests {
         try FileManager.default.copyItem(at: Self.clientDirectory, to: source)
         let venv = directory.path("venv")
         let python = URL(fileURLWithPath: venv + "/bin/python")
-        // --system-site-packages lends the venv the setuptools installed here, so the
-        // build needs no network (--no-build-isolation --no-index).
+        // Debian's own python3 (Debian 12 is the target), whose python3-setuptools and
+        // python3-wheel (scripts/deps) the venv borrows through --system-site-packages:
+        // the build needs no network (--no-build-isolation --no-index).
         let created = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/env"), ["python3", "-m", "venv", "--system-site-packages", venv],
+            URL(fileURLWithPath: "/usr/bin/python3"), ["-m", "venv", "--system-site-packages", venv],
             seconds: 120)
         #expect(created.status == 0, "\(created.stderr)")
         let installed = try runCommand(

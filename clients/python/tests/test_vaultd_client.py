@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import os
 import re
+import select
 import socket
 import tempfile
 import time
@@ -236,6 +237,60 @@ class OfflineConnectionTests(unittest.TestCase):
                 listener.close()
 
 
+class UntrustedSocketTests(unittest.TestCase):
+    """A socket served by another user gets nothing, as vaultctl refuses it."""
+
+    def test_trusts_root_self_and_no_one_else(self):
+        """Should trust a peer that is root or this process's user, and no other uid without a vaultd user."""
+        trusts = vaultd_client._Connection.trusts
+        self.assertTrue(trusts(0, 1000))
+        self.assertTrue(trusts(1000, 1000))
+        with mock.patch("pwd.getpwnam", side_effect=KeyError("vaultd")):
+            self.assertFalse(trusts(1001, 1000))
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to serve a socket as another uid")
+    def test_socket_served_by_another_uid_is_refused(self):
+        """Should raise VaultdUntrustedSocketError, before sending anything, for a socket nobody (65534) serves."""
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "impostor.sock")
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(path)
+            ready_r, ready_w = os.pipe()
+            done_r, done_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the impostor: listens as nobody, so SO_PEERCRED names nobody
+                try:
+                    os.close(done_w)
+                    os.close(ready_r)
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    listener.listen(1)
+                    os.write(ready_w, b"r")
+                    select.select([done_r], [], [], 60)  # until the parent is done (it closes done_w)
+                finally:
+                    os._exit(0)
+            try:
+                os.close(ready_w)
+                self.assertEqual(select.select([ready_r], [], [], 30)[0], [ready_r], "the impostor did not start")
+                self.assertEqual(os.read(ready_r, 1), b"r")
+                with self.assertRaises(vaultd_client.VaultdUntrustedSocketError) as caught:
+                    Client(path, timeout=5)
+                self.assertEqual(caught.exception.peer_uid, 65534)
+                self.assertIn("refusing to send credentials", str(caught.exception))
+                # Nothing was sent: the connection waits in the backlog unread.
+                listener.setblocking(False)
+                accepted, _ = listener.accept()
+                accepted.settimeout(5)
+                self.assertEqual(accepted.recv(100), b"")
+                accepted.close()
+            finally:
+                os.close(done_w)
+                os.close(ready_r)
+                os.close(done_r)
+                os.waitpid(pid, 0)
+                listener.close()
+
+
 def _live():
     socket_path = os.environ.get("VAULTD_CLIENT_TEST_SOCKET")
     server = os.environ.get("VAULTD_CLIENT_TEST_TOKEN_SERVER")
@@ -365,7 +420,7 @@ class LiveTests(unittest.TestCase):
         # Errors of calls that carried the token.
         for call in (
             lambda: self.vault.login("no-such-provider", user, token=SECRET),
-            lambda: self.vault.login("demo", user, token=SECRET, expires_at=-5),
+            lambda: self.vault.login("demo", user + "-expired", token=SECRET, expires_at=5),
             lambda: self.vault.set_provider_secret("demo", secret=SECRET),
         ):
             with self.assertRaises(VaultdError) as caught:
