@@ -78,7 +78,8 @@ def parse_idl(text):
         for m in re.finditer(r"\btype\s+(\w+)\s*\(([^()]*)\)", body)
         if ":" in m.group(2)  # structs; enums have no field types
     }
-    return methods, types
+    errors = re.findall(r"\berror\s+(\w+)\s*\(", body)
+    return methods, types, errors
 
 
 def wire_fields(cls):
@@ -94,7 +95,7 @@ def wire_fields(cls):
 def missing_from_client(text):
     """What of the interface text the client lacks: one line per method,
     parameter or type field it does not cover."""
-    methods, types = parse_idl(text)
+    methods, types, errors = parse_idl(text)
     missing = []
     if not methods:
         missing.append("no method found in the interface text")
@@ -114,6 +115,10 @@ def missing_from_client(text):
             continue
         for f in sorted(set(fields) - wire_fields(cls)):
             missing.append("type %s: no field for %s" % (name, f))
+    for name in errors:
+        cls = getattr(vaultd_client, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, VaultdError) and cls is not VaultdError):
+            missing.append("error %s: no exception class vaultd_client.%s" % (name, name))
     return missing
 
 
@@ -127,12 +132,13 @@ class CompletenessTests(unittest.TestCase):
     added to io.vaultd.Vault fails here until the client has it."""
 
     def test_every_method_parameter_and_type_field_has_python(self):
-        """Should find a Client call for every method, a keyword for every parameter, a field for every type field."""
+        """Should find a Client call for every method, a keyword for every parameter, a field for every
+        type field and an exception class for every error."""
         self.assertEqual(missing_from_client(read_idl()), [])
 
     def test_every_output_field_is_read(self):
         """Should read every output field of every method into its result."""
-        methods, _ = parse_idl(read_idl())
+        methods, _, _ = parse_idl(read_idl())
         for name, (_, outputs) in sorted(methods.items()):
             if not outputs:
                 continue
@@ -151,15 +157,32 @@ class CompletenessTests(unittest.TestCase):
             "\nmethod FrobnicateToken(provider: string, level: ?int) -> ()\n"
             "\nmethod GetToken2(provider: string) -> ()\n"
             "\ntype Widget (name: string)\n"
+            "\nerror Frobnicated (code: string, message: string)\n"
         )
         missing = missing_from_client(text)
         self.assertIn("method FrobnicateToken: no Client.frobnicate_token", missing)
         self.assertIn("method GetToken2: no Client.get_token2", missing)
         self.assertIn("type Widget: no dataclass vaultd_client.Widget", missing)
-        self.assertEqual(len(missing), 3, missing)
+        self.assertIn("error Frobnicated: no exception class vaultd_client.Frobnicated", missing)
+        self.assertEqual(len(missing), 4, missing)
 
 
 SECRET = "sk_live_0123456789abcdefghijklmnopqrstuv"
+
+
+class ErrorTests(unittest.TestCase):
+    """Error replies become exceptions of their own class."""
+
+    def test_error_classes(self):
+        """Should raise the class of a known error name and VaultdError for any other, with code and message."""
+        error = vaultd_client._error("io.vaultd.Vault.TokenExpired", {"code": "ERR_TOKEN_EXPIRED", "message": "m"})
+        self.assertIsInstance(error, vaultd_client.TokenExpired)
+        self.assertEqual((error.code, error.message, str(error)), ("ERR_TOKEN_EXPIRED", "m", "m (ERR_TOKEN_EXPIRED)"))
+        later = vaultd_client._error("io.vaultd.Vault.SomethingNew", {"code": "ERR_NEW", "message": "m"})
+        self.assertIs(type(later), VaultdError)
+        varlink = vaultd_client._error("org.varlink.service.InvalidParameter", {"parameter": "limit"})
+        self.assertIs(type(varlink), VaultdError)
+        self.assertEqual((varlink.code, varlink.message), (None, "invalid parameter 'limit'"))
 
 
 class MaskTests(unittest.TestCase):
@@ -396,6 +419,7 @@ class LiveTests(unittest.TestCase):
         with self.assertRaises(VaultdError) as caught:
             self.vault.get_token("demo", user, wait_seconds=0)
         error = caught.exception
+        self.assertIsInstance(error, vaultd_client.NotLoggedIn)
         self.assertEqual(error.name, "io.vaultd.Vault.NotLoggedIn")
         self.assertEqual(error.short_name, "NotLoggedIn")
         self.assertEqual(error.code, "ERR_NOT_LOGGED_IN")
