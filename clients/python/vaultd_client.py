@@ -1064,7 +1064,8 @@ class EventStream:
     ) -> None:
         self._conn = conn
         self.end: Union[None, str, VaultdError] = None
-        first = _check(conn.call(INTERFACE + ".Subscribe", {"provider": provider, "user": user, "kinds": kinds}, more=True))
+        parameters = {"provider": provider, "user": user, "kinds": kinds}
+        first = _check(conn.call(INTERFACE + ".Subscribe", parameters, more=True))
         sessions = first.get("sessions")
         if not isinstance(sessions, list):
             raise VaultdProtocolError("vaultd's first Subscribe reply has no sessions")

@@ -320,7 +320,9 @@ def _live():
     return socket_path, server
 
 
-@unittest.skipUnless(all(_live()), "set VAULTD_CLIENT_TEST_SOCKET and VAULTD_CLIENT_TEST_TOKEN_SERVER (PythonClientTests does)")
+@unittest.skipUnless(
+    all(_live()), "set VAULTD_CLIENT_TEST_SOCKET and VAULTD_CLIENT_TEST_TOKEN_SERVER (PythonClientTests does)"
+)
 class LiveTests(unittest.TestCase):
     """The client against a real vaultd and a real token server."""
 
