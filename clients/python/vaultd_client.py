@@ -1,0 +1,1129 @@
+"""A Python client for vaultd, the credential-vault daemon: standard library only.
+
+It speaks Varlink itself (JSON objects, each ended by a NUL byte, on a Unix
+stream socket) and needs no other package. One typed call per method of the
+interface ``io.vaultd.Vault`` (docs/io.vaultd.Vault.varlink), with snake_case
+names and keyword arguments; results are frozen dataclasses; errors are
+exceptions.
+
+    import vaultd_client
+
+    with vaultd_client.Client(timeout=10) as vault:      # the socket vaultctl uses
+        vault.login("demo", "alice", token="my-token-value-1234567890")
+        token = vault.get_token("demo", "alice", min_valid_seconds=300)
+        print(token)               # Token(value='my********90', ...): masked
+        use(token.value)           # the token itself
+
+Results are dataclasses rather than TypedDicts so that a token can be masked
+in ``repr()`` (a dict prints every value it holds), fields are attributes an
+editor can complete, and what vaultd sent stays in ``raw`` for fields this
+version does not know yet.
+
+Connection problems raise ``VaultdConnectionError`` (which says what to do:
+is vaultd running? which socket was tried); error replies raise
+``VaultdError`` (of the error's own subclass, such as ``NotLoggedIn``) with
+the Varlink error name, vaultd's code (``ERR_NOT_LOGGED_IN``), the message and
+the parameters. Tokens never appear
+in an exception's text or a result's ``repr()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pwd
+import re
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "ClientConnection",
+    "EVENT_KINDS",
+    "Event",
+    "EventStream",
+    "INTERFACE",
+    "LoginResult",
+    "Session",
+    "SessionPage",
+    "Token",
+    "UserProfile",
+    "VaultdClientError",
+    "VaultdConnectionError",
+    "VaultdError",
+    "VaultdProtocolError",
+    "VaultdTimeoutError",
+    "VaultdUntrustedSocketError",
+    "default_socket_path",
+    "mask",
+]
+
+#: The Varlink interface this client speaks.
+INTERFACE = "io.vaultd.Vault"
+
+#: The socket of vaultd's system instance.
+SYSTEM_SOCKET = "/run/vaultd/socket"
+
+#: The user vaultd's system instance runs as (``DynamicUser=``); a socket it
+#: serves is trusted like one served by root.
+SYSTEM_SERVICE_USER = "vaultd"
+
+#: The event kinds vaultd sends (``Event.kind``); a later vaultd may add more.
+EVENT_KINDS = (
+    "loginSuccess",
+    "loginFailed",
+    "logoutSuccess",
+    "logoutFailed",
+    "tokenRefreshed",
+    "tokenExpired",
+    "tokenInvalid",
+    "kickedOffline",
+    "connectionChanged",
+    "storeChanged",
+)
+
+#: The largest message this client reads (as the Swift client).
+MAX_MESSAGE_SIZE = 16 << 20
+
+_STARS = "********"
+
+
+def mask(secret: Optional[str]) -> Optional[str]:
+    """``secret`` masked as vaultd masks it: at most four characters shown and
+    never more than a quarter of them (the first and last two around eight
+    stars from 16 characters on, the first and last one from 8, stars only below)."""
+    if secret is None:
+        return None
+    shown = 2 if len(secret) >= 16 else 1 if len(secret) >= 8 else 0
+    if shown == 0:
+        return _STARS
+    return secret[:shown] + _STARS + secret[-shown:]
+
+
+def default_socket_path(environ: Optional[Mapping[str, str]] = None, uid: Optional[int] = None) -> str:
+    """Where vaultd listens unless told otherwise, found as vaultd and vaultctl
+    find it: ``$VAULTD_SOCKET`` when set; else ``$XDG_RUNTIME_DIR/vaultd/socket``;
+    else ``/run/vaultd/socket`` for root and ``/run/user/UID/vaultd/socket`` for
+    anyone else."""
+    environ = os.environ if environ is None else environ
+    uid = os.getuid() if uid is None else uid
+    explicit = environ.get("VAULTD_SOCKET", "")
+    if explicit:
+        return explicit
+    runtime = environ.get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/"):
+        return runtime + "/vaultd/socket"
+    return SYSTEM_SOCKET if uid == 0 else "/run/user/%d/vaultd/socket" % uid
+
+
+# MARK: Errors
+
+
+class VaultdClientError(Exception):
+    """Everything this module raises derives from this."""
+
+
+class VaultdError(VaultdClientError):
+    """vaultd answered a call with an error.
+
+    ``name`` is the Varlink error name (``io.vaultd.Vault.NotLoggedIn``),
+    ``code`` vaultd's code from the error's parameters (``ERR_NOT_LOGGED_IN``;
+    None for ``org.varlink.service`` errors), ``message`` what happened and what
+    to do, ``parameters`` the error's parameters as they came. vaultd never puts
+    a secret in them."""
+
+    def __init__(self, name: str, parameters: Optional[Mapping[str, Any]] = None) -> None:
+        self.name = name
+        self.parameters: Dict[str, Any] = dict(parameters or {})
+        code = self.parameters.get("code")
+        self.code: Optional[str] = code if isinstance(code, str) else None
+        message = self.parameters.get("message")
+        parameter = self.parameters.get("parameter")
+        if isinstance(message, str):
+            self.message = message
+        elif isinstance(parameter, str):
+            self.message = "invalid parameter '%s'" % parameter
+        else:
+            self.message = name
+        super().__init__("%s (%s)" % (self.message, self.code or self.name))
+
+    @property
+    def short_name(self) -> str:
+        """The error's name without its interface: ``NotLoggedIn``."""
+        return self.name.rsplit(".", 1)[-1]
+
+
+# The errors of io.vaultd.Vault, one class each, so that a caller can write
+# ``except vaultd_client.NotLoggedIn``. A name this version does not know
+# raises VaultdError itself. A test fails when the interface gains one.
+
+class NotLoggedIn(VaultdError):
+    """The account is not logged in (ERR_NOT_LOGGED_IN)."""
+
+
+class LoginInProgress(VaultdError):
+    """A login of the account is already in progress."""
+
+
+class UnknownProvider(VaultdError):
+    """The provider is not defined in vaultd.conf (ERR_PROVIDER_NOT_FOUND)."""
+
+
+class InvalidCredential(VaultdError):
+    """The token is missing, empty or malformed (AUTH_ERR_AUTH_TOKEN_NOT_FOUND)."""
+
+
+class TokenExpired(VaultdError):
+    """The token has expired, or would before min_valid_seconds (ERR_TOKEN_EXPIRED)."""
+
+
+class UserDeactivated(VaultdError):
+    """The user is deactivated at the provider (ERR_USER_DEACTIVATED)."""
+
+
+class UidNotFound(VaultdError):
+    """The user id is unknown at the provider (ERR_UID_NOT_FOUND)."""
+
+
+class AccessDenied(VaultdError):
+    """The caller may not use this account."""
+
+
+class StoreUnavailable(VaultdError):
+    """The secret store cannot be reached."""
+
+
+class StoreLocked(VaultdError):
+    """The secret store's collection is locked."""
+
+
+class StoreFailed(VaultdError):
+    """The secret store refused or failed a read or write."""
+
+
+class InvalidParameter(VaultdError):
+    """A parameter has a bad value."""
+
+
+class NetworkError(VaultdError):
+    """The provider could not be reached (ERR_NETWORK_ERROR)."""
+
+
+class InvalidConfig(VaultdError):
+    """The configuration is invalid."""
+
+
+class SubscriberTooSlow(VaultdError):
+    """The subscriber did not read its events fast enough and was dropped."""
+
+
+class TooManySubscriptions(VaultdError):
+    """The caller's user holds as many Subscribe streams as vaultd allows one user."""
+
+
+class TooManySessions(VaultdError):
+    """The session's owner holds as many sessions as vaultd allows one user."""
+
+
+class SessionTooLarge(VaultdError):
+    """The session record (tokens and profile) is larger than MaxSessionSize=."""
+
+
+class RefreshTooSoon(VaultdError):
+    """The tokens were refreshed less than MinRefreshInterval= ago and are still valid."""
+
+
+class TooManyConnections(VaultdError):
+    """The caller's user (or everyone) holds as many connections as vaultd allows."""
+
+
+class ReplyTooLarge(VaultdError):
+    """The reply would take more than the connection may have queued: ask for less."""
+
+
+class InternalError(VaultdError):
+    """vaultd failed in a way it did not expect (also: vaultd is stopping)."""
+
+
+class TooManyClients(VaultdError):
+    """As many clients report their connection for the session as vaultd lists."""
+
+
+class HelperUnavailable(VaultdError):
+    """The exec provider's helper program is missing or cannot be run."""
+
+
+class LoginBackingOff(VaultdError):
+    """A login that asks the provider failed lately; none starts before the backoff ends."""
+
+
+_ERRORS = {cls.__name__: cls for cls in VaultdError.__subclasses__()}
+
+
+def _error(name: str, parameters: Optional[Mapping[str, Any]]) -> VaultdError:
+    """The exception for an error reply: the class of its name for errors of
+    io.vaultd.Vault, VaultdError for any other."""
+    interface, _, short = name.rpartition(".")
+    cls = _ERRORS.get(short, VaultdError) if interface == INTERFACE else VaultdError
+    return cls(name, parameters)
+
+
+__all__.extend(sorted(_ERRORS))
+
+
+class VaultdConnectionError(VaultdClientError):
+    """No answer came: nothing serves the socket, the connection broke, or it
+    is served by someone this client must not trust. ``socket_path`` is the
+    socket that was tried."""
+
+    def __init__(self, message: str, socket_path: str) -> None:
+        self.socket_path = socket_path
+        super().__init__(message)
+
+
+class VaultdTimeoutError(VaultdConnectionError):
+    """A connect, send or receive waited longer than the client's timeout."""
+
+
+class VaultdUntrustedSocketError(VaultdConnectionError):
+    """The socket is served by a process of another user (``peer_uid``), not by
+    root, this process's user, or vaultd's system user: nothing was sent."""
+
+    def __init__(self, socket_path: str, peer_uid: int) -> None:
+        self.peer_uid = peer_uid
+        super().__init__(
+            "the socket %s is served by uid %d, not by root or you; refusing to send credentials. "
+            "Someone may have put their own socket in vaultd's place: check who owns its directory, "
+            "or pass the right socket_path" % (socket_path, peer_uid),
+            socket_path,
+        )
+
+
+class VaultdProtocolError(VaultdClientError):
+    """vaultd answered with something the interface does not declare (a reply
+    that is not JSON, a field of the wrong type). The text names the method and
+    the field, never the reply's content, which may hold a token."""
+
+
+# MARK: Results
+
+
+class _Reader:
+    """Reads the fields of one reply object, raising VaultdProtocolError that
+    names the field (never its value) when one is missing or of the wrong type."""
+
+    def __init__(self, obj: Any, where: str) -> None:
+        if not isinstance(obj, dict):
+            raise VaultdProtocolError("vaultd sent %s that is not an object" % where)
+        self.obj = obj
+        self.where = where
+
+    def _get(self, key: str, kinds: tuple, required: bool) -> Any:
+        value = self.obj.get(key)
+        if value is None:
+            if required:
+                raise VaultdProtocolError("vaultd sent %s without '%s'" % (self.where, key))
+            return None
+        # bool is an int in Python: keep the two apart.
+        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+            raise VaultdProtocolError("vaultd sent %s with a bad '%s'" % (self.where, key))
+        return value
+
+    def string(self, key: str) -> str:
+        return self._get(key, (str,), True)
+
+    def opt_string(self, key: str) -> Optional[str]:
+        return self._get(key, (str,), False)
+
+    def integer(self, key: str) -> int:
+        return self._get(key, (int,), True)
+
+    def opt_int(self, key: str) -> Optional[int]:
+        return self._get(key, (int,), False)
+
+    def boolean(self, key: str, default: bool = False) -> bool:
+        value = self._get(key, (bool,), False)
+        return default if value is None else value
+
+    def opt_object(self, key: str) -> Optional[dict]:
+        return self._get(key, (dict,), False)
+
+    def opt_list(self, key: str) -> Optional[list]:
+        return self._get(key, (list,), False)
+
+
+@dataclass(frozen=True)
+class UserProfile:
+    """The user a session belongs to: the fields of CometChat's User object
+    (``io.vaultd.Vault`` type ``UserProfile``). Times are Unix seconds."""
+
+    uid: str
+    name: Optional[str] = None
+    avatar: Optional[str] = None
+    role: Optional[str] = None
+    metadata: Optional[Dict[str, Any]] = None
+    status: Optional[str] = None
+    status_message: Optional[str] = None
+    last_active_at: Optional[int] = None
+    deactivated_at: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "UserProfile":
+        """Reads a ``UserProfile`` object as vaultd sends it."""
+        r = _Reader(obj, "a profile")
+        return cls(
+            uid=r.string("uid"),
+            name=r.opt_string("name"),
+            avatar=r.opt_string("avatar"),
+            role=r.opt_string("role"),
+            metadata=r.opt_object("metadata"),
+            status=r.opt_string("status"),
+            status_message=r.opt_string("statusMessage"),
+            last_active_at=r.opt_int("lastActiveAt"),
+            deactivated_at=r.opt_int("deactivatedAt"),
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        """The profile as ``Login`` takes it (unset fields left out)."""
+        out: Dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[_camel(f.name)] = value
+        return out
+
+
+@dataclass(frozen=True)
+class ClientConnection:
+    """A client that reports its own connection to the chat server
+    (``SetConnectionState``): its name, pid, state (connecting, connected,
+    connectFailed) and since when (Unix seconds)."""
+
+    name: str
+    pid: int
+    state: str
+    since: int
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "ClientConnection":
+        """Reads a ``ClientConnection`` object as vaultd sends it."""
+        r = _Reader(obj, "a session's client")
+        return cls(name=r.string("name"), pid=r.integer("pid"), state=r.string("state"), since=r.integer("since"))
+
+
+@dataclass(frozen=True)
+class Session:
+    """A session as vaultd shows it (``io.vaultd.Vault`` type ``Session``).
+    Holds no secret: ``masked_token`` is the token as vaultd masks it (the wire
+    field ``token``). Times are Unix seconds; ``raw`` is the object as vaultd
+    sent it, fields this client does not know included."""
+
+    provider: str
+    user: str
+    state: str
+    has_refresh_token: bool
+    profile: Optional[UserProfile] = None
+    created_at: Optional[int] = None
+    expires_at: Optional[int] = None
+    owner_uid: Optional[int] = None
+    token_type: Optional[str] = None
+    scope: Optional[str] = None
+    instance_url: Optional[str] = None
+    masked_token: Optional[str] = field(default=None, metadata={"wire": "token"})
+    refresh_at: Optional[int] = None
+    last_refresh_at: Optional[int] = None
+    consecutive_failures: Optional[int] = None
+    last_error: Optional[str] = None
+    next_retry_at: Optional[int] = None
+    connection: Optional[str] = None
+    clients: List[ClientConnection] = field(default_factory=list)
+    last_error_code: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False, metadata={"wire": None})
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "Session":
+        """Reads a ``Session`` object as vaultd sends it."""
+        r = _Reader(obj, "a session")
+        profile = r.opt_object("profile")
+        return cls(
+            provider=r.string("provider"),
+            user=r.string("user"),
+            state=r.string("state"),
+            has_refresh_token=r.boolean("hasRefreshToken"),
+            profile=UserProfile.from_json(profile) if profile is not None else None,
+            created_at=r.opt_int("createdAt"),
+            expires_at=r.opt_int("expiresAt"),
+            owner_uid=r.opt_int("ownerUid"),
+            token_type=r.opt_string("tokenType"),
+            scope=r.opt_string("scope"),
+            instance_url=r.opt_string("instanceUrl"),
+            # Masked by vaultd; masked again here so that no version of vaultd
+            # can put more than four characters of a token in a repr().
+            masked_token=_remask(r.opt_string("token")),
+            refresh_at=r.opt_int("refreshAt"),
+            last_refresh_at=r.opt_int("lastRefreshAt"),
+            consecutive_failures=r.opt_int("consecutiveFailures"),
+            last_error=r.opt_string("lastError"),
+            next_retry_at=r.opt_int("nextRetryAt"),
+            connection=r.opt_string("connection"),
+            clients=[ClientConnection.from_json(c) for c in (r.opt_list("clients") or [])],
+            last_error_code=r.opt_string("lastErrorCode"),
+            raw=dict(obj),
+        )
+
+
+def _remask(value: Optional[str]) -> Optional[str]:
+    """vaultd's masked token as it is when it already is a mask, else masked."""
+    if value is None or (_STARS in value and len(value.replace(_STARS, "", 1)) <= 4):
+        return value
+    return mask(value)
+
+
+@dataclass(frozen=True)
+class LoginResult:
+    """The answer to ``Login``: the session (new, or the one already there),
+    whether it was created, and whether a login with ``replace`` replaced a
+    logged-in session's tokens."""
+
+    session: Session
+    created: bool
+    replaced: bool = False
+
+
+@dataclass(frozen=True)
+class SessionPage:
+    """One page of ``ListSessions``: the sessions, the cursor of the next page
+    (pass it back as ``after``; None on the last) and the store's state
+    (available, unavailable, locked)."""
+
+    sessions: List[Session]
+    next: Optional[str] = None
+    store: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Token:
+    """An access token from ``GetToken``. ``value`` is the token itself; the
+    ``repr()`` (and so ``str()``) shows it masked. ``owner_uid`` says whose
+    session it came from; ``expires_at`` is Unix seconds."""
+
+    value: str = field(repr=False)
+    token_type: Optional[str] = None
+    expires_at: Optional[int] = None
+    instance_url: Optional[str] = None
+    owner_uid: int = -1
+
+    def __repr__(self) -> str:
+        return "Token(value=%r, token_type=%r, expires_at=%r, instance_url=%r, owner_uid=%r)" % (
+            mask(self.value),
+            self.token_type,
+            self.expires_at,
+            self.instance_url,
+            self.owner_uid,
+        )
+
+    __str__ = __repr__
+
+    @property
+    def masked(self) -> str:
+        """The token masked, as vaultd shows it."""
+        return mask(self.value) or ""
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened to a session (``io.vaultd.Vault`` type
+    ``Event``): ``kind`` is one of ``EVENT_KINDS`` (a later vaultd may send
+    others), ``reason`` says why, ``code`` is a failure's error code; times are
+    Unix seconds. Holds no secret."""
+
+    kind: str
+    provider: str
+    user: str
+    owner_uid: int
+    time: int
+    reason: Optional[str] = None
+    code: Optional[str] = None
+    expires_at: Optional[int] = None
+    message: Optional[str] = None
+    source: Optional[str] = None
+    client: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False, metadata={"wire": None})
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "Event":
+        """Reads an ``Event`` object as vaultd sends it."""
+        r = _Reader(obj, "an event")
+        return cls(
+            kind=r.string("kind"),
+            provider=r.string("provider"),
+            user=r.string("user"),
+            owner_uid=r.integer("ownerUid"),
+            time=r.integer("time"),
+            reason=r.opt_string("reason"),
+            code=r.opt_string("code"),
+            expires_at=r.opt_int("expiresAt"),
+            message=r.opt_string("message"),
+            source=r.opt_string("source"),
+            client=r.opt_string("client"),
+            raw=dict(obj),
+        )
+
+
+def _camel(name: str) -> str:
+    """snake_case to the wire's camelCase: ``owner_uid`` -> ``ownerUid``."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _snake(name: str) -> str:
+    """CamelCase or camelCase to snake_case: ``GetToken`` -> ``get_token``."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+# MARK: The connection
+
+
+class _Connection:
+    """One Varlink connection: NUL-framed JSON messages on a Unix socket, with
+    the peer checked before anything is sent."""
+
+    def __init__(self, path: str, timeout: Optional[float], connect_timeout: Optional[float]) -> None:
+        self.path = path
+        #: How long a send or receive waits (None: without limit).
+        self.timeout = timeout
+        self._buffer = bytearray()
+        self._broken: Optional[str] = None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(connect_timeout if connect_timeout is not None else timeout)
+            try:
+                sock.connect(path)
+            except socket.timeout:
+                raise VaultdTimeoutError(
+                    "vaultd at %s did not accept the connection in time (its listen queue is full): it may be "
+                    "stuck or overloaded; check its log (journalctl --user -u vaultd) or allow a longer "
+                    "connect_timeout" % path,
+                    path,
+                ) from None
+            except OSError as error:
+                raise VaultdConnectionError(
+                    "vaultd is not reachable at %s (%s). Is vaultd running? Start it (systemctl --user start "
+                    "vaultd), or point the client at its socket: Client(socket_path=...) or $VAULTD_SOCKET"
+                    % (path, error.strerror or error),
+                    path,
+                ) from None
+            sock.settimeout(timeout)
+            peer = self._peer_uid(sock, path)
+            if not self.trusts(peer, os.geteuid()):
+                raise VaultdUntrustedSocketError(path, peer)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+    @staticmethod
+    def _peer_uid(sock: socket.socket, path: str) -> int:
+        try:
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        except (OSError, AttributeError) as error:
+            raise VaultdConnectionError("cannot tell who serves %s: %s" % (path, error), path) from None
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        return uid
+
+    @staticmethod
+    def trusts(peer: int, euid: int) -> bool:
+        """Whether a socket served by ``peer`` may receive this process's calls:
+        root, this process's effective user, or vaultd's system user."""
+        if peer in (0, euid):
+            return True
+        try:
+            return pwd.getpwnam(SYSTEM_SERVICE_USER).pw_uid == peer
+        except KeyError:
+            return False
+
+    def settimeout(self, timeout: Optional[float]) -> None:
+        """Changes how long the next sends and receives wait (None: without limit)."""
+        self.sock.settimeout(timeout)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _break(self, why: str) -> None:
+        """A call that got no reply leaves the connection unusable: Varlink
+        replies carry no call id, so a late reply would be read as the next
+        call's."""
+        self._broken = why
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def call(self, method: str, parameters: Mapping[str, Any], more: bool = False) -> Dict[str, Any]:
+        """Sends one call and returns its first reply (error replies included)."""
+        if self._broken is not None:
+            raise VaultdConnectionError(
+                "an earlier call on this connection to %s failed (%s); open a new Client" % (self.path, self._broken),
+                self.path,
+            )
+        message: Dict[str, Any] = {"method": method}
+        params = {k: v for k, v in parameters.items() if v is not None}
+        if params:
+            message["parameters"] = params
+        if more:
+            message["more"] = True
+        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\0"
+        try:
+            self._send(data)
+        except VaultdConnectionError as error:
+            # vaultd may have refused the connection (TooManyConnections) with a
+            # reply and closed it before the call went out: that reply says why.
+            try:
+                reply = self.receive()
+            except VaultdClientError:
+                reply = None
+            if reply is not None and "error" in reply:
+                return reply
+            self._break(str(error))
+            raise
+        try:
+            return self.receive()
+        except VaultdClientError as error:
+            self._break(str(error))
+            raise
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data, socket.MSG_NOSIGNAL)
+        except socket.timeout:
+            raise VaultdTimeoutError(self._slow("sending a call"), self.path) from None
+        except OSError as error:
+            raise VaultdConnectionError(
+                "sending to vaultd at %s failed (%s)" % (self.path, error.strerror or error), self.path
+            ) from None
+
+    def _slow(self, waiting: str) -> str:
+        return (
+            "vaultd at %s did not answer in time (%s); it may be stuck or overloaded: check its log "
+            "(journalctl --user -u vaultd), or allow longer (Client(timeout=SECONDS))" % (self.path, waiting)
+        )
+
+    def receive(self) -> Dict[str, Any]:
+        """The next reply; a connection closed before it came is an error."""
+        reply = self.next_reply()
+        if reply is None:
+            raise VaultdConnectionError("vaultd at %s closed the connection before replying" % self.path, self.path)
+        return reply
+
+    def next_reply(self) -> Optional[Dict[str, Any]]:
+        """The next reply, or None when vaultd closed the connection between
+        messages. A timeout loses nothing: bytes read so far stay buffered."""
+        while True:
+            end = self._buffer.find(b"\0")
+            if end >= 0:
+                frame = bytes(self._buffer[:end])
+                del self._buffer[: end + 1]
+                try:
+                    reply = json.loads(frame.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError):
+                    raise VaultdProtocolError("vaultd at %s sent a message that is not JSON" % self.path) from None
+                if not isinstance(reply, dict) or not isinstance(reply.get("parameters", {}), dict):
+                    raise VaultdProtocolError("vaultd at %s sent a message that is not a Varlink reply" % self.path)
+                return reply
+            if len(self._buffer) > MAX_MESSAGE_SIZE:
+                raise VaultdProtocolError("vaultd at %s sent a reply over %d bytes" % (self.path, MAX_MESSAGE_SIZE))
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout:
+                raise VaultdTimeoutError(self._slow("waiting for a reply"), self.path) from None
+            except OSError as error:
+                raise VaultdConnectionError(
+                    "reading from vaultd at %s failed (%s)" % (self.path, error.strerror or error), self.path
+                ) from None
+            if not chunk:
+                if self._buffer:
+                    raise VaultdConnectionError(
+                        "vaultd at %s closed the connection in the middle of a reply" % self.path, self.path
+                    )
+                return None
+            self._buffer += chunk
+
+
+def _check(reply: Dict[str, Any]) -> Dict[str, Any]:
+    """The reply's parameters, or the VaultdError it carries."""
+    error = reply.get("error")
+    if error is not None:
+        raise _error(str(error), reply.get("parameters"))
+    return reply.get("parameters") or {}
+
+
+# MARK: The client
+
+
+class Client:
+    """A client of vaultd on one connection: one typed call per method of
+    ``io.vaultd.Vault``, blocking. Use it as a context manager (the connection
+    closes at the end) or call ``close()``.
+
+    ``socket_path`` defaults to ``default_socket_path()`` (where vaultctl
+    looks). ``timeout`` (seconds; None waits forever) bounds every send and
+    receive, ``connect_timeout`` the connect (default: ``timeout``; a Unix
+    socket connect waits only while vaultd's listen queue is full). Before
+    anything is sent the client checks who serves the socket (``SO_PEERCRED``):
+    root, this process's user or vaultd's system user, else
+    ``VaultdUntrustedSocketError``. Calls from several threads are taken one at
+    a time. After a call that got no reply (a timeout, a broken connection)
+    every later call fails: open a new Client."""
+
+    def __init__(
+        self,
+        socket_path: Optional[str] = None,
+        *,
+        timeout: Optional[float] = 60.0,
+        connect_timeout: Optional[float] = None,
+    ) -> None:
+        self.socket_path = socket_path or default_socket_path()
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._lock = threading.Lock()
+        self._conn = _Connection(self.socket_path, timeout, connect_timeout)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the connection (and so ends this client's ``set_connection_state`` reports)."""
+        self._conn.close()
+
+    def __repr__(self) -> str:
+        return "Client(socket_path=%r, timeout=%r)" % (self.socket_path, self.timeout)
+
+    def call(self, method: str, parameters: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """Calls ``method`` (its full name: ``io.vaultd.Vault.GetToken``) with
+        ``parameters`` (None values left out) and returns the reply's
+        parameters; an error reply raises ``VaultdError``. For what the typed
+        calls do not cover."""
+        with self._lock:
+            return _check(self._conn.call(method, parameters or {}))
+
+    def _vault(self, method: str, **parameters: Any) -> Dict[str, Any]:
+        return self.call(INTERFACE + "." + method, {_camel(k): v for k, v in parameters.items()})
+
+    @staticmethod
+    def _session(parameters: Dict[str, Any], method: str) -> Session:
+        if "session" not in parameters:
+            raise VaultdProtocolError("vaultd answered %s without a session" % method)
+        return Session.from_json(parameters["session"])
+
+    # MARK: Methods of io.vaultd.Vault
+
+    def login(
+        self,
+        provider: str,
+        user: str,
+        *,
+        token: Optional[str] = None,
+        token_response: Union[Mapping[str, Any], str, bytes, None] = None,
+        profile: Union[UserProfile, Mapping[str, Any], None] = None,
+        expires_at: Optional[int] = None,
+        owner_uid: Optional[int] = None,
+        replace: Optional[bool] = None,
+    ) -> LoginResult:
+        """Logs an account in with a ready ``token`` (a CometChat authToken, an
+        OpenIM token) or an OAuth 2.0 ``token_response`` as the token endpoint
+        sent it (a dict, or its JSON text); with neither, the provider issues
+        the tokens (client credentials, an exec helper; a privilege, see the
+        README). ``expires_at`` (Unix seconds) overrides ``expires_in`` and a
+        JWT's exp. An account already logged in answers with its session and
+        ``created`` False; with ``replace`` its tokens are replaced instead."""
+        if token is not None and token_response is not None:
+            raise ValueError("login takes a token or a token_response, not both")
+        if isinstance(token_response, (str, bytes)):
+            try:
+                token_response = json.loads(token_response)
+            except ValueError:
+                raise ValueError("token_response is not JSON text") from None
+            if not isinstance(token_response, dict):
+                raise ValueError("token_response is not a JSON object")
+        if isinstance(profile, UserProfile):
+            profile = profile.to_json()
+        reply = self._vault(
+            "Login",
+            provider=provider,
+            user=user,
+            token=token,
+            token_response=dict(token_response) if token_response is not None else None,
+            profile=dict(profile) if profile is not None else None,
+            expires_at=expires_at,
+            owner_uid=owner_uid,
+            replace=replace,
+        )
+        created = reply.get("created")
+        replaced = reply.get("replaced")
+        return LoginResult(
+            session=self._session(reply, "Login"),
+            created=created is True,
+            replaced=replaced is True,
+        )
+
+    def logout(self, provider: str, user: str, *, owner_uid: Optional[int] = None) -> None:
+        """Logs an account out and deletes its stored session."""
+        self._vault("Logout", provider=provider, user=user, owner_uid=owner_uid)
+
+    def get_session(self, provider: str, user: str, *, owner_uid: Optional[int] = None) -> Session:
+        """The session of one account (its token masked)."""
+        return self._session(self._vault("GetSession", provider=provider, user=user, owner_uid=owner_uid), "GetSession")
+
+    def list_sessions(self, *, limit: Optional[int] = None, after: Optional[str] = None) -> SessionPage:
+        """One page of the sessions the caller may see: at most ``limit``
+        (vaultd's default 100 when None) after the cursor ``after``.
+        ``all_sessions()`` follows the pages."""
+        reply = self._vault("ListSessions", limit=limit, after=after)
+        sessions = reply.get("sessions")
+        if not isinstance(sessions, list):
+            raise VaultdProtocolError("vaultd answered ListSessions without a sessions array")
+        next_cursor = reply.get("next")
+        store = reply.get("store")
+        return SessionPage(
+            sessions=[Session.from_json(s) for s in sessions],
+            next=next_cursor if isinstance(next_cursor, str) else None,
+            store=store if isinstance(store, str) else None,
+        )
+
+    def all_sessions(self, *, page_size: Optional[int] = None, max_pages: int = 100000) -> List[Session]:
+        """Every session the caller may see, following ``ListSessions``' pages
+        to the last (at most ``max_pages`` of them)."""
+        sessions: List[Session] = []
+        after: Optional[str] = None
+        for _ in range(max_pages):
+            page = self.list_sessions(limit=page_size, after=after)
+            sessions.extend(page.sessions)
+            if page.next is None or page.next == after:
+                return sessions
+            after = page.next
+        raise VaultdProtocolError("vaultd's ListSessions did not end within %d pages" % max_pages)
+
+    def get_token(
+        self,
+        provider: str,
+        user: str,
+        *,
+        min_valid_seconds: Optional[int] = None,
+        owner_uid: Optional[int] = None,
+        wait_seconds: Optional[int] = None,
+    ) -> Token:
+        """The current access token of a session; with ``min_valid_seconds``,
+        one valid at least that long (vaultd refreshes first where it can).
+        For an account vaultd keeps logged in (AutoLogin=yes) that is not
+        logged in now, vaultd waits up to ``wait_seconds`` (default 30) for its
+        login. The ``Token``'s repr is masked; ``.value`` is the token."""
+        reply = self._vault(
+            "GetToken",
+            provider=provider,
+            user=user,
+            min_valid_seconds=min_valid_seconds,
+            owner_uid=owner_uid,
+            wait_seconds=wait_seconds,
+        )
+        r = _Reader(reply, "a GetToken reply")
+        return Token(
+            value=r.string("token"),
+            token_type=r.opt_string("tokenType"),
+            expires_at=r.opt_int("expiresAt"),
+            instance_url=r.opt_string("instanceUrl"),
+            owner_uid=r.integer("ownerUid"),
+        )
+
+    def subscribe(
+        self,
+        *,
+        provider: Optional[str] = None,
+        user: Optional[str] = None,
+        kinds: Optional[Sequence[str]] = None,
+        timeout: Union[float, None, str] = "client",
+    ) -> "EventStream":
+        """Streams what happens to the sessions the caller may see, narrowed by
+        ``provider``, ``user`` and ``kinds`` (of ``EVENT_KINDS``), on a
+        connection of its own (a stream holds its connection while it lasts).
+        The stream's ``snapshot`` holds the sessions at the start; iterating it
+        yields ``Event``s. Each read waits at most ``timeout`` seconds (default:
+        this client's; None waits forever) before raising ``VaultdTimeoutError``;
+        ``next_event(timeout=...)`` waits without raising."""
+        if isinstance(kinds, str):
+            raise TypeError("kinds is a list of event kinds, not one string")
+        read_timeout = self.timeout if timeout == "client" else timeout
+        connect_timeout = self.connect_timeout if self.connect_timeout is not None else self.timeout
+        conn = _Connection(self.socket_path, read_timeout, connect_timeout)
+        try:
+            return EventStream(conn, provider=provider, user=user, kinds=list(kinds) if kinds else None)
+        except BaseException:
+            conn.close()
+            raise
+
+    def force_logout(
+        self, provider: str, user: str, *, reason: Optional[str] = None, owner_uid: Optional[int] = None
+    ) -> None:
+        """Logs an account out at once (its chat server kicked it, or an admin
+        says so); subscribers see ``kickedOffline`` with ``reason`` (default: kicked)."""
+        self._vault("ForceLogout", provider=provider, user=user, reason=reason, owner_uid=owner_uid)
+
+    def refresh(self, provider: str, user: str, *, owner_uid: Optional[int] = None) -> Session:
+        """Refreshes the session's tokens now (joining a refresh in flight) and
+        returns the session afterwards; at most once per MinRefreshInterval=
+        while the token is valid (``RefreshTooSoon``)."""
+        return self._session(self._vault("Refresh", provider=provider, user=user, owner_uid=owner_uid), "Refresh")
+
+    def set_provider_secret(self, provider: str, *, secret: str) -> None:
+        """Stores the OAuth 2.0 client secret of an oauth2 provider in the
+        secret store (root, the admin group, or the user vaultd runs as)."""
+        self._vault("SetProviderSecret", provider=provider, secret=secret)
+
+    def report_rejected(
+        self,
+        provider: str,
+        user: str,
+        *,
+        token: Optional[str] = None,
+        token_hash: Optional[str] = None,
+        owner_uid: Optional[int] = None,
+    ) -> str:
+        """Tells vaultd the chat server rejected ``token`` (only its SHA-256 is
+        sent; or give ``token_hash``, 64 lowercase hex digits). Returns the
+        outcome: ``refreshed``, ``ended`` (the provider cannot refresh it), or
+        ``alreadyReplaced`` (it is no longer the current token: read it again)."""
+        if (token is None) == (token_hash is None):
+            raise ValueError("report_rejected takes a token or a token_hash, exactly one")
+        if token is not None:
+            token_hash = hashlib.sha256(token.encode("utf-8")).hexdigest()
+        reply = self._vault("ReportRejected", provider=provider, user=user, token_hash=token_hash, owner_uid=owner_uid)
+        outcome = reply.get("outcome")
+        if not isinstance(outcome, str):
+            raise VaultdProtocolError("vaultd answered ReportRejected without an outcome")
+        return outcome
+
+    def set_connection_state(
+        self,
+        provider: str,
+        user: str,
+        *,
+        state: str,
+        client: Optional[str] = None,
+        owner_uid: Optional[int] = None,
+    ) -> None:
+        """Reports this client's own connection to the chat server for a
+        session (``connecting``, ``connected``, ``connectFailed`` or
+        ``kickedOffline``, which ends the session as ``force_logout`` does), as
+        ``client`` (default: the executable's name). The report lasts as long
+        as this Client's connection."""
+        self._vault("SetConnectionState", provider=provider, user=user, state=state, client=client, owner_uid=owner_uid)
+
+    # MARK: org.varlink.service
+
+    def get_info(self) -> Dict[str, Any]:
+        """``org.varlink.service.GetInfo``: vendor, product, version, url, interfaces."""
+        return self.call("org.varlink.service.GetInfo")
+
+    def get_interface_description(self, interface: str = INTERFACE) -> str:
+        """The interface definition text vaultd serves (``docs/io.vaultd.Vault.varlink``)."""
+        reply = self.call("org.varlink.service.GetInterfaceDescription", {"interface": interface})
+        description = reply.get("description")
+        if not isinstance(description, str):
+            raise VaultdProtocolError("vaultd answered GetInterfaceDescription without a description")
+        return description
+
+
+class EventStream:
+    """A ``Subscribe`` stream: ``snapshot`` (the sessions when it started) and
+    ``store``, then one ``Event`` per iteration. Iteration stops when vaultd
+    closes the connection (``end`` is ``"closed"``) or ends the stream
+    (``"finished"``); a stream vaultd ends with an error (``SubscriberTooSlow``
+    when this reader fell behind, ``InternalError`` when vaultd stops) raises
+    that ``VaultdError`` (``end`` holds it). Use it as a context manager, or
+    call ``close()``."""
+
+    def __init__(
+        self,
+        conn: _Connection,
+        *,
+        provider: Optional[str] = None,
+        user: Optional[str] = None,
+        kinds: Optional[List[str]] = None,
+    ) -> None:
+        self._conn = conn
+        self.end: Union[None, str, VaultdError] = None
+        parameters = {"provider": provider, "user": user, "kinds": kinds}
+        first = _check(conn.call(INTERFACE + ".Subscribe", parameters, more=True))
+        sessions = first.get("sessions")
+        if not isinstance(sessions, list):
+            raise VaultdProtocolError("vaultd's first Subscribe reply has no sessions")
+        self.snapshot: List[Session] = [Session.from_json(s) for s in sessions]
+        store = first.get("store")
+        self.store: Optional[str] = store if isinstance(store, str) else None
+
+    def __enter__(self) -> "EventStream":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends the stream (closes its connection)."""
+        self._conn.close()
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        event = self._next()
+        if event is None:
+            raise StopIteration
+        return event
+
+    def next_event(self, timeout: Union[float, None, str] = "stream") -> Optional[Event]:
+        """The next event, waiting at most ``timeout`` seconds (default: the
+        stream's; None waits forever); None when none came by then or the
+        stream ended (see ``end``). A timeout loses nothing: the stream goes on."""
+        if timeout != "stream":
+            self._conn.settimeout(timeout)
+        try:
+            return self._next()
+        except VaultdTimeoutError:
+            return None
+        finally:
+            if timeout != "stream":
+                self._conn.settimeout(self._conn.timeout)
+
+    def _next(self) -> Optional[Event]:
+        while self.end is None:
+            reply = self._conn.next_reply()
+            if reply is None:
+                self.end = "closed"
+                return None
+            if "error" in reply:
+                error = _error(str(reply["error"]), reply.get("parameters"))
+                self.end = error
+                raise error
+            if not reply.get("continues"):
+                self.end = "finished"
+            event = (reply.get("parameters") or {}).get("event")
+            if event is not None:
+                return Event.from_json(event)
+            store = (reply.get("parameters") or {}).get("store")
+            if isinstance(store, str):
+                self.store = store
+        if isinstance(self.end, VaultdError):
+            raise self.end
+        return None
