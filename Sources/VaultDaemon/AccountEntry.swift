@@ -12,28 +12,73 @@ struct AccountEntry {
     var machine: AccountStateMachine
     /// Refresh, expiry, backoff and save retry (see `SessionTimers`).
     var timers = SessionTimers()
+    /// The clients that report their own connection to the chat server.
+    var clients = ClientConnections()
+    /// Work in flight and what it leaves behind, kept out of line: almost
+    /// every entry is an idle session with none of it, and an entry is stored
+    /// for each of up to 100,000 sessions (104 bytes inline, 8 boxed). A
+    /// value: copied before it is changed when another entry shares it.
+    private var work: Box<InFlight>?
+
     /// The login in flight, which later logins join and logouts wait for.
-    var login: Task<Result<SessionRecord, VaultError>, Never>?
+    var login: Task<Result<SessionRecord, VaultError>, Never>? {
+        get { work?.value.login }
+        set { modifyWork { $0.login = newValue } }
+    }
     /// The logout in flight, which later logouts join and logins wait for.
-    var logout: Task<Result<Void, VaultError>, Never>?
+    var logout: Task<Result<Void, VaultError>, Never>? {
+        get { work?.value.logout }
+        set { modifyWork { $0.logout = newValue } }
+    }
     /// The replace in flight (`Login` with `replace`), which logins, logouts
     /// and refreshes wait for.
-    var replace: Task<Result<SessionRecord, VaultError>, Never>?
+    var replace: Task<Result<SessionRecord, VaultError>, Never>? {
+        get { work?.value.replace }
+        set { modifyWork { $0.replace = newValue } }
+    }
     /// The refresh in flight: every caller and the scheduler share it.
-    var refresh: Task<Result<SessionRecord, VaultError>, Never>?
+    var refresh: Task<Result<SessionRecord, VaultError>, Never>? {
+        get { work?.value.refresh }
+        set { modifyWork { $0.refresh = newValue } }
+    }
     /// A revocation a failed logout queued and could not take back: removed
     /// from the store with the next write of the record, so that it never
     /// revokes the session that goes on.
-    var unqueue: PendingRevocation?
-    /// The clients that report their own connection to the chat server.
-    var clients = ClientConnections()
+    var unqueue: PendingRevocation? {
+        get { work?.value.unqueue }
+        set { modifyWork { $0.unqueue = newValue } }
+    }
     /// Why vaultd is ending the session, when the provider said (a refused
     /// refresh): the code and message its `tokenInvalid` carries.
-    var endCause: EndCause?
+    var endCause: EndCause? {
+        get { work?.value.endCause }
+        set { modifyWork { $0.endCause = newValue } }
+    }
     /// Access tokens refreshes replaced, to be revoked once the store holds
     /// their successor (revoking one the store still holds would leave a
     /// crash to restore a dead token).
-    var replacedAwaitingSave: [SessionRecord] = []
+    var replacedAwaitingSave: [SessionRecord] {
+        get { work?.value.replacedAwaitingSave ?? [] }
+        set { modifyWork { $0.replacedAwaitingSave = newValue } }
+    }
+
+    /// A new entry with nothing in flight.
+    init(id: UInt64, machine: AccountStateMachine) {
+        self.id = id
+        self.machine = machine
+    }
+
+    private mutating func modifyWork(_ change: (inout InFlight) -> Void) {
+        var value = work?.value ?? InFlight()
+        if work != nil, isKnownUniquelyReferenced(&work!) {
+            // The only holder: change it where it is.
+            change(&work!.value)
+            if work!.value.isEmpty { work = nil }
+            return
+        }
+        change(&value)
+        work = value.isEmpty ? nil : Box(value)
+    }
 
     /// Kept while logged out: vaultd logs the account in on its own, or its
     /// failed logins are shown (and their backoff kept).
@@ -44,6 +89,28 @@ struct AccountEntry {
         if case .loggedIn(let record) = machine.state { return record }
         return nil
     }
+}
+
+/// The parts of an entry that only a session with work in flight has.
+private struct InFlight {
+    var login: Task<Result<SessionRecord, VaultError>, Never>?
+    var logout: Task<Result<Void, VaultError>, Never>?
+    var replace: Task<Result<SessionRecord, VaultError>, Never>?
+    var refresh: Task<Result<SessionRecord, VaultError>, Never>?
+    var unqueue: PendingRevocation?
+    var endCause: EndCause?
+    var replacedAwaitingSave: [SessionRecord] = []
+
+    var isEmpty: Bool {
+        login == nil && logout == nil && replace == nil && refresh == nil && unqueue == nil
+            && endCause == nil && replacedAwaitingSave.isEmpty
+    }
+}
+
+/// A heap cell for a value kept out of line.
+private final class Box<Value> {
+    var value: Value
+    init(_ value: Value) { self.value = value }
 }
 
 /// What the provider said when it refused a session for good.

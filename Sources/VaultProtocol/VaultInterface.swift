@@ -80,9 +80,9 @@ public enum VaultInterface {
                 connected, connectFailed). An account that is not logged in but failed to
                 (state logout) or that vaultd keeps logged in (AutoLogin=yes) shows its failed
                 logins: consecutiveFailures, lastError and lastErrorCode, and nextRetryAt, before
-                which no login that asks the provider starts (LoginBackingOff).
-                connected, connectFailed). clients: the clients that report their own
-                connection to the chat server (SetConnectionState), absent when none does.
+                which no login that asks the provider starts (LoginBackingOff). clients:
+                the clients that report their own connection to the chat server
+                (SetConnectionState), absent when none does.
                 """,
             .structure([
                 VarlinkField("provider", .string),
