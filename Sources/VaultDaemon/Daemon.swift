@@ -48,7 +48,7 @@ public struct DaemonOptions: Sendable {
           --socket PATH       listening socket (default: $VAULTD_SOCKET, else
                               $XDG_RUNTIME_DIR/vaultd/socket, else /run/vaultd/socket for root)
           --log-level LEVEL   error, warning, notice, info (default) or debug
-          --check-config      validate the configuration and exit
+          --check-config      validate the configuration, print the files read, exit
           --memory-store      keep sessions in memory only, not in the Secret Service:
                               they are lost when vaultd stops, and no D-Bus is needed.
                               For benchmarks and tests, never for real sessions
@@ -64,6 +64,7 @@ public struct DaemonOptions: Sendable {
         files are skipped; with none at all, a built-in configuration (one
         provider, 'demo') is used. --check-config prints the files read.
         VAULTD_SYSTEM_CONFIG_DIR replaces /etc/vaultd (for tests and packagers).
+
         SIGHUP reloads the configuration; SIGTERM stops vaultd cleanly. Under
         systemd, vaultd takes its socket from vaultd.socket, reports READY,
         STATUS, RELOADING, STOPPING and WATCHDOG, and logs to the journal.
