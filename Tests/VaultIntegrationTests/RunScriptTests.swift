@@ -35,8 +35,27 @@ struct RunScriptTests {
             ]
             if let password { environment.append("VAULTD_KEYRING_PASSWORD=\(password)") }
             let script = Binaries.packageRoot.appendingPathComponent("scripts/run").path
-            (process, stdout, stderr) = try startInterruptible(
-                "/usr/bin/env", environment + [script, "--config", config, "--socket", socketPath])
+            // As a shell starts a foreground job: its own process group (here a
+            // session of its own), SIGINT and SIGTERM at their defaults, nothing
+            // blocked (a test thread's mask would be inherited otherwise).
+            process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            process.arguments =
+                [
+                    "-c",
+                    "import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); "
+                        + "signal.signal(signal.SIGINT, signal.SIG_DFL); signal.signal(signal.SIGTERM, signal.SIG_DFL); "
+                        + "os.getpgid(0) == os.getpid() or os.setsid(); os.execv(sys.argv[1], sys.argv[1:])",
+                    "/usr/bin/env",
+                ] + environment + [script, "--config", config, "--socket", socketPath]
+            let out = Pipe()
+            let err = Pipe()
+            process.standardOutput = out
+            process.standardError = err
+            process.standardInput = FileHandle.nullDevice
+            stdout = OutputCollector(out)
+            stderr = OutputCollector(err)
+            try process.run()
         }
 
         /// Waits (bounded) until vaultd answers on the socket.
@@ -47,9 +66,10 @@ struct RunScriptTests {
             try #require(list.status == 0, "vaultd serves: \(stdout.text)\n\(stderr.text)")
         }
 
-        /// Sends `signal` to scripts/run and returns its exit status (bounded).
-        func stop(_ signal: Int32) throws -> Int32 {
-            kill(process.processIdentifier, signal)
+        /// Sends `signal` to scripts/run (with `group`, to its whole process
+        /// group, as a Ctrl-C in a terminal does) and returns its exit status (bounded).
+        func stop(_ signal: Int32, group: Bool = false) throws -> Int32 {
+            kill(group ? -process.processIdentifier : process.processIdentifier, signal)
             let status = try reap(process, seconds: 90)
             _ = stdout.waitForEnd(seconds: 20)
             _ = stderr.waitForEnd(seconds: 20)
@@ -86,7 +106,7 @@ struct RunScriptTests {
         return access
     }
 
-    @Test("Should log out and revoke every session of a temporary keyring at SIGINT, then discard it")
+    @Test("Should log out and revoke every session of a temporary keyring at Ctrl-C, then discard it")
     func temporaryKeyringRevokedAtStop() async throws {
         let server = try TokenServer(["--lifetime", "600"])
         let run = try Run(server: server, password: nil)
@@ -98,7 +118,7 @@ struct RunScriptTests {
         for token in tokens { #expect(try await server.accepts(token)) }
         #expect(try await server.revocations().isEmpty)
 
-        let status = try run.stop(SIGINT)
+        let status = try run.stop(SIGINT, group: true)
         #expect(status == 0, "scripts/run ends as vaultd did: \(run.stdout.text)\n\(run.stderr.text)")
         let out = run.stdout.text
         #expect(out.contains("the keyring is temporary: logging out every session left in it"), "\(out)")
