@@ -166,6 +166,13 @@ public struct VaultConfig: Sendable, Equatable {
     public var limits: UserLimits
     /// What one user may take of the socket server: connections, time, queued output.
     public var serving = ServingLimits()
+    /// The files this configuration was read from, in the order read (main
+    /// files and drop-ins; see `ConfigSearch`). Empty for the built-in
+    /// configuration and for one made in code.
+    public var sources: [String] = []
+    /// The main files vaultd looked for, in order, whether or not they
+    /// exist: where a section the configuration lacks can be added.
+    public var searchedFiles: [String] = []
 
     /// A configuration with the given providers and default settings.
     public init(providers: [String: ProviderConfig] = [:], storeTimeoutSeconds: Int64 = 30) {

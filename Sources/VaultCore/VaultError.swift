@@ -230,10 +230,24 @@ extension VaultError {
             "\(account) is not logged in; log in with 'vaultctl login \(account.provider) \(account.user)'")
     }
 
-    /// The provider is not in the configuration.
-    public static func unknownProvider(_ name: String) -> VaultError {
-        VaultError(
-            .unknownProvider,
-            "provider '\(name)' is not configured; add a [Provider \(name)] section to vaultd.conf")
+    /// The provider is not in the configuration; the message names the
+    /// files `config` was read from (its `sources`), or the files looked for
+    /// when none was found, so the user knows where to add the section.
+    public static func unknownProvider(_ name: String, in config: VaultConfig? = nil) -> VaultError {
+        let section = "[Provider \(name)]"
+        var message = "provider '\(name)' is not configured"
+        if let config, !config.sources.isEmpty {
+            message += "; add a \(section) section to one of: \(config.sources.joined(separator: ", "))"
+            // The last file looked for is the user's own: name it when it is not there yet.
+            if let own = config.searchedFiles.last, !config.sources.contains(own) {
+                message += " (or create \(own))"
+            }
+        } else if let config, !config.searchedFiles.isEmpty {
+            message +=
+                "; no configuration file was found, so only the built-in provider 'demo' exists; create \(config.searchedFiles.joined(separator: " or ")) with a \(section) section"
+        } else {
+            message += "; add a \(section) section to vaultd.conf"
+        }
+        return VaultError(.unknownProvider, message)
     }
 }

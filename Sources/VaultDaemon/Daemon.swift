@@ -43,20 +43,28 @@ public struct DaemonOptions: Sendable {
         them to local clients over a Varlink Unix socket (see vaultctl).
 
         Options:
-          --config PATH       configuration file (default: $XDG_CONFIG_HOME/vaultd/vaultd.conf,
-                              /etc/vaultd/vaultd.conf for root; a built-in one when missing)
+          --config PATH       read this configuration file (and its drop-ins) only,
+                              instead of the files listed under Configuration below
           --socket PATH       listening socket (default: $VAULTD_SOCKET, else
                               $XDG_RUNTIME_DIR/vaultd/socket, else /run/vaultd/socket for root)
           --log-level LEVEL   error, warning, notice, info (default) or debug
-          --check-config      validate the configuration and exit
+          --check-config      validate the configuration, print the files read, exit
           --memory-store      keep sessions in memory only, not in the Secret Service:
                               they are lost when vaultd stops, and no D-Bus is needed.
                               For benchmarks and tests, never for real sessions
           --help              show this text
           --version           show the version
 
-        Drop-ins: *.conf files in the directory named after the configuration
-        file plus ".d" (vaultd.conf.d/) are read after it, in lexical order.
+        Configuration: without --config, vaultd reads /etc/vaultd/vaultd.conf,
+        then /etc/vaultd/vaultd.conf.d/*.conf; a user instance (not root) then
+        reads $XDG_CONFIG_HOME/vaultd/vaultd.conf (~/.config/vaultd/vaultd.conf)
+        and its vaultd.conf.d/*.conf. A user configures their own instance in
+        ~/.config/vaultd, not in /etc. Drop-ins are read in lexical order; a
+        later file wins key by key, and may add providers and accounts. Missing
+        files are skipped; with none at all, a built-in configuration (one
+        provider, 'demo') is used. --check-config prints the files read.
+        VAULTD_SYSTEM_CONFIG_DIR replaces /etc/vaultd (for tests and packagers).
+
         SIGHUP reloads the configuration; SIGTERM stops vaultd cleanly. Under
         systemd, vaultd takes its socket from vaultd.socket, reports READY,
         STATUS, RELOADING, STOPPING and WATCHDOG, and logs to the journal.
@@ -155,7 +163,7 @@ public enum Daemon {
         let config = try loadConfig(options.configPath, log: log)
         let tokenFilePlans = try TokenFiles.check(config)
         if options.checkConfigOnly {
-            print("configuration is valid: \(config.providers.count) provider(s)")
+            print(checkConfigReport(config))
             return 0
         }
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
@@ -238,6 +246,7 @@ public enum Daemon {
                 "socket": socketDescription, "sessions": String(restored.restored),
                 "finishedLogouts": String(restored.finishedLogouts), "store": store.location,
                 "providers": config.providers.keys.sorted().joined(separator: ","),
+                "config": config.sources.isEmpty ? ConfigSearch.builtInName : config.sources.joined(separator: ","),
             ])
         notifier.ready(status: ServiceNotifier.statusLine(manager.table))
         let signal = server.run()
@@ -334,27 +343,29 @@ public enum Daemon {
     /// Where reloads run, one at a time.
     static let reloadQueue = DispatchQueue(label: "io.vaultd.reload")
 
-    /// Reads the configuration: the given file (which must exist), else the
-    /// default file when present, else the built-in default.
+    /// Reads the configuration where `ConfigSearch` says: the given file
+    /// (which must exist) and its drop-ins; else `/etc/vaultd/vaultd.conf`
+    /// and, for a user instance, the user's own file after it, each with its
+    /// drop-ins; else, when no file is found, the built-in configuration,
+    /// with a warning naming the files looked for.
     static func loadConfig(_ explicitPath: String?, log: Logger) throws(VaultError) -> VaultConfig {
-        let path = explicitPath ?? defaultConfigPath()
-        var layers: [(text: String, file: String)] = []
-        if explicitPath == nil, !Files.exists(path) {
-            log.info("no configuration file; using the built-in one (provider 'demo')", ["path": path])
-            layers.append((VaultConfig.builtInText, "(built-in)"))
+        let search = try ConfigSearch.plan(
+            explicitPath: explicitPath, isRoot: getuid() == 0, environment: Environment.all(),
+            home: Files.homeDirectory())
+        let config = try search.load(
+            read: { (path) throws(VaultError) in try readConfigFile(path) },
+            list: { (directory) throws(VaultError) in
+                do { return try Files.list(directory) } catch {
+                    throw VaultError(.invalidConfig, "cannot read the drop-in directory: \(error)")
+                }
+            })
+        if config.sources.isEmpty {
+            log.warning(
+                "no configuration file found; using the built-in one (provider 'demo'). Create one of the files looked for to configure your providers",
+                ["lookedFor": config.searchedFiles.joined(separator: ",")])
         } else {
-            layers.append((try readConfigFile(path), path))
+            log.info("configuration read", ["files": config.sources.joined(separator: ",")])
         }
-        let dropInDirectory = path + ".d"
-        let names: [String]
-        do { names = try Files.list(dropInDirectory) } catch {
-            throw VaultError(.invalidConfig, "cannot read the drop-in directory: \(error)")
-        }
-        for name in names where name.hasSuffix(".conf") {
-            let file = dropInDirectory + "/" + name
-            layers.append((try readConfigFile(file), file))
-        }
-        let config = try ConfigParser.parse(layers: layers)
         // libcurl is loaded only when an oauth2 provider needs it; a missing one
         // is reported now, not at the first refresh.
         if let name = config.providers.keys.sorted().first(where: { config.providers[$0]?.oauth2 != nil }),
@@ -367,13 +378,24 @@ public enum Daemon {
         return config
     }
 
+    /// What `vaultd --check-config` prints: one `read: FILE` line per file
+    /// read, in order (`read: (built-in)` when none was found), then the verdict.
+    static func checkConfigReport(_ config: VaultConfig) -> String {
+        let files = config.sources.isEmpty ? [ConfigSearch.builtInName] : config.sources
+        return (files.map { "read: \($0)" } + ["configuration is valid: \(config.providers.count) provider(s)"])
+            .joined(separator: "\n")
+    }
+
     /// Reads one configuration file, which must be a regular file: a FIFO, a
     /// device or a directory is an error naming it, never a hang. Opened with
     /// O_NONBLOCK (opening a FIFO does not wait for a writer) and checked with
     /// fstat on the open descriptor, so nothing can be swapped in between.
-    static func readConfigFile(_ path: String) throws(VaultError) -> String {
+    /// A file that does not exist is nil (`ConfigSearch` decides whether
+    /// that is an error); any other failure to read it is an error.
+    static func readConfigFile(_ path: String) throws(VaultError) -> String? {
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
         guard fd >= 0 else {
+            if errno == ENOENT || errno == ENOTDIR { return nil }
             throw VaultError(.invalidConfig, "cannot read the configuration: \(SystemError("open \(path)"))")
         }
         defer { close(fd) }
@@ -405,12 +427,6 @@ public enum Daemon {
         case S_IFLNK: return "a symlink"
         default: return "of an unknown kind"
         }
-    }
-
-    static func defaultConfigPath() -> String {
-        if getuid() == 0 { return "/etc/vaultd/vaultd.conf" }
-        if let xdg = Environment.get("XDG_CONFIG_HOME"), xdg.hasPrefix("/") { return xdg + "/vaultd/vaultd.conf" }
-        return (Files.homeDirectory() ?? "/") + "/.config/vaultd/vaultd.conf"
     }
 
     /// Runs async start-up work from the main thread (which is not part of

@@ -115,7 +115,7 @@ extension SessionManager {
             // Tokens minted now could not be kept: try again after the backoff.
             failure = refusal
         } else if config.providers[account.provider] == nil {
-            failure = .unknownProvider(account.provider)
+            failure = .unknownProvider(account.provider, in: config)
         } else if config.providers[account.provider]?.singleAccount == true,
             entries.contains(where: {
                 $0.key.owner == key.owner && $0.key.account.provider == account.provider && $0.key != key

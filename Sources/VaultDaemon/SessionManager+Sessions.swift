@@ -22,7 +22,9 @@ extension SessionManager {
         SessionRecord, LoginOutcome
     ) {
         let account = try Account.validate(provider: request.provider, user: request.user)
-        guard let provider = config.providers[account.provider] else { throw .unknownProvider(account.provider) }
+        guard let provider = config.providers[account.provider] else {
+            throw .unknownProvider(account.provider, in: config)
+        }
         let access = policy.policy
         let key = SessionKey(
             owner: try access.owner(of: account, for: caller, requested: request.ownerUID), account: account)

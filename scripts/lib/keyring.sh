@@ -25,9 +25,13 @@ keyring_start() {
     fi
     # The keyring keeps its files under XDG_DATA_HOME and its control socket
     # under XDG_RUNTIME_DIR; both point into DIR so nothing of the user's is touched.
+    # In a session of its own (setsid, as dbus-daemon --fork is): a Ctrl-C in
+    # the caller's terminal signals the whole foreground process group and
+    # would end the keyring while vaultd still needs it (scripts/run logs
+    # sessions out at that moment); keyring_stop ends it with its bus.
     printf '%s' "$VAULTD_KEYRING_PASSWORD" |
         XDG_DATA_HOME="$dir/data" XDG_RUNTIME_DIR="$dir/runtime" \
-            gnome-keyring-daemon --unlock --components=secrets >"$dir/keyring.env" 2>"$dir/keyring.log" || {
+            setsid --wait gnome-keyring-daemon --unlock --components=secrets >"$dir/keyring.env" 2>"$dir/keyring.log" || {
         echo "gnome-keyring-daemon failed to start: $(cat "$dir/keyring.log")" >&2
         return 1
     }
