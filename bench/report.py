@@ -206,6 +206,11 @@ tg = [
      (met(idle_pct <= 1.0) if idle_ok and idle_n >= 100000 else "— (fewer sessions than the target names)"
       if idle_ok else "—")),
 ]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import clitoken_report  # noqa: E402  (issue 15: vaultctl token against git-credential-cache get)
+if clitoken_report.target(rd):
+    tg.append(clitoken_report.target(rd))
+cli_section = clitoken_report.section(rd)
 tt = ["| Target | Measured | |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in tg]
 target_table = "\n".join(tt)
 
@@ -398,6 +403,8 @@ D-Bus buffers grow with it. (Its empty RSS includes libcurl, which vaultd
 loads for the oauth2 provider.)
 
 {scale_table}
+
+{cli_section}
 
 ## Method
 

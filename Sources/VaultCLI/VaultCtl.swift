@@ -86,10 +86,12 @@ public struct VaultCtl {
         if let name = invocation.globalValues["--owner"] {
             if let uid = UInt32(name) {
                 owner = uid
-            } else if let entry = getpwnam(name) {
-                owner = entry.pointee.pw_uid
+            } else if let uid = UserLookup.uid(named: name) {
+                owner = uid
             } else {
-                return usage("--owner: no user '\(name)' on this host")
+                return usage(
+                    "--owner: no user '\(name)' in \(UserLookup.passwdPath) or systemd's user database; pass the uid instead"
+                )
             }
         }
         return command.spec.handler(&self, command)

@@ -64,7 +64,20 @@ public final class VarlinkClient {
     /// it does wait when the listener's backlog is full (a vaultd that stopped
     /// accepting): Linux bounds that wait by the socket's send timeout, which is
     /// set before connecting.
-    public init(path: String, timeoutSeconds: Int? = nil, connectTimeoutSeconds: Int? = nil) throws(ClientError) {
+    public convenience init(path: String, timeoutSeconds: Int? = nil, connectTimeoutSeconds: Int? = nil)
+        throws(ClientError)
+    {
+        try self.init(
+            path: path, timeoutSeconds: timeoutSeconds, connectTimeoutSeconds: connectTimeoutSeconds,
+            serviceUID: VarlinkClient.serviceUID)
+    }
+
+    /// Connects as above, trusting root, this process's effective user and
+    /// whoever `serviceUID` names. `UserLookup` passes `{ nil }`: a lookup of
+    /// the service user must not look up the service user.
+    init(path: String, timeoutSeconds: Int?, connectTimeoutSeconds: Int?, serviceUID: () -> uid_t?)
+        throws(ClientError)
+    {
         self.path = path
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else {
@@ -95,7 +108,7 @@ public final class VarlinkClient {
         do { peer = try UnixSocket.peerUID(fd) } catch {
             throw .connection("cannot tell who serves \(path): \(error)")
         }
-        guard VarlinkClient.trusts(peer: peer, euid: geteuid(), serviceUID: VarlinkClient.serviceUID) else {
+        guard VarlinkClient.trusts(peer: peer, euid: geteuid(), serviceUID: serviceUID) else {
             throw .untrustedPeer(path: path, uid: peer)
         }
     }
@@ -125,9 +138,9 @@ public final class VarlinkClient {
     }
 
     /// The uid of `systemServiceUser`, when that user exists (while the system
-    /// instance runs, through nss-systemd).
+    /// instance runs, from systemd's user database; see `UserLookup`).
     static func serviceUID() -> uid_t? {
-        getpwnam(systemServiceUser).map { $0.pointee.pw_uid }
+        UserLookup.uid(named: systemServiceUser)
     }
 
     deinit { close(fd) }

@@ -36,12 +36,6 @@ public enum Files {
         return lstat(path, &st) == 0
     }
 
-    /// The user's home directory: `$HOME`, else the password database.
-    public static func homeDirectory() -> String? {
-        if let home = getenv("HOME") { return String(cString: home) }
-        guard let entry = getpwuid(getuid()), let dir = entry.pointee.pw_dir else { return nil }
-        return String(cString: dir)
-    }
 }
 
 extension Files {
