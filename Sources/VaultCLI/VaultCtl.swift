@@ -27,7 +27,7 @@ public struct VaultCtl {
     }
 
     /// The version printed by `--version`.
-    public static let version = "0.1.0"
+    public static let version = VaultdVersion.current
 
     /// How long a call waits for vaultd unless `--timeout` says otherwise: long
     /// enough for a login through a slow provider, short enough that a vaultd

@@ -7,7 +7,7 @@ import VaultProtocol
 /// off it.
 public enum VaultMethods {
     /// The version vaultd reports.
-    public static let version = "0.1.0"
+    public static let version = VaultdVersion.current
 
     /// The service with every method of `io.vaultd.Vault` bound; `hub` holds
     /// the subscriptions.
