@@ -314,7 +314,10 @@ public struct ExecProvider: TokenProvider {
         if exitedAt == nil {
             if result.failure == nil {
                 // Both pipes closed: the helper is most likely exiting; let it finish (bounded).
-                for _ in 0..<20 where !child.hasExited() { usleep(10_000) }
+                for _ in 0..<20 {
+                    if child.hasExited() { break }
+                    usleep(10_000)
+                }
             }
             child.killGroup()
         }

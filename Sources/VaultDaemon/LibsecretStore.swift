@@ -102,7 +102,11 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         // from idle callbacks on the default main context, which nothing else in
         // vaultd runs: run what is pending, so that a connection to a bus that
         // died is released and the next service gets a new one.
-        for _ in 0..<1000 where g_main_context_iteration(nil, 0) != 0 {}
+        // (Until nothing is pending: a `where` clause here would not stop the
+        // loop, and 1,000 polls cost start-up more than its D-Bus calls.)
+        for _ in 0..<1000 {
+            if g_main_context_iteration(nil, 0) == 0 { break }
+        }
         var error: UnsafeMutablePointer<GError>? = nil
         guard
             let newService = secret_service_open_sync(
@@ -155,8 +159,13 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     }
 
     /// Throws `StoreLocked` when the default collection is locked: called
-    /// before a miss is trusted.
+    /// before a miss is trusted. Asks two plain D-Bus questions (the alias's
+    /// path, then its `Locked` property) rather than building a collection
+    /// proxy (eight messages, four of them waited for), so the checks that
+    /// start-up makes on an empty store cost little; the collection's label
+    /// is read only for the error.
     private func requireUnlocked(_ cancellable: Cancellable, _ what: String) throws(VaultError) {
+        if try defaultCollectionLocked(cancellable, what) == false { return }
         let (locked, label) = try defaultCollection(cancellable, what)
         if locked {
             throw VaultError(
@@ -164,6 +173,39 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
                 "\(what): the collection '\(label)' is locked, and a locked collection hides every session; unlock it (log in to the desktop, or 'gnome-keyring-daemon --unlock')"
             )
         }
+    }
+
+    /// Whether the default collection is locked, read as its `Locked`
+    /// property; nil when that cannot be read this way (no default alias, an
+    /// unexpected answer), and `defaultCollection` then says what is wrong.
+    private func defaultCollectionLocked(_ cancellable: Cancellable, _ what: String) throws(VaultError) -> Bool? {
+        let service = try servicePointer()
+        var error: UnsafeMutablePointer<GError>? = nil
+        let path = secret_service_read_alias_dbus_path_sync(service, "default", cancellable.pointer, &error)
+        if let failure = GLibFailure.take(&error) { throw self.failure(what, failure) }
+        guard let path else { return nil }
+        defer { g_free(path) }
+        let proxy = UnsafeMutableRawPointer(service).assumingMemoryBound(to: GDBusProxy.self)
+        guard let connection = g_dbus_proxy_get_connection(proxy), let name = g_dbus_proxy_get_name(proxy) else {
+            return nil
+        }
+        var arguments: [OpaquePointer?] = [
+            g_variant_new_string("org.freedesktop.Secret.Collection"), g_variant_new_string("Locked"),
+        ]
+        let parameters = arguments.withUnsafeMutableBufferPointer { g_variant_new_tuple($0.baseAddress, 2) }
+        let reply = g_dbus_connection_call_sync(
+            connection, name, path, "org.freedesktop.DBus.Properties", "Get", parameters, nil,
+            G_DBUS_CALL_FLAGS_NONE, -1, cancellable.pointer, &error)
+        if let failure = GLibFailure.take(&error) { throw self.failure(what, failure) }
+        guard let reply else { return nil }
+        defer { g_variant_unref(reply) }
+        guard String(cString: g_variant_get_type_string(reply)) == "(v)" else { return nil }
+        let boxed = g_variant_get_child_value(reply, 0)
+        defer { g_variant_unref(boxed) }
+        guard let value = g_variant_get_variant(boxed) else { return nil }
+        defer { g_variant_unref(value) }
+        guard String(cString: g_variant_get_type_string(value)) == "b" else { return nil }
+        return g_variant_get_boolean(value) != 0
     }
 
     public func probe() async -> StoreProbe {
