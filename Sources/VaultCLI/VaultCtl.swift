@@ -52,6 +52,7 @@ public struct VaultCtl {
         sigaddset(&signals, SIGINT)
         sigaddset(&signals, SIGTERM)
         sigprocmask(SIG_UNBLOCK, &signals, nil)
+        if let status = TokenFastPath.run(arguments, output: .standard) { return status }
         var ctl = VaultCtl()
         return ctl.run(arguments).rawValue
     }

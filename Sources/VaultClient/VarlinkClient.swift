@@ -212,17 +212,24 @@ public final class VarlinkClient {
     /// messages (the end of a stream, a connection it dropped). A close in the
     /// middle of a message is an error.
     public func nextReply() throws(ClientError) -> VarlinkReply? {
+        guard let message = try nextMessage() else { return nil }
+        do { return try VarlinkReply(message: message) } catch {
+            throw ClientError.connection("vaultd at \(path) sent a message that is not a Varlink reply")
+        }
+    }
+
+    /// Reads the next message as it came, without its NUL, or nil when vaultd
+    /// closed the connection between messages; for a caller that reads the
+    /// reply itself (`vaultctl token`'s short path) and decodes only what it
+    /// does not expect.
+    public func nextMessage() throws(ClientError) -> ArraySlice<UInt8>? {
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
             do {
                 if let message = try decoder.next() {
                     messageObserver?(message)
-                    do { return try VarlinkReply(message: message) } catch {
-                        throw ClientError.connection("vaultd at \(path) sent a message that is not a Varlink reply")
-                    }
+                    return message
                 }
-            } catch let error as ClientError {
-                throw error
             } catch {
                 throw .connection("vaultd at \(path) sent a reply over the size limit")
             }

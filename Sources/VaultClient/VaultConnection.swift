@@ -327,7 +327,11 @@ public final class VaultConnection {
         var parameters = Self.account(provider, user, ownerUID)
         parameters["minValidSeconds"] = minValidSeconds.map(JSON.int)
         parameters["waitSeconds"] = waitSeconds.map(JSON.int)
-        let reply = try call(.getToken, parameters)
+        return try Self.token(from: try call(.getToken, parameters))
+    }
+
+    /// The token a `GetToken` reply that is not an error carries.
+    public static func token(from reply: VarlinkReply) throws(VaultClientError) -> Token {
         let p = ParameterReader(reply.parameters)
         do throws(ParameterReader.Invalid) {
             guard let owner = try p.optionalUID("ownerUid") else {

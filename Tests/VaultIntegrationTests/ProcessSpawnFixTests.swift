@@ -24,4 +24,48 @@ struct ProcessSpawnFixTests {
         let roomOnLastPage = page - (address + size) % page
         #expect(roomOnLastPage >= 256)
     }
+
+    @Test("Should answer readdir() with its own copy of an entry whose full struct would cross into an unmapped page")
+    func readdirEntryIsWhole() throws {
+        #expect(vaultd_tests_readdir_is_replaced() == 1)
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let region = try #require(
+            mmap(nil, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))
+        defer { munmap(region, 2 * page) }
+        #expect(mprotect(region + page, page, PROT_NONE) == 0)
+        // A 24-byte record named "7" that ends the readable page, as the last
+        // record of a full directory buffer may.
+        let length = 24
+        let record = region + page - length
+        memset(record, 0, length)
+        record.storeBytes(of: UInt16(length), toByteOffset: 16, as: UInt16.self)
+        record.storeBytes(of: UInt8(ascii: "7"), toByteOffset: 19, as: UInt8.self)
+        var returned: UnsafeRawPointer?
+        #expect(vaultd_tests_whole_entry_for(record, length, &returned) == 1)
+        let entry = try #require(returned)
+        #expect(entry != UnsafeRawPointer(record))
+        // The whole struct is readable (this read is Foundation's over-read).
+        let copy = entry.load(as: dirent.self)
+        #expect(withUnsafeBytes(of: copy.d_name) { $0[0] } == UInt8(ascii: "7"))
+        // A record with room after it is returned where it is.
+        let middle = region + 64
+        memset(middle, 0, length)
+        middle.storeBytes(of: UInt16(length), toByteOffset: 16, as: UInt16.self)
+        #expect(vaultd_tests_whole_entry_for(middle, length, &returned) == 0)
+        #expect(returned == UnsafeRawPointer(middle))
+    }
+
+    @Test("Should still list a directory whole through readdir()")
+    func listsDirectories() throws {
+        let directory = try #require(opendir("/proc/self/fd"))
+        defer { closedir(directory) }
+        var names: Set<String> = []
+        while let entry = readdir(directory) {
+            names.insert(
+                withUnsafeBytes(of: entry.pointee.d_name) {
+                    String(cString: $0.bindMemory(to: CChar.self).baseAddress!)
+                })
+        }
+        #expect(names.isSuperset(of: [".", "..", "0", "1", "2"]))
+    }
 }

@@ -4,7 +4,18 @@
 #include <stddef.h>
 
 /* The malloc mmap threshold this test process set before main, in bytes:
- * every block at least this large gets a mapping of its own. */
+ * every block at least this large that needs new memory gets a mapping. */
 size_t vaultd_tests_mmap_threshold(void);
+
+/* 1 when readdir() resolves to this workaround's, not glibc's. */
+int vaultd_tests_readdir_is_replaced(void);
+
+/* How many directory entries this thread's readdir() returned as a copy. */
+int vaultd_tests_whole_entry_copies(void);
+
+/* Runs the workaround on `record` (a struct dirent64 whose d_reclen says its
+ * length): sets `returned` to what readdir() would return, and says 1 when
+ * that is a whole copy instead of the record. */
+int vaultd_tests_whole_entry_for(const void *record, size_t record_length, const void **returned);
 
 #endif
