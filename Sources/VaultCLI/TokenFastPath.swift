@@ -27,33 +27,40 @@ enum TokenFastPath {
     /// The request `arguments` make when they are the plain form; nil for
     /// anything else, which the general parser handles (and explains).
     static func request(_ arguments: [String]) -> Request? {
-        var socket: String?
-        var timeout = VaultCtl.defaultTimeoutSeconds
+        var request = Request(socket: nil, timeoutSeconds: VaultCtl.defaultTimeoutSeconds, provider: "", user: "")
+        return parse(arguments, into: &request) ? request : nil
+    }
+
+    /// Fills `request` from `arguments` when they are the plain form. (Not an
+    /// optional result: an optional of this struct has its metadata built at
+    /// run time, which costs a start of vaultctl tens of thousands of
+    /// instructions.)
+    static func parse(_ arguments: [String], into request: inout Request) -> Bool {
         var index = 0
         while index < arguments.count, arguments[index].hasPrefix("-") {
-            guard index + 1 < arguments.count else { return nil }
+            guard index + 1 < arguments.count else { return false }
             switch arguments[index] {
             case "--socket":
-                socket = arguments[index + 1]
+                request.socket = arguments[index + 1]
             case "--timeout":
-                guard let seconds = Int(arguments[index + 1]), seconds > 0, seconds <= 86400 else { return nil }
-                timeout = seconds
+                guard let seconds = Int(arguments[index + 1]), seconds > 0, seconds <= 86400 else { return false }
+                request.timeoutSeconds = seconds
             default:
-                return nil
+                return false
             }
             index += 2
         }
-        guard arguments.count == index + 3, arguments[index] == "token" else { return nil }
-        let provider = arguments[index + 1]
-        let user = arguments[index + 2]
-        guard !provider.hasPrefix("-"), !user.hasPrefix("-") else { return nil }
-        return Request(socket: socket, timeoutSeconds: timeout, provider: provider, user: user)
+        guard arguments.count == index + 3, arguments[index] == "token" else { return false }
+        request.provider = arguments[index + 1]
+        request.user = arguments[index + 2]
+        return !request.provider.hasPrefix("-") && !request.user.hasPrefix("-")
     }
 
     /// Runs the plain form and returns vaultctl's exit status; nil when
     /// `arguments` are not the plain form.
     static func run(_ arguments: [String], output: Output) -> Int32? {
-        guard let request = request(arguments) else { return nil }
+        var request = Request(socket: nil, timeoutSeconds: VaultCtl.defaultTimeoutSeconds, provider: "", user: "")
+        guard parse(arguments, into: &request) else { return nil }
         let path = request.socket ?? SocketPath.default(lookup: Environment.get, uid: getuid())
         let ctl = VaultCtl(output: output)
         let client: VarlinkClient
@@ -78,10 +85,7 @@ enum TokenFastPath {
             return answerInFull(refusal, ctl: ctl).rawValue
         }
         do throws(ClientError) {
-            guard let received = try client.nextMessage() else {
-                throw ClientError.connection("vaultd at \(path) closed the connection before replying")
-            }
-            reply = received
+            reply = try receiveMessage(client)
         } catch {
             return ctl.reportUnreachable(error).rawValue
         }
@@ -91,6 +95,37 @@ enum TokenFastPath {
         }
         return answerInFull(reply, ctl: ctl).rawValue
     }
+
+    /// Reads one message, up to its NUL, straight from the socket: the
+    /// client's frame decoder is generic over the bytes it is given and its
+    /// buffer is 64 KiB zeroed, both costly at a start. Errors as the client's.
+    private static func receiveMessage(_ client: VarlinkClient) throws(ClientError) -> ArraySlice<UInt8> {
+        var message: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while message.count <= maximumReply {
+            let received = chunk.withUnsafeMutableBytes { recv(client.fileDescriptor, $0.baseAddress, $0.count, 0) }
+            if received < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN { throw .timedOut(path: client.path, waiting: "a reply") }
+                throw .connection("reading from \(client.path): \(SystemError("recv"))")
+            }
+            if received == 0 {
+                throw .connection(
+                    message.isEmpty
+                        ? "vaultd at \(client.path) closed the connection before replying"
+                        : "vaultd at \(client.path) closed the connection in the middle of a reply")
+            }
+            if let end = chunk[0..<received].firstIndex(of: 0) {
+                message += chunk[0..<end]
+                return message[...]
+            }
+            message += chunk[0..<received]
+        }
+        throw .connection("vaultd at \(client.path) sent a reply over the size limit")
+    }
+
+    /// The largest reply read: a token reply is a few kilobytes at most.
+    private static let maximumReply = 1 << 20
 
     /// The general reading of a reply: an error reported as vaultctl reports
     /// it, a token printed.
