@@ -18,30 +18,25 @@ TARGET = "`vaultctl token` ≤ 1.0× `git-credential-cache get` (issue 15; ratio
 
 
 # What the profile showed when the row was added (not regenerated).
-ANALYSIS = """Where vaultctl's time goes (callgrind of the static build, 2026-12-01,
-branch `static`): about 0.9 M user-space instructions against git's 0.37 M.
+ANALYSIS = """Where vaultctl's time went, and what was done (callgrind, 2026-12-01).
 Linking statically took out the dynamic loader's work (the `release_build`
-vaultctl runs 3.2 M, mostly `ld.so` relocating libswiftCore); a Swift program
-that only prints its argument count, linked the same way, runs 0.39 M, the
-runtime's own start-up. About half of vaultctl's 0.9 M is the runtime building
-generic metadata from mangled names the first time a type is used
-(`swift_getTypeByMangledName`, 23 call sites), and most of that (0.29 M) is
-four protocol-conformance lookups made on the way, each a scan of all 1,652
-conformance records in the binary (and, the first time, a touch of the pages
-they point into): `String: Hashable` (the first `[String: String]`, in
-`CommandLineParser`; the `[String: JSON]` of the call and reply then find it
-cached), `Array<String>: Collection` (`joined(separator:)` in
-`CommandTable`'s static table), the slice passed to `Array.append(contentsOf:)`
-in `VarlinkFrameDecoder`: `Collection`, and `UsageError: Error`
-(`Result<Invocation, UsageError>` in `VaultCtl.run`); seen with gdb on
-`swift_conformsToProtocolMaybeInstantiateSuperclasses`. The first of them
-cannot go while JSON objects are dictionaries keyed by `String`, so removing
-the other three would save about 0.2 M instructions, not the page touches. How much one such first
-use costs in time: the same test program with one `[String: String]` insert
-added took 0.13 ms more (median of 1,000 interleaved runs, 1.05 against
-0.92 ms). On the server side, each `vaultctl token` is a new process, so
-vaultd writes one audit line per call (the first GetToken of each pid),
-waking its log writer and the reader of its stderr; git's daemon logs nothing.
+vaultctl runs 2.5-3.2 M instructions, mostly `ld.so` relocating libswiftCore);
+the static build then ran 0.9 M against git's 0.37 M. A Swift program that only
+prints, linked the same way, runs about 0.13-0.39 M (the runtime's own start-up);
+most of the rest was the runtime building generic metadata from mangled names
+the first time a type was used, four protocol-conformance lookups among it,
+each a scan of all 1,652 conformance records (`String: Hashable` for the first
+`[String: String]` of the command-line parser, `Array<String>: Collection` in
+the command table, the slice in the generic `VarlinkFrameDecoder.append`,
+`UsageError: Error`). `vaultctl token PROVIDER USER` (after at most `--socket`
+and `--timeout`), the form scripts run once per token read, now takes a short
+path (`TokenFastPath` in `Sources/VaultCLI`): the call written by hand, the
+reply read straight from the socket into 4 KiB and a plain success read in
+place, with no command table, JSON values or dictionaries; every other reply
+(errors, escapes, unknown shapes) is decoded and reported by the general code,
+so output and exit codes do not change. That made 0.9 M into 0.17 M. On the
+server side each `vaultctl token` is a new process, so vaultd writes one audit
+line per call (the first GetToken of each pid); git's daemon logs nothing.
 """
 
 
