@@ -69,15 +69,16 @@ struct AccountEntry {
     }
 
     private mutating func modifyWork(_ change: (inout InFlight) -> Void) {
-        var value = work?.value ?? InFlight()
-        if work != nil, isKnownUniquelyReferenced(&work!) {
-            // The only holder: change it where it is.
-            change(&work!.value)
-            if work!.value.isEmpty { work = nil }
+        guard work != nil else {
+            var value = InFlight()
+            change(&value)
+            if !value.isEmpty { work = Box(value) }
             return
         }
-        change(&value)
-        work = value.isEmpty ? nil : Box(value)
+        // Shared with a copy of this entry: copy before changing.
+        if !isKnownUniquelyReferenced(&work!) { work = Box(work!.value) }
+        change(&work!.value)
+        if work!.value.isEmpty { work = nil }
     }
 
     /// Kept while logged out: vaultd logs the account in on its own, or its

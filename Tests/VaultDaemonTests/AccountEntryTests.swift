@@ -1,0 +1,36 @@
+import Testing
+import VaultCore
+
+@testable import VaultDaemon
+
+/// An entry keeps its work in flight out of line; it must still behave as a value.
+@Suite("AccountEntry", .timeLimit(.minutes(5)))
+struct AccountEntryTests {
+    static func entry() -> AccountEntry {
+        AccountEntry(id: 1, machine: AccountStateMachine(account: Account(provider: "p", user: "u")))
+    }
+
+    @Test("Should keep a copy's work in flight apart from the original's")
+    func copiesAreIndependent() {
+        var original = Self.entry()
+        original.endCause = EndCause(code: "ERR_A", message: "a")
+        var copy = original
+        copy.endCause = EndCause(code: "ERR_B", message: "b")
+        copy.replacedAwaitingSave = []
+        #expect(original.endCause?.code == "ERR_A")
+        #expect(copy.endCause?.code == "ERR_B")
+        copy.endCause = nil
+        #expect(original.endCause?.code == "ERR_A")
+        #expect(copy.endCause == nil)
+    }
+
+    @Test("Should hold nothing out of line once its work is done")
+    func emptiesWhenDone() {
+        var entry = Self.entry()
+        #expect(entry.login == nil && entry.endCause == nil && entry.replacedAwaitingSave.isEmpty)
+        entry.endCause = EndCause(code: "ERR_A", message: "a")
+        entry.endCause = nil
+        #expect(entry.endCause == nil)
+        #expect(MemoryLayout<AccountEntry>.size <= 264)
+    }
+}
