@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import VaultCLI
+import VaultSystem
 
 /// What one in-process vaultctl run printed and returned.
 struct CtlResult {
@@ -109,4 +110,25 @@ final class TemporaryDirectory {
     }
 
     deinit { try? FileManager.default.removeItem(at: url) }
+}
+
+/// A Unix socket bound to `path` and listening with `backlog`, for the test
+/// servers here; throws with the failing call's errno.
+func listeningSocket(at path: String, backlog: Int32, flags: Int32 = 0) throws -> Int32 {
+    let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | flags, 0)
+    guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+    do {
+        try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
+            guard bind(fd, address, length) == 0 else { throw SystemError("bind") }
+        }
+    } catch {
+        close(fd)
+        throw POSIXError(POSIXErrorCode(rawValue: error.errno) ?? .EIO)
+    }
+    guard listen(fd, backlog) == 0 else {
+        let failure = POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+        close(fd)
+        throw failure
+    }
+    return fd
 }
