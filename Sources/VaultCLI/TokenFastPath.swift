@@ -69,12 +69,7 @@ enum TokenFastPath {
         } catch {
             return ctl.reportUnreachable(error).rawValue
         }
-        var message = Array(#"{"method":"io.vaultd.Vault.GetToken","parameters":{"provider":"#.utf8)
-        appendJSONString(request.provider, to: &message)
-        message += #","user":"#.utf8
-        appendJSONString(request.user, to: &message)
-        message += "}}".utf8
-        message.append(0)
+        let message = callMessage(request)
         let reply: ArraySlice<UInt8>
         do {
             try client.send(bytes: message)
@@ -143,25 +138,17 @@ enum TokenFastPath {
         }
     }
 
-    /// Appends `text` as a JSON string: quotes, backslashes and control
-    /// characters escaped, everything else as its UTF-8 bytes.
-    static func appendJSONString(_ text: String, to bytes: inout [UInt8]) {
-        let hex: [UInt8] = Array("0123456789abcdef".utf8)
-        bytes.append(UInt8(ascii: "\""))
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""), UInt8(ascii: "\\"):
-                bytes.append(UInt8(ascii: "\\"))
-                bytes.append(byte)
-            case 0..<0x20:
-                bytes += Array(#"\u00"#.utf8)
-                bytes.append(hex[Int(byte >> 4)])
-                bytes.append(hex[Int(byte & 0xF)])
-            default:
-                bytes.append(byte)
-            }
-        }
-        bytes.append(UInt8(ascii: "\""))
+    /// The `GetToken` call of `request`, NUL-terminated: the parameters the
+    /// general path sends for the plain form.
+    static func callMessage(_ request: Request) -> [UInt8] {
+        var message: [UInt8] = []
+        JSONText.appendLiteral(#"{"method":"io.vaultd.Vault.GetToken","parameters":{"provider":"#, to: &message)
+        JSONText.appendString(request.provider, to: &message)
+        JSONText.appendLiteral(#","user":"#, to: &message)
+        JSONText.appendString(request.user, to: &message)
+        JSONText.appendLiteral("}}", to: &message)
+        message.append(0)
+        return message
     }
 
     /// The token of a reply shaped as vaultd answers a `GetToken` that

@@ -28,12 +28,19 @@ struct TokenFastPathTests {
         }
     }
 
-    @Test("Should write each name as a JSON string the parser reads back unchanged")
-    func escapesNames() throws {
+    @Test("Should write the GetToken call with each name as a JSON string the parser reads back unchanged")
+    func writesTheCall() throws {
         for name in ["alice", #"a"b\c"#, "tab\there", "\u{1}\u{1f}", "ünïcødé ✓", "", "/slash"] {
-            var bytes: [UInt8] = []
-            TokenFastPath.appendJSONString(name, to: &bytes)
-            #expect(try JSON.parse(bytes) == .string(name), "\(name)")
+            let request = TokenFastPath.Request(socket: nil, timeoutSeconds: 1, provider: "p-" + name, user: name)
+            let message = TokenFastPath.callMessage(request)
+            #expect(message.last == 0)
+            let call = try JSON.parse(Array(message.dropLast()))
+            #expect(
+                call
+                    == .object([
+                        "method": "io.vaultd.Vault.GetToken",
+                        "parameters": .object(["provider": .string("p-" + name), "user": .string(name)]),
+                    ]), "\(name)")
         }
     }
 
