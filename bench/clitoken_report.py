@@ -31,8 +31,9 @@ the command table, the slice in the generic `VarlinkFrameDecoder.append`,
 `UsageError: Error`). `vaultctl token PROVIDER USER` (after at most `--socket`
 and `--timeout`), the form scripts run once per token read, now takes a short
 path (`TokenFastPath` in `Sources/VaultCLI`): the call written by hand, the
-reply read straight from the socket into 4 KiB and a plain success read in
-place, with no command table, JSON values or dictionaries; every other reply
+reply's raw bytes taken from the client (whose receive buffer is no longer
+zeroed on each read) and a plain success read in place, with no command
+table, JSON values or dictionaries; every other reply
 (errors, escapes, unknown shapes) is decoded and reported by the general code,
 so output and exit codes do not change. That made 0.9 M into 0.17 M. On the
 server side each `vaultctl token` is a new process, so vaultd writes one audit

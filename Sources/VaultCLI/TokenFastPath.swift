@@ -80,7 +80,10 @@ enum TokenFastPath {
             return answerInFull(refusal, ctl: ctl).rawValue
         }
         do throws(ClientError) {
-            reply = try receiveMessage(client)
+            guard let received = try client.nextMessage() else {
+                throw .connection("vaultd at \(path) closed the connection before replying")
+            }
+            reply = received
         } catch {
             return ctl.reportUnreachable(error).rawValue
         }
@@ -90,37 +93,6 @@ enum TokenFastPath {
         }
         return answerInFull(reply, ctl: ctl).rawValue
     }
-
-    /// Reads one message, up to its NUL, straight from the socket: the
-    /// client's frame decoder is generic over the bytes it is given and its
-    /// buffer is 64 KiB zeroed, both costly at a start. Errors as the client's.
-    private static func receiveMessage(_ client: VarlinkClient) throws(ClientError) -> ArraySlice<UInt8> {
-        var message: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        while message.count <= maximumReply {
-            let received = chunk.withUnsafeMutableBytes { recv(client.fileDescriptor, $0.baseAddress, $0.count, 0) }
-            if received < 0 {
-                if errno == EINTR { continue }
-                if errno == EAGAIN { throw .timedOut(path: client.path, waiting: "a reply") }
-                throw .connection("reading from \(client.path): \(SystemError("recv"))")
-            }
-            if received == 0 {
-                throw .connection(
-                    message.isEmpty
-                        ? "vaultd at \(client.path) closed the connection before replying"
-                        : "vaultd at \(client.path) closed the connection in the middle of a reply")
-            }
-            if let end = chunk[0..<received].firstIndex(of: 0) {
-                message += chunk[0..<end]
-                return message[...]
-            }
-            message += chunk[0..<received]
-        }
-        throw .connection("vaultd at \(client.path) sent a reply over the size limit")
-    }
-
-    /// The largest reply read: a token reply is a few kilobytes at most.
-    private static let maximumReply = 1 << 20
 
     /// The general reading of a reply: an error reported as vaultctl reports
     /// it, a token printed.

@@ -26,3 +26,12 @@ extension Array where Element == UInt8 {
         self = grown
     }
 }
+
+extension UnsafeMutableRawBufferPointer {
+    /// Zeroes the first `count` bytes (at most the buffer's) in a way the
+    /// compiler cannot drop: for a receive buffer, before it is freed.
+    @inlinable public func wipe(first count: Int) {
+        guard let base = baseAddress else { return }
+        vaultd_explicit_bzero(base, Swift.min(count, self.count))
+    }
+}
