@@ -148,7 +148,9 @@ struct SystemdUnitTests {
         #expect(page.contains(command), "man/vaultd.8.scd gives another command than the unit: \(command)")
         let install = try runCommand(
             Self.root.appendingPathComponent("scripts/install"), [],
-            environment: ["DESTDIR": dir.path("root"), "PREFIX": "/usr/local", "VAULTD_BIN_DIR": Binaries.directory.path],
+            environment: [
+                "DESTDIR": dir.path("root"), "PREFIX": "/usr/local", "VAULTD_BIN_DIR": Binaries.directory.path,
+            ],
             seconds: 60)
         #expect(install.stdout.contains(command), "scripts/install prints another command:\n\(install.stdout)")
 
@@ -244,10 +246,11 @@ struct SystemdUnitTests {
     private static func loadedSystemService(root: String, units: [String]) throws -> String {
         let result = try runCommand(
             analyze, ["verify", "--man=no", "--root=\(root)"] + units, environment: ["SYSTEMD_LOG_LEVEL": "debug"])
-        guard let start = result.stderr.range(of: "Description: vaultd credential vault (system instance)") else {
-            throw HarnessError("no dump of vaultd.service in:\n\(result.stderr)")
+        // The dump is on stdout, the debug log on stderr.
+        guard let start = result.stdout.range(of: "Description: vaultd credential vault (system instance)") else {
+            throw HarnessError("no dump of vaultd.service in:\n\(result.stdout)")
         }
-        return String(result.stderr[start.lowerBound...])
+        return String(result.stdout[start.lowerBound...])
     }
 
     /// Runs scripts/install into `destdir` with the binaries already built.
