@@ -271,22 +271,24 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     }
 
     public func save(_ record: SessionRecord) async throws(VaultError) {
+        try await perform("writing \(record.account)") { () throws(VaultError) in try self.insert(record) }
+    }
+
+    private func insert(_ record: SessionRecord) throws(VaultError) {
         let what = "writing \(record.account)"
-        try await perform(what) { () throws(VaultError) in
-            var document = record.storedJSON().serialized()
-            defer { document.wipe() }
-            let sealed = Sealing.seal(
-                document, associatedData: Self.sessionData(record.account, owner: record.ownerUID), key: self.key)
-            try self.database.statement(
-                """
-                INSERT INTO sessions(provider, user, owner_uid, key_id, sealed) VALUES(?, ?, ?, ?, ?)
-                ON CONFLICT(provider, user, owner_uid) DO UPDATE SET key_id = excluded.key_id, sealed = excluded.sealed
-                """, what
-            ).bind(
-                .text(record.account.provider), .text(record.account.user), .int(Int64(record.ownerUID)),
-                .text(self.key.id), .blob(sealed)
-            ).run()
-        }
+        var document = record.storedJSON().serialized()
+        defer { document.wipe() }
+        let sealed = Sealing.seal(
+            document, associatedData: Self.sessionData(record.account, owner: record.ownerUID), key: key)
+        try database.statement(
+            """
+            INSERT INTO sessions(provider, user, owner_uid, key_id, sealed) VALUES(?, ?, ?, ?, ?)
+            ON CONFLICT(provider, user, owner_uid) DO UPDATE SET key_id = excluded.key_id, sealed = excluded.sealed
+            """, what
+        ).bind(
+            .text(record.account.provider), .text(record.account.user), .int(Int64(record.ownerUID)),
+            .text(key.id), .blob(sealed)
+        ).run()
     }
 
     public func delete(_ key: SessionKey) async throws(VaultError) {
@@ -298,15 +300,19 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     }
 
     public func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        let what = "writing the client secret of \(provider)"
-        try await perform(what) { () throws(VaultError) in
-            var bytes = Array(secret.revealed.utf8)
-            defer { bytes.wipe() }
-            let sealed = Sealing.seal(bytes, associatedData: Self.providerSecretData(provider), key: self.key)
-            try self.database.statement(
-                "INSERT OR REPLACE INTO provider_secrets(provider, key_id, sealed) VALUES(?, ?, ?)", what
-            ).bind(.text(provider), .text(self.key.id), .blob(sealed)).run()
+        try await perform("writing the client secret of \(provider)") { () throws(VaultError) in
+            try self.insertProviderSecret(provider, secret)
         }
+    }
+
+    private func insertProviderSecret(_ provider: String, _ secret: Secret) throws(VaultError) {
+        var bytes = Array(secret.revealed.utf8)
+        defer { bytes.wipe() }
+        let sealed = Sealing.seal(bytes, associatedData: Self.providerSecretData(provider), key: key)
+        try database.statement(
+            "INSERT OR REPLACE INTO provider_secrets(provider, key_id, sealed) VALUES(?, ?, ?)",
+            "writing the client secret of \(provider)"
+        ).bind(.text(provider), .text(key.id), .blob(sealed)).run()
     }
 
     public func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
@@ -332,20 +338,52 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     }
 
     public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        let account = revocation.record.account
-        let what = "queueing the revocation of \(account)"
-        try await perform(what) { () throws(VaultError) in
-            var document = revocation.storedJSON().serialized()
-            defer { document.wipe() }
-            let sealed = Sealing.seal(
-                document, associatedData: Self.revocationData(revocation.id, account), key: self.key)
-            try self.database.statement(
-                "INSERT OR REPLACE INTO revocations(id, provider, user, key_id, sealed) VALUES(?, ?, ?, ?, ?)", what
-            ).bind(
-                .text(revocation.id), .text(account.provider), .text(account.user), .text(self.key.id), .blob(sealed)
-            )
-            .run()
+        try await perform("queueing the revocation of \(revocation.record.account)") { () throws(VaultError) in
+            try self.insert(revocation)
         }
+    }
+
+    private func insert(_ revocation: PendingRevocation) throws(VaultError) {
+        let account = revocation.record.account
+        var document = revocation.storedJSON().serialized()
+        defer { document.wipe() }
+        let sealed = Sealing.seal(document, associatedData: Self.revocationData(revocation.id, account), key: key)
+        try database.statement(
+            "INSERT OR REPLACE INTO revocations(id, provider, user, key_id, sealed) VALUES(?, ?, ?, ?, ?)",
+            "queueing the revocation of \(account)"
+        ).bind(.text(revocation.id), .text(account.provider), .text(account.user), .text(key.id), .blob(sealed))
+            .run()
+    }
+
+    /// Writes every record, queued revocation and client secret given in
+    /// one transaction: all of them are stored, or (on any error) none.
+    /// For migrations and for seeding a benchmark's store.
+    public func importContents(
+        records: [SessionRecord], revocations: [PendingRevocation], providerSecrets: [String: Secret]
+    ) async throws(VaultError) {
+        try await perform("importing \(records.count) sessions") { () throws(VaultError) in
+            try self.database.transaction("importing \(records.count) sessions") { () throws(VaultError) in
+                for record in records { try self.insert(record) }
+                for revocation in revocations { try self.insert(revocation) }
+                for (provider, secret) in providerSecrets.sorted(by: { $0.key < $1.key }) {
+                    try self.insertProviderSecret(provider, secret)
+                }
+            }
+        }
+    }
+
+    /// Every stored client secret, by provider (for migrations).
+    public func loadProviderSecrets() async throws(VaultError) -> [String: Secret] {
+        let providers = try await perform("listing client secrets") { () throws(VaultError) -> [String] in
+            let rows = try self.database.statement(
+                "SELECT provider FROM provider_secrets ORDER BY provider", "listing client secrets")
+            var providers: [String] = []
+            while try rows.step() { providers.append(rows.text(0)) }
+            return providers
+        }
+        var secrets: [String: Secret] = [:]
+        for provider in providers { secrets[provider] = try await loadProviderSecret(provider) }
+        return secrets
     }
 
     public func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
