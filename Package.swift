@@ -24,6 +24,18 @@ let package = Package(
             pkgConfig: "libsystemd",
             providers: [.apt(["libsystemd-dev"])]
         ),
+        // The SQLite engine of the session store (`[Vault] Store=sqlite`).
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        // The AEAD that seals the SQLite engine's rows (XChaCha20-Poly1305).
+        .systemLibrary(
+            name: "CSodium",
+            pkgConfig: "libsodium",
+            providers: [.apt(["libsodium-dev"])]
+        ),
         .target(name: "CShim"),
         // An HTTP client on libcurl, loaded with dlopen on first use.
         .target(name: "CHTTP", linkerSettings: [.linkedLibrary("dl")]),
@@ -49,6 +61,7 @@ let package = Package(
             name: "VaultDaemon",
             dependencies: [
                 "VaultCore", "VaultProtocol", "VaultSystem", "VarlinkServer", "CSecret", "CSystemd", "CShim", "CHTTP",
+                "CSQLite", "CSodium",
             ]),
 
         .executableTarget(name: "vaultd", dependencies: ["VaultDaemon", "CWipeOnFree"]),

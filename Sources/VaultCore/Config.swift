@@ -148,6 +148,15 @@ public struct UserLimits: Sendable, Equatable {
     public init() {}
 }
 
+/// Where a vaultd instance keeps its sessions.
+public enum StoreEngine: String, Sendable, Equatable, CaseIterable {
+    /// One Secret Service item per session (gnome-keyring, KeePassXC): the default.
+    case secretService = "secret-service"
+    /// One SQLite database, every row sealed under a data key kept in a
+    /// systemd credential or in the Secret Service: for hosts with many sessions.
+    case sqlite
+}
+
 /// The whole configuration of a vaultd instance.
 public struct VaultConfig: Sendable, Equatable {
     /// The providers, by name.
@@ -158,6 +167,11 @@ public struct VaultConfig: Sendable, Equatable {
     public var adminGroup: String?
     /// The `scope` attribute of this instance's items: instances sharing a keyring keep apart.
     public var storeScope: String
+    /// Where sessions are kept (`Store=`): one Secret Service item each, or
+    /// one sealed SQLite database.
+    public var storeEngine = StoreEngine.secretService
+    /// The SQLite database file (`Database=`); nil: the engine's default place.
+    public var databasePath: String?
     /// The mode of the socket vaultd binds (not of one systemd passes).
     public var socketMode: UInt32
     /// The accounts the administrator declared (`[Account PROVIDER USER]`).
@@ -205,7 +219,7 @@ public enum ConfigParser {
     static let vaultKeys =
         [
             "StoreTimeout", "StoreScope", "AdminGroup", "SocketMode", "MaxSessionsPerUser", "MaxSessionSize",
-            "MinRefreshInterval",
+            "MinRefreshInterval", "Store", "Database",
         ] + ServingLimits.keys
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
@@ -262,6 +276,18 @@ public enum ConfigParser {
                 throw scope.error("key 'StoreScope': expected 1 to 64 letters, digits, '-', '_' or '.'")
             }
             config.storeScope = scope.value
+        }
+        if let engine = merged.vault["Store"] {
+            guard let value = StoreEngine(rawValue: engine.value) else {
+                throw engine.error("key 'Store': expected secret-service or sqlite")
+            }
+            config.storeEngine = value
+        }
+        if let database = merged.vault["Database"] {
+            guard database.value.hasPrefix("/"), !database.value.hasSuffix("/") else {
+                throw database.error("key 'Database': expected an absolute path to a file")
+            }
+            config.databasePath = database.value
         }
         if let mode = merged.vault["SocketMode"] {
             guard let value = UInt32(mode.value, radix: 8), value <= 0o777, value & 0o600 == 0o600 else {

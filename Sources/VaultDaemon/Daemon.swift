@@ -163,7 +163,7 @@ public enum Daemon {
         let config = try loadConfig(options.configPath, log: log)
         let tokenFilePlans = try TokenFiles.check(config)
         if options.checkConfigOnly {
-            print(checkConfigReport(config))
+            print(checkConfigReport(config, store: try StoreSelection.resolve(config)))
             return 0
         }
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
@@ -280,25 +280,6 @@ public enum Daemon {
         }
     }
 
-    /// The store `options` ask for: memory (with a warning, and no D-Bus at
-    /// all) or the Secret Service in the configured scope.
-    static func openStore(_ options: DaemonOptions, config: VaultConfig, log: Logger) throws(VaultError)
-        -> any SessionStore
-    {
-        if options.memoryStore {
-            log.warning(
-                "--memory-store: sessions are kept in memory only and will not survive a restart; this mode is meant for benchmarks and tests",
-                ["store": "memory"])
-            return MemoryStore()
-        }
-        // VAULTD_STORE_SCOPE overrides StoreScope=, like VAULTD_SOCKET overrides the socket.
-        var scope = config.storeScope
-        if let override = Environment.get("VAULTD_STORE_SCOPE"), !override.isEmpty {
-            scope = try ConfigParser.parse("[Vault]\nStoreScope=\(override)\n", file: "$VAULTD_STORE_SCOPE").storeScope
-        }
-        return try LibsecretStore.open(timeoutSeconds: config.storeTimeoutSeconds, scope: scope)
-    }
-
     /// SIGHUP: reads and validates the whole configuration again, then puts it
     /// in force at once; a broken one is refused and the old one stays.
     static func reload(
@@ -380,9 +361,12 @@ public enum Daemon {
 
     /// What `vaultd --check-config` prints: one `read: FILE` line per file
     /// read, in order (`read: (built-in)` when none was found), then the verdict.
-    static func checkConfigReport(_ config: VaultConfig) -> String {
+    static func checkConfigReport(_ config: VaultConfig, store: StoreSelection) -> String {
         let files = config.sources.isEmpty ? [ConfigSearch.builtInName] : config.sources
-        return (files.map { "read: \($0)" } + ["configuration is valid: \(config.providers.count) provider(s)"])
+        return
+            (files.map { "read: \($0)" } + [
+                store.summary, "configuration is valid: \(config.providers.count) provider(s)",
+            ])
             .joined(separator: "\n")
     }
 

@@ -31,6 +31,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     private let schema: UnsafeMutablePointer<SecretSchema>
     private let providerSecretSchema: UnsafeMutablePointer<SecretSchema>
     private let pendingRevocationSchema: UnsafeMutablePointer<SecretSchema>
+    /// The schema of the SQLite engine's data key (`LibsecretStore+DataKey.swift`).
+    let dataKeySchema: UnsafeMutablePointer<SecretSchema>
     /// The schema of a revocation queued after a failed attempt.
     public static let pendingRevocationSchemaName = "io.vaultd.PendingRevocation"
     /// The schema of a provider's client secret.
@@ -77,6 +79,9 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         }
         pendingRevocationSchema = secret_schema_newv(
             LibsecretStore.pendingRevocationSchemaName, SECRET_SCHEMA_NONE, pendingTypes.table)
+        let keyTypes = GHashTableBox()
+        for name in ["key_id", "scope"] { g_hash_table_insert(keyTypes.table, g_strdup(name), nil) }
+        dataKeySchema = secret_schema_newv(LibsecretStore.dataKeySchemaName, SECRET_SCHEMA_NONE, keyTypes.table)
         location = "the Secret Service on the \(LibsecretStore.busDescription)"
     }
 
@@ -84,6 +89,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         secret_schema_unref(schema)
         secret_schema_unref(providerSecretSchema)
         secret_schema_unref(pendingRevocationSchema)
+        secret_schema_unref(dataKeySchema)
         disconnect()
     }
 
@@ -164,7 +170,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     /// proxy (eight messages, four of them waited for), so the checks that
     /// start-up makes on an empty store cost little; the collection's label
     /// is read only for the error.
-    private func requireUnlocked(_ cancellable: Cancellable, _ what: String) throws(VaultError) {
+    func requireUnlocked(_ cancellable: Cancellable, _ what: String) throws(VaultError) {
         if try defaultCollectionLocked(cancellable, what) == false { return }
         let (locked, label) = try defaultCollection(cancellable, what)
         if locked {
@@ -236,7 +242,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     /// Runs `body` on the store's lane of `BlockingExecutor.store` (one call at
     /// a time) with a cancellable that fires after the timeout; a call that
     /// waited the whole timeout for its turn never starts.
-    private func perform<T: Sendable>(
+    func perform<T: Sendable>(
         _ what: String, _ body: @escaping @Sendable (Cancellable) throws(VaultError) -> T
     ) async throws(VaultError) -> T {
         let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
@@ -413,10 +419,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     /// Writes one queued revocation: the record's document with the id added.
     private func storeRevocation(_ revocation: PendingRevocation, _ cancellable: Cancellable) throws(VaultError) {
         let record = revocation.record
-        guard case .object(var members) = record.storedJSON() else { return }
-        members[LibsecretStore.revocationIDMember] = .string(revocation.id)
-        if revocation.replaced { members[LibsecretStore.revocationReplacedMember] = true }
-        var document = JSON.object(members).serialized()
+        var document = revocation.storedJSON().serialized()
         defer { document.wipe() }
         try store(
             pendingRevocationSchema, revocationAttributes(record.account, id: revocation.id),
@@ -486,7 +489,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     }
 
     /// Creates or replaces the item with `attributes` in the default collection.
-    private func store(
+    func store(
         _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ label: String,
         _ bytes: [UInt8], _ contentType: String, _ cancellable: Cancellable, _ what: String
     ) throws(VaultError) {
@@ -505,7 +508,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     }
 
     /// Deletes every item with `attributes`; none is fine.
-    private func clear(
+    func clear(
         _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ cancellable: Cancellable,
         _ what: String
     ) throws(VaultError) {
@@ -526,7 +529,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     /// and secrets in two D-Bus calls and makes no proxy object per item: a
     /// search of a thousand items used to leave megabytes of freed but
     /// scattered heap behind.
-    private func search(
+    func search(
         _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ cancellable: Cancellable,
         _ what: String, secrets readSecrets: Bool = true
     ) throws(VaultError) -> [FoundItem] {
@@ -595,7 +598,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     }
 
     /// The attributes every search of this instance narrows by: its scope (and a provider).
-    private func scopeAttributes(provider: String? = nil) -> GHashTableBox {
+    func scopeAttributes(provider: String? = nil) -> GHashTableBox {
         let table = GHashTableBox()
         g_hash_table_insert(table.table, g_strdup("scope"), g_strdup(scope))
         if let provider { g_hash_table_insert(table.table, g_strdup("provider"), g_strdup(provider)) }

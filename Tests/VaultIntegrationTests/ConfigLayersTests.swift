@@ -67,14 +67,16 @@ struct ConfigLayersTests {
         #expect(check.status == 0, "\(check.stderr)")
         #expect(
             check.stdout.split(separator: "\n").map(String.init) == [
-                "read: \(layers.systemFile)", "read: \(layers.userFile)", "configuration is valid: 2 provider(s)",
+                "read: \(layers.systemFile)", "read: \(layers.userFile)", "store: secret-service (scope default)",
+                "configuration is valid: 2 provider(s)",
             ], "\(check.stdout)")
 
         let asRoot = try runCommand(Binaries.vaultd, ["--check-config"], environment: layers.environment)
         #expect(asRoot.status == 0, "\(asRoot.stderr)")
         #expect(
             asRoot.stdout.split(separator: "\n").map(String.init) == [
-                "read: \(layers.systemFile)", "configuration is valid: 1 provider(s)",
+                "read: \(layers.systemFile)", "store: secret-service (scope default)",
+                "configuration is valid: 1 provider(s)",
             ], "\(asRoot.stdout)")
     }
 

@@ -1,0 +1,106 @@
+import Glibc
+import VaultCore
+import VaultSystem
+
+/// Which store a vaultd instance uses and where: the engine, the Secret
+/// Service scope, the database file. The environment overrides the
+/// configuration (`VAULTD_STORE`, `VAULTD_STORE_SCOPE`, `VAULTD_DATABASE`),
+/// as `VAULTD_SOCKET` overrides the socket, for units and tests.
+public struct StoreSelection: Sendable, Equatable {
+    /// The engine.
+    public var engine: StoreEngine
+    /// The `scope` attribute of this instance's Secret Service items.
+    public var scope: String
+    /// The SQLite database file; nil when no default could be found (no home directory).
+    public var databasePath: String?
+    /// How long one store call may take, in seconds.
+    public var timeoutSeconds: Int64
+
+    /// The selection `config` and the process environment make.
+    public static func resolve(_ config: VaultConfig) throws(VaultError) -> StoreSelection {
+        var text = ""
+        if let engine = Environment.get("VAULTD_STORE"), !engine.isEmpty { text += "Store=\(engine)\n" }
+        if let scope = Environment.get("VAULTD_STORE_SCOPE"), !scope.isEmpty { text += "StoreScope=\(scope)\n" }
+        if let database = Environment.get("VAULTD_DATABASE"), !database.isEmpty { text += "Database=\(database)\n" }
+        var effective = config
+        if !text.isEmpty {
+            let overrides = try ConfigParser.parse("[Vault]\n" + text, file: "the environment (VAULTD_STORE*)")
+            if text.contains("Store=") { effective.storeEngine = overrides.storeEngine }
+            if text.contains("StoreScope=") { effective.storeScope = overrides.storeScope }
+            if text.contains("Database=") { effective.databasePath = overrides.databasePath }
+        }
+        let path =
+            effective.databasePath
+            ?? SQLiteStore.defaultPath(environment: Environment.all(), uid: geteuid(), home: Files.homeDirectory())
+        return StoreSelection(
+            engine: effective.storeEngine, scope: effective.storeScope, databasePath: path,
+            timeoutSeconds: effective.storeTimeoutSeconds)
+    }
+
+    /// The database file, or an error saying how to name one.
+    public func requireDatabasePath() throws(VaultError) -> String {
+        guard let databasePath else {
+            throw VaultError(
+                .invalidConfig,
+                "Store=sqlite needs a database file, and no default was found (no $STATE_DIRECTORY, $XDG_STATE_HOME or home directory); set Database= in [Vault]"
+            )
+        }
+        return databasePath
+    }
+
+    /// The one-line description for `--check-config`.
+    public var summary: String {
+        switch engine {
+        case .secretService: return "store: secret-service (scope \(scope))"
+        case .sqlite: return "store: sqlite \(databasePath ?? "(no database path: set Database=)")"
+        }
+    }
+}
+
+extension Daemon {
+    /// The store `options` and `config` ask for: memory (with a warning, and
+    /// no D-Bus at all), the Secret Service in the configured scope, or the
+    /// SQLite database with its data key.
+    static func openStore(_ options: DaemonOptions, config: VaultConfig, log: Logger) throws(VaultError)
+        -> any SessionStore
+    {
+        if options.memoryStore {
+            log.warning(
+                "--memory-store: sessions are kept in memory only and will not survive a restart; this mode is meant for benchmarks and tests",
+                ["store": "memory"])
+            return MemoryStore()
+        }
+        let selection = try StoreSelection.resolve(config)
+        switch selection.engine {
+        case .secretService:
+            return try LibsecretStore.open(timeoutSeconds: selection.timeoutSeconds, scope: selection.scope)
+        case .sqlite:
+            return try openSQLite(selection, log: log)
+        }
+    }
+
+    /// The SQLite store of `selection`, its key from the credential `data-key`
+    /// when systemd passed one, else from the Secret Service.
+    static func openSQLite(_ selection: StoreSelection, log: Logger) throws(VaultError) -> SQLiteStore {
+        let path = try selection.requireDatabasePath()
+        let keys = try dataKeySource(selection)
+        return try blocking { () async throws(VaultError) in
+            try await SQLiteStore.open(path: path, keys: keys, timeoutSeconds: selection.timeoutSeconds, log: log)
+        }
+    }
+
+    /// Where the data key comes from: the credential `data-key` when it
+    /// exists, else the Secret Service (which must then be reachable).
+    static func dataKeySource(_ selection: StoreSelection) throws(VaultError) -> any DataKeySource {
+        if let credential = CredentialDataKeys.fromEnvironment() { return credential }
+        do {
+            let keyring = try LibsecretStore.open(timeoutSeconds: selection.timeoutSeconds, scope: selection.scope)
+            return SecretServiceDataKeys(store: keyring)
+        } catch {
+            throw VaultError(
+                error.code,
+                "the session database's data key comes from the credential \(CredentialDataKeys.name) ($CREDENTIALS_DIRECTORY/\(CredentialDataKeys.name)), which is not there, or from the Secret Service, which failed: \(error.message)"
+            )
+        }
+    }
+}
