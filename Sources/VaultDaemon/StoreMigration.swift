@@ -135,7 +135,12 @@ public enum StoreMigration {
             return [
                 "finished an interrupted migration from the Secret Service (scope \(selection.scope)) to \(path): deleted \(deleted) items left in the Secret Service"
             ] + left
-        case .occupied(let counts):
+        case .occupied(let counts, let migratedFrom) where migratedFrom == origin && source.isEmpty:
+            // A finished migration, run again: nothing is left to do.
+            return [
+                "nothing to migrate: \(path) holds \(counts), migrated from the Secret Service (scope \(selection.scope)), which holds none of this instance's items"
+            ]
+        case .occupied(let counts, _):
             throw VaultError(
                 .invalidParameter,
                 "the target database \(path) already holds \(counts); a migration writes only into an empty store. Move it away first, or migrate it back with --migrate-store sqlite secret-service"
@@ -232,6 +237,14 @@ public enum StoreMigration {
     {
         let removing = path + removingSuffix
         guard Files.exists(path) || Files.exists(removing) else {
+            // A finished migration, run again: the Secret Service holds the items.
+            if let keyring = try? LibsecretStore.open(timeoutSeconds: selection.timeoutSeconds, scope: selection.scope),
+                let found = try? await readSecretService(keyring, what: "the target"), !found.isEmpty
+            {
+                return [
+                    "nothing to migrate: there is no database at \(path), and the Secret Service (scope \(selection.scope)) holds \(found.counts)"
+                ]
+            }
             throw VaultError(
                 .invalidParameter,
                 "there is no session database at \(path): nothing to migrate (set Database= or VAULTD_DATABASE to the database to migrate)"
@@ -397,8 +410,9 @@ enum MigrationTarget {
         /// The database of a migration to SQLite whose clean-up of the
         /// Secret Service is unfinished: the names of the items to delete.
         case pending([String])
-        /// A database with rows: how many, in words.
-        case occupied(String)
+        /// A database with rows: how many, in words, and where they were
+        /// migrated from (its `migrated_from` row), if they were.
+        case occupied(String, migratedFrom: String?)
     }
 
     static func inspect(_ path: String, timeoutSeconds: Int64) throws(VaultError) -> State {
@@ -419,7 +433,11 @@ enum MigrationTarget {
         }
         let rows = try rowCounts(database)
         if rows == (0, 0, 0) { return .empty }
-        return .occupied("\(rows.0) sessions, \(rows.1) queued revocations and \(rows.2) client secrets")
+        let origin = try database.statement(
+            "SELECT value FROM meta WHERE name = '\(StoreMigration.originRow)'", "reading the migration state"
+        ).first { $0.text(0) }
+        return .occupied(
+            "\(rows.0) sessions, \(rows.1) queued revocations and \(rows.2) client secrets", migratedFrom: origin)
     }
 
     static func rowCounts(_ path: String, timeoutSeconds: Int64) throws(VaultError) -> (Int, Int, Int) {
