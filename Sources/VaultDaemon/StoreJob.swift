@@ -1,5 +1,6 @@
 import Glibc
 import VaultCore
+import VaultProtocol
 import VaultSystem
 
 /// A one-off job on the store that vaultd runs instead of serving, then exits:
@@ -34,6 +35,9 @@ extension Daemon {
         switch job {
         case .rotateKey: lines = try KeyRotation.run(selection: selection, log: log)
         case .migrateStore(let from, let to):
+            // A vaultd on the Secret Service engine holds no database lock: look for one on the socket.
+            try RunningInstance.refuseIfServed(
+                options.socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid()))
             lines = try StoreMigration.run(from: from, to: to, selection: selection, log: log)
         }
         for line in lines { print(line) }

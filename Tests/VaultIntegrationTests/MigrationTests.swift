@@ -45,15 +45,16 @@ final class MigrationFixture {
     }
 
     /// The command line of a migration.
-    func migrationArguments(_ from: String, _ to: String) -> [String] {
-        ["--config", configPath, "--migrate-store", from, to]
+    /// The command line of a migration of the instance on `socket` (default: this fixture's).
+    func migrationArguments(_ from: String, _ to: String, socket: String? = nil) -> [String] {
+        ["--config", configPath, "--socket", socket ?? socketPath, "--migrate-store", from, to]
     }
 
     /// Runs `vaultd --migrate-store from to` to its end (or to the step `killAt`).
-    func migrate(_ from: String, _ to: String, killAt: String? = nil) throws -> CommandResult {
+    func migrate(_ from: String, _ to: String, killAt: String? = nil, socket: String? = nil) throws -> CommandResult {
         var env = environment()
         if let killAt { env["VAULTD_TEST_KILL_AT"] = killAt }
-        return try runCommand(Binaries.vaultd, migrationArguments(from, to), environment: env)
+        return try runCommand(Binaries.vaultd, migrationArguments(from, to, socket: socket), environment: env)
     }
 
     /// Logs in three static sessions, stores the oauth client secret, and
@@ -333,9 +334,14 @@ struct MigrationTests {
         try await fixture.populate(on: "sqlite")
         let daemon = try fixture.start("sqlite")
         let run = try fixture.migrate("sqlite", "secret-service")
-        #expect(run.status == 1 && run.stderr.contains("is in use"), "\(run.stderr)")
-        let run2 = try fixture.migrate("secret-service", "sqlite")
+        #expect(
+            run.status == 1 && run.stderr.contains("pid \(daemon.process.processIdentifier)) serves"), "\(run.stderr)")
+        // Named by another socket, the instance is still found by its database's lock.
+        let elsewhere = fixture.directory.path("elsewhere.sock")
+        let run2 = try fixture.migrate("sqlite", "secret-service", socket: elsewhere)
         #expect(run2.status == 1 && run2.stderr.contains("is in use"), "\(run2.stderr)")
+        let run3 = try fixture.migrate("secret-service", "sqlite", socket: elsewhere)
+        #expect(run3.status == 1 && run3.stderr.contains("is in use"), "\(run3.stderr)")
         #expect(try fixture.isWhole("sqlite") && fixture.isEmpty("secret-service"))
 
         let second = try RunningDaemon(
@@ -345,5 +351,19 @@ struct MigrationTests {
         #expect(status == 1, "a second vaultd on one database does not start")
         #expect(second.output.text.contains("is in use"), "\(second.output.text)")
         daemon.stop()
+    }
+
+    @Test("Should refuse to migrate while a vaultd on the Secret Service engine serves the instance's socket")
+    func refusesBesideSecretServiceDaemon() async throws {
+        let fixture = try MigrationFixture()
+        try await fixture.populate(on: "secret-service")
+        let daemon = try fixture.start("secret-service")
+        let run = try fixture.migrate("secret-service", "sqlite")
+        #expect(
+            run.status == 1 && run.stderr.contains("pid \(daemon.process.processIdentifier)) serves"), "\(run.stderr)")
+        #expect(try fixture.isWhole("secret-service") && fixture.isEmpty("sqlite"), "nothing moved")
+        daemon.stop()
+        let after = try fixture.migrate("secret-service", "sqlite")
+        #expect(after.status == 0, "once it stopped, the migration runs: \(after.stderr)")
     }
 }
