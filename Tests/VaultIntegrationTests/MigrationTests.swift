@@ -283,6 +283,7 @@ struct MigrationTests {
         }
         var generator = SystemRandomNumberGenerator()
         var outcomes: [String] = []
+        var killedCount = 0
         for _ in 0..<Soak.size(short: 6, long: 40) {
             let to = otherEngine(from)
             let process = Process()
@@ -294,11 +295,14 @@ struct MigrationTests {
             process.standardError = FileHandle.nullDevice
             let delay = Double.random(in: 0...(durations[to] ?? 0.5), using: &generator)
             try process.run()
-            // The delay is the point of the test (a kill at an arbitrary moment), not a synchronisation.
-            try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+            // The delay is the point of the test (a kill at an arbitrary moment), not a
+            // synchronisation. usleep, not Task.sleep: under parallel suites a task's
+            // wake-up waits for a free pool thread, long past a whole migration.
+            usleep(UInt32(delay * 1_000_000))
             kill(process.processIdentifier, SIGKILL)
             let status = try reap(process)
             outcomes.append(String(format: "%.3fs:%d", delay, status))
+            if killed(status) { killedCount += 1 }
             let whole = try (fixture.isWhole(from), fixture.isWhole(to))
             #expect(whole.0 || whole.1, "killed after \(delay)s (\(from) → \(to))")
             let rerun = try fixture.migrate(from, to)
@@ -307,6 +311,7 @@ struct MigrationTests {
             from = to
         }
         print("migration kills (delay:status): \(outcomes.joined(separator: " "))")
+        #expect(killedCount > 0, "at least one migration was killed on its way: \(outcomes)")
         try await fixture.verifyServed(on: from)
     }
 
