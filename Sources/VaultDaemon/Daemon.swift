@@ -34,6 +34,9 @@ public struct DaemonOptions: Sendable {
     /// Keep sessions in memory instead of the Secret Service (`--memory-store`):
     /// for benchmarks and tests only, since sessions are lost when vaultd stops.
     public var memoryStore = false
+    /// A job on the store to run instead of serving (`--rotate-key`,
+    /// `--migrate-store FROM TO`): vaultd does it, prints what it did, exits.
+    public var storeJob: StoreJob?
 
     /// The usage text of `vaultd --help`.
     public static let usage = """
@@ -52,6 +55,15 @@ public struct DaemonOptions: Sendable {
           --memory-store      keep sessions in memory only, not in the Secret Service:
                               they are lost when vaultd stops, and no D-Bus is needed.
                               For benchmarks and tests, never for real sessions
+          --rotate-key        seal every row of the SQLite store (Store=sqlite) under a
+                              new data key, print the old and new key ids, exit; with
+                              the key from the credential data-key, give the new key as
+                              data-key and the old as data-key.previous first
+          --migrate-store FROM TO
+                              move every session, queued revocation and client secret
+                              from one store engine to the other (secret-service,
+                              sqlite), print the counts, exit. Crash-safe: run it again
+                              after an interruption to finish. Stop vaultd first
           --help              show this text
           --version           show the version
 
@@ -101,6 +113,11 @@ public struct DaemonOptions: Sendable {
             case "--socket": options.socketPath = try value(argument)
             case "--check-config": options.checkConfigOnly = true
             case "--memory-store": options.memoryStore = true
+            case "--rotate-key": options.storeJob = .rotateKey
+            case "--migrate-store":
+                let from = try StoreJob.engine(try value(argument), option: argument)
+                let to = try StoreJob.engine(try value(argument), option: argument)
+                options.storeJob = .migrateStore(from: from, to: to)
             case "--log-level":
                 let name = try value(argument)
                 guard let level = Logger.Level.allCases.first(where: { $0.name == name }) else {
@@ -166,6 +183,7 @@ public enum Daemon {
             print(checkConfigReport(config, store: try StoreSelection.resolve(config)))
             return 0
         }
+        if let job = options.storeJob { return try runStoreJob(job, options: options, config: config, log: log) }
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
         let notifier = ServiceNotifier()
 

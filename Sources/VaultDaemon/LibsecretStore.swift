@@ -29,7 +29,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     // Touched only on the store's lane after `open`: replaced at each reconnection.
     private var service: OpaquePointer?
     private let schema: UnsafeMutablePointer<SecretSchema>
-    private let providerSecretSchema: UnsafeMutablePointer<SecretSchema>
+    let providerSecretSchema: UnsafeMutablePointer<SecretSchema>
     private let pendingRevocationSchema: UnsafeMutablePointer<SecretSchema>
     /// The schema of the SQLite engine's data key (`LibsecretStore+DataKey.swift`).
     let dataKeySchema: UnsafeMutablePointer<SecretSchema>
@@ -230,7 +230,7 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
     }
 
     /// The service of the current connection.
-    private func servicePointer() throws(VaultError) -> UnsafeMutablePointer<SecretService> {
+    func servicePointer() throws(VaultError) -> UnsafeMutablePointer<SecretService> {
         guard let service else {
             throw VaultError(
                 .storeUnavailable,

@@ -32,9 +32,14 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     private let database: SQLiteDatabase
     private var key: DataKey
     private let timeoutSeconds: Int64
+    /// The database's exclusive lock (`DatabaseLock`), held while the store lives.
+    private let lock: DatabaseLock
 
-    private init(database: SQLiteDatabase, key: DataKey, keySource: String, timeoutSeconds: Int64) {
+    private init(
+        database: SQLiteDatabase, key: DataKey, keySource: String, timeoutSeconds: Int64, lock: DatabaseLock
+    ) {
         self.database = database
+        self.lock = lock
         self.path = database.path
         self.key = key
         self.timeoutSeconds = timeoutSeconds
@@ -66,10 +71,15 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     /// there — vaultd never starts empty over a database it cannot read.
     /// When the source prefers another key (a rotated credential), every
     /// row is sealed again under it, in one transaction, before the first call.
+    /// The database's `DatabaseLock` is taken first (a second vaultd, or a
+    /// rotation or migration under way, makes this refuse), unless the caller
+    /// holds it already and passes it as `lock`.
     public static func open(
-        path: String, keys: any DataKeySource, timeoutSeconds: Int64, log: Logger
+        path: String, keys: any DataKeySource, timeoutSeconds: Int64, log: Logger, lock: DatabaseLock? = nil
     ) async throws(VaultError) -> SQLiteStore {
         try prepareFile(path)
+        let held: DatabaseLock
+        if let lock { held = lock } else { held = try DatabaseLock.acquire(for: path) }
         let database = try SQLiteDatabase(path: path, timeoutSeconds: timeoutSeconds)
         let storedKeyID = try setUp(database)
         let key: DataKey
@@ -90,7 +100,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             }
         }
         let store = SQLiteStore(
-            database: database, key: key, keySource: keys.description, timeoutSeconds: timeoutSeconds)
+            database: database, key: key, keySource: keys.description, timeoutSeconds: timeoutSeconds, lock: held)
         if let preferred = try await keys.preferredKey(), preferred.id != key.id {
             let count = try store.reseal(to: preferred)
             log.notice(
