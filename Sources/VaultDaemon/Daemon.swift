@@ -271,6 +271,7 @@ public enum Daemon {
         // Background work (refreshes, revocations, save retries) gets what is
         // left of the drain time; revocations are queued in the store already.
         try? blocking { () async throws(VaultError) in await manager.shutdown(graceSeconds: 5) }
+        try? blocking { () async throws(VaultError) in await store.close() }
         tokenFiles.waitIdle(seconds: 2)
         notifier.flush()
         log.notice("stopped", ["signal": String(signal)])

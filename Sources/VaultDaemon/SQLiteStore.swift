@@ -120,7 +120,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         guard fd >= 0 else {
             throw VaultError(.storeFailed, "cannot open the session database \(path): \(SystemError("open"))")
         }
-        defer { close(fd) }
+        defer { Glibc.close(fd) }
         var st = stat()
         guard fstat(fd, &st) == 0, st.st_mode & S_IFMT == S_IFREG else {
             throw VaultError(.storeFailed, "the session database \(path) is not a regular file")
@@ -434,6 +434,16 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
                 revocations.append(revocation)
             }
             return revocations
+        }
+    }
+
+    /// Folds the write-ahead log into the database file and empties it, so
+    /// that `sessions.db` alone holds every session while vaultd is stopped
+    /// (a backup copies one file). A failure is harmless: the log stays and
+    /// SQLite reads it at the next open.
+    public func close() async {
+        _ = try? await perform("checkpointing the database") { () throws(VaultError) in
+            try self.database.execute("PRAGMA wal_checkpoint(TRUNCATE)", "checkpointing the database")
         }
     }
 

@@ -77,9 +77,14 @@ public protocol SessionStore: Sendable {
     /// reachable with its collection unlocked, unreachable, or locked. vaultd
     /// probes while the store is not available, to learn when it is back.
     func probe() async -> StoreProbe
+    /// Called once at a clean stop, after the last write: puts everything
+    /// where a copy of the store taken while vaultd is stopped finds it.
+    func close() async
 }
 
 extension SessionStore {
     /// A store with nothing to reconnect (memory) is always available.
     public func probe() async -> StoreProbe { .available }
+    /// Nothing to put away by default.
+    public func close() async {}
 }

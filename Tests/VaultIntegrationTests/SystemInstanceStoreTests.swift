@@ -8,6 +8,26 @@ import Testing
 /// does), and no D-Bus session bus at all.
 @Suite(.serialized, .timeLimit(.minutes(5)))
 struct SystemInstanceStoreTests {
+    @Test("Should leave every session in sessions.db alone after a clean stop, so a copy of that one file is a backup")
+    func cleanStopLeavesOneFile() throws {
+        let unit = try SystemUnitRun()
+        try unit.writeKey(SystemUnitRun.randomKey())
+        let user = uniqueName("wal")
+        let token = "sqlite_checkpoint_token_abcdefghijkl"
+        let first = try unit.start()
+        #expect(try vaultctl(unit.socket, ["login", "demo", user], input: token).status == 0)
+        #expect(first.stop() == 0, "\(first.output.text)")
+        let log = unit.database + "-wal"
+        let logBytes = (try? FileManager.default.attributesOfItem(atPath: log)[.size] as? Int) ?? 0
+        #expect(logBytes == 0, "the write-ahead log kept \(logBytes) bytes after a clean stop")
+        // The backup a user would take of a stopped vaultd: sessions.db, nothing else.
+        for leftover in [log, unit.database + "-shm"] { try? FileManager.default.removeItem(atPath: leftover) }
+        let second = try unit.start()
+        let again = try vaultctl(unit.socket, ["token", "demo", user])
+        #expect(again.stdout == token + "\n", "\(again.stderr)")
+        #expect(second.stop() == 0, "\(second.output.text)")
+    }
+
     @Test(
         "Should keep a session in STATE_DIRECTORY/sessions.db under the credential key, with no D-Bus, across a restart"
     )
