@@ -3,6 +3,7 @@ import Glibc
 import Synchronization
 import VaultCore
 import VaultDaemon
+import VaultSystem
 
 /// A clock moved by hand. Sleepers wake when it is moved past their deadline
 /// (or when their task is cancelled).
@@ -60,7 +61,7 @@ final class ManualClock: WallClock, Sendable {
 }
 
 /// What a `FaultyStore` holds, as the invariants read it.
-struct StoreSnapshot: Sendable {
+struct StoreSnapshot: Sendable, Equatable {
     var records: [SessionKey: SessionRecord] = [:]
     var providerSecrets: [String: Secret] = [:]
     var pending: [String: PendingRevocation] = [:]
@@ -71,9 +72,9 @@ struct StoreSnapshot: Sendable {
 protocol CrashableStore: SessionStore {
     /// Everything the store holds now, read back from it; every row must read.
     func snapshot() async throws(VaultError) -> StoreSnapshot
-    /// The store as the next process opens it: what the store kept, nothing
-    /// of this process's memory.
-    func reopen() async throws(VaultError) -> any CrashableStore
+    /// The store as the next process opens it: what the store kept (`kept`,
+    /// read at the crash), nothing of this process's memory.
+    func reopen(kept: StoreSnapshot) async throws(VaultError) -> any CrashableStore
     /// This process is gone: its connection to the store is dropped.
     func close()
 }
@@ -91,7 +92,8 @@ final class MemoryEngine: CrashableStore, Sendable {
     var contents: StoreSnapshot { state.withLock { $0 } }
 
     func snapshot() async throws(VaultError) -> StoreSnapshot { contents }
-    func reopen() async throws(VaultError) -> any CrashableStore { MemoryEngine(contents) }
+    /// A copy of what the engine held at the crash: the memory engine's "disk".
+    func reopen(kept: StoreSnapshot) async throws(VaultError) -> any CrashableStore { MemoryEngine(kept) }
     func close() {}
 
     func loadAll() async throws(VaultError) -> StoreContents {
@@ -133,9 +135,19 @@ struct FixedDataKeys: DataKeySource {
 final class TemporaryDirectory: Sendable {
     let path: String
 
-    /// A new directory under `$TMPDIR` (`/tmp`), named after `prefix`.
-    init(_ prefix: String) throws(VaultError) {
-        let parent = ProcessInfo.processInfo.environment["TMPDIR"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
+    /// `$TMPDIR`, else `/tmp`.
+    static var temporaryParent: String {
+        ProcessInfo.processInfo.environment["TMPDIR"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
+    }
+
+    /// `/dev/shm` when it is a memory file system this process may write, else `temporaryParent`.
+    static var memoryParent: String {
+        let inMemory = (try? Directory("/dev/shm").isInMemory()) ?? false
+        return inMemory && access("/dev/shm", W_OK) == 0 ? "/dev/shm" : temporaryParent
+    }
+
+    /// A new directory under `parent`, named after `prefix`.
+    init(_ prefix: String, in parent: String = TemporaryDirectory.temporaryParent) throws(VaultError) {
         var template = Array("\(parent)/\(prefix)-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else {
             throw VaultError(.internalError, "cannot make a temporary directory in \(parent)")
@@ -161,9 +173,13 @@ final class SQLiteEngine: CrashableStore, Sendable {
         location = store.location
     }
 
-    /// A new database in a temporary directory of its own, under a random key.
+    /// A new database in a temporary directory of its own, under a random
+    /// key: on a memory file system when there is one (`VAULTD_SIM_DIR`
+    /// chooses another), since the simulation tests vaultd's logic over the
+    /// engine, not the disk's flushes, and each write flushes.
     static func temporary() async throws(VaultError) -> SQLiteEngine {
-        try await open(directory: TemporaryDirectory("vaultd-sim"), keys: FixedDataKeys())
+        let parent = ProcessInfo.processInfo.environment["VAULTD_SIM_DIR"] ?? TemporaryDirectory.memoryParent
+        return try await open(directory: TemporaryDirectory("vaultd-sim", in: parent), keys: FixedDataKeys())
     }
 
     private static func open(directory: TemporaryDirectory, keys: FixedDataKeys) async throws(VaultError)
@@ -196,7 +212,8 @@ final class SQLiteEngine: CrashableStore, Sendable {
         return snapshot
     }
 
-    func reopen() async throws(VaultError) -> any CrashableStore {
+    /// The same file opened again (`kept` is not used: the file is what the next process gets).
+    func reopen(kept: StoreSnapshot) async throws(VaultError) -> any CrashableStore {
         try await Self.open(directory: directory, keys: keys)
     }
 
@@ -268,16 +285,23 @@ final class FaultyStore: SessionStore, Sendable {
     /// What the engine holds now, read back from it (faults and outages do not apply).
     func snapshot() async throws(VaultError) -> Contents { try await engine.snapshot() }
 
-    /// The process dies: its connection to the engine is dropped (what it
-    /// still writes goes to a copy no one reads), and the store of the next
-    /// process opens what the engine kept.
-    func crash() async throws(VaultError) -> FaultyStore {
-        let engine = self.engine
-        let orphan: MemoryEngine
-        if let memory = engine as? MemoryEngine { orphan = memory } else { orphan = MemoryEngine(try await engine.snapshot()) }
-        state.withLock { $0.engine = orphan }
-        engine.close()
-        return FaultyStore(over: try await engine.reopen())
+    /// The process dies: from this instant its calls reach no store (what it
+    /// still writes while it stops goes to a copy no one reads), its
+    /// connection to the engine is dropped, and the store of the next process
+    /// opens what the engine kept, which is returned too. Called when no call
+    /// of the store is in flight (the simulation settles first).
+    func crash() async throws(VaultError) -> (next: FaultyStore, kept: Contents) {
+        let kept: Contents
+        if let memory = engine as? MemoryEngine {
+            kept = memory.contents
+        } else {
+            let engine = self.engine
+            kept = try await engine.snapshot()
+            state.withLock { $0.engine = MemoryEngine(kept) }
+            engine.close()
+        }
+        let next = FaultyStore(over: try await engine.reopen(kept: kept))
+        return (next, kept)
     }
 
     /// Writes attempted so far.

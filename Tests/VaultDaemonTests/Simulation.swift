@@ -639,9 +639,11 @@ final class Simulation {
 
     /// The process dies: what the store holds now is all the next one gets.
     func crash() async throws {
+        // From this instant nothing the process does reaches the store.
+        let next: FaultyStore
         let contents: FaultyStore.Contents
-        do throws(VaultError) { contents = try await store.snapshot() } catch {
-            throw Violation.broken("the store cannot be read at a crash: \(error)")
+        do throws(VaultError) { (next, contents) = try await store.crash() } catch {
+            throw Violation.broken("the store cannot be read or opened again at a crash: \(error)")
         }
         for read in botReads { read.result.withLock { $0 = $0 ?? "crash" } }
         for (key, view) in manager.table.all() {
@@ -657,9 +659,18 @@ final class Simulation {
         await manager.shutdown(graceSeconds: 0)
         // The process's connections die with it.
         openConnections.removeAll()
-        // The next process starts once the store is back (it refuses to start without one).
-        do throws(VaultError) { store = try await store.crash() } catch {
-            throw Violation.broken("the store cannot be opened after a crash: \(error)")
+        // The next process starts once the store is back (it refuses to start
+        // without one), from exactly what the store held at the crash.
+        store = next
+        do throws(VaultError) {
+            let reopened = try await store.snapshot()
+            if reopened != contents {
+                throw VaultError(
+                    .storeFailed,
+                    "it holds \(reopened.records.count) records and \(reopened.pending.count) revocations, not the \(contents.records.count) and \(contents.pending.count) it held")
+            }
+        } catch {
+            throw Violation.broken("the store opened after a crash differs from the one that crashed: \(error)")
         }
         alive = Liveness()
         if outageEndedAt == nil { outageEndedAt = clock.preciseNow() }
