@@ -100,7 +100,9 @@ final class MemoryEngine: CrashableStore, Sendable {
         StoreContents(records: Array(state.withLock { $0.records.values }), unreadable: [])
     }
     func save(_ record: SessionRecord) async throws(VaultError) { state.withLock { $0.records[record.key] = record } }
-    func delete(_ key: SessionKey) async throws(VaultError) { _ = state.withLock { $0.records.removeValue(forKey: key) } }
+    func delete(_ key: SessionKey) async throws(VaultError) {
+        _ = state.withLock { $0.records.removeValue(forKey: key) }
+    }
     func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
         state.withLock { $0.providerSecrets[provider] = secret }
     }
