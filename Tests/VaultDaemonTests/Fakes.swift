@@ -157,7 +157,10 @@ final class TemporaryDirectory: Sendable {
         path = String(cString: made)
     }
 
-    deinit { try? FileManager.default.removeItem(atPath: path) }
+    /// Removes the directory now (work a test left behind may still hold its files open).
+    func remove() { try? FileManager.default.removeItem(atPath: path) }
+
+    deinit { remove() }
 }
 
 /// The SQLite engine on a temporary file: a crash drops the connection and

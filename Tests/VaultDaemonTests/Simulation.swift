@@ -118,10 +118,19 @@ final class Simulation {
         switch engine {
         case .memory: return try Simulation(seed: seed, engine: engine, store: FaultyStore())
         case .sqlite:
-            return try Simulation(
-                seed: seed, engine: engine, store: FaultyStore(over: try await SQLiteEngine.temporary()))
+            let sqlite = try await SQLiteEngine.temporary()
+            let simulation = try Simulation(seed: seed, engine: engine, store: FaultyStore(over: sqlite))
+            simulation.files = sqlite.directory
+            return simulation
         }
     }
+
+    /// The directory of the SQLite engine's database.
+    var files: TemporaryDirectory?
+
+    /// Removes the database's files, even when work of a dead process that
+    /// never ended (a request it abandoned) still holds the store.
+    func removeFiles() { files?.remove() }
 
     init(seed: UInt64, engine: Engine, store: FaultyStore) throws {
         self.seed = seed
@@ -931,6 +940,7 @@ struct SimulationTests {
                         if failures.count >= 3 { return }
                         do {
                             let simulation = try await Simulation.make(seed: seeds[index], engine: engine)
+                            defer { simulation.removeFiles() }
                             try await simulation.run(steps: steps)
                         } catch {
                             failures.append("[\(engine) engine] \(error)")
@@ -958,11 +968,20 @@ struct SimulationTests {
         #expect(found.isEmpty, "\(found.joined(separator: "\n\n"))")
     }
 
+    // Exactly, but for the races of concurrent clients (reports of a
+    // rejected token, logins of the automatic account, bursts), whose order
+    // the cooperative pool's threads decide. Each of 300 seeds run twice:
+    // the traces of 1 differed on the memory engine (6 beside other test
+    // runs), of 19 on SQLite, whose calls take real time on the store's lane;
+    // running them on the caller or answering them from memory and writing
+    // them between steps did not lower it (21-26), so the threads decide it.
     @Test("Should replay a seed exactly", arguments: Simulation.Engine.allCases)
     func replay(engine: Simulation.Engine) async throws {
         let first = try await Simulation.make(seed: 12345, engine: engine)
+        defer { first.removeFiles() }
         try? await first.run(steps: 30)
         let second = try await Simulation.make(seed: 12345, engine: engine)
+        defer { second.removeFiles() }
         try? await second.run(steps: 30)
         #expect(first.trace == second.trace)
     }
