@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import VaultCore
 import VaultSystem
 
@@ -22,7 +23,11 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     /// The database file.
     public let path: String
     /// One line for logs: the file and where its key came from.
-    public let location: String
+    public var location: String { currentLocation.withLock { $0 } }
+    /// Set at open and again when the rows are sealed under another key.
+    private let currentLocation: Mutex<String>
+    /// Where the key came from, for `location`.
+    private let keySource: String
     // Touched on the store's lane only (and in `open`, before any call).
     private let database: SQLiteDatabase
     private var key: DataKey
@@ -33,7 +38,12 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         self.path = database.path
         self.key = key
         self.timeoutSeconds = timeoutSeconds
-        self.location = "SQLite database \(database.path), key \(key.id) from the \(keySource)"
+        self.keySource = keySource
+        self.currentLocation = Mutex(SQLiteStore.describe(database.path, key: key, keySource: keySource))
+    }
+
+    private static func describe(_ path: String, key: DataKey, keySource: String) -> String {
+        "SQLite database \(path), key \(key.id) from the \(keySource)"
     }
 
     /// The default database: `$STATE_DIRECTORY/sessions.db` under systemd,
@@ -462,6 +472,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             return count
         }
         key = newKey
+        currentLocation.withLock { $0 = SQLiteStore.describe(path, key: newKey, keySource: keySource) }
         return count
     }
 

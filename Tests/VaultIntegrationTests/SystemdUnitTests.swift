@@ -4,8 +4,9 @@ import VaultClient
 import VaultCore
 import VaultProtocol
 
-/// The systemd units (systemd/), scripts/install and the system instance's
-/// own keyring (scripts/vaultd-system-keyring).
+/// The systemd units (systemd/), scripts/install, the system instance's data
+/// key (a systemd credential) and its older private keyring
+/// (scripts/vaultd-system-keyring, the drop-in systemd/system/system-keyring.conf).
 @Suite(.serialized, .timeLimit(.minutes(5)))
 struct SystemdUnitTests {
     private static let analyze = URL(fileURLWithPath: "/usr/bin/systemd-analyze")
@@ -19,7 +20,7 @@ struct SystemdUnitTests {
         for path in [
             "usr/local/bin/vaultd", "usr/local/bin/vaultctl", "usr/local/libexec/vaultd/vaultd-system-keyring",
             "usr/local/libexec/vaultd/keyring.sh", "etc/vaultd/vaultd.conf", "usr/local/share/doc/vaultd/vaultd.txt",
-            "usr/local/share/doc/vaultd/vaultctl.txt",
+            "usr/local/share/doc/vaultd/vaultctl.txt", "usr/local/share/doc/vaultd/system-keyring.conf",
         ] {
             #expect(FileManager.default.fileExists(atPath: "\(destdir)/\(path)"), "installed \(path)")
         }
@@ -44,8 +45,35 @@ struct SystemdUnitTests {
         #expect(system.status == 0, "system units: \(system.stderr)")
         #expect(system.stderr.isEmpty, "system units: \(system.stderr)")
 
+        // The unit as systemd loads it (verify's debug dump): the SQLite
+        // store, vaultd itself as the main process, the data key's assertion.
+        let loaded = try Self.loadedSystemService(root: destdir, units: systemUnits)
+        #expect(loaded.contains("Environment: VAULTD_STORE=sqlite"), "\(loaded)")
+        #expect(loaded.contains("Command Line: /usr/local/bin/vaultd --config /etc/vaultd/vaultd.conf"), "\(loaded)")
+        #expect(loaded.contains("AssertFileNotEmpty: /etc/vaultd/data-key.cred"), "\(loaded)")
+
+        // The older keyring, as a drop-in from share/doc: verify stays clean,
+        // and the drop-in switches the store, the main process and drops the
+        // data key's assertion.
+        let dropIns = "\(destdir)/etc/systemd/system/vaultd.service.d"
+        try FileManager.default.createDirectory(atPath: dropIns, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(
+            atPath: "\(destdir)/usr/local/share/doc/vaultd/system-keyring.conf",
+            toPath: "\(dropIns)/system-keyring.conf")
+        let keyring = try runCommand(Self.analyze, ["verify", "--man=no", "--root=\(destdir)"] + systemUnits)
+        #expect(keyring.status == 0, "with the keyring drop-in: \(keyring.stderr)")
+        #expect(keyring.stderr.isEmpty, "with the keyring drop-in: \(keyring.stderr)")
+        let switched = try Self.loadedSystemService(root: destdir, units: systemUnits)
+        #expect(switched.contains("DropIn Path: \(dropIns)/system-keyring.conf"), "\(switched)")
+        #expect(switched.contains("Environment: VAULTD_STORE=secret-service"), "\(switched)")
+        #expect(
+            switched.contains(
+                "Command Line: /usr/local/libexec/vaultd/vaultd-system-keyring /usr/local/bin/vaultd --config /etc/vaultd/vaultd.conf"
+            ), "\(switched)")
+        #expect(!switched.contains("AssertFileNotEmpty"), "\(switched)")
+
         // --root does check the ExecStart= paths inside the root: without the
-        // wrapper, verification fails.
+        // wrapper the drop-in names, verification fails.
         try FileManager.default.removeItem(atPath: "\(destdir)/usr/local/libexec/vaultd/vaultd-system-keyring")
         let missing = try runCommand(Self.analyze, ["verify", "--man=no", "--root=\(destdir)"] + systemUnits)
         #expect(missing.status != 0)
@@ -85,6 +113,71 @@ struct SystemdUnitTests {
         let text = try String(contentsOfFile: unit, encoding: .utf8)
         let recorded = try #require(Self.exposure(in: text), "the unit records no score")
         #expect(recorded == score, "the unit records \(recorded), systemd-analyze says \(score)")
+    }
+
+    @Test("Should run the system unit on the SQLite store with its data key from an encrypted credential, no keyring")
+    func sqliteStoreWithCredential() throws {
+        let text = try String(
+            contentsOfFile: Self.root.appendingPathComponent("systemd/system/vaultd.service").path, encoding: .utf8)
+        let settings = text.split(separator: "\n").filter { !$0.hasPrefix("#") }.map(String.init)
+        for line in [
+            "ExecStart=/usr/local/bin/vaultd --config /etc/vaultd/vaultd.conf", "Environment=VAULTD_STORE=sqlite",
+            "LoadCredentialEncrypted=data-key:/etc/vaultd/data-key.cred",
+            "AssertFileNotEmpty=/etc/vaultd/data-key.cred", "StateDirectory=vaultd", "DynamicUser=yes",
+        ] {
+            #expect(settings.contains(line), "systemd/system/vaultd.service has no '\(line)'")
+        }
+        // No keyring and no bus: the wrapper and its password belong to the drop-in.
+        for word in ["vaultd-system-keyring", "keyring-password", "DBUS"] {
+            #expect(!settings.contains { $0.contains(word) }, "the unit still names \(word)")
+        }
+    }
+
+    @Test("Should create a 32-byte data key with the one-liner the unit, scripts/install and vaultd(8) give")
+    func dataKeyOneLiner() throws {
+        let dir = try TemporaryDirectory()
+        let unit = try String(
+            contentsOfFile: Self.root.appendingPathComponent("systemd/system/vaultd.service").path, encoding: .utf8)
+        let line = try #require(
+            unit.split(separator: "\n").first { $0.contains("systemd-creds encrypt --name=data-key") },
+            "the unit's comment gives no one-liner")
+        let command = String(line.drop { $0 == "#" || $0 == " " })
+        #expect(command.hasSuffix(" /etc/vaultd/data-key.cred)"), "\(command)")
+        let page = try String(
+            contentsOfFile: Self.root.appendingPathComponent("man/vaultd.8.scd").path, encoding: .utf8)
+        #expect(page.contains(command), "man/vaultd.8.scd gives another command than the unit: \(command)")
+        let install = try runCommand(
+            Self.root.appendingPathComponent("scripts/install"), [],
+            environment: [
+                "DESTDIR": dir.path("root"), "PREFIX": "/usr/local", "VAULTD_BIN_DIR": Binaries.directory.path,
+            ],
+            seconds: 60)
+        #expect(install.stdout.contains(command), "scripts/install prints another command:\n\(install.stdout)")
+
+        // Run it as written, with /etc/vaultd in the test's directory and the
+        // host's credential secret (normally /var/lib/systemd/credential.secret)
+        // in the test's directory too: nothing of the machine is touched.
+        let etc = dir.path("etc")
+        try FileManager.default.createDirectory(atPath: etc, withIntermediateDirectories: true)
+        let environment = ["SYSTEMD_CREDENTIAL_SECRET": dir.path("credential.secret")]
+        let made = try runCommand(
+            URL(fileURLWithPath: "/bin/sh"), ["-c", command.replacingOccurrences(of: "/etc/vaultd/", with: "\(etc)/")],
+            environment: environment)
+        #expect(made.status == 0, "\(made.stderr)")
+        let credential = "\(etc)/data-key.cred"
+        let attributes = try FileManager.default.attributesOfItem(atPath: credential)
+        #expect((attributes[.posixPermissions] as? Int) == 0o600, "\(attributes)")
+        // systemd decrypts it (as LoadCredentialEncrypted= does) into exactly 32 bytes.
+        let plain = dir.path("data-key")
+        let decrypted = try runCommand(
+            Self.creds, ["decrypt", "--name=data-key", credential, plain], environment: environment)
+        #expect(decrypted.status == 0, "\(decrypted.stderr)")
+        #expect(FileManager.default.contents(atPath: plain)?.count == 32)
+        // Under another name (the unit's ID must be data-key) it is refused.
+        let renamed = try runCommand(
+            Self.creds, ["decrypt", "--name=data-key.previous", credential, dir.path("other")],
+            environment: environment)
+        #expect(renamed.status != 0)
     }
 
     @Test("Should keep the system instance's sessions in its own keyring under STATE_DIRECTORY across restarts")
@@ -146,6 +239,19 @@ struct SystemdUnitTests {
     }
 
     static let wrapper = root.appendingPathComponent("scripts/vaultd-system-keyring")
+    private static let creds = URL(fileURLWithPath: "/usr/bin/systemd-creds")
+
+    /// vaultd.service as systemd 252 loads it under `root`, drop-ins applied:
+    /// the unit dump `systemd-analyze verify` writes at debug level.
+    private static func loadedSystemService(root: String, units: [String]) throws -> String {
+        let result = try runCommand(
+            analyze, ["verify", "--man=no", "--root=\(root)"] + units, environment: ["SYSTEMD_LOG_LEVEL": "debug"])
+        // The dump is on stdout, the debug log on stderr.
+        guard let start = result.stdout.range(of: "Description: vaultd credential vault (system instance)") else {
+            throw HarnessError("no dump of vaultd.service in:\n\(result.stdout)")
+        }
+        return String(result.stdout[start.lowerBound...])
+    }
 
     /// Runs scripts/install into `destdir` with the binaries already built.
     private func install(into destdir: String) throws {
@@ -222,6 +328,8 @@ private final class SystemInstance {
         // Its own bus, not the test's keyring.
         env["DBUS_SESSION_BUS_ADDRESS"] = nil
         env["VAULTD_KEYRING_PASSWORD"] = nil
+        // As the drop-in system-keyring.conf sets it.
+        env["VAULTD_STORE"] = "secret-service"
         for (key, value) in Self.environment(directory) { env[key] = value }
         process.environment = env
         let errPipe = Pipe()

@@ -67,4 +67,41 @@ vaultd_pid=
     echo "vaultd exited $status on SIGTERM: $(cat "$dir/vaultd.log")" >&2
     exit 1
 }
+# The system instance's store, as vaultd.service runs it (VAULTD_STORE=sqlite,
+# StateDirectory=, the credential data-key) but as this user and with no
+# D-Bus at all: the installed vaultd finds libsqlite3 and libsodium, keeps the
+# session in the database, and reads it back after a restart.
+step "sqlite store (system instance's way): login -> restart -> token"
+sys=$(mktemp -d)
+mkdir -m 0700 "$sys/state" "$sys/credentials"
+(umask 077 && head -c 32 /dev/urandom >"$sys/credentials/data-key")
+start_sqlite_vaultd() {
+    env -u DBUS_SESSION_BUS_ADDRESS VAULTD_STORE=sqlite STATE_DIRECTORY="$sys/state" \
+        CREDENTIALS_DIRECTORY="$sys/credentials" vaultd --socket "$sys/socket" 2>>"$sys/vaultd.log" &
+    vaultd_pid=$!
+    for _ in $(seq 1 200); do
+        vaultctl --socket "$sys/socket" --timeout 5 list >/dev/null 2>&1 && return 0
+        kill -0 "$vaultd_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    cat "$sys/vaultd.log" >&2
+    exit 1
+}
+stop_sqlite_vaultd() {
+    kill -TERM "$vaultd_pid"
+    status=0
+    wait "$vaultd_pid" || status=$?
+    vaultd_pid=
+    [ "$status" -eq 0 ] || {
+        echo "vaultd (sqlite) exited $status on SIGTERM: $(cat "$sys/vaultd.log")" >&2
+        exit 1
+    }
+}
+start_sqlite_vaultd
+printf '%s' "$token" | vaultctl --socket "$sys/socket" login demo bob >/dev/null
+stop_sqlite_vaultd
+[ "$(stat -c %a "$sys/state/sessions.db")" = 600 ]
+start_sqlite_vaultd
+[ "$(vaultctl --socket "$sys/socket" token demo bob)" = "$token" ]
+stop_sqlite_vaultd
 step "done"
