@@ -1,6 +1,9 @@
+import Foundation
+import Glibc
 import Synchronization
 import VaultCore
 import VaultDaemon
+import VaultSystem
 
 /// A clock moved by hand. Sleepers wake when it is moved past their deadline
 /// (or when their task is cancelled).
@@ -57,17 +60,200 @@ final class ManualClock: WallClock, Sendable {
     }
 }
 
-/// A session store in memory whose writes can be made to fail, and whose
-/// contents can be copied at any instant (a crash: the next manager starts
-/// from what the store held then).
-final class FaultyStore: SessionStore, Sendable {
-    struct Contents: Sendable {
-        var records: [SessionKey: SessionRecord] = [:]
-        var providerSecrets: [String: Secret] = [:]
-        var pending: [String: PendingRevocation] = [:]
+/// What a `FaultyStore` holds, as the invariants read it.
+struct StoreSnapshot: Sendable, Equatable {
+    var records: [SessionKey: SessionRecord] = [:]
+    var providerSecrets: [String: Secret] = [:]
+    var pending: [String: PendingRevocation] = [:]
+}
+
+/// The store under a `FaultyStore`: one of vaultd's engines, and what a
+/// crash leaves of it for the next process.
+protocol CrashableStore: SessionStore {
+    /// Everything the store holds now, read back from it; every row must read.
+    func snapshot() async throws(VaultError) -> StoreSnapshot
+    /// The store as the next process opens it: what the store kept (`kept`,
+    /// read at the crash), nothing of this process's memory.
+    func reopen(kept: StoreSnapshot) async throws(VaultError) -> any CrashableStore
+    /// This process is gone: its connection to the store is dropped.
+    func close()
+}
+
+/// The in-memory engine: contents in this process, copied at a crash (as if
+/// the store had written them to a disk the next process reads).
+final class MemoryEngine: CrashableStore, Sendable {
+    private let state: Mutex<StoreSnapshot>
+
+    let location = "memory (tests)"
+
+    init(_ contents: StoreSnapshot = StoreSnapshot()) { state = Mutex(contents) }
+
+    /// What the engine holds now.
+    var contents: StoreSnapshot { state.withLock { $0 } }
+
+    func snapshot() async throws(VaultError) -> StoreSnapshot { contents }
+    /// A copy of what the engine held at the crash: the memory engine's "disk".
+    func reopen(kept: StoreSnapshot) async throws(VaultError) -> any CrashableStore { MemoryEngine(kept) }
+    func close() {}
+
+    func loadAll() async throws(VaultError) -> StoreContents {
+        StoreContents(records: Array(state.withLock { $0.records.values }), unreadable: [])
     }
+    func save(_ record: SessionRecord) async throws(VaultError) { state.withLock { $0.records[record.key] = record } }
+    func delete(_ key: SessionKey) async throws(VaultError) {
+        _ = state.withLock { $0.records.removeValue(forKey: key) }
+    }
+    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
+        state.withLock { $0.providerSecrets[provider] = secret }
+    }
+    func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
+        state.withLock { $0.providerSecrets[provider] }
+    }
+    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        state.withLock { $0.pending[revocation.id] = revocation }
+    }
+    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        _ = state.withLock { $0.pending.removeValue(forKey: revocation.id) }
+    }
+    func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
+        Array(state.withLock { $0.pending.values })
+    }
+}
+
+/// A data key source holding one key, made for one test.
+struct FixedDataKeys: DataKeySource {
+    let key: DataKey
+    init(_ key: DataKey = DataKey.random()) { self.key = key }
+    var description: String { "test key" }
+    func keyForNewDatabase() async throws(VaultError) -> DataKey { key }
+    func key(id: String) async throws(VaultError) -> DataKey? { id == key.id ? key : nil }
+    func preferredKey() async throws(VaultError) -> DataKey? { nil }
+    func keyToRotateTo(from current: DataKey) async throws(VaultError) -> DataKey { key }
+    func retireKeys(except keep: DataKey) async throws(VaultError) {}
+    func missingKeyAdvice(id: String) async -> String { "the test holds only key \(key.id)" }
+}
+
+/// A directory removed with everything in it when the last reference goes.
+final class TemporaryDirectory: Sendable {
+    let path: String
+
+    /// `$TMPDIR`, else `/tmp`.
+    static var temporaryParent: String {
+        ProcessInfo.processInfo.environment["TMPDIR"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
+    }
+
+    /// `/dev/shm` when it is a memory file system this process may write, else `temporaryParent`.
+    static var memoryParent: String {
+        let inMemory = (try? Directory("/dev/shm").isInMemory()) ?? false
+        return inMemory && access("/dev/shm", W_OK) == 0 ? "/dev/shm" : temporaryParent
+    }
+
+    /// A new directory under `parent`, named after `prefix`.
+    init(_ prefix: String, in parent: String = TemporaryDirectory.temporaryParent) throws(VaultError) {
+        var template = Array("\(parent)/\(prefix)-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else {
+            throw VaultError(.internalError, "cannot make a temporary directory in \(parent)")
+        }
+        path = String(cString: made)
+    }
+
+    /// Removes the directory now (work a test left behind may still hold its files open).
+    func remove() { try? FileManager.default.removeItem(atPath: path) }
+
+    deinit { remove() }
+}
+
+/// The SQLite engine on a temporary file: a crash drops the connection and
+/// the next process opens the same file again, so it gets what the disk holds.
+final class SQLiteEngine: CrashableStore, Sendable {
+    let directory: TemporaryDirectory
+    let keys: FixedDataKeys
+    private let store: Mutex<SQLiteStore?>
+    let location: String
+
+    private init(directory: TemporaryDirectory, keys: FixedDataKeys, store: SQLiteStore) {
+        self.directory = directory
+        self.keys = keys
+        self.store = Mutex(store)
+        location = store.location
+    }
+
+    /// A new database in a temporary directory of its own, under a random
+    /// key: on a memory file system when there is one (`VAULTD_SIM_DIR`
+    /// chooses another), since the simulation tests vaultd's logic over the
+    /// engine, not the disk's flushes, and each write flushes.
+    static func temporary() async throws(VaultError) -> SQLiteEngine {
+        let parent = ProcessInfo.processInfo.environment["VAULTD_SIM_DIR"] ?? TemporaryDirectory.memoryParent
+        return try await open(directory: TemporaryDirectory("vaultd-sim", in: parent), keys: FixedDataKeys())
+    }
+
+    private static func open(directory: TemporaryDirectory, keys: FixedDataKeys) async throws(VaultError)
+        -> SQLiteEngine
+    {
+        let store = try await SQLiteStore.open(
+            path: directory.path + "/sessions.db", keys: keys, timeoutSeconds: 60,
+            log: Logger(level: .debug, target: .discard))
+        return SQLiteEngine(directory: directory, keys: keys, store: store)
+    }
+
+    /// The open store; after `close()`, an error (a dead process reaches no disk).
+    private func live() throws(VaultError) -> SQLiteStore {
+        guard let store = store.withLock({ $0 }) else {
+            throw VaultError(.storeUnavailable, "the SQLite engine was closed (the process died)")
+        }
+        return store
+    }
+
+    func snapshot() async throws(VaultError) -> StoreSnapshot {
+        let store = try live()
+        let loaded = try await store.loadAll()
+        if !loaded.unreadable.isEmpty {
+            throw VaultError(.storeFailed, "rows of the database do not read: \(loaded.unreadable)")
+        }
+        var snapshot = StoreSnapshot()
+        for record in loaded.records { snapshot.records[record.key] = record }
+        for revocation in try await store.loadPendingRevocations() { snapshot.pending[revocation.id] = revocation }
+        snapshot.providerSecrets = try await store.loadProviderSecrets()
+        return snapshot
+    }
+
+    /// The same file opened again (`kept` is not used: the file is what the next process gets).
+    func reopen(kept: StoreSnapshot) async throws(VaultError) -> any CrashableStore {
+        try await Self.open(directory: directory, keys: keys)
+    }
+
+    func close() { store.withLock { $0 = nil } }
+
+    func loadAll() async throws(VaultError) -> StoreContents { try await live().loadAll() }
+    func save(_ record: SessionRecord) async throws(VaultError) { try await live().save(record) }
+    func delete(_ key: SessionKey) async throws(VaultError) { try await live().delete(key) }
+    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
+        try await live().saveProviderSecret(provider, secret)
+    }
+    func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
+        try await live().loadProviderSecret(provider)
+    }
+    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        try await live().savePendingRevocation(revocation)
+    }
+    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        try await live().deletePendingRevocation(revocation)
+    }
+    func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
+        try await live().loadPendingRevocations()
+    }
+}
+
+/// A session store whose writes can be made to fail and which can go away,
+/// over an engine (`MemoryEngine`, or the SQLite one on a temporary file);
+/// `crash()` gives the store of the next process, which starts from what the
+/// engine kept at that instant.
+final class FaultyStore: SessionStore, Sendable {
+    typealias Contents = StoreSnapshot
     private struct State {
-        var contents = Contents()
+        /// Where calls go: the engine, or after a crash a copy no one reads
+        /// (work the dead process still finishes reaches no store).
+        var engine: any CrashableStore
         /// Writes that fail from now on, counted down (Int.max: all).
         var failingWrites = 0
         /// Writes to skip before the failures start.
@@ -80,12 +266,49 @@ final class FaultyStore: SessionStore, Sendable {
     }
     private let state: Mutex<State>
 
-    let location = "faulty memory store (tests)"
+    let location: String
 
-    init(_ contents: Contents = Contents()) { state = Mutex(State(contents: contents)) }
+    /// A store over the in-memory engine, holding `contents`.
+    convenience init(_ contents: Contents = Contents()) { self.init(over: MemoryEngine(contents)) }
 
-    /// What the store holds now.
-    var contents: Contents { state.withLock { $0.contents } }
+    /// A store over `engine`.
+    init(over engine: any CrashableStore) {
+        state = Mutex(State(engine: engine))
+        location = "faulty store (tests) over \(engine.location)"
+    }
+
+    private var engine: any CrashableStore { state.withLock { $0.engine } }
+
+    /// What the in-memory engine holds now (unit tests; `snapshot()` reads any engine).
+    var contents: Contents {
+        guard let memory = engine as? MemoryEngine else {
+            preconditionFailure("FaultyStore.contents reads the memory engine only; use snapshot()")
+        }
+        return memory.contents
+    }
+
+    /// What the engine holds now, read back from it (faults and outages do not apply).
+    func snapshot() async throws(VaultError) -> Contents { try await engine.snapshot() }
+
+    /// The process dies: from this instant its calls reach no store (what it
+    /// still writes while it stops goes to a copy no one reads), its
+    /// connection to the engine is dropped, and the store of the next process
+    /// opens what the engine kept, which is returned too. Called when no call
+    /// of the store is in flight (the simulation settles first).
+    func crash() async throws(VaultError) -> (next: FaultyStore, kept: Contents) {
+        let kept: Contents
+        if let memory = engine as? MemoryEngine {
+            kept = memory.contents
+        } else {
+            let engine = self.engine
+            kept = try await engine.snapshot()
+            state.withLock { $0.engine = MemoryEngine(kept) }
+            engine.close()
+        }
+        let next = FaultyStore(over: try await engine.reopen(kept: kept))
+        return (next, kept)
+    }
+
     /// Writes attempted so far.
     var writes: Int { state.withLock { $0.writes } }
 
@@ -131,56 +354,65 @@ final class FaultyStore: SessionStore, Sendable {
 
     func probe() async -> StoreProbe { outage ?? .available }
 
-    private func write(_ what: String, _ body: (inout Contents) -> Void) throws(VaultError) {
+    /// The engine, when the store is up (a read).
+    private func reading(_ what: String) throws(VaultError) -> any CrashableStore {
         if let error = outageError(what) { throw error }
-        let failed = state.withLock { state -> Bool in
+        return engine
+    }
+
+    /// The engine a write goes to, or the write's injected failure.
+    private func writing(_ what: String) throws(VaultError) -> any CrashableStore {
+        if let error = outageError(what) { throw error }
+        let engine = state.withLock { state -> (any CrashableStore)? in
             state.writes += 1
             if state.writesBeforeFailing > 0 {
                 state.writesBeforeFailing -= 1
             } else if state.failingWrites > 0 {
                 if state.failingWrites != Int.max { state.failingWrites -= 1 }
-                return true
+                return nil
             }
-            body(&state.contents)
-            return false
+            return state.engine
         }
-        if failed { throw VaultError(.storeFailed, "\(what) failed (injected fault)") }
+        guard let engine else { throw VaultError(.storeFailed, "\(what) failed (injected fault)") }
+        return engine
     }
 
+    /// Every record, in key order whatever the engine's (a fixed order keeps a seed's schedule one schedule).
     func loadAll() async throws(VaultError) -> StoreContents {
-        if let error = outageError("reading sessions") { throw error }
-        let records = state.withLock { $0.contents.records.values.sorted { $0.key < $1.key } }
-        return StoreContents(records: records, unreadable: [])
+        var contents = try await reading("reading sessions").loadAll()
+        contents.records.sort { $0.key < $1.key }
+        return contents
     }
 
     func save(_ record: SessionRecord) async throws(VaultError) {
-        try write("writing \(record.account)") { $0.records[record.key] = record }
+        try await writing("writing \(record.account)").save(record)
     }
 
     func delete(_ key: SessionKey) async throws(VaultError) {
-        try write("deleting \(key)") { _ = $0.records.removeValue(forKey: key) }
+        try await writing("deleting \(key)").delete(key)
     }
 
     func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        try write("writing a client secret") { $0.providerSecrets[provider] = secret }
+        try await writing("writing a client secret").saveProviderSecret(provider, secret)
     }
 
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
-        if let error = outageError("reading a client secret") { throw error }
-        return state.withLock { $0.contents.providerSecrets[provider] }
+        try await reading("reading a client secret").loadProviderSecret(provider)
     }
 
     func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try write("queueing a revocation") { $0.pending[revocation.id] = revocation }
+        try await writing("queueing a revocation").savePendingRevocation(revocation)
     }
 
     func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try write("removing a revocation") { _ = $0.pending.removeValue(forKey: revocation.id) }
+        try await writing("removing a revocation").deletePendingRevocation(revocation)
     }
 
+    /// Every queued revocation, in (session, id) order whatever the engine's.
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
-        if let error = outageError("reading revocations") { throw error }
-        return state.withLock { $0.contents.pending.values.sorted { ($0.record.key, $0.id) < ($1.record.key, $1.id) } }
+        try await reading("reading revocations").loadPendingRevocations().sorted {
+            ($0.record.key, $0.id) < ($1.record.key, $1.id)
+        }
     }
 }
 
