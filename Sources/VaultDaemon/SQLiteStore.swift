@@ -93,11 +93,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             key = found
         } else {
             key = try await keys.keyForNewDatabase()
-            try database.transaction("recording the data key") { () throws(VaultError) in
-                try database.statement(
-                    "INSERT OR REPLACE INTO meta(name, value) VALUES('key_id', ?)", "recording the data key"
-                ).bind(.text(key.id)).run()
-            }
+            try createTables(database, keyID: key.id)
         }
         let store = SQLiteStore(
             database: database, key: key, keySource: keys.description, timeoutSeconds: timeoutSeconds, lock: held)
@@ -148,8 +144,9 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         }
     }
 
-    /// Sets the connection up and creates the tables of a new database;
-    /// returns the id of the key an existing one is sealed under.
+    /// Sets the connection up and returns the id of the key an existing
+    /// database is sealed under; nil for a new one, whose tables
+    /// `createTables` makes once its key is known.
     private static func setUp(_ database: SQLiteDatabase) throws(VaultError) -> String? {
         let path = database.path
         // A file that is not a database fails here, before anything is written to it.
@@ -179,26 +176,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             PRAGMA secure_delete = ON;
             PRAGMA foreign_keys = OFF;
             """, "setting the database up")
-        if tableCount == 0 {
-            try database.transaction("creating the tables") { () throws(VaultError) in
-                try database.execute(
-                    """
-                    CREATE TABLE meta(name TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
-                    CREATE TABLE sessions(
-                        provider TEXT NOT NULL, user TEXT NOT NULL, owner_uid INTEGER NOT NULL,
-                        key_id TEXT NOT NULL, sealed BLOB NOT NULL,
-                        PRIMARY KEY(provider, user, owner_uid));
-                    CREATE TABLE revocations(
-                        id TEXT PRIMARY KEY NOT NULL, provider TEXT NOT NULL, user TEXT NOT NULL,
-                        key_id TEXT NOT NULL, sealed BLOB NOT NULL);
-                    CREATE TABLE provider_secrets(
-                        provider TEXT PRIMARY KEY NOT NULL, key_id TEXT NOT NULL, sealed BLOB NOT NULL);
-                    PRAGMA application_id = \(applicationID);
-                    PRAGMA user_version = \(formatVersion);
-                    """, "creating the tables")
-            }
-            return nil
-        }
+        if tableCount == 0 { return nil }
         guard
             let keyID = try database.statement("SELECT value FROM meta WHERE name = 'key_id'", "reading the key id")
                 .first({ $0.text(0) })
@@ -206,6 +184,32 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             throw VaultError(.storeFailed, "the session database \(path) names no data key; restore it from a backup")
         }
         return keyID
+    }
+
+    /// Creates the tables of a new database and records its key, in one
+    /// transaction: a start that fails to get a key leaves an empty file,
+    /// which the next start takes as new, never tables without a key.
+    private static func createTables(_ database: SQLiteDatabase, keyID: String) throws(VaultError) {
+        try database.transaction("creating the tables") { () throws(VaultError) in
+            try database.execute(
+                """
+                CREATE TABLE meta(name TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
+                CREATE TABLE sessions(
+                    provider TEXT NOT NULL, user TEXT NOT NULL, owner_uid INTEGER NOT NULL,
+                    key_id TEXT NOT NULL, sealed BLOB NOT NULL,
+                    PRIMARY KEY(provider, user, owner_uid));
+                CREATE TABLE revocations(
+                    id TEXT PRIMARY KEY NOT NULL, provider TEXT NOT NULL, user TEXT NOT NULL,
+                    key_id TEXT NOT NULL, sealed BLOB NOT NULL);
+                CREATE TABLE provider_secrets(
+                    provider TEXT PRIMARY KEY NOT NULL, key_id TEXT NOT NULL, sealed BLOB NOT NULL);
+                PRAGMA application_id = \(applicationID);
+                PRAGMA user_version = \(formatVersion);
+                """, "creating the tables")
+            try database.statement(
+                "INSERT INTO meta(name, value) VALUES('key_id', ?)", "recording the data key"
+            ).bind(.text(keyID)).run()
+        }
     }
 
     // MARK: Sealing

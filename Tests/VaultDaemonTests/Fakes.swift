@@ -76,7 +76,7 @@ protocol CrashableStore: SessionStore {
     /// read at the crash), nothing of this process's memory.
     func reopen(kept: StoreSnapshot) async throws(VaultError) -> any CrashableStore
     /// This process is gone: its connection to the store is dropped.
-    func close()
+    func disconnect()
 }
 
 /// The in-memory engine: contents in this process, copied at a crash (as if
@@ -94,7 +94,7 @@ final class MemoryEngine: CrashableStore, Sendable {
     func snapshot() async throws(VaultError) -> StoreSnapshot { contents }
     /// A copy of what the engine held at the crash: the memory engine's "disk".
     func reopen(kept: StoreSnapshot) async throws(VaultError) -> any CrashableStore { MemoryEngine(kept) }
-    func close() {}
+    func disconnect() {}
 
     func loadAll() async throws(VaultError) -> StoreContents {
         StoreContents(records: Array(state.withLock { $0.records.values }), unreadable: [])
@@ -168,12 +168,17 @@ final class TemporaryDirectory: Sendable {
 final class SQLiteEngine: CrashableStore, Sendable {
     let directory: TemporaryDirectory
     let keys: FixedDataKeys
+    /// The database's lock, held for the whole simulation: the successive
+    /// processes are one test process, and a dead one's store may outlive
+    /// its crash for a moment (a call in flight holds it).
+    let lock: DatabaseLock
     private let store: Mutex<SQLiteStore?>
     let location: String
 
-    private init(directory: TemporaryDirectory, keys: FixedDataKeys, store: SQLiteStore) {
+    private init(directory: TemporaryDirectory, keys: FixedDataKeys, lock: DatabaseLock, store: SQLiteStore) {
         self.directory = directory
         self.keys = keys
+        self.lock = lock
         self.store = Mutex(store)
         location = store.location
     }
@@ -184,16 +189,18 @@ final class SQLiteEngine: CrashableStore, Sendable {
     /// engine, not the disk's flushes, and each write flushes.
     static func temporary() async throws(VaultError) -> SQLiteEngine {
         let parent = ProcessInfo.processInfo.environment["VAULTD_SIM_DIR"] ?? TemporaryDirectory.memoryParent
-        return try await open(directory: TemporaryDirectory("vaultd-sim", in: parent), keys: FixedDataKeys())
+        let directory = try TemporaryDirectory("vaultd-sim", in: parent)
+        let lock = try DatabaseLock.acquire(for: directory.path + "/sessions.db")
+        return try await open(directory: directory, keys: FixedDataKeys(), lock: lock)
     }
 
-    private static func open(directory: TemporaryDirectory, keys: FixedDataKeys) async throws(VaultError)
-        -> SQLiteEngine
+    private static func open(directory: TemporaryDirectory, keys: FixedDataKeys, lock: DatabaseLock)
+        async throws(VaultError) -> SQLiteEngine
     {
         let store = try await SQLiteStore.open(
             path: directory.path + "/sessions.db", keys: keys, timeoutSeconds: 60,
-            log: Logger(level: .debug, target: .discard))
-        return SQLiteEngine(directory: directory, keys: keys, store: store)
+            log: Logger(level: .debug, target: .discard), lock: lock)
+        return SQLiteEngine(directory: directory, keys: keys, lock: lock, store: store)
     }
 
     /// The open store; after `close()`, an error (a dead process reaches no disk).
@@ -219,10 +226,10 @@ final class SQLiteEngine: CrashableStore, Sendable {
 
     /// The same file opened again (`kept` is not used: the file is what the next process gets).
     func reopen(kept: StoreSnapshot) async throws(VaultError) -> any CrashableStore {
-        try await Self.open(directory: directory, keys: keys)
+        try await Self.open(directory: directory, keys: keys, lock: lock)
     }
 
-    func close() { store.withLock { $0 = nil } }
+    func disconnect() { store.withLock { $0 = nil } }
 
     func loadAll() async throws(VaultError) -> StoreContents { try await live().loadAll() }
     func save(_ record: SessionRecord) async throws(VaultError) { try await live().save(record) }
@@ -303,7 +310,7 @@ final class FaultyStore: SessionStore, Sendable {
             let engine = self.engine
             kept = try await engine.snapshot()
             state.withLock { $0.engine = MemoryEngine(kept) }
-            engine.close()
+            engine.disconnect()
         }
         let next = FaultyStore(over: try await engine.reopen(kept: kept))
         return (next, kept)

@@ -14,6 +14,7 @@ final class ScratchDatabase {
     var path: String { directory + "/sessions.db" }
     /// `directory/credentials`: where `credential(_:)` writes.
     var credentials: String { directory + "/credentials" }
+    private var heldLock: DatabaseLock?
 
     init() throws { temporary = try TemporaryDirectory("vaultd-sqlite") }
 
@@ -31,10 +32,21 @@ final class ScratchDatabase {
     /// The credential source reading `credentials`.
     var keys: CredentialDataKeys { CredentialDataKeys(directory: credentials) }
 
-    /// The store on `path`, its key from `keys` (the credentials by default).
+    /// The store on `path`, its key from `keys` (the credentials by default),
+    /// under one lock for the scratch database: a test opens it again while
+    /// it still holds the store it opened before, as successive processes would not.
     func open(_ keys: (any DataKeySource)? = nil) async throws(VaultError) -> SQLiteStore {
         try await SQLiteStore.open(
-            path: path, keys: keys ?? self.keys, timeoutSeconds: 30, log: Logger(level: .debug, target: .discard))
+            path: path, keys: keys ?? self.keys, timeoutSeconds: 30, log: Logger(level: .debug, target: .discard),
+            lock: try lock())
+    }
+
+    /// The database's lock, taken on first use and held as long as the scratch database.
+    func lock() throws(VaultError) -> DatabaseLock {
+        if let heldLock { return heldLock }
+        let lock = try DatabaseLock.acquire(for: path)
+        heldLock = lock
+        return lock
     }
 
     /// A second connection to the database, as another program would open it.
@@ -236,7 +248,9 @@ struct SQLiteStoreTests {
         for name in files where name.hasPrefix("sessions.db") {
             #expect(!occurs(marker, in: scratch.bytes(name) ?? []), "no token in \(name)")
         }
-        #expect(Set(files).subtracting(names + ["credentials"]).isEmpty, "no other file: \(files)")
+        // The lock file (DatabaseLock) is empty: only its flock matters.
+        #expect(scratch.bytes("sessions.db.lock") == [])
+        #expect(Set(files).subtracting(names + ["sessions.db.lock", "credentials"]).isEmpty, "no other file: \(files)")
     }
 
     @Test("Should create the file 0600 in directories 0700, and tighten a file that is wider")
@@ -244,9 +258,9 @@ struct SQLiteStoreTests {
         let scratch = try ScratchDatabase()
         try scratch.credential("data-key", keyMaterial(1))
         let path = scratch.directory + "/state/vaultd/sessions.db"
-        let store = try await SQLiteStore.open(
+        var store: SQLiteStore? = try await SQLiteStore.open(
             path: path, keys: scratch.keys, timeoutSeconds: 30, log: Logger(level: .debug, target: .discard))
-        try await store.save(Rows.record("oauth", "alice"))
+        try await store?.save(Rows.record("oauth", "alice"))
         func mode(_ path: String) -> mode_t {
             var st = stat()
             return stat(path, &st) == 0 ? st.st_mode & 0o7777 : 0
@@ -258,6 +272,7 @@ struct SQLiteStoreTests {
         #expect(mode(path + "-shm") == 0o600)
 
         chmod(path, 0o644)
+        store = nil  // the next process: the first one's lock is gone with it
         _ = try await SQLiteStore.open(
             path: path, keys: scratch.keys, timeoutSeconds: 30, log: Logger(level: .debug, target: .discard))
         #expect(mode(path) == 0o600)
@@ -400,13 +415,9 @@ struct SQLiteStoreTests {
         try FileManager.default.createDirectory(atPath: scratch.credentials, withIntermediateDirectories: true)
         _ = try? await scratch.open()
         try scratch.credential("data-key", keyMaterial(1))
-        try await withKnownIssue(
-            "SQLiteStore.open creates the tables before it asks for the key: a first start without a key leaves a database that names no key, refused on every later start"
-        ) {
-            let store = try await scratch.open()
-            try await store.save(Rows.record("oauth", "alice"))
-            #expect(try await store.loadAll().records == [Rows.record("oauth", "alice")])
-        }
+        let store = try await scratch.open()
+        try await store.save(Rows.record("oauth", "alice"))
+        #expect(try await store.loadAll().records == [Rows.record("oauth", "alice")])
     }
 
     @Test("Should re-seal every row under a rotated credential at open, then need only the new key")
