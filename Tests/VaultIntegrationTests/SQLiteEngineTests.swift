@@ -107,6 +107,79 @@ struct SQLiteEngineTests {
         #expect(try vaultctl(fixture.socketPath, ["logout", "demo", good]).status == 0)
     }
 
+    /// Another program holding the database's write lock (Python's sqlite3,
+    /// `BEGIN EXCLUSIVE`, as a migration or an operator's sqlite3 would)
+    /// until `release()`.
+    final class WriteLock {
+        let process = Process()
+        private let input = Pipe()
+        private let output: OutputCollector
+
+        init(_ database: String) throws {
+            let script = """
+                import sqlite3, sys
+                c = sqlite3.connect(sys.argv[1], isolation_level=None)
+                c.execute("BEGIN EXCLUSIVE")
+                print("LOCKED", flush=True)
+                sys.stdin.read()
+                c.execute("ROLLBACK")
+                """
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+            process.arguments = ["python3", "-c", script, database]
+            let out = Pipe()
+            process.standardOutput = out
+            process.standardError = FileHandle.nullDevice
+            process.standardInput = input
+            output = OutputCollector(out)
+            try process.run()
+            guard output.wait(for: "LOCKED") else { throw HarnessError("the lock holder did not start") }
+        }
+
+        /// Lets go of the lock and waits (bounded) for the holder to exit.
+        func release() throws {
+            try input.fileHandleForWriting.close()
+            _ = try reap(process)
+        }
+
+        deinit {
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            _ = try? reap(process)
+        }
+    }
+
+    @Test(
+        "Should refuse a write while another program holds the database, naming the account it was writing, serve on, and write once it lets go"
+    )
+    func lockedByAnotherProgram() async throws {
+        let fixture = try DaemonFixture(start: false, engine: .sqlite)
+        try "[Vault]\nStoreTimeout=2\n\n[Provider demo]\nType=static\n".write(
+            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.start()
+        let first = uniqueName("first")
+        let second = uniqueName("second")
+        #expect(try vaultctl(fixture.socketPath, ["login", "demo", first], input: Self.token).status == 0)
+
+        let lock = try WriteLock(SQLiteFiles(socketPath: fixture.socketPath).database)
+        let refused = try vaultctl(fixture.socketPath, ["login", "demo", second], input: Self.token)
+        #expect(refused.status == 1, "\(refused.stdout)")
+        // The message names this write's account, never the one an earlier write was for.
+        #expect(refused.stderr.contains("writing \(second) @ demo"), "\(refused.stderr)")
+        #expect(!refused.stderr.contains(first), "\(refused.stderr)")
+        #expect(refused.stderr.contains("another process holds the database"), "\(refused.stderr)")
+        #expect(try vaultctl(fixture.socketPath, ["token", "demo", first]).stdout == Self.token + "\n")
+        let logout = try vaultctl(fixture.socketPath, ["logout", "demo", first])
+        #expect(logout.status == 1 && logout.stderr.contains(first), "\(logout.stderr)")
+
+        try lock.release()
+        #expect(try vaultctl(fixture.socketPath, ["login", "demo", second], input: Self.token).status == 0)
+        #expect(fixture.daemon?.stop() == 0)
+        try fixture.start()
+        for user in [first, second] {
+            #expect(try vaultctl(fixture.socketPath, ["token", "demo", user]).stdout == Self.token + "\n")
+            #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
+        }
+    }
+
     @Test("Should write no token, refresh token or client secret to the database file or its WAL")
     func nothingInTheClear() async throws {
         let fixture = try DaemonFixture(start: false, engine: .sqlite)
