@@ -62,10 +62,12 @@ final class SQLiteDatabase {
     }
 
     /// The prepared statement for `sql`, prepared once per connection and
-    /// reset for each use.
+    /// reset for each use; its errors name `what`, this use's (a cached
+    /// statement must not name the account of the call that prepared it).
     func statement(_ sql: String, _ what: String) throws(VaultError) -> Statement {
         if let cached = statements[sql] {
             cached.reset()
+            cached.what = what
             return cached
         }
         var prepared: OpaquePointer?
@@ -101,7 +103,8 @@ final class SQLiteDatabase {
     final class Statement {
         private let pointer: OpaquePointer
         private unowned let database: SQLiteDatabase
-        private let what: String
+        /// What the current use is doing, for its errors.
+        fileprivate var what: String
 
         fileprivate init(_ pointer: OpaquePointer, database: SQLiteDatabase, what: String) {
             self.pointer = pointer

@@ -54,8 +54,8 @@ struct AutoLoginTests {
         #expect(try await logins(server) == 1)
         let session = try status(fixture, user)
         #expect(session["state"]?.stringValue == "logged")
-        // The session is in the keyring like any other.
-        #expect(try secretToolSearch(provider: "oauth", user: user).contains("label ="))
+        // The session is in the store like any other.
+        #expect(try await fixture.store.holds(provider: "oauth", user: user))
         // A restart restores it: no second login.
         fixture.daemon?.stop()
         try fixture.start()

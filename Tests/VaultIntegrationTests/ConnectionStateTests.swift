@@ -87,7 +87,7 @@ struct ConnectionStateTests {
     }
 
     @Test("Should end the session when a client reports kickedOffline, as ForceLogout does")
-    func kickedOfflineEndsTheSession() throws {
+    func kickedOfflineEndsTheSession() async throws {
         let (d, user) = try loggedIn("kicked")
         let watcher = try RecordedStream(d.socketPath, provider: "demo", user: user, timeoutSeconds: 60)
         try d.connection().setConnectionState(provider: "demo", user: user, state: .kickedOffline, client: "bot")
@@ -100,7 +100,7 @@ struct ConnectionStateTests {
         #expect(kicked.reason == "kicked")
         let token = try vaultctl(d.socketPath, ["token", "demo", user])
         #expect(token.stderr.contains("ERR_NOT_LOGGED_IN"), "\(token.stderr)")
-        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        #expect(try await d.store.holds(provider: "demo", user: user) == false)
     }
 
     @Test("Should refuse a 65th client of one session with TooManyClients, and take one again once another left")

@@ -7,24 +7,37 @@ import VaultCore
 import VaultDaemon
 import VaultProtocol
 
-/// One vaultd that the test kills and restarts on the same socket and keyring
-/// scope, the token server it refreshes and revokes at, and a reader of the
-/// keyring (vaultd's own `LibsecretStore` over the same scope) for what is
+/// One vaultd that the test kills and restarts on the same socket and store
+/// (the keyring scope, or the SQLite database and its key), the token server
+/// it refreshes and revokes at, and a reader of the store (vaultd's own
+/// `LibsecretStore` or `SQLiteStore` over the same scope or file) for what is
 /// really stored.
 final class CrashRig {
     let server: TokenServer
     let fixture: DaemonFixture
     private(set) var daemon: RunningDaemon
-    let store: LibsecretStore
+    let engine: StoreEngine
+    private let keyring: LibsecretStore?
     /// Seconds from each restart to vaultd's `ready`.
     private(set) var restartSeconds: [Double] = []
 
-    /// An oauth2 provider `oauth` (rotating refresh tokens, revocation) and a static `demo`.
-    init(serverArguments: [String] = ["--lifetime", "600"]) throws {
+    /// An oauth2 provider `oauth` (rotating refresh tokens, revocation) and a
+    /// static `demo`, vaultd on `engine` (SQLite: its key from a credential).
+    init(engine: StoreEngine, serverArguments: [String] = ["--lifetime", "600"]) throws {
+        self.engine = engine
         server = try TokenServer(serverArguments)
-        fixture = try DaemonFixture(oauthServer: server, revocation: true, extra: "\n[Provider demo]\nType=static\n")
+        fixture = try DaemonFixture(
+            oauthServer: server, revocation: true, extra: "\n[Provider demo]\nType=static\n", engine: engine)
         daemon = try fixture.start()
-        store = try LibsecretStore.open(timeoutSeconds: 10, scope: fixture.scope)
+        keyring = engine == .secretService ? try LibsecretStore.open(timeoutSeconds: 10, scope: fixture.scope) : nil
+    }
+
+    /// The store as it is now: the keyring's one connection, or the
+    /// database opened for this look (a second connection beside vaultd's;
+    /// WAL lets it read while vaultd writes).
+    func store() async throws -> any SessionStore {
+        if let keyring { return keyring }
+        return try await fixture.store.open()
     }
 
     var socket: String { fixture.socketPath }
@@ -35,7 +48,7 @@ final class CrashRig {
         _ = daemon.waitForExit()
     }
 
-    /// Starts vaultd again on the same socket and keyring, and waits for `ready`.
+    /// Starts vaultd again on the same socket and store, and waits for `ready`.
     func restart() throws {
         let started = Date()
         daemon = try fixture.start()
@@ -87,8 +100,11 @@ struct Allowed: CustomStringConvertible {
 }
 
 /// SIGKILL of the real vaultd at random points of its writes, restarted on the
-/// same keyring each time and checked against what the test was told.
-@Suite("Crash consistency: SIGKILL of vaultd", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+/// same store each time and checked against what the test was told: on each
+/// engine, in every run (so not again in the SQLite run).
+@Suite(
+    "Crash consistency: SIGKILL of vaultd", .requiresKeyring, .bothEnginesInOrdinaryRun, .timeLimit(.minutes(5)),
+    .serialized)
 struct CrashTests {
     enum Operation: String, CaseIterable {
         case login, refresh, logout, kick, providerSecret
@@ -116,17 +132,18 @@ struct CrashTests {
 
     @Test(
         "Should lose no acknowledged change, undo no acknowledged logout, half-write nothing and send no rotated refresh token again across random SIGKILLs",
-        arguments: parts)
-    func randomKills(part: Int) async throws {
+        arguments: StoreEngine.allCases, parts)
+    func randomKills(engine: StoreEngine, part: Int) async throws {
         let environment = ProcessInfo.processInfo.environment
         let kills = environment["VAULTD_CRASH_KILLS"].flatMap(Int.init) ?? Soak.size(short: 50, long: 200)
         // VAULTD_CRASH_ONLY=refresh: every round a refresh (or the login one needs), to measure the window.
         let only = environment["VAULTD_CRASH_ONLY"].flatMap(Operation.init(rawValue:))
         let seed = Self.seed() &+ UInt64(part)
         print(
-            "CrashTests.randomKills: part \(part), seed \(seed), \(kills) kills (replay: VAULTD_CRASH_SEED=\(seed))")
+            "CrashTests.randomKills: \(engine.rawValue), part \(part), seed \(seed), \(kills) kills (replay: VAULTD_CRASH_SEED=\(seed))"
+        )
         var rng = SplitMix(seed)
-        let rig = try CrashRig()
+        let rig = try CrashRig(engine: engine)
         let run = uniqueName("k")
         let oauthUsers = (0..<4).map { "\(run)-o\($0)" }
         let staticUsers = (0..<3).map { "\(run)-s\($0)" }
@@ -176,8 +193,9 @@ struct CrashTests {
         /// Checks the store and what vaultd serves against the oracle, then takes them as the new truth.
         func check(_ round: Round, _ index: Int) async throws {
             let context =
-                "seed \(seed) round \(index) \(round.operation.rawValue) \(round.user ?? "-") (reply: \(round.reply))"
-            let contents = try await rig.store.loadAll()
+                "\(engine.rawValue) seed \(seed) round \(index) \(round.operation.rawValue) \(round.user ?? "-") (reply: \(round.reply))"
+            let store = try await rig.store()
+            let contents = try await store.loadAll()
             #expect(contents.unreadable.isEmpty, "every stored item decodes: \(contents.unreadable) — \(context)")
             var found: [String: SessionRecord] = [:]
             for record in contents.records where allowed[record.account.user] != nil {
@@ -204,7 +222,7 @@ struct CrashTests {
                 current[user] = stored
                 allowed[user] = Allowed(values: [token])
             }
-            let secret = try await rig.store.loadProviderSecret("oauth")?.revealed
+            let secret = try await store.loadProviderSecret("oauth")?.revealed
             #expect(secretAllowed.contains(secret), "the client secret is the old or the new one — \(context)")
             secretAllowed = [secret]
         }
@@ -343,14 +361,14 @@ struct CrashTests {
             missing.isEmpty,
             "every revocation reaches the provider: \(missing.count) of \(owedRevocations.count) missing")
         let pending = try await eventually(
-            tries: 100, interval: .milliseconds(100), { try await rig.store.loadPendingRevocations() },
+            tries: 100, interval: .milliseconds(100), { try await rig.store().loadPendingRevocations() },
             until: { $0.isEmpty })
         #expect(pending.isEmpty, "the revocation queue empties: \(pending.count) left")
 
         let restarts = rig.restartSeconds.sorted()
         let stats = try await rig.server.stats()
         print(
-            "CrashTests.randomKills: seed \(seed): \(kills) kills; "
+            "CrashTests.randomKills: \(engine.rawValue) seed \(seed): \(kills) kills; "
                 + Operation.allCases.map {
                     "\($0.rawValue) \(counts[$0]?.rounds ?? 0) (\(counts[$0]?.acknowledged ?? 0) acknowledged)"
                 }
@@ -365,10 +383,10 @@ struct CrashTests {
 
 /// The crash window of refresh-token rotation, landed on purpose, and the
 /// spread of the refreshes a restart finds overdue: real vaultd, real token
-/// server, the private keyring.
+/// server, on each engine (the private keyring, or SQLite) in every run.
 @Suite(
-    "Crash consistency: the rotation window and overdue refreshes", .requiresKeyring, .timeLimit(.minutes(5)),
-    .serialized)
+    "Crash consistency: the rotation window and overdue refreshes", .requiresKeyring, .bothEnginesInOrdinaryRun,
+    .timeLimit(.minutes(5)), .serialized)
 struct CrashWindowTests {
     /// A token response from `server` that vaultd finds overdue for its refresh
     /// once it is restarted: issued 280 s ago, living 300 s.
@@ -382,10 +400,10 @@ struct CrashWindowTests {
     }
 
     @Test(
-        "Should end a session killed after the server rotated and before the write in one invalid_grant and one tokenInvalid, with no retry"
-    )
-    func rotationWindowOutcome() async throws {
-        let rig = try CrashRig()
+        "Should end a session killed after the server rotated and before the write in one invalid_grant and one tokenInvalid, with no retry",
+        arguments: StoreEngine.allCases)
+    func rotationWindowOutcome(engine: StoreEngine) async throws {
+        let rig = try CrashRig(engine: engine)
         let user = uniqueName("window")
         let grant = try await overdueGrant(rig.server)
         let login = try rig.call(.login, ["provider": "oauth", "user": .string(user), "tokenResponse": grant])
@@ -401,7 +419,7 @@ struct CrashWindowTests {
         try #require(rotated == 1, "the server took the refresh")
         rig.kill()
         try await rig.server.post("/control/mode", json: ["mode": "normal"])
-        let stored = try await rig.store.loadAll().records.first { $0.account.user == user }
+        let stored = try await rig.store().loadAll().records.first { $0.account.user == user }
         #expect(stored?.tokens.refreshToken?.revealed == rotatedAway, "the store holds the rotated-away token")
 
         // The restarted vaultd finds the session overdue and refreshes it by itself.
@@ -432,7 +450,7 @@ struct CrashWindowTests {
             tries: 100, interval: .milliseconds(100), { try await rig.server.revocations() },
             until: { $0.contains { $0["token"]?.stringValue == prefix } })
         #expect(revoked.contains { $0["token"]?.stringValue == prefix })
-        #expect(try await rig.store.loadAll().records.contains { $0.account.user == user } == false)
+        #expect(try await rig.store().loadAll().records.contains { $0.account.user == user } == false)
         let log = rig.daemon.allOutput
         #expect(log.components(separatedBy: "refresh refused; the session is logged out").count - 1 == 1, "\(log)")
     }
@@ -445,9 +463,11 @@ struct CrashWindowTests {
         }
     }
 
-    @Test("Should write rotated tokens promptly while other writes crowd the store: the window's figures")
-    func rotationWindowUnderStoreLoad() async throws {
-        let rig = try CrashRig()
+    @Test(
+        "Should write rotated tokens promptly while other writes crowd the store: the window's figures",
+        arguments: StoreEngine.allCases)
+    func rotationWindowUnderStoreLoad(engine: StoreEngine) async throws {
+        let rig = try CrashRig(engine: engine)
         let run = uniqueName("load")
         let sessions = (0..<20).map { "\(run)-o\($0)" }
         let setup = try VarlinkClient(path: rig.socket, timeoutSeconds: 30)
@@ -510,9 +530,11 @@ struct CrashWindowTests {
         }
     }
 
-    @Test("Should spread the refreshes of 60 sessions overdue at a restart over seconds, not all at once")
-    func overdueRefreshesSpreadAfterRestart() async throws {
-        let rig = try CrashRig()
+    @Test(
+        "Should spread the refreshes of 60 sessions overdue at a restart over seconds, not all at once",
+        arguments: StoreEngine.allCases)
+    func overdueRefreshesSpreadAfterRestart(engine: StoreEngine) async throws {
+        let rig = try CrashRig(engine: engine)
         let run = uniqueName("due")
         let users = (0..<60).map { "\(run)-\($0)" }
         let client = try VarlinkClient(path: rig.socket, timeoutSeconds: 30)

@@ -7,13 +7,21 @@ import VaultProtocol
 
 /// vaultd as its users meet it: the real binary, the real keyring on the
 /// session bus, the real socket, vaultctl and an independent Python client.
+/// In the SQLite run this suite's database key is the Secret Service item
+/// (`io.vaultd.DataKey` in the fixture's scope), where the other suites use
+/// a credential.
 @Suite("vaultd against the real keyring", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct DaemonTests {
     static let token = "tok_live_8f3k2m9q7w1e5r4t6y0u"
 
-    @Test("Should keep a session through a restart, in the keyring, and delete it at logout")
-    func loginRestartLogout() throws {
-        let fixture = try DaemonFixture()
+    /// A fixture whose SQLite key (in the SQLite run) lives in the keyring.
+    func fixture(start: Bool = true, engine: StoreEngine = TestStore.engine) throws -> DaemonFixture {
+        try DaemonFixture(start: start, engine: engine, dataKey: .secretService)
+    }
+
+    @Test("Should keep a session through a restart, in the store, and delete it at logout")
+    func loginRestartLogout() async throws {
+        let fixture = try fixture()
         let user = uniqueName("alice")
         let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token + "\n")
         #expect(login.status == 0, "\(login.stderr)")
@@ -33,20 +41,23 @@ struct DaemonTests {
         let token = try vaultctl(fixture.socketPath, ["token", "demo", user])
         #expect(token.stdout == DaemonTests.token + "\n")
 
-        let stored = try secretToolSearch(provider: "demo", user: user)
-        #expect(stored.contains("label = vaultd: \(user) @ demo"))
+        let stored = try await fixture.store.records(provider: "demo", user: user)
+        #expect(stored.map(\.tokens.accessToken.revealed) == [DaemonTests.token])
+        if fixture.engine == .secretService {
+            #expect(try secretToolSearch(provider: "demo", user: user).contains("label = vaultd: \(user) @ demo"))
+        }
 
         let logout = try vaultctl(fixture.socketPath, ["logout", "demo", user])
         #expect(logout.status == 0, "\(logout.stderr)")
-        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        #expect(try await fixture.store.holds(provider: "demo", user: user) == false)
         let gone = try vaultctl(fixture.socketPath, ["status", "demo", user])
         #expect(gone.status == 1)
         #expect(gone.stderr.contains("ERR_NOT_LOGGED_IN"))
     }
 
-    @Test("Should lose no acknowledged session when vaultd is killed")
-    func acknowledgedLoginSurvivesSIGKILL() throws {
-        let fixture = try DaemonFixture()
+    @Test("Should lose no acknowledged session when vaultd is killed", arguments: TestStore.crashEngines)
+    func acknowledgedLoginSurvivesSIGKILL(engine: StoreEngine) throws {
+        let fixture = try fixture(engine: engine)
         let user = uniqueName("kill")
         let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token)
         #expect(login.status == 0)
@@ -59,7 +70,7 @@ struct DaemonTests {
 
     @Test("Should answer a logout of a logged-out account with ERR_NOT_LOGGED_IN")
     func logoutWhenLoggedOut() throws {
-        let fixture = try DaemonFixture()
+        let fixture = try fixture()
         let user = uniqueName("nobody")
         let result = try vaultctl(fixture.socketPath, ["logout", "demo", user])
         #expect(result.status == 1)
@@ -71,8 +82,8 @@ struct DaemonTests {
     }
 
     @Test("Should make one session of concurrent logins of one account")
-    func concurrentLoginsJoin() throws {
-        let fixture = try DaemonFixture()
+    func concurrentLoginsJoin() async throws {
+        let fixture = try fixture()
         let user = uniqueName("race")
         let count = 16
         let replies = Mutex<[VarlinkReply]>([])
@@ -91,8 +102,11 @@ struct DaemonTests {
         let list = try fixture.client().call(VaultMethod.listSessions.rawValue)
         let mine = list.parameters["sessions"]?.arrayValue?.filter { $0["user"]?.stringValue == user } ?? []
         #expect(mine.count == 1)
-        let stored = try secretToolSearch(provider: "demo", user: user)
-        #expect(stored.components(separatedBy: "label = ").count - 1 == 1)
+        #expect(try await fixture.store.records(provider: "demo", user: user).count == 1)
+        if fixture.engine == .secretService {
+            let stored = try secretToolSearch(provider: "demo", user: user)
+            #expect(stored.components(separatedBy: "label = ").count - 1 == 1)
+        }
         let token = try fixture.client().call(
             VaultMethod.getToken.rawValue, ["provider": "demo", "user": .string(user)])
         #expect(token.parameters["token"]?.stringValue.map { Secret.mask($0) } == masked.first)
@@ -101,7 +115,7 @@ struct DaemonTests {
 
     @Test("Should never write a token to vaultd's output")
     func tokenNeverLogged() throws {
-        let fixture = try DaemonFixture()
+        let fixture = try fixture()
         let user = uniqueName("secret")
         let secret = "sk_never_in_logs_93jf83hf93hf9"
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: secret).status == 0)
@@ -122,7 +136,7 @@ struct DaemonTests {
 
     @Test("Should read an OAuth 2.0 token response from stdin")
     func oauthTokenResponse() throws {
-        let fixture = try DaemonFixture()
+        let fixture = try fixture()
         let user = uniqueName("sf")
         let response = """
             {"access_token":"00Dxx0000001gPL!AR8AQJXg5oj8jXSgxJfA0lBog","refresh_token":"5Aep861TSESvWeug_xvFHRBTTbf",\
@@ -144,7 +158,7 @@ struct DaemonTests {
 
     @Test("Should refuse an expired token and a token valid for less than asked")
     func expiry() throws {
-        let fixture = try DaemonFixture()
+        let fixture = try fixture()
         let user = uniqueName("exp")
         let now = Int64(Date().timeIntervalSince1970)
         let expired = try vaultctl(
@@ -161,7 +175,11 @@ struct DaemonTests {
         #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
     }
 
-    @Test("Should start past a stored item that is not a session record, naming it by its label, and keep the rest")
+    // Secret Service only: it writes a keyring item by hand (SQLiteEngineTests
+    // has the SQLite form: a damaged row).
+    @Test(
+        "Should start past a stored item that is not a session record, naming it by its label, and keep the rest",
+        .secretServiceOnly)
     func unreadableItemIsReported() throws {
         let fixture = try DaemonFixture(start: false)
         let good = uniqueName("good")
@@ -190,20 +208,19 @@ struct DaemonTests {
     }
 
     @Test("Should finish at start-up a logout that a crash interrupted")
-    func halfLoggedOutRecordIsFinished() throws {
-        let fixture = try DaemonFixture(start: false)
+    func halfLoggedOutRecordIsFinished() async throws {
+        let fixture = try fixture(start: false)
         let user = uniqueName("half")
         var record = SessionRecord(
             account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
             tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
             expiresAt: nil, ownerUID: getuid())
         record.phase = .loggingOut
-        let store = try storeRecordWithSecretTool(record, scope: fixture.scope)
-        #expect(store.status == 0, "\(store.stderr)")
-        #expect(try secretToolSearch(provider: "demo", user: user).contains("label ="))
+        try await fixture.store.seed(record)
+        #expect(try await fixture.store.holds(provider: "demo", user: user))
         let daemon = try fixture.start()
         #expect(daemon.output.text.contains("finished a logout that was interrupted"))
-        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        #expect(try await fixture.store.holds(provider: "demo", user: user) == false)
         #expect(try vaultctl(fixture.socketPath, ["status", "demo", user]).status == 1)
     }
 }

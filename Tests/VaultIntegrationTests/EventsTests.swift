@@ -147,6 +147,9 @@ final class ConfiguredDaemon {
     /// A typed connection of the client library.
     func connection() throws -> VaultConnection { try VaultConnection(path: socketPath, timeoutSeconds: 60) }
 
+    /// A reader of what this daemon's store holds.
+    var store: StoreReader { StoreReader(socketPath: socketPath) }
+
     deinit { daemon.stop() }
 }
 
@@ -281,13 +284,13 @@ struct EventsTests {
     }
 
     @Test(
-        "Should clear a session at once on ForceLogout: kickedOffline with reason kicked, NotLoggedIn, no keyring item")
-    func forceLogout() throws {
+        "Should clear a session at once on ForceLogout: kickedOffline with reason kicked, NotLoggedIn, nothing stored")
+    func forceLogout() async throws {
         let d = try ConfiguredDaemon(config: EventsTests.config)
         let vault = try d.connection()
         let user = uniqueName("kick")
         try vault.login(provider: "demo", user: user, token: EventsTests.token)
-        #expect(try secretToolSearch(provider: "demo", user: user).contains("label ="))
+        #expect(try await d.store.holds(provider: "demo", user: user))
         let stream = try RecordedStream(d.socketPath, provider: "demo", user: user)
 
         try vault.forceLogout(provider: "demo", user: user)
@@ -300,7 +303,7 @@ struct EventsTests {
         #expect(token?.code == "ERR_NOT_LOGGED_IN")
         let session = replyError { try vault.session(provider: "demo", user: user) }
         #expect(session?.varlinkName == "io.vaultd.Vault.NotLoggedIn")
-        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        #expect(try await d.store.holds(provider: "demo", user: user) == false)
         // Gone for good: a restarted daemon does not bring it back.
         d.daemon.stop()
         let again = try RunningDaemon(socketPath: d.socketPath, configPath: d.configPath)

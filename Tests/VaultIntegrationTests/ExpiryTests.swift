@@ -33,26 +33,25 @@ struct ExpiryTests {
         // The event goes out when the logout starts, before the store's delete
         // has finished: wait for the item to be gone rather than assume the order.
         let left = try await eventually(
-            tries: 200, interval: .milliseconds(50), { try secretToolSearch(provider: "demo", user: user) },
-            until: { !$0.contains("label =") })
-        #expect(left.contains("label =") == false, "the item is still in the keyring")
+            tries: 200, interval: .milliseconds(50), { try await fixture.store.holds(provider: "demo", user: user) },
+            until: { !$0 })
+        #expect(left == false, "the session is still in the store")
         let daemon = try #require(fixture.daemon)
         #expect(daemon.output.wait(for: "action=Expire"))
     }
 
     @Test("Should end at start-up a stored session whose token expired while vaultd was down")
-    func expiredWhileDown() throws {
+    func expiredWhileDown() async throws {
         let fixture = try DaemonFixture(start: false)
         let user = uniqueName("stale")
         let record = SessionRecord(
             account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
             tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
             expiresAt: UnixTime(seconds: Int64(Date().timeIntervalSince1970) - 60), ownerUID: getuid())
-        let store = try storeRecordWithSecretTool(record, scope: fixture.scope)
-        #expect(store.status == 0, "\(store.stderr)")
+        try await fixture.store.seed(record)
         let daemon = try fixture.start()
         #expect(daemon.output.wait(for: "event=tokenExpired"), "\(daemon.output.text)")
-        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        #expect(try await fixture.store.holds(provider: "demo", user: user) == false)
         #expect(try vaultctl(fixture.socketPath, ["status", "demo", user]).stderr.contains("ERR_NOT_LOGGED_IN"))
     }
 }

@@ -97,9 +97,13 @@ final class RunningDaemon {
     /// Starts vaultd and waits (bounded) for its `ready` line. `environment`
     /// adds to the test's environment; `unsetEnvironment` removes variables from it.
     /// `launcher` (a program and its arguments, e.g. strace) runs vaultd when given.
+    /// `engine` is the store (the run's, `TestStore.engine`, unless a test
+    /// is about one); on SQLite the database and key are the socket's own
+    /// (`SQLiteFiles`), the key from `dataKey`.
     init(
         socketPath: String, configPath: String?, environment: [String: String] = [:], waitForReady: Bool = true,
-        extraArguments: [String] = [], unsetEnvironment: [String] = [], launcher: [String] = []
+        extraArguments: [String] = [], unsetEnvironment: [String] = [], launcher: [String] = [],
+        engine: StoreEngine = TestStore.engine, dataKey: TestDataKey = .credential
     ) throws {
         self.socketPath = socketPath
         var arguments = ["--socket", socketPath, "--log-level", "debug"]
@@ -112,9 +116,12 @@ final class RunningDaemon {
         }
         process.arguments = arguments + extraArguments
         var env = ProcessInfo.processInfo.environment
-        // Suites run in parallel on one keyring: each daemon keeps to its own
-        // store scope, the same for every start on one socket.
-        env["VAULTD_STORE_SCOPE"] = RunningDaemon.scope(for: socketPath)
+        let memory = extraArguments.contains("--memory-store")
+        for (key, value) in try RunningDaemon.storeEnvironment(
+            socketPath: socketPath, engine: memory ? nil : engine, dataKey: dataKey)
+        {
+            env[key] = value
+        }
         for (key, value) in environment { env[key] = value }
         for key in unsetEnvironment { env[key] = nil }
         process.environment = env
@@ -132,6 +139,23 @@ final class RunningDaemon {
                 throw HarnessError("vaultd did not become ready:\n\(output.text)")
             }
         }
+    }
+
+    /// The variables that start vaultd on the store of the daemons on
+    /// `socketPath`: suites run in parallel on one keyring, so each daemon
+    /// keeps to its own store scope, the same for every start on one socket;
+    /// on SQLite its own database and key (`SQLiteFiles`), made when missing.
+    static func storeEnvironment(socketPath: String, engine: StoreEngine?, dataKey: TestDataKey = .credential)
+        throws -> [String: String]
+    {
+        var env = ["VAULTD_STORE_SCOPE": RunningDaemon.scope(for: socketPath)]
+        switch engine {
+        case .sqlite?:
+            for (key, value) in try SQLiteFiles(socketPath: socketPath).prepare(dataKey) { env[key] = value }
+        case .secretService?: env["VAULTD_STORE"] = "secret-service"
+        case nil: break
+        }
+        return env
     }
 
     /// The store scope of the daemons started on `socketPath`.
@@ -225,8 +249,17 @@ final class DaemonFixture {
     let socketPath: String
     let configPath: String
     var daemon: RunningDaemon?
+    /// The store engine of this fixture's daemons.
+    let engine: StoreEngine
+    /// Where their data key comes from, on SQLite.
+    let dataKey: TestDataKey
 
-    init(providers: [String] = ["demo"], start: Bool = true) throws {
+    init(
+        providers: [String] = ["demo"], start: Bool = true, engine: StoreEngine = TestStore.engine,
+        dataKey: TestDataKey = .credential
+    ) throws {
+        self.engine = engine
+        self.dataKey = dataKey
         directory = try TemporaryDirectory()
         socketPath = directory.path("vaultd.sock")
         configPath = directory.path("vaultd.conf")
@@ -239,15 +272,18 @@ final class DaemonFixture {
     /// `server` (and revokes there, with `revocation`), whose clients may
     /// refresh as often as they ask (`MinRefreshInterval=0`), with `extra`
     /// configuration after the provider's section.
-    convenience init(oauthServer server: TokenServer, revocation: Bool = false, extra: String = "") throws {
-        try self.init(start: false)
+    convenience init(
+        oauthServer server: TokenServer, revocation: Bool = false, extra: String = "",
+        engine: StoreEngine = TestStore.engine, dataKey: TestDataKey = .credential
+    ) throws {
+        try self.init(start: false, engine: engine, dataKey: dataKey)
         try ("[Vault]\nMinRefreshInterval=0\n\n" + server.providerSection(revocation: revocation) + extra)
             .write(toFile: configPath, atomically: true, encoding: .utf8)
     }
 
     @discardableResult
     func start() throws -> RunningDaemon {
-        let d = try RunningDaemon(socketPath: socketPath, configPath: configPath)
+        let d = try RunningDaemon(socketPath: socketPath, configPath: configPath, engine: engine, dataKey: dataKey)
         daemon = d
         return d
     }
@@ -256,6 +292,15 @@ final class DaemonFixture {
 
     /// The store scope of this fixture's daemons.
     var scope: String { RunningDaemon.scope(for: socketPath) }
+
+    /// A reader of what this fixture's store holds.
+    var store: StoreReader { StoreReader(self) }
+
+    /// The variables that start vaultd on this fixture's store (for
+    /// launchers that pass only what they are given, like systemd-socket-activate).
+    func storeEnvironment() throws -> [String: String] {
+        try RunningDaemon.storeEnvironment(socketPath: socketPath, engine: engine, dataKey: dataKey)
+    }
 
     deinit { daemon?.stop() }
 }

@@ -105,8 +105,13 @@ struct ReplaceTests {
         #expect(try await server.accepts(oldAccess) == false, "the replaced grant is dead at the provider")
         #expect(try await server.accepts(newAccess) == true, "the new grant lives")
         // Nothing is left queued once the provider took it: the one item is the session.
-        let items = try secretToolSearch(provider: "oauth", user: user)
-        #expect(items.components(separatedBy: "label =").count - 1 == 1, "\(items)")
+        if fixture.engine == .secretService {
+            let items = try secretToolSearch(provider: "oauth", user: user)
+            #expect(items.components(separatedBy: "label =").count - 1 == 1, "\(items)")
+        } else {
+            #expect(try await fixture.store.records(provider: "oauth", user: user).count == 1)
+            #expect(try await fixture.store.queuedRevocations(user: user) == 0)
+        }
     }
 
     @Test(
@@ -194,7 +199,7 @@ struct ReportRejectedTests {
         #expect(event?.kind == .tokenInvalid && event?.reason == "rejected", "\(String(describing: event))")
         let token = try vaultctl(fixture.socketPath, ["token", "demo", user])
         #expect(token.status == 1 && token.stderr.contains("ERR_NOT_LOGGED_IN"), "\(token.stderr)")
-        #expect(try secretToolSearch(provider: "demo", user: user).contains("label =") == false)
+        #expect(try await fixture.store.holds(provider: "demo", user: user) == false)
     }
 
     @Test("Should refuse a hash that is not 64 lowercase hex digits, naming tokenHash")

@@ -6,13 +6,14 @@ import VaultCore
 import VaultProtocol
 
 /// A revocation at logout that the provider has not acknowledged when vaultd
-/// stops (SIGTERM or SIGKILL) waits in the secret store and is finished by the
-/// next start: real vaultd, real token server, the suite's private keyring.
+/// stops (SIGTERM or SIGKILL) waits in the store and is finished by the next
+/// start: real vaultd, real token server, on each engine (the private
+/// keyring, or SQLite) in every run.
 @Suite("Revocation across restarts", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct RevocationTests {
     /// A fixture whose one provider, `oauth`, revokes at `server`'s /revoke.
-    func start(_ server: TokenServer) throws -> (DaemonFixture, RunningDaemon) {
-        let fixture = try DaemonFixture(start: false)
+    func start(_ server: TokenServer, engine: StoreEngine) throws -> (DaemonFixture, RunningDaemon) {
+        let fixture = try DaemonFixture(start: false, engine: engine)
         try server.providerSection(revocation: true).write(
             toFile: fixture.configPath, atomically: true, encoding: .utf8)
         return (fixture, try fixture.start())
@@ -31,12 +32,30 @@ struct RevocationTests {
     /// The number of items among `storedItems`.
     func itemCount(_ items: [String]) -> Int { items.filter { $0.hasPrefix("label =") }.count }
 
+    /// What the store holds of one account, whatever its kind (a session, a
+    /// session being logged out, a queued revocation): how many, and a
+    /// description without secrets.
+    func stored(_ fixture: DaemonFixture, user: String) async throws -> (count: Int, text: String) {
+        switch fixture.engine {
+        case .secretService:
+            let items = try storedItems(user: user)
+            return (itemCount(items), "\(items)")
+        case .sqlite:
+            let sessions = try await fixture.store.records(provider: "oauth", user: user)
+            let revocations = try await fixture.store.queuedRevocations(user: user)
+            return (
+                sessions.count + revocations,
+                "sessions \(sessions.map(\.phase)), queued revocations \(revocations)"
+            )
+        }
+    }
+
     /// Logs in, logs out while the revocation endpoint hangs, stops vaultd with
     /// `signal` while the first attempt is out, and restarts it with the
     /// endpoint healthy: the provider must receive the revocation.
-    func revocationSurvives(_ signal: Int32) async throws {
+    func revocationSurvives(_ signal: Int32, engine: StoreEngine) async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let (fixture, daemon) = try start(server)
+        let (fixture, daemon) = try start(server, engine: engine)
         let user = uniqueName(signal == SIGKILL ? "revkill" : "revterm")
         let grant = try await server.grant()
         let tokens = try JSON.parse(grant)
@@ -44,8 +63,8 @@ struct RevocationTests {
         let accessToken = try #require(tokens["access_token"]?.stringValue)
         let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: grant)
         try #require(login.status == 0, "\(login.stderr)")
-        let loggedIn = try storedItems(user: user)
-        try #require(itemCount(loggedIn) == 1, "the search finds the session's item: \(loggedIn)")
+        let loggedIn = try await stored(fixture, user: user)
+        try #require(loggedIn.count == 1, "the search finds the session's item: \(loggedIn.text)")
 
         // Every revocation request hangs, far longer than the test.
         try await server.post(
@@ -74,10 +93,10 @@ struct RevocationTests {
         }
 
         // While vaultd is down, what the provider has not acknowledged waits in the store.
-        let whileDown = try storedItems(user: user)
+        let whileDown = try await stored(fixture, user: user)
         #expect(
-            itemCount(whileDown) >= 1,
-            "the unacknowledged revocation is queued in the store while vaultd is down: \(whileDown)")
+            whileDown.count >= 1,
+            "the unacknowledged revocation is queued in the store while vaultd is down: \(whileDown.text)")
 
         try await server.post("/control/mode", json: ["mode": "normal"])
         let restarted = try fixture.start()
@@ -92,21 +111,25 @@ struct RevocationTests {
             "the restarted vaultd revoked the session's refresh token: \(stats)\nvaultd after the restart:\n\(log)")
         #expect(try await server.accepts(accessToken) == false, "the session's grant is revoked at the provider")
 
-        // Once the provider took it, nothing of the session stays in the keyring.
+        // Once the provider took it, nothing of the session stays in the store.
         let left = try await eventually(
-            tries: 50, interval: .milliseconds(200), { try storedItems(user: user) },
-            until: { itemCount($0) == 0 })
-        #expect(itemCount(left) == 0, "nothing of the session is left in the keyring: \(left)")
-        #expect(try secretToolSearch(provider: "oauth", user: user).contains("label =") == false)
+            tries: 50, interval: .milliseconds(200), { try await stored(fixture, user: user) },
+            until: { $0.count == 0 })
+        #expect(left.count == 0, "nothing of the session is left in the store: \(left.text)")
+        #expect(try await fixture.store.holds(provider: "oauth", user: user) == false)
     }
 
-    @Test("Should finish at the next start a revocation still hanging at the provider when vaultd got SIGTERM")
-    func revocationSurvivesSIGTERM() async throws {
-        try await revocationSurvives(SIGTERM)
+    @Test(
+        "Should finish at the next start a revocation still hanging at the provider when vaultd got SIGTERM",
+        arguments: TestStore.crashEngines)
+    func revocationSurvivesSIGTERM(engine: StoreEngine) async throws {
+        try await revocationSurvives(SIGTERM, engine: engine)
     }
 
-    @Test("Should finish at the next start a revocation still hanging at the provider when vaultd got SIGKILL")
-    func revocationSurvivesSIGKILL() async throws {
-        try await revocationSurvives(SIGKILL)
+    @Test(
+        "Should finish at the next start a revocation still hanging at the provider when vaultd got SIGKILL",
+        arguments: TestStore.crashEngines)
+    func revocationSurvivesSIGKILL(engine: StoreEngine) async throws {
+        try await revocationSurvives(SIGKILL, engine: engine)
     }
 }

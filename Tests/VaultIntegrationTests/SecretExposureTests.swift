@@ -132,13 +132,19 @@ struct SecretExposureTests {
         check.issued("helper token after refresh", try ctl(["token", "cometchat", "alice"]).stdout)
 
         // The current refresh token, as stored (the test never saw it on the wire).
-        let stored = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/secret-tool"),
-            ["search", "--all", "xdg:schema", "io.vaultd.Session", "provider", "oauth", "user", "carol"])
-        if let record = stored.stdout.split(separator: "\n").first(where: { $0.hasPrefix("secret = ") }),
-            let json = try? JSON.parse(String(record.dropFirst("secret = ".count)))
-        {
-            check.issued("stored refresh token", json["tokens"]?["refreshToken"]?.stringValue ?? "")
+        if fixture.engine == .secretService {
+            let stored = try runCommand(
+                URL(fileURLWithPath: "/usr/bin/secret-tool"),
+                ["search", "--all", "xdg:schema", "io.vaultd.Session", "provider", "oauth", "user", "carol"])
+            if let record = stored.stdout.split(separator: "\n").first(where: { $0.hasPrefix("secret = ") }),
+                let json = try? JSON.parse(String(record.dropFirst("secret = ".count)))
+            {
+                check.issued("stored refresh token", json["tokens"]?["refreshToken"]?.stringValue ?? "")
+            }
+        } else {
+            // SQLite: the database and its WAL are among the files scanned below.
+            let record = try await fixture.store.records(provider: "oauth", user: "carol").first
+            check.issued("stored refresh token", record?.tokens.refreshToken?.revealed ?? "")
         }
         #expect(check.secrets.count >= 10, "the test issued what it meant to: \(check.secrets.keys.sorted())")
 

@@ -97,11 +97,12 @@ struct ServiceManagerTests {
         let bus = ProcessInfo.processInfo.environment["DBUS_SESSION_BUS_ADDRESS"] ?? ""
         let activator = Process()
         activator.executableURL = URL(fileURLWithPath: "/usr/bin/systemd-socket-activate")
-        activator.arguments = [
-            "-l", socketPath, "-E", "NOTIFY_SOCKET=\(notify.path)", "-E", "DBUS_SESSION_BUS_ADDRESS=\(bus)",
-            "-E", "VAULTD_STORE_SCOPE=\(fixture.scope)",
-            Binaries.vaultd.path, "--config", fixture.configPath,
-        ]
+        activator.arguments =
+            [
+                "-l", socketPath, "-E", "NOTIFY_SOCKET=\(notify.path)", "-E", "DBUS_SESSION_BUS_ADDRESS=\(bus)",
+            ]
+            + (try fixture.storeEnvironment()).sorted { $0.key < $1.key }.flatMap { ["-E", "\($0.key)=\($0.value)"] }
+            + [Binaries.vaultd.path, "--config", fixture.configPath]
         let err = Pipe()
         activator.standardError = err
         activator.standardOutput = FileHandle.nullDevice

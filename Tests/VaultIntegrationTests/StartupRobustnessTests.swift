@@ -128,7 +128,8 @@ struct StartupRobustnessTests {
             let bus = try SilentBus(dir)
             let daemon = try RunningDaemon(
                 socketPath: dir.path("s"), configPath: nil,
-                environment: ["DBUS_SESSION_BUS_ADDRESS": "unix:path=\(bus.path)"], waitForReady: false)
+                environment: ["DBUS_SESSION_BUS_ADDRESS": "unix:path=\(bus.path)"], waitForReady: false,
+                dataKey: .secretService)
             #expect(bus.output.wait(for: "ACCEPTED"), "vaultd never reached the store: \(daemon.output.text)")
             kill(daemon.process.processIdentifier, signal)
             #expect(daemon.waitForExit(seconds: 10) == 0, "\(daemon.output.text)")

@@ -5,7 +5,9 @@ import VaultClient
 import VaultProtocol
 import VaultSystem
 
-/// How vaultd starts, and how it refuses to.
+/// How vaultd starts, and how it refuses to. In the SQLite run the tests of
+/// an unreachable or locked keyring take the database's key from the keyring,
+/// so they check that the SQLite engine refuses to start without its key.
 @Suite("vaultd start-up", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
 struct StartupTests {
     @Test("Should refuse to start, in one line, when no Secret Service is reachable")
@@ -13,7 +15,8 @@ struct StartupTests {
         let dir = try TemporaryDirectory()
         let daemon = try RunningDaemon(
             socketPath: dir.path("s"), configPath: nil,
-            environment: ["DBUS_SESSION_BUS_ADDRESS": "unix:path=\(dir.path("no-bus"))"], waitForReady: false)
+            environment: ["DBUS_SESSION_BUS_ADDRESS": "unix:path=\(dir.path("no-bus"))"], waitForReady: false,
+            dataKey: .secretService)
         #expect(daemon.waitForExit() == 1)
         let lines = daemon.output.text.split(separator: "\n").filter { $0.contains("error:") }
         #expect(lines.count == 1, "\(daemon.output.text)")
@@ -48,7 +51,7 @@ struct StartupTests {
         defer { if let pid = Int32(lines.last ?? "") { kill(pid, SIGKILL) } }
         let daemon = try RunningDaemon(
             socketPath: dir.path("s"), configPath: nil, environment: ["DBUS_SESSION_BUS_ADDRESS": bus],
-            waitForReady: false)
+            waitForReady: false, dataKey: .secretService)
         #expect(daemon.waitForExit() == 1)
         #expect(daemon.output.text.contains("is locked"), "\(daemon.output.text)")
         #expect(daemon.output.text.contains("ERR_SECRET_STORE_LOCKED"))

@@ -79,9 +79,11 @@ final class OutageFixture {
 /// The secret store gone and back, while vaultd serves: gnome-keyring killed
 /// and started again, the D-Bus daemon killed and started again at the same
 /// address, the collection locked; and SIGKILLs of either at random points
-/// during logins and logouts, checked against an oracle.
+/// during logins and logouts, checked against an oracle. Secret Service
+/// only: it kills and locks the keyring that holds the sessions, which the
+/// SQLite engine reads once, at start, for its key at most.
 @Suite(
-    "Secret store outages", .timeLimit(.minutes(5)), .serialized,
+    "Secret store outages", .timeLimit(.minutes(5)), .serialized, .secretServiceOnly,
     .enabled(
         if: FileManager.default.isExecutableFile(atPath: "/usr/bin/gnome-keyring-daemon")
             && FileManager.default.isExecutableFile(atPath: "/usr/bin/dbus-daemon"),
