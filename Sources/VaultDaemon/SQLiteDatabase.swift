@@ -17,10 +17,12 @@ final class SQLiteDatabase {
 
     /// Opens (or creates) the database at `path`; `timeoutSeconds` bounds the
     /// wait for a lock another process holds.
-    init(path: String, timeoutSeconds: Int64) throws(VaultError) {
+    /// (`readOnly`: never writes, never creates the file.)
+    init(path: String, timeoutSeconds: Int64, readOnly: Bool = false) throws(VaultError) {
         self.path = path
         var connection: OpaquePointer?
-        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX | SQLITE_OPEN_NOFOLLOW
+        let access = readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
+        let flags = access | SQLITE_OPEN_FULLMUTEX | SQLITE_OPEN_NOFOLLOW
         let result = sqlite3_open_v2(path, &connection, flags, nil)
         guard result == SQLITE_OK, let connection else {
             let message = connection.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"

@@ -33,10 +33,11 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     private var key: DataKey
     private let timeoutSeconds: Int64
     /// The database's exclusive lock (`DatabaseLock`), held while the store lives.
-    private let lock: DatabaseLock
+    /// Held as long as the store lives; nil for a reader (`openForReading`).
+    private let lock: DatabaseLock?
 
     private init(
-        database: SQLiteDatabase, key: DataKey, keySource: String, timeoutSeconds: Int64, lock: DatabaseLock
+        database: SQLiteDatabase, key: DataKey, keySource: String, timeoutSeconds: Int64, lock: DatabaseLock?
     ) {
         self.database = database
         self.lock = lock
@@ -106,6 +107,30 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         return store
     }
 
+    /// Opens an existing database to read it beside the vaultd that serves
+    /// it: read-only, without its lock (a WAL reader never blocks the
+    /// writer), never creating, re-sealing or changing anything. For tests
+    /// and tools that look at what vaultd stored; its writes fail.
+    public static func openForReading(path: String, keys: any DataKeySource, timeoutSeconds: Int64)
+        async throws(VaultError) -> SQLiteStore
+    {
+        guard Files.exists(path) else {
+            throw VaultError(.storeFailed, "there is no session database at \(path)")
+        }
+        let database = try SQLiteDatabase(path: path, timeoutSeconds: timeoutSeconds, readOnly: true)
+        guard let storedKeyID = try inspect(database) else {
+            throw VaultError(.storeFailed, "the session database \(path) holds no tables yet")
+        }
+        guard let key = try await keys.key(id: storedKeyID) else {
+            throw VaultError(
+                .storeFailed,
+                "the session database \(path) is sealed under data key \(storedKeyID), and \(await keys.missingKeyAdvice(id: storedKeyID))"
+            )
+        }
+        return SQLiteStore(
+            database: database, key: key, keySource: keys.description, timeoutSeconds: timeoutSeconds, lock: nil)
+    }
+
     /// Creates the database's directory (0700) when missing, and checks an
     /// existing file: a regular file of this user, not a link, mode 0600
     /// (tightened when wider).
@@ -148,6 +173,21 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     /// database is sealed under; nil for a new one, whose tables
     /// `createTables` makes once its key is known.
     private static func setUp(_ database: SQLiteDatabase) throws(VaultError) -> String? {
+        let keyID = try inspect(database)
+        try database.execute(
+            """
+            PRAGMA journal_mode = WAL;
+            PRAGMA synchronous = FULL;
+            PRAGMA temp_store = MEMORY;
+            PRAGMA secure_delete = ON;
+            PRAGMA foreign_keys = OFF;
+            """, "setting the database up")
+        return keyID
+    }
+
+    /// Checks that the file is a database of vaultd's, of this format, and
+    /// returns the id of its key; nil when it has no tables yet (new).
+    private static func inspect(_ database: SQLiteDatabase) throws(VaultError) -> String? {
         let path = database.path
         // A file that is not a database fails here, before anything is written to it.
         let application = try database.pragma("application_id")
@@ -168,14 +208,6 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
                 )
             }
         }
-        try database.execute(
-            """
-            PRAGMA journal_mode = WAL;
-            PRAGMA synchronous = FULL;
-            PRAGMA temp_store = MEMORY;
-            PRAGMA secure_delete = ON;
-            PRAGMA foreign_keys = OFF;
-            """, "setting the database up")
         if tableCount == 0 { return nil }
         guard
             let keyID = try database.statement("SELECT value FROM meta WHERE name = 'key_id'", "reading the key id")

@@ -129,8 +129,10 @@ struct StoreReader {
 
     var scope: String { RunningDaemon.scope(for: socketPath) }
 
-    /// The store, opened now.
-    func open() async throws -> any SessionStore {
+    /// The store, opened now: to read beside a running vaultd (an SQLite
+    /// database read-only, without its lock), or `forWriting` before vaultd
+    /// starts (taking the lock, as vaultd does).
+    func open(forWriting: Bool = false) async throws -> any SessionStore {
         switch engine {
         case .secretService:
             return try LibsecretStore.open(timeoutSeconds: 10, scope: scope)
@@ -142,6 +144,9 @@ struct StoreReader {
             case .credential: keys = CredentialDataKeys(directory: files.credentials)
             case .secretService:
                 keys = SecretServiceDataKeys(store: try LibsecretStore.open(timeoutSeconds: 10, scope: scope))
+            }
+            guard forWriting else {
+                return try await SQLiteStore.openForReading(path: files.database, keys: keys, timeoutSeconds: 10)
             }
             return try await SQLiteStore.open(
                 path: files.database, keys: keys, timeoutSeconds: 10, log: Logger(level: .error, target: .discard))
@@ -186,7 +191,7 @@ struct StoreReader {
             let result = try storeRecordWithSecretTool(record, scope: scope)
             guard result.status == 0 else { throw HarnessError("secret-tool store failed: \(result.stderr)") }
         case .sqlite:
-            try await open().save(record)
+            try await open(forWriting: true).save(record)
         }
     }
 }
