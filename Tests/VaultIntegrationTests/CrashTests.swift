@@ -406,12 +406,17 @@ struct CrashWindowTests {
         let rig = try CrashRig(engine: engine)
         let user = uniqueName("window")
         let grant = try await overdueGrant(rig.server)
+        // The server rotates, then holds its answer: vaultd is killed inside the
+        // window. Set before the login: the session is close to expiry, so
+        // vaultd may refresh it by itself before the Refresh below, and that
+        // first refresh must be the held one (set after the login, a loaded
+        // machine let vaultd's own refresh through first, and the kill came
+        // after the rotation was stored).
+        try await rig.server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 20])
         let login = try rig.call(.login, ["provider": "oauth", "user": .string(user), "tokenResponse": grant])
         try #require(login.error == nil, "\(login)")
         let rotatedAway = try #require(grant["refresh_token"]?.stringValue)
 
-        // The server rotates, then holds its answer: vaultd is killed inside the window.
-        try await rig.server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 20])
         let client = try VarlinkClient(path: rig.socket, timeoutSeconds: 30)
         try client.send(
             VarlinkCall(method: VaultMethod.refresh.rawValue, parameters: ["provider": "oauth", "user": .string(user)]))
