@@ -251,7 +251,7 @@ struct EndpointOutageTests {
                 var healthy = Date()
                 if failure != .down { try await server.post("/control/mode", json: ["mode": "normal"]) }
                 if failure == .down {
-                    // A fresh connection: URLSession's kept-alive one is served while the listener is closed.
+                    // A fresh connection of its own, made until the listener is back.
                     let port = try #require(UInt16(server.url.split(separator: ":").last ?? ""))
                     let back = try await eventually(
                         tries: 600, interval: .milliseconds(100), { EndpointOutageTests.accepts(port: port) },

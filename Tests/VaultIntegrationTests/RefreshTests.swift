@@ -6,10 +6,6 @@ import VaultClient
 import VaultCore
 import VaultProtocol
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
-
 /// The test OAuth 2.0 server (Tests/servers/token_server.py), a real process on loopback.
 final class TokenServer {
     private let server: PythonServer
@@ -27,33 +23,30 @@ final class TokenServer {
     /// POSTs `body` to `path` and returns the JSON answer.
     @discardableResult
     func post(_ path: String, form: String? = nil, json: JSON? = nil) async throws -> JSON {
-        var request = URLRequest(url: URL(string: url + path)!)
-        request.httpMethod = "POST"
+        var headers: [String: String] = [:]
+        var body: [UInt8] = []
         if let form {
-            request.httpBody = Data(form.utf8)
-            request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type")
+            body = Array(form.utf8)
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
         } else if let json {
-            request.httpBody = Data(json.serialized())
-            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+            body = json.serialized()
+            headers["Content-Type"] = "application/json"
         }
-        let (data, _) = try await URLSession.shared.data(for: request)
-        return (try? JSON.parse(Array(data))) ?? .null
+        let response = try LoopbackHTTP.request("POST", url: url, path: path, headers: headers, body: body)
+        return (try? JSON.parse(response.body)) ?? .null
     }
 
     /// The revocations the server has taken, oldest first.
     func revocations() async throws -> [JSON] { try await stats()["revocations"]?.arrayValue ?? [] }
 
     func stats() async throws -> JSON {
-        let (data, _) = try await URLSession.shared.data(from: URL(string: url + "/control/stats")!)
-        return try JSON.parse(Array(data))
+        try JSON.parse(LoopbackHTTP.request("GET", url: url, path: "/control/stats").body)
     }
 
     /// True when `token` works at the protected resource.
     func accepts(_ token: String) async throws -> Bool {
-        var request = URLRequest(url: URL(string: url + "/resource")!)
-        request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
-        let (_, response) = try await URLSession.shared.data(for: request)
-        return (response as? HTTPURLResponse)?.statusCode == 200
+        try LoopbackHTTP.request("GET", url: url, path: "/resource", headers: ["Authorization": "Bearer \(token)"])
+            .status == 200
     }
 
     /// A fresh grant, as the token endpoint answers client_credentials: the text `curl … | vaultctl login` pipes.
