@@ -173,7 +173,9 @@ through `Login`, one at a time (gnome-keyring has no batch write).
             f"(schedstat, all threads; {p['cpu_ticks']} ticks of utime+stime): **{p['cpu_pct']:.2f}% of a core**, "
             f"{p['cpu_ms_per_refresh']:.2f} ms per refresh, so {p['cpu_pct_at_hourly_100k']:.2f}% of a core at "
             f"100,000 / 3,600 = 27.8 a second. The token server's own CPU is not in it. "
-            f"{p['warnings']} refresh warnings; RSS {p['rss_kb'] / 1024:.1f} MB; ready in {p['ready_ms']:.0f} ms.")
+            f"{p['warnings']} refresh warnings; ready in {p['ready_ms']:.0f} ms; RSS "
+            + (f"{p['rss_ready_kb'] / 1024:.1f} MB 2 s after ready, " if p.get('rss_ready_kb') else "")
+            + f"{p['rss_kb'] / 1024:.1f} MB at the end of the window.")
     if b and b.get("middle_rate_per_s"):
         limited = b["middle_rate_per_s"] < 0.9 * b["demand_per_s"]
         refresh.append(

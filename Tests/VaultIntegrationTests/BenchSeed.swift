@@ -61,8 +61,8 @@ struct BenchSeed {
             provider = json["provider"]?.stringValue ?? "bench"
             prefix = json["prefix"]?.stringValue ?? "s"
             clientID = json["clientId"]?.stringValue ?? "vaultd-bench"
-            lifetime = json["lifetime"]?.integerValue ?? 4575
-            firstRefresh = json["firstRefresh"]?.integerValue ?? 3600
+            lifetime = json["lifetime"]?.integerValue ?? 13500
+            firstRefresh = json["firstRefresh"]?.integerValue ?? 7200
             spread = json["spread"]?.integerValue ?? 3600
             accessBytes = Int(json["accessBytes"]?.integerValue ?? 180)
             refreshBytes = Int(json["refreshBytes"]?.integerValue ?? 100)
