@@ -277,7 +277,7 @@ class Bench:
     def refreshing(self):
         n = 20000 if self.quick else 100000
         window = 30.0 if self.quick else 60.0
-        backlog = 3000 if self.quick else int(os.environ.get("BENCH_BACKLOG", "30000"))
+        backlog = 3000 if self.quick else int(os.environ.get("BENCH_BACKLOG", "24000"))
         rate = n / 3600
         paced = os.path.join(self.work, "refresh-paced.db")
         burst = os.path.join(self.work, "refresh-backlog.db")
