@@ -340,7 +340,12 @@ class Bench:
         stamps = sorted(t for t, l in v.lines if "token refreshed" in l)
         warnings = v.count("refresh failed") + v.count("could not be stored")
         v.stop()
-        b = {"sessions": n, "backlog": backlog, "refreshed": len(stamps), "warnings": warnings,
+        kinds = {}
+        for _, line in v.lines:
+            if "refresh failed" in line or "could not be stored" in line:
+                kind = line.split(" event=")[0] + (" " + line.split("reason=")[1].split('" ')[0] + '"' if "reason=" in line else "")
+                kinds[kind] = kinds.get(kind, 0) + 1
+        b = {"sessions": n, "backlog": backlog, "refreshed": len(stamps), "warnings": warnings, "warning_kinds": kinds,
              "http_refreshes": len(self.server_times()) - before, "cpu_s_schedstat": (n1 - n0) / 1e9,
              "cpu_ticks": c1 - c0}
         if len(stamps) >= 10:
