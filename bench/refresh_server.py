@@ -13,7 +13,7 @@ remembers when each refresh came, nothing else. Stdlib only; 127.0.0.1 only.
   POST /revoke         200, empty
   GET  /stats          {"refreshes": N, "times": [unix seconds of each], "bad": N}
 """
-import json, secrets, signal, sys, threading, time
+import json, os, secrets, signal, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
@@ -69,7 +69,8 @@ class Handler(BaseHTTPRequestHandler):
 def main():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # Straight out: a SystemExit raised in serve_forever could wait on request threads.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     print(f"LISTENING http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
 
