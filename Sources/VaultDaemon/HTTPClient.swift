@@ -116,11 +116,15 @@ enum HTTPClient {
         let result = await BlockingExecutor.io.run(
             lane: "http " + host(of: url), cap: requestsPerHost, deadline: deadline
         ) { () -> Result<HTTPResponse, HTTPFailure> in
-            let left = Int(deadline.subtractingReportingOverflow(Monotonic.milliseconds()).partialValue)
-            guard Monotonic.milliseconds() < deadline, left > 0 else {
+            // A request admitted just before its deadline may start just after it:
+            // the time left is checked before it is converted (a wrapped UInt64
+            // does not fit an Int, and the conversion traps).
+            let now = Monotonic.milliseconds()
+            guard now < deadline else {
                 return .failure(
                     HTTPFailure(.timedOut, reason: "timed out waiting for a free connection to \(host(of: url))"))
             }
+            let left = Int(deadline - now)
             // Encoded here, so that this is the body's only copy and wiping it counts.
             var body = formEncoded(form)
             return post(url, &body, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds)
