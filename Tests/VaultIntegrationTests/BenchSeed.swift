@@ -139,10 +139,13 @@ struct BenchSeed {
             }
             written[seed.path, default: 0] += seed.count
             let records = try Self.records(seed, now: now, owner: getuid())
-            let store = try await SQLiteStore.open(path: seed.path, keys: keys, timeoutSeconds: 600, log: log)
-            try await store.importContents(records: records, revocations: [], providerSecrets: [:])
+            do {
+                let store = try await SQLiteStore.open(path: seed.path, keys: keys, timeoutSeconds: 600, log: log)
+                try await store.importContents(records: records, revocations: [], providerSecrets: [:])
+                await store.close()
+            }  // the writer and its lock go here, as a process's would at its exit
             // Read back through a new connection, as vaultd will.
-            let reopened = try await SQLiteStore.open(path: seed.path, keys: keys, timeoutSeconds: 600, log: log)
+            let reopened = try await SQLiteStore.openForReading(path: seed.path, keys: keys, timeoutSeconds: 600)
             let contents = try await reopened.loadAll()
             #expect(contents.unreadable.isEmpty)
             #expect(contents.records.count == written[seed.path])
