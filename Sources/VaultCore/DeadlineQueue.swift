@@ -9,23 +9,24 @@ public typealias DeadlineQueue<Key: Hashable & Sendable> = DeadlineHeap<Key, Uni
 /// `Time` is whatever the owner counts in: wall-clock `UnixTime` for sessions,
 /// monotonic milliseconds for the serving loop's connections.
 public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable>: Sendable {
-    private var heap: [(deadline: Time, key: Key)] = []
-    private var positions: [Key: Int] = [:]
+    // Inlinable: specialized where it is used (see DenseTable).
+    @usableFromInline var heap: [(deadline: Time, key: Key)] = []
+    @usableFromInline var positions: [Key: Int] = [:]
 
     /// An empty queue.
-    public init() {}
+    @inlinable public init() {}
 
     /// The number of keys scheduled.
-    public var count: Int { heap.count }
+    @inlinable public var count: Int { heap.count }
 
     /// The nearest deadline and its key.
-    public var next: (key: Key, deadline: Time)? { heap.first.map { ($0.key, $0.deadline) } }
+    @inlinable public var next: (key: Key, deadline: Time)? { heap.first.map { ($0.key, $0.deadline) } }
 
     /// The deadline of `key`, if scheduled.
-    public func deadline(of key: Key) -> Time? { positions[key].map { heap[$0].deadline } }
+    @inlinable public func deadline(of key: Key) -> Time? { positions[key].map { heap[$0].deadline } }
 
     /// Schedules `key` at `deadline`, moving it if it was scheduled already.
-    public mutating func schedule(_ key: Key, at deadline: Time) {
+    @inlinable public mutating func schedule(_ key: Key, at deadline: Time) {
         if let index = positions[key] {
             let old = heap[index].deadline
             heap[index].deadline = deadline
@@ -38,7 +39,7 @@ public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable
     }
 
     /// Removes `key`; nothing happens when it is not scheduled.
-    public mutating func cancel(_ key: Key) {
+    @inlinable public mutating func cancel(_ key: Key) {
         guard let index = positions.removeValue(forKey: key) else { return }
         let last = heap.count - 1
         if index != last {
@@ -53,7 +54,7 @@ public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable
     }
 
     /// Removes and returns every key whose deadline is at or before `now`, nearest first.
-    public mutating func popDue(at now: Time) -> [Key] {
+    @inlinable public mutating func popDue(at now: Time) -> [Key] {
         var due: [Key] = []
         while let first = heap.first, first.deadline <= now {
             due.append(first.key)
@@ -62,7 +63,7 @@ public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable
         return due
     }
 
-    private mutating func siftUp(_ start: Int) {
+    @inlinable mutating func siftUp(_ start: Int) {
         var child = start
         while child > 0 {
             let parent = (child - 1) / 2
@@ -72,7 +73,7 @@ public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable
         }
     }
 
-    private mutating func siftDown(_ start: Int) {
+    @inlinable mutating func siftDown(_ start: Int) {
         var parent = start
         while true {
             let left = 2 * parent + 1
@@ -86,7 +87,7 @@ public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable
         }
     }
 
-    private mutating func swapEntries(_ a: Int, _ b: Int) {
+    @inlinable mutating func swapEntries(_ a: Int, _ b: Int) {
         heap.swapAt(a, b)
         positions[heap[a].key] = a
         positions[heap[b].key] = b

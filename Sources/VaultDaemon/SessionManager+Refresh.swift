@@ -42,7 +42,7 @@ extension SessionManager {
     /// what is due. One timer for all sessions; re-armed whenever the
     /// nearest deadline may have changed.
     func rearmTimer() {
-        guard armsTimer, !stopping, !runningDueWork else { return }
+        guard armsTimer, !stopping, !runningDueWork, !restoring else { return }
         timer?.cancel()
         guard let next = deadlines.next else {
             timer = nil

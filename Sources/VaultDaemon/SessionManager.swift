@@ -61,6 +61,9 @@ public actor SessionManager {
     var stopping = false
     /// `runDueWork` is running: the timer is re-armed when it ends.
     var runningDueWork = false
+    /// `restore` is publishing the stored sessions: the timer is armed once,
+    /// when it ends, not once per session (a task made and cancelled each time).
+    var restoring = false
     /// The background work that waits to probe the store, while it is not available.
     var probeTask: UInt64?
     /// `GetToken` calls waiting for the automatic login of their account, by id.
@@ -161,6 +164,9 @@ public actor SessionManager {
             log.warning("a stored item could not be read as a session and is ignored", ["item": label])
         }
         var finished = 0
+        restoring = true
+        defer { restoring = false }
+        entries.reserveCapacity(entries.count + contents.records.count)
         for record in contents.records {
             if record.phase == .loggingOut {
                 if let id = record.revocationID {
@@ -182,6 +188,7 @@ public actor SessionManager {
                 record.key,
                 .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
         }
+        restoring = false
         rearmTimer()
         warnOfUndeclaredHolders()
         let restored = table.count
