@@ -91,7 +91,7 @@ extension SessionManager {
 
     /// Writes the session's current record again (refreshed tokens whose first write failed).
     func persist(_ key: SessionKey) async {
-        guard let entry = entries[key], let record = entry.record else { return }
+        guard let entry = entries[key], entry.record != nil else { return }
         if let revocation = entry.unqueue {
             // A failed logout's revocation must not outlive it.
             guard (try? await store.deletePendingRevocation(revocation)) != nil else {
@@ -100,17 +100,30 @@ extension SessionManager {
             }
             if entries[key]?.id == entry.id { entries[key]?.unqueue = nil }
         }
-        do throws(VaultError) {
-            try await store.save(record)
-            // Only what is served now counts as saved: a refresh may have
-            // replaced the tokens while this write was out.
-            if entries[key]?.record?.tokens == record.tokens {
+        // What is served now, read after the await above: a refresh may have
+        // written newer tokens meanwhile, and writing the record read before it
+        // would put the older tokens (a rotated-away refresh token) back.
+        guard var record = entries[key]?.record, entries[key]?.id == entry.id else { return }
+        for _ in 0..<3 {
+            do throws(VaultError) {
+                try await store.save(record)
+            } catch {
+                await handle(key, .saveFailed(now: clock.now()))
+                return
+            }
+            // Only what is served now counts as saved. When the tokens changed
+            // while this write was out, the newer write may have gone ahead of
+            // it (a refresh's write is urgent): write what is served again.
+            guard let served = entries[key]?.record, entries[key]?.id == entry.id else { return }
+            if served.tokens == record.tokens {
                 await handle(key, .saved)
                 await revokeReplacedTokens(key)
+                return
             }
-        } catch {
-            await handle(key, .saveFailed(now: clock.now()))
+            record = served
         }
+        // Still changing after three writes: tried again later, like a failed write.
+        await handle(key, .saveFailed(now: clock.now()))
     }
 
     /// Logs the session out as vaultd itself.

@@ -270,8 +270,29 @@ final class FaultyStore: SessionStore, Sendable {
         var outage: StoreProbe?
         /// Calls that reached the store during an outage.
         var callsDuringOutage = 0
+        /// `holdRevocationDeletes()`: removals of queued revocations wait here.
+        var holdingDeletes = false
+        var heldDeletes: [CheckedContinuation<Void, Never>] = []
     }
     private let state: Mutex<State>
+
+    /// From now on a removal of a queued revocation waits, before it reaches
+    /// the engine, until `releaseRevocationDeletes()`: the store is slow at
+    /// that one call, and the manager goes on meanwhile.
+    func holdRevocationDeletes() { state.withLock { $0.holdingDeletes = true } }
+
+    /// Removals of queued revocations waiting so far.
+    var heldRevocationDeletes: Int { state.withLock { $0.heldDeletes.count } }
+
+    /// Lets every held removal go on, and no longer holds new ones.
+    func releaseRevocationDeletes() {
+        let held = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.holdingDeletes = false
+            defer { state.heldDeletes = [] }
+            return state.heldDeletes
+        }
+        for continuation in held { continuation.resume() }
+    }
 
     let location: String
 
@@ -412,6 +433,16 @@ final class FaultyStore: SessionStore, Sendable {
     }
 
     func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        if state.withLock({ $0.holdingDeletes }) {
+            await withCheckedContinuation { continuation in
+                let go = state.withLock { state -> Bool in
+                    guard state.holdingDeletes else { return true }
+                    state.heldDeletes.append(continuation)
+                    return false
+                }
+                if go { continuation.resume() }
+            }
+        }
         try await writing("removing a revocation").deletePendingRevocation(revocation)
     }
 

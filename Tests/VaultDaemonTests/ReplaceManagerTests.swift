@@ -62,6 +62,39 @@ struct ReplaceManagerTests {
         #expect(h.events.all.allSatisfy { $0.reason != "replaced" })
     }
 
+    @Test(
+        "Should store the tokens served now, not those read before, when a write retry waited on a revocation's removal while a refresh stored newer ones"
+    )
+    func retryAfterRefreshKeepsNewerTokens() async throws {
+        let h = try ManagerHarness()
+        try await h.login("u")
+        // The revocation is queued, the new record's write fails, so does the
+        // revocation's removal: the old record is written back, the revocation
+        // kept back, and a write retry scheduled (the store is stale).
+        h.store.failWrites(2, after: 1)
+        await #expect(throws: VaultError.self) { try await replace(h, "u") }
+        #expect(h.store.contents.pending.count == 1)
+
+        // The retry comes due and waits in the revocation's removal.
+        h.store.holdRevocationDeletes()
+        h.clock.advance(by: Double(SessionTimers.saveRetrySeconds))
+        await h.manager.runDueWork()
+        for _ in 0..<10_000 where h.store.heldRevocationDeletes == 0 { await Task.yield() }
+        try #require(h.store.heldRevocationDeletes == 1, "the retry is waiting in the removal")
+
+        // Meanwhile the session is refreshed: the newer tokens are stored and served.
+        let refreshed = try await h.manager.refresh(h.key("u"), caller: nil)
+        #expect(h.store.contents.records[h.key("u")]?.tokens == refreshed.tokens)
+
+        // The retry goes on: it must not put the tokens it read before back.
+        h.store.releaseRevocationDeletes()
+        await h.settle()
+        #expect(served(h, "u") == refreshed.tokens.accessToken.revealed)
+        #expect(
+            h.store.contents.records[h.key("u")]?.tokens == refreshed.tokens,
+            "the store holds what is served (a crash now would restart with a rotated-away refresh token otherwise)")
+    }
+
     @Test("Should refuse another uid's replace of a session with AccessDenied, changing nothing")
     func otherUIDDenied() async throws {
         let h = try ManagerHarness()
