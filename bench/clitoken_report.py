@@ -11,6 +11,9 @@ rest as the last full run wrote it.
   clitoken_report.py RESULTS_DIR DOCS/BENCHMARKS.md"""
 import json, os, statistics, sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from docsplice import replace_section, replace_target_rows  # noqa: E402
+
 BEGIN = "<!-- clitoken: begin (scripts/bench --only clitoken rewrites this section) -->"
 END = "<!-- clitoken: end -->"
 VAULTCTL, GIT, DYNAMIC = "vaultctl token", "git-credential-cache get", "vaultctl token (dynamic glibc)"
@@ -153,46 +156,11 @@ not), which the machine's load does not move:
     return "\n".join(head) + "\n" + body + "\n" + ANALYSIS + "\n" + END
 
 
-def replace_section(doc, text):
-    """The document with its clitoken section replaced by `text` (appended
-    before the Method section, or at the end, when it has none)."""
-    if BEGIN in doc and END in doc:
-        a = doc.index(BEGIN)
-        b = doc.index(END) + len(END)
-        return doc[:a] + text + doc[b:]
-    marker = "\n## Method\n"
-    if marker in doc:
-        i = doc.index(marker)
-        return doc[:i] + "\n" + text + "\n" + doc[i:]
-    return doc.rstrip("\n") + "\n\n" + text + "\n"
-
-
-def replace_target(doc, row):
-    """The targets table with the issue-15 row replaced or appended."""
-    if row is None:
-        return doc
-    line = f"| {row[0]} | {row[1]} | {row[2]} |"
-    lines = doc.split("\n")
-    for i, l in enumerate(lines):
-        if l.startswith(f"| {TARGET} |"):
-            lines[i] = line
-            return "\n".join(lines)
-    for i, l in enumerate(lines):
-        if l.startswith("## Targets"):
-            j = i + 1
-            while j < len(lines) and not lines[j].startswith("|"):
-                j += 1
-            while j < len(lines) and lines[j].startswith("|"):
-                j += 1
-            lines.insert(j, line)
-            return "\n".join(lines)
-    return doc
-
-
 if __name__ == "__main__":
     rd, path = sys.argv[1], sys.argv[2]
     text = section(rd)
     doc = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    doc = replace_target(replace_section(doc, text), target(rd))
+    row = target(rd)
+    doc = replace_target_rows(replace_section(doc, text, BEGIN, END), [row] if row else [])
     open(path, "w").write(doc)
     print(text)

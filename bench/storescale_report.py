@@ -10,6 +10,9 @@ targets table, and leaves the rest of the document as it is.
   storescale_report.py RESULTS_DIR DOCS/BENCHMARKS.md"""
 import json, os, statistics, sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from docsplice import replace_section, replace_target_rows  # noqa: E402
+
 BEGIN = "<!-- storescale: begin (scripts/bench --only storescale rewrites this section) -->"
 END = "<!-- storescale: end -->"
 TARGETS = (
@@ -267,43 +270,11 @@ through `Login`, one at a time (gnome-keyring has no batch write).
     return "\n".join(head) + "\n" + body + ("\n" + ANALYSIS if ANALYSIS else "") + "\n" + END
 
 
-def replace_section(doc, text):
-    if BEGIN in doc and END in doc:
-        a, b = doc.index(BEGIN), doc.index(END) + len(END)
-        return doc[:a] + text + doc[b:]
-    marker = "\n## Method\n"
-    if marker in doc:
-        i = doc.index(marker)
-        return doc[:i] + "\n" + text + "\n" + doc[i:]
-    return doc.rstrip("\n") + "\n\n" + text + "\n"
-
-
-def replace_targets(doc, rows):
-    lines = doc.split("\n")
-    for row in rows:
-        line = f"| {row[0]} | {row[1]} | {row[2]} |"
-        for i, l in enumerate(lines):
-            if l.startswith(f"| {row[0]} |"):
-                lines[i] = line
-                break
-        else:
-            for i, l in enumerate(lines):
-                if l.startswith("## Targets"):
-                    j = i + 1
-                    while j < len(lines) and not lines[j].startswith("|"):
-                        j += 1
-                    while j < len(lines) and lines[j].startswith("|"):
-                        j += 1
-                    lines.insert(j, line)
-                    break
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
     rd, path = sys.argv[1], sys.argv[2]
     text = section(rd)
     doc = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    doc = replace_targets(replace_section(doc, text), targets(rd))
+    doc = replace_target_rows(replace_section(doc, text, BEGIN, END), targets(rd))
     open(path, "w").write(doc)
     print(text)
     for r in targets(rd):
