@@ -23,11 +23,14 @@ final class CrashRig {
 
     /// An oauth2 provider `oauth` (rotating refresh tokens, revocation) and a
     /// static `demo`, vaultd on `engine` (SQLite: its key from a credential).
-    init(engine: StoreEngine, serverArguments: [String] = ["--lifetime", "600"]) throws {
+    /// `oauthTimeout`: the `Timeout=` of `oauth`, when not vaultd's default.
+    init(engine: StoreEngine, serverArguments: [String] = ["--lifetime", "600"], oauthTimeout: String? = nil) throws {
         self.engine = engine
         server = try TokenServer(serverArguments)
+        // The extra text follows [Provider oauth]'s lines: a Timeout= there is oauth's.
+        let timeout = oauthTimeout.map { "Timeout=\($0)\n" } ?? ""
         fixture = try DaemonFixture(
-            oauthServer: server, revocation: true, extra: "\n[Provider demo]\nType=static\n", engine: engine)
+            oauthServer: server, revocation: true, extra: timeout + "\n[Provider demo]\nType=static\n", engine: engine)
         daemon = try fixture.start()
         keyring = engine == .secretService ? try LibsecretStore.open(timeoutSeconds: 10, scope: fixture.scope) : nil
     }
@@ -403,16 +406,17 @@ struct CrashWindowTests {
         "Should end a session killed after the server rotated and before the write in one invalid_grant and one tokenInvalid, with no retry",
         arguments: StoreEngine.allCases)
     func rotationWindowOutcome(engine: StoreEngine) async throws {
-        let rig = try CrashRig(engine: engine)
+        // vaultd waits for the held answer as long as the test may take (its
+        // default 30 s, or a 20 s hold, let a starved test process see the
+        // answer arrive, and be stored, before its kill).
+        let rig = try CrashRig(engine: engine, oauthTimeout: "10min")
         let user = uniqueName("window")
         let grant = try await overdueGrant(rig.server)
-        // The server rotates, then holds its answer: vaultd is killed inside the
-        // window. Set before the login: the session is close to expiry, so
-        // vaultd may refresh it by itself before the Refresh below, and that
-        // first refresh must be the held one (set after the login, a loaded
-        // machine let vaultd's own refresh through first, and the kill came
-        // after the rotation was stored).
-        try await rig.server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 20])
+        // The server rotates, then holds its answer until the test is over:
+        // vaultd is killed inside the window. Set before the login: the session
+        // is close to expiry, so vaultd may refresh it by itself before the
+        // Refresh below, and that first refresh must be the held one.
+        try await rig.server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 600])
         let login = try rig.call(.login, ["provider": "oauth", "user": .string(user), "tokenResponse": grant])
         try #require(login.error == nil, "\(login)")
         let rotatedAway = try #require(grant["refresh_token"]?.stringValue)
