@@ -214,10 +214,15 @@ struct EndpointOutageTests {
             var answers = 0
             var slowest = 0.0
             let end = outageStarted.addingTimeInterval(Double(EndpointOutageTests.window))
+            // `down` ends by itself (its listener opens again): past that, a loaded
+            // machine's reads may come after a retry that refreshed, legitimately.
+            let endpointBackAt =
+                failure == .down ? outageStarted.addingTimeInterval(Double(EndpointOutageTests.window + 20)) : nil
             // At least three reads, even when a loaded machine spent the window on the refresh above.
             for round in 0..<100_000 where round < 3 || Date() < end {
                 let (current, seconds) = try token()
-                #expect(current == served, "\(failure): the still-valid token is served")
+                let endpointBack = endpointBackAt.map { Date() > $0 } ?? false
+                #expect(current == served || endpointBack, "\(failure): the still-valid token is served")
                 answers += 1
                 slowest = max(slowest, seconds)
                 try await Task.sleep(for: .milliseconds(100))
