@@ -586,7 +586,12 @@ struct CrashWindowTests {
             "CrashWindowTests: \(overdue) overdue refreshes from \(first) s to \(last) s after ready; at most \(densest) in 0.5 s"
         )
         #expect(densest <= 30, "no half second takes most of them: \(densest) of 60")
-        #expect(last - first >= 2, "spread over seconds: \(first) s to \(last) s")
+        // The spread is measured only when the sampling caught its start: a starved
+        // test process whose first look after the start already saw half of them
+        // (seen in a CI run: 60 "from 8.1 s to 8.7 s", no two samples within 0.5 s)
+        // knows nothing of when they began.
+        let caughtStart = (samples.first { $0.count > 0 }?.count ?? 0) < Int64(overdue) / 2
+        if caughtStart { #expect(last - first >= 2, "spread over seconds: \(first) s to \(last) s") }
         #expect(try await rig.counter("reused_refresh_tokens") == 0)
         // The 60 sessions stay in this test's own store scope of the private keyring: logging
         // them out would cost seconds of keyring writes and test nothing more.
