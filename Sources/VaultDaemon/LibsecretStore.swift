@@ -404,11 +404,6 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         }
     }
 
-    /// The queued revocation's document: the record, with the revocation's id.
-    static let revocationIDMember = "revocationId"
-    /// Marks a queued revocation of an access token a refresh replaced.
-    static let revocationReplacedMember = "revocationOfReplaced"
-
     public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
         try await perform("queueing the revocation of \(revocation.record.account)") {
             cancellable throws(VaultError) in
@@ -447,9 +442,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
                 guard let secret = item.secret, let json = try? JSON.parse(secret),
                     let record = try? SessionRecord(storedJSON: json)
                 else { continue }
-                if let id = json[LibsecretStore.revocationIDMember]?.stringValue, !id.isEmpty {
-                    let replaced = json[LibsecretStore.revocationReplacedMember]?.boolValue == true
-                    revocations.append(PendingRevocation(id: id, record: record, replaced: replaced))
+                if let revocation = PendingRevocation(storedJSON: json, record: record) {
+                    revocations.append(revocation)
                     continue
                 }
                 // Queued before revocations had ids: queued again under one, and the

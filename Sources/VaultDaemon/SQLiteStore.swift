@@ -32,8 +32,8 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     private let database: SQLiteDatabase
     private var key: DataKey
     private let timeoutSeconds: Int64
-    /// The database's exclusive lock (`DatabaseLock`), held while the store lives.
-    /// Held as long as the store lives; nil for a reader (`openForReading`).
+    /// The database's exclusive lock (`DatabaseLock`), held as long as the
+    /// store lives; nil for a reader (`openForReading`).
     private let lock: DatabaseLock?
 
     private init(
@@ -85,13 +85,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         let storedKeyID = try setUp(database)
         let key: DataKey
         if let storedKeyID {
-            guard let found = try await keys.key(id: storedKeyID) else {
-                throw VaultError(
-                    .storeFailed,
-                    "the session database \(path) is sealed under data key \(storedKeyID), and \(await keys.missingKeyAdvice(id: storedKeyID)); vaultd will not start over sessions it cannot read"
-                )
-            }
-            key = found
+            key = try await storedKey(storedKeyID, of: path, in: keys)
         } else {
             key = try await keys.keyForNewDatabase()
             try createTables(database, keyID: key.id)
@@ -121,14 +115,23 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         guard let storedKeyID = try inspect(database) else {
             throw VaultError(.storeFailed, "the session database \(path) holds no tables yet")
         }
-        guard let key = try await keys.key(id: storedKeyID) else {
-            throw VaultError(
-                .storeFailed,
-                "the session database \(path) is sealed under data key \(storedKeyID), and \(await keys.missingKeyAdvice(id: storedKeyID))"
-            )
-        }
+        let key = try await storedKey(storedKeyID, of: path, in: keys)
         return SQLiteStore(
             database: database, key: key, keySource: keys.description, timeoutSeconds: timeoutSeconds, lock: nil)
+    }
+
+    /// The key `id` an existing database names, from `keys`, or an error
+    /// saying what the source holds instead.
+    private static func storedKey(_ id: String, of path: String, in keys: any DataKeySource)
+        async throws(VaultError) -> DataKey
+    {
+        guard let key = try await keys.key(id: id) else {
+            throw VaultError(
+                .storeFailed,
+                "the session database \(path) is sealed under data key \(id), and \(await keys.missingKeyAdvice(id: id)); vaultd will not start over sessions it cannot read"
+            )
+        }
+        return key
     }
 
     /// Creates the database's directory (0700) when missing, and checks an
@@ -258,12 +261,13 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         Sealing.associatedData(["provider-secret", provider])
     }
 
-    /// The plaintext of the row's sealed column, checked against the row's
-    /// key id first (a row under another key is damage, not a wrong key:
-    /// the database's key id was checked at open).
-    private func open(_ statement: SQLiteDatabase.Statement, keyColumn: Int32, associatedData: [UInt8])
-        -> [UInt8]?
-    {
+    /// The plaintext of the row's sealed column (the one after `keyColumn`),
+    /// checked against the row's key id first: nil for a row sealed under
+    /// another key than `key` (the store's, unless given), or damaged.
+    private func open(
+        _ statement: SQLiteDatabase.Statement, keyColumn: Int32, associatedData: [UInt8], key: DataKey? = nil
+    ) -> [UInt8]? {
+        let key = key ?? self.key
         guard statement.text(keyColumn) == key.id else { return nil }
         return statement.withBlob(keyColumn + 1) { Sealing.open($0, associatedData: associatedData, key: key) }
     }
@@ -540,14 +544,8 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         var resealed: [(sealed: [UInt8], where: [SQLiteDatabase.Value])] = []
         let rows = try database.statement(select, what)
         while try rows.step() {
-            guard rows.text(keyColumn) == old.id else { continue }
             let (associatedData, identity) = identify(rows)
-            guard
-                var plaintext = rows.withBlob(
-                    keyColumn + 1,
-                    {
-                        Sealing.open($0, associatedData: associatedData, key: old)
-                    })
+            guard var plaintext = open(rows, keyColumn: keyColumn, associatedData: associatedData, key: old)
             else { continue }
             defer { plaintext.wipe() }
             resealed.append((Sealing.seal(plaintext, associatedData: associatedData, key: new), identity))
@@ -576,25 +574,5 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         }
         try await keys.retireKeys(except: next)
         return (old.id, next.id, rows)
-    }
-}
-
-extension PendingRevocation {
-    /// The queued revocation as a JSON document: the record's, with the id
-    /// (and a mark when only the replaced access token is to go).
-    public func storedJSON() -> JSON {
-        guard case .object(var members) = record.storedJSON() else { return record.storedJSON() }
-        members[LibsecretStore.revocationIDMember] = .string(id)
-        if replaced { members[LibsecretStore.revocationReplacedMember] = true }
-        return .object(members)
-    }
-
-    /// A queued revocation read from `storedJSON()`.
-    public init(storedJSON json: JSON) throws(VaultError) {
-        let record = try SessionRecord(storedJSON: json)
-        guard let id = json[LibsecretStore.revocationIDMember]?.stringValue, !id.isEmpty else {
-            throw VaultError(.storeFailed, "stored revocation: id missing")
-        }
-        self.init(id: id, record: record, replaced: json[LibsecretStore.revocationReplacedMember]?.boolValue == true)
     }
 }

@@ -51,6 +51,39 @@ public struct PendingRevocation: Sendable, Equatable {
     }
 }
 
+extension PendingRevocation {
+    /// The member of a queued revocation's document that holds its id.
+    static let idMember = "revocationId"
+    /// Marks a queued revocation of an access token a refresh replaced.
+    static let replacedMember = "revocationOfReplaced"
+
+    /// The queued revocation as a JSON document, the same in every store: the
+    /// record's, with the id (and a mark when only the replaced access token
+    /// is to go).
+    public func storedJSON() -> JSON {
+        guard case .object(var members) = record.storedJSON() else { return record.storedJSON() }
+        members[Self.idMember] = .string(id)
+        if replaced { members[Self.replacedMember] = true }
+        return .object(members)
+    }
+
+    /// The queued revocation of `storedJSON()`, whose record `record` was
+    /// read from the same document; nil when the document names no id
+    /// (queued before revocations had ids).
+    init?(storedJSON json: JSON, record: SessionRecord) {
+        guard let id = json[Self.idMember]?.stringValue, !id.isEmpty else { return nil }
+        self.init(id: id, record: record, replaced: json[Self.replacedMember]?.boolValue == true)
+    }
+
+    /// A queued revocation read from `storedJSON()`.
+    public init(storedJSON json: JSON) throws(VaultError) {
+        guard let revocation = PendingRevocation(storedJSON: json, record: try SessionRecord(storedJSON: json)) else {
+            throw VaultError(.storeFailed, "stored revocation: id missing")
+        }
+        self = revocation
+    }
+}
+
 /// Where session records are kept. Every call may block on D-Bus, so the
 /// implementation runs it away from the caller's executor; callers just await.
 public protocol SessionStore: Sendable {
