@@ -159,7 +159,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     }
 
     /// `mkdir -p` with mode 0700 for what it creates.
-    private static func makeDirectories(_ directory: String) throws(VaultError) {
+    static func makeDirectories(_ directory: String) throws(VaultError) {
         var current = ""
         for component in directory.split(separator: "/") {
             current += "/" + component

@@ -118,7 +118,7 @@ public enum StoreMigration {
     // MARK: Secret Service → SQLite
 
     static func toSQLite(path: String, selection: StoreSelection, log: Logger) async throws(VaultError) -> [String] {
-        try MigrationFiles.makeDirectories(MigrationFiles.directory(of: path))
+        try SQLiteStore.makeDirectories(MigrationFiles.directory(of: path))
         let lock = try DatabaseLock.acquire(for: path)
         let keyring = try LibsecretStore.open(timeoutSeconds: selection.timeoutSeconds, scope: selection.scope)
         let source = try await readSecretService(keyring, what: "the source")
@@ -499,17 +499,6 @@ enum MigrationFiles {
     static func directory(of path: String) -> String {
         guard let slash = path.lastIndex(of: "/") else { return "." }
         return slash == path.startIndex ? "/" : String(path[..<slash])
-    }
-
-    /// `mkdir -p`, mode 0700 for what it creates.
-    static func makeDirectories(_ directory: String) throws(VaultError) {
-        var current = ""
-        for component in directory.split(separator: "/") {
-            current += "/" + component
-            if mkdir(current, 0o700) != 0 && errno != EEXIST {
-                throw VaultError(.storeFailed, "cannot create the directory \(current): \(SystemError("mkdir"))")
-            }
-        }
     }
 
     /// Removes a database file and the files SQLite keeps beside it; missing ones are fine.
