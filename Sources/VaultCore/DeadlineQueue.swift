@@ -19,6 +19,12 @@ public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable
     /// The number of keys scheduled.
     @inlinable public var count: Int { heap.count }
 
+    /// Makes room for `capacity` keys, so that scheduling that many grows nothing.
+    @inlinable public mutating func reserveCapacity(_ capacity: Int) {
+        heap.reserveCapacity(capacity)
+        positions.reserveCapacity(capacity)
+    }
+
     /// The nearest deadline and its key.
     @inlinable public var next: (key: Key, deadline: Time)? { heap.first.map { ($0.key, $0.deadline) } }
 

@@ -176,14 +176,34 @@ struct JSONParser {
     }
 
     mutating func parseObject() throws(JSONParseError) -> JSON {
+        var members: [String: JSON] = [:]
+        try parseMembers { (key, keyStart, parser) throws(JSONParseError) in
+            // A repeated member is refused, not resolved: two readers of one
+            // message (a proxy that checks the first "user", a service that
+            // uses the last) must never see two different calls in it.
+            guard members.updateValue(try parser.parseValue(), forKey: key) == nil else {
+                throw JSONParseError(reason: "duplicate member name", offset: keyStart)
+            }
+        }
+        return .object(members)
+    }
+
+    /// Reads the object at `index` member by member: `member` gets each name,
+    /// the offset of its opening quote, and the parser at its value, which it
+    /// must read whole (`parseValue()`, or `parseMembers` for an object).
+    /// Callers that know their members read them straight into their fields,
+    /// without building the object's dictionary; each refuses a repeated name.
+    mutating func parseMembers(
+        _ member: (String, Int, inout JSONParser) throws(JSONParseError) -> Void
+    ) throws(JSONParseError) {
+        guard index < bytes.count, bytes[index] == UInt8(ascii: "{") else { throw fail("expected an object") }
         try enter()
         defer { depth -= 1 }
         index += 1
-        var members: [String: JSON] = [:]
         skipWhitespace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
             index += 1
-            return .object(members)
+            return
         }
         while true {
             skipWhitespace()
@@ -196,12 +216,8 @@ struct JSONParser {
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw fail("expected ':'") }
             index += 1
             skipWhitespace()
-            // A repeated member is refused, not resolved: two readers of one
-            // message (a proxy that checks the first "user", a service that
-            // uses the last) must never see two different calls in it.
-            guard members.updateValue(try parseValue(), forKey: key) == nil else {
-                throw JSONParseError(reason: "duplicate member name", offset: keyStart)
-            }
+            guard index < bytes.count else { throw fail("unexpected end of input") }
+            try member(key, keyStart, &self)
             skipWhitespace()
             guard index < bytes.count else { throw fail("unexpected end of input") }
             if bytes[index] == UInt8(ascii: ",") {
@@ -210,7 +226,7 @@ struct JSONParser {
             }
             if bytes[index] == UInt8(ascii: "}") {
                 index += 1
-                return .object(members)
+                return
             }
             throw fail("expected ',' or '}'")
         }

@@ -311,7 +311,8 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
                     continue
                 }
                 defer { plaintext.wipe() }
-                guard let json = try? JSON.parse(plaintext), let record = try? SessionRecord(storedJSON: json),
+                guard
+                    let record = plaintext.withUnsafeBufferPointer({ try? SessionRecord(storedDocument: $0) }),
                     record.account == account, record.ownerUID == owner
                 else {
                     contents.unreadable.append(

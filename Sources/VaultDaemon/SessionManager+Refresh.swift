@@ -13,6 +13,11 @@ extension SessionManager {
         guard var entry = entries[key] else { return }
         let actions = entry.timers.handle(event)
         entries[key] = entry
+        await perform(actions, for: key)
+    }
+
+    /// Does what the timers of the session `key` (its entry updated) asked for.
+    func perform(_ actions: [SessionTimers.Action], for key: SessionKey) async {
         var ending: (reason: String, kind: EventKind)?
         for action in actions {
             switch action {

@@ -167,6 +167,11 @@ public actor SessionManager {
         restoring = true
         defer { restoring = false }
         entries.reserveCapacity(entries.count + contents.records.count)
+        // A restored session usually only arms its timers: its view is then
+        // published with the others in one batch (100,000 at a start).
+        deadlines.reserveCapacity(deadlines.count + 2 * contents.records.count)
+        var views: [(SessionKey, SessionView)] = []
+        views.reserveCapacity(contents.records.count)
         for record in contents.records {
             if record.phase == .loggingOut {
                 if let id = record.revocationID {
@@ -183,11 +188,21 @@ public actor SessionManager {
                     "a session's provider is not configured; the session is kept",
                     fields(record.key, event: "restore"))
             }
-            entries[record.key] = makeEntry(record.account, state: .loggedIn(record))
-            await handle(
-                record.key,
+            let key = record.key
+            var entry = makeEntry(record.account, state: .loggedIn(record))
+            let actions = entry.timers.handle(
                 .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
+            entries[key] = entry
+            guard actions.allSatisfy({ if case .schedule = $0 { true } else { false } }) else {
+                await perform(actions, for: key)
+                continue
+            }
+            for case .schedule(let timer, let at) in actions {
+                deadlines.schedule(TimedWork(key: key, timer: timer), at: at)
+            }
+            if let view = view(of: entry) { views.append((key, view)) }
         }
+        table.publish(views)
         restoring = false
         rearmTimer()
         warnOfUndeclaredHolders()
@@ -359,13 +374,17 @@ public actor SessionManager {
     }
 
     func publishView(_ key: SessionKey) {
-        guard let entry = entries[key], let record = entry.record else { return }
+        guard let entry = entries[key], let view = view(of: entry) else { return }
+        table.publish(key, view)
+    }
+
+    /// What the serving thread shows of a session's entry; nil without a record.
+    func view(of entry: AccountEntry) -> SessionView? {
+        guard let record = entry.record else { return nil }
         let status = entry.timers.status
-        table.publish(
-            key,
-            SessionView(
-                state: .logged, record: record, refresh: status == RefreshStatus() ? nil : status,
-                clients: entry.clients.clients))
+        return SessionView(
+            state: .logged, record: record, refresh: status == RefreshStatus() ? nil : status,
+            clients: entry.clients.clients)
     }
 
     /// Forgets a session that is logged out: its entry, its deadlines, its view.

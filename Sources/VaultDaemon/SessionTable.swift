@@ -158,26 +158,44 @@ public final class SessionTable: Sendable {
     /// Publishes the state of the session `key` (nil removes it). Only the session manager calls this.
     func publish(_ key: SessionKey, _ view: SessionView?) {
         let observer = contents.withLock { contents in
-            let old = contents.views[key]
-            if let old { contents.counts.count(old, -1) }
-            if let view { contents.counts.count(view, 1) }
-            contents.views[key] = view
-            // A parked account holds no session: not an owner's, not against its limit.
-            switch (old == nil || old!.parked, view == nil || view!.parked) {
-            case (true, false):
-                if contents.owners[key.account]?.insert(key.owner) == nil {
-                    contents.owners[key.account] = Owners(key.owner)
-                }
-                contents.perOwner[key.owner, default: 0] += 1
-            case (false, true):
-                if contents.owners[key.account]?.remove(key.owner) == false { contents.owners[key.account] = nil }
-                contents.perOwner[key.owner, default: 1] -= 1
-                if contents.perOwner[key.owner] == 0 { contents.perOwner[key.owner] = nil }
-            default: break
-            }
+            Self.change(&contents, key, view)
             return contents.observer
         }
         observer?(key)
         didChange(self)
+    }
+
+    /// Publishes many sessions at once (start-up's restore): one lock, one
+    /// `didChange`; the observer still hears of every key.
+    func publish(_ views: [(SessionKey, SessionView)]) {
+        guard !views.isEmpty else { return }
+        let observer = contents.withLock { contents in
+            contents.views.reserveCapacity(contents.views.count + views.count)
+            contents.owners.reserveCapacity(contents.owners.count + views.count)
+            for (key, view) in views { Self.change(&contents, key, view) }
+            return contents.observer
+        }
+        if let observer { for (key, _) in views { observer(key) } }
+        didChange(self)
+    }
+
+    private static func change(_ contents: inout Contents, _ key: SessionKey, _ view: SessionView?) {
+        let old = contents.views[key]
+        if let old { contents.counts.count(old, -1) }
+        if let view { contents.counts.count(view, 1) }
+        contents.views[key] = view
+        // A parked account holds no session: not an owner's, not against its limit.
+        switch (old == nil || old!.parked, view == nil || view!.parked) {
+        case (true, false):
+            if contents.owners[key.account]?.insert(key.owner) == nil {
+                contents.owners[key.account] = Owners(key.owner)
+            }
+            contents.perOwner[key.owner, default: 0] += 1
+        case (false, true):
+            if contents.owners[key.account]?.remove(key.owner) == false { contents.owners[key.account] = nil }
+            contents.perOwner[key.owner, default: 1] -= 1
+            if contents.perOwner[key.owner] == 0 { contents.perOwner[key.owner] = nil }
+        default: break
+        }
     }
 }

@@ -98,6 +98,86 @@ struct RecordCodingTests {
     }
 }
 
+/// Decodes `text` with the byte decoder start-up uses.
+private func decodeDocument(_ text: String) throws(VaultError) -> SessionRecord {
+    let bytes = Array(text.utf8)
+    let result = bytes.withUnsafeBufferPointer { buffer -> Result<SessionRecord, VaultError> in
+        do throws(VaultError) { return .success(try SessionRecord(storedDocument: buffer)) } catch {
+            return .failure(error)
+        }
+    }
+    return try result.get()
+}
+
+@Suite("SessionRecord stored document, read from its bytes", .timeLimit(.minutes(5)))
+struct StoredDocumentTests {
+    @Test("Should read what it writes, as the JSON reader does", arguments: [false, true, nil] as [Bool?])
+    func roundTrip(full: Bool?) throws {
+        var record = full == true ? Fixtures.fullRecord() : Fixtures.record()
+        if full == nil {
+            record = Fixtures.fullRecord()
+            record.phase = .loggingOut
+            record.revocationID = "0123456789abcdef"
+        }
+        let text = record.storedJSON().text
+        let decoded = try decodeDocument(text)
+        #expect(decoded == record)
+        #expect(decoded == (try SessionRecord(storedJSON: JSON.parse(text))))
+        #expect(decoded.tokens.refreshToken?.revealed == record.tokens.refreshToken?.revealed)
+        #expect(decoded.revocationID == record.revocationID)
+    }
+
+    @Test("Should ignore members it does not know, nested ones too, and read whitespace and escapes")
+    func unknownMembers() throws {
+        let text = #"""
+             { "extra": {"a": [1, {"b": null}]}, "version": 1, "provider": "demo", "user": "al\u0069ce",
+              "tokens": {"accessToken": "t\"q", "future": [true]}, "createdAt": 5, "ownerUid": 1000,
+              "revocationOfReplaced": true }
+            """#
+        let record = try decodeDocument(text)
+        #expect(record == (try SessionRecord(storedJSON: JSON.parse(text))))
+        #expect(record.account.user == "alice")
+        #expect(record.tokens.accessToken.revealed == "t\"q")
+    }
+
+    @Test(
+        "Should refuse what the JSON reader refuses, with its code and message",
+        arguments: [
+            ("version", JSON.int(2)), ("version", "1"), ("version", nil), ("provider", 5), ("user", nil),
+            ("tokens", "t"), ("tokens", [:]), ("createdAt", "now"), ("ownerUid", -1),
+            ("ownerUid", .int(4_294_967_296)), ("phase", "gone"), ("profile", "p"),
+        ] as [(String, JSON)])
+    func unreadable(member: String, value: JSON) throws {
+        guard case .object(var o) = Fixtures.record().storedJSON() else {
+            Issue.record("not an object")
+            return
+        }
+        o[member] = value
+        let text = JSON.object(o).text
+        let viaJSON = try #require(throws: VaultError.self) { try SessionRecord(storedJSON: JSON.parse(text)) }
+        let error = try #require(throws: VaultError.self) { try decodeDocument(text) }
+        #expect(error.code == viaJSON.code)
+        #expect(error.message == viaJSON.message)
+    }
+
+    @Test(
+        "Should refuse a document that is not one JSON object: repeated names, trailing data, truncation",
+        arguments: [
+            #"{"version": 1, "provider": "demo", "user": "alice", "tokens": {"accessToken": "t"}, "createdAt": 5, "ownerUid": 1000, "user": "bob"}"#,
+            #"{"version": 1, "provider": "demo", "user": "alice", "tokens": {"accessToken": "t", "accessToken": "u"}, "createdAt": 5, "ownerUid": 1000}"#,
+            #"{"version": 1, "provider": "demo", "user": "alice", "tokens": {"accessToken": "t"}, "createdAt": 5, "ownerUid": 1000} {}"#,
+            #"{"version": 1, "provider": "demo", "user": "alice", "tokens": {"accessToken": "t"}, "createdAt": 5, "ownerUid": 1000"#,
+            #"{"version": 1, "provider": "demo", "user": "alice", "tokens": {"accessToken": "t"}, "createdAt": 5, "ownerUid": 1000,}"#,
+            #"[1]"#, "",
+        ])
+    func malformed(text: String) throws {
+        #expect(throws: (any Error).self) { try SessionRecord(storedJSON: JSON.parse(text)) }
+        let error = try #require(throws: VaultError.self) { try decodeDocument(text) }
+        #expect(error.code == .storeFailed)
+        #expect(error.message.hasPrefix("stored session record: "))
+    }
+}
+
 @Suite("SessionRecord", .timeLimit(.minutes(5)))
 struct SessionRecordTests {
     @Test("Should be expired at and after its expiry, never without one")

@@ -110,16 +110,30 @@ final class MigrationFixture {
     /// The rows of the database (read-only; nil when the file does not exist).
     func databaseCounts() throws -> StoreCounts? {
         guard FileManager.default.fileExists(atPath: databasePath) else { return nil }
-        let rows = try sqlite(
+        let output = try sqlite(
             "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM revocations), (SELECT count(*) FROM provider_secrets);"
-        ).split(separator: "|").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
-        guard rows.count == 3 else { return StoreCounts(sessions: -1, revocations: -1, secrets: -1) }
+        )
+        let rows = output.split(separator: "|").compactMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        guard rows.count == 3 else {
+            throw VaultError(.storeFailed, "sqlite3 could not count the rows of \(databasePath): \(output)")
+        }
         return StoreCounts(sessions: rows[0], revocations: rows[1], secrets: rows[2])
     }
 
-    /// One query through the sqlite3 command, read-only.
+    /// One query through the sqlite3 command, on a copy of the database and
+    /// its WAL (not its shared-memory index): what the next vaultd to open it
+    /// reads. A read-only open of the file itself cannot rebuild the index a
+    /// killed writer left half-updated, and would fail where vaultd does not.
     func sqlite(_ query: String) throws -> String {
-        let result = try runCommand(URL(fileURLWithPath: "/usr/bin/sqlite3"), ["-readonly", databasePath, query])
+        let copy = FileManager.default.temporaryDirectory.appendingPathComponent("vaultd-migration-\(UUID())")
+        try FileManager.default.createDirectory(at: copy, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(at: copy) }
+        let copied = copy.appendingPathComponent("sessions.db").path
+        try FileManager.default.copyItem(atPath: databasePath, toPath: copied)
+        if FileManager.default.fileExists(atPath: databasePath + "-wal") {
+            try FileManager.default.copyItem(atPath: databasePath + "-wal", toPath: copied + "-wal")
+        }
+        let result = try runCommand(URL(fileURLWithPath: "/usr/bin/sqlite3"), [copied, query])
         return result.stdout + result.stderr
     }
 
@@ -304,7 +318,9 @@ struct MigrationTests {
             outcomes.append(String(format: "%.3fs:%d", delay, status))
             if killed(status) { killedCount += 1 }
             let whole = try (fixture.isWhole(from), fixture.isWhole(to))
-            #expect(whole.0 || whole.1, "killed after \(delay)s (\(from) → \(to))")
+            #expect(
+                whole.0 || whole.1,
+                "killed after \(delay)s (\(from) → \(to)): \(fixture.state(from)), \(fixture.state(to))")
             let rerun = try fixture.migrate(from, to)
             #expect(rerun.status == 0, "the rerun after a kill at \(delay)s finishes: \(rerun.stderr)")
             #expect(try fixture.isWhole(to) && fixture.isEmpty(from), "after a kill at \(delay)s (\(from) → \(to))")
