@@ -33,16 +33,20 @@ public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable
 
     /// Schedules `key` at `deadline`, moving it if it was scheduled already.
     @inlinable public mutating func schedule(_ key: Key, at deadline: Time) {
-        if let index = positions[key] {
-            let old = heap[index].deadline
-            heap[index].deadline = deadline
-            if deadline < old { siftUp(index) } else { siftDown(index) }
+        let next = heap.count
+        // Adds `key` at the end when absent, in the same lookup.
+        let index = Self.read(&positions[key, default: next])
+        guard index != next else {
+            heap.append((deadline, key))
+            siftUp(next)
             return
         }
-        heap.append((deadline, key))
-        positions[key] = heap.count - 1
-        siftUp(heap.count - 1)
+        let old = heap[index].deadline
+        heap[index].deadline = deadline
+        if deadline < old { siftUp(index) } else { siftDown(index) }
     }
+
+    @inlinable static func read(_ value: inout Int) -> Int { value }
 
     /// Removes `key`; nothing happens when it is not scheduled.
     @inlinable public mutating func cancel(_ key: Key) {

@@ -74,6 +74,25 @@ public struct DenseTable<Key: Hashable, Value> {
         }
     }
 
+    /// Sets the value of `key` and returns the one it replaced, or nil when
+    /// the key is new. Finds the key once (`table[key] = value` looks a new
+    /// key up twice: to miss it, then to add it).
+    @inlinable @discardableResult
+    public mutating func updateValue(_ value: Value, forKey key: Key) -> Value? {
+        let next = storedKeys.count
+        // Adds `key` at `next` when absent, in the same lookup.
+        let position = Self.read(&positions[key, default: next])
+        guard position != next else {
+            storedKeys.append(key)
+            slots.append(value)
+            return nil
+        }
+        defer { slots[position] = value }
+        return slots[position]
+    }
+
+    @inlinable static func read(_ value: inout Int) -> Int { value }
+
     /// Removes the entry of `key` and returns its value, or nil when there was none.
     @inlinable @discardableResult
     public mutating func removeValue(forKey key: Key) -> Value? {

@@ -327,15 +327,17 @@ struct JSONParser {
     mutating func parseString() throws(JSONParseError) -> String {
         index += 1  // opening quote
         let start = index
-        // Fast path: no escapes.
+        // Fast path: no escapes. `seen` collects the bits of every byte.
+        var seen: UInt8 = 0
         while index < bytes.count {
             let b = bytes[index]
+            seen |= b
             if b == UInt8(ascii: "\"") {
                 let raw = UnsafeBufferPointer(rebasing: bytes[start..<index])
                 index += 1
                 // ASCII (names, methods, tokens) cannot be invalid UTF-8: skip the
                 // generic validation, which costs a metadata lookup per string.
-                if raw.allSatisfy({ $0 < 0x80 }) { return String(decoding: raw, as: UTF8.self) }
+                if seen < 0x80 { return String(decoding: raw, as: UTF8.self) }
                 guard let s = String(validating: raw, as: UTF8.self) else {
                     throw JSONParseError(reason: "string is not valid UTF-8", offset: start)
                 }

@@ -175,6 +175,11 @@ extension UserProfile {
         guard case .object(let o) = json else {
             throw VaultError(.invalidParameter, "profile must be an object, not \(json.typeName)")
         }
+        // Most profiles are the uid alone (every restored record reads one).
+        if o.count == 1, case .string(let uid)? = o["uid"] {
+            self.init(uid: uid)
+            return
+        }
         func string(_ key: String) throws(VaultError) -> String? {
             guard let v = o[key], v != .null else { return nil }
             guard let s = v.stringValue else {

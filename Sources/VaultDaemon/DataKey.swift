@@ -158,12 +158,17 @@ public enum Sealing {
     /// Associated data from its parts, each length-prefixed, so that no two
     /// different lists of parts give the same bytes.
     public static func associatedData(_ parts: [String]) -> [UInt8] {
-        var out = Array("io.vaultd.sealed/1".utf8)
+        let prefix = "io.vaultd.sealed/1".utf8
+        var out: [UInt8] = []
+        out.reserveCapacity(prefix.count + parts.reduce(0) { $0 + 4 + $1.utf8.count })
+        out.append(contentsOf: prefix)
         for part in parts {
-            let bytes = Array(part.utf8)
-            let count = UInt32(bytes.count)
-            out += [UInt8(count >> 24), UInt8(count >> 16 & 0xff), UInt8(count >> 8 & 0xff), UInt8(count & 0xff)]
-            out += bytes
+            let count = UInt32(part.utf8.count)
+            out.append(UInt8(truncatingIfNeeded: count >> 24))
+            out.append(UInt8(truncatingIfNeeded: count >> 16))
+            out.append(UInt8(truncatingIfNeeded: count >> 8))
+            out.append(UInt8(truncatingIfNeeded: count))
+            out.append(contentsOf: part.utf8)
         }
         return out
     }

@@ -192,7 +192,7 @@ public actor SessionManager {
             var entry = makeEntry(record.account, state: .loggedIn(record))
             let actions = entry.timers.handle(
                 .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
-            entries[key] = entry
+            entries.updateValue(entry, forKey: key)
             guard actions.allSatisfy({ if case .schedule = $0 { true } else { false } }) else {
                 await perform(actions, for: key)
                 continue

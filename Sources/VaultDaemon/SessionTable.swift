@@ -180,16 +180,13 @@ public final class SessionTable: Sendable {
     }
 
     private static func change(_ contents: inout Contents, _ key: SessionKey, _ view: SessionView?) {
-        let old = contents.views[key]
+        let old = view.map { contents.views.updateValue($0, forKey: key) } ?? contents.views.removeValue(forKey: key)
         if let old { contents.counts.count(old, -1) }
         if let view { contents.counts.count(view, 1) }
-        contents.views[key] = view
         // A parked account holds no session: not an owner's, not against its limit.
         switch (old == nil || old!.parked, view == nil || view!.parked) {
         case (true, false):
-            if contents.owners[key.account]?.insert(key.owner) == nil {
-                contents.owners[key.account] = Owners(key.owner)
-            }
+            contents.owners[key.account, default: Owners(key.owner)].insert(key.owner)
             contents.perOwner[key.owner, default: 0] += 1
         case (false, true):
             if contents.owners[key.account]?.remove(key.owner) == false { contents.owners[key.account] = nil }

@@ -291,6 +291,14 @@ struct SQLiteStoreTests {
 
     // MARK: Sealing binds a row to its place
 
+    @Test("Should frame the associated data exactly as databases already sealed expect it")
+    func associatedDataLayout() {
+        let expected =
+            Array("io.vaultd.sealed/1".utf8) + [0, 0, 0, 2, 0x61, 0x62] + [0, 0, 0, 0] + [0, 0, 1, 0x2C]
+            + Array(repeating: 0x7A, count: 300)
+        #expect(Sealing.associatedData(["ab", "", String(repeating: "z", count: 300)]) == expected)
+    }
+
     @Test("Should not open a row whose sealed bytes were copied from another account's row, and open the others")
     func associatedDataBindsRows() async throws {
         let scratch = try ScratchDatabase()
