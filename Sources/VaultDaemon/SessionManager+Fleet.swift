@@ -13,6 +13,8 @@ struct FleetState {
     var revisions: [SessionKey: StoreRevision] = [:]
     /// Refreshes waiting for another host's tokens, per session.
     var waiters: [SessionKey: [FleetWaiter]] = [:]
+    /// Refreshes under way here and not waiting for another host.
+    var refreshing = 0
 
     init(_ shared: any SharedSessionStore) { self.shared = shared }
 }
@@ -102,8 +104,12 @@ extension SessionManager {
     /// True when this manager is one host of a fleet.
     public nonisolated var isFleetHost: Bool { gate.inner is any SharedSessionStore }
 
-    /// Refreshes waiting for another host's tokens now (tests wait for them).
-    public var waitingForOtherHosts: Int { fleet?.waiters.values.reduce(0) { $0 + $1.count } ?? 0 }
+    /// The sessions whose refresh waits for another host's tokens now (tests wait for them).
+    public var waitingForOtherHosts: Set<SessionKey> { Set(fleet?.waiters.keys ?? [:].keys) }
+
+    /// Refreshes under way on this host that do not wait for another host
+    /// (the simulation moves its clock only when there are none).
+    public var fleetRefreshesUnderWay: Int { fleet?.refreshing ?? 0 }
 
     /// Follows the shared store's change feed in the background until
     /// shutdown. Call once, after `restore()`; does nothing on a single host.
@@ -131,14 +137,15 @@ extension SessionManager {
     /// begins here (`loginSuccess`); newer tokens of one it serves are
     /// served (`tokenRefreshed`). A session with a login, logout or replace
     /// in flight here is left to it; a logout's mark is left to its delete.
-    func applySharedPut(_ record: SessionRecord, revision: StoreRevision) async {
+    func applySharedPut(_ record: SessionRecord, revision: StoreRevision, force: Bool = false) async {
         let key = record.key
-        if let known = fleet?.revisions[key], revision <= known { return }
-        fleet?.revisions[key] = revision
+        if !force, let known = fleet?.revisions[key], revision <= known { return }
+        if deferWhileBusy(key, ending: nil) { return }
+        let newest = max(revision, fleet?.revisions[key] ?? 0)
+        fleet?.revisions[key] = newest
         defer { wakeFleetWaiters(key) }
         guard record.phase == .active else { return }
         let entry = entries[key]
-        guard entry?.login == nil, entry?.logout == nil, entry?.replace == nil else { return }
         let now = clock.now()
         switch entry?.machine.state ?? .loggedOut {
         case .loggedOut:
@@ -161,8 +168,11 @@ extension SessionManager {
                 VaultEvent(
                     kind: .tokenRefreshed, account: key.account, ownerUID: key.owner, time: now,
                     expiresAt: record.expiresAt))
-            await handle(
-                key, .refreshed(facts(record, refreshedAt: record.tokens.issuedAt ?? now), saved: true, now: now))
+            // A fresh timed life (an end this host could not store while it
+            // was cut off is the old tokens'), refreshed now.
+            let newFacts = facts(record, refreshedAt: record.tokens.issuedAt ?? now)
+            await handle(key, .replaced(newFacts, now: now))
+            await handle(key, .refreshed(newFacts, saved: true, now: now))
         case .loggingIn, .loggingOut, .replacing:
             return
         }
@@ -171,13 +181,15 @@ extension SessionManager {
     /// A session deleted by any host: ended here with the event its
     /// tombstone names (a plain delete: `logoutSuccess`). Its revocation is
     /// the business of the host that ended it; so is an automatic login after it.
-    func applySharedDelete(_ key: SessionKey, ending: SessionEnding?, revision: StoreRevision) async {
-        if let known = fleet?.revisions[key], revision <= known { return }
-        fleet?.revisions[key] = revision
+    func applySharedDelete(_ key: SessionKey, ending: SessionEnding?, revision: StoreRevision, force: Bool = false)
+        async
+    {
+        if !force, let known = fleet?.revisions[key], revision <= known { return }
+        if deferWhileBusy(key, ending: ending) { return }
+        let newest = max(revision, fleet?.revisions[key] ?? 0)
+        fleet?.revisions[key] = newest
         defer { wakeFleetWaiters(key) }
-        guard let entry = entries[key], entry.record != nil, entry.login == nil, entry.logout == nil,
-            entry.replace == nil
-        else { return }
+        guard let entry = entries[key], entry.record != nil else { return }
         let ending = ending ?? SessionEnding(kind: .logoutSuccess)
         table.publish(key, SessionView(state: .logout, record: nil))
         emit(ending.kind, key, reason: ending.reason)
@@ -189,6 +201,37 @@ extension SessionManager {
         var logFields = fields(key, event: ending.kind.rawValue)
         logFields["reason"] = ending.reason
         log.info("logged out on another host", logFields)
+    }
+
+    /// A change of a session with a login, logout or replace in flight here
+    /// is not applied now (the local change is half done); once that ends,
+    /// the session is read from the store again and what it holds then is
+    /// applied. Returns false when nothing is in flight.
+    private func deferWhileBusy(_ key: SessionKey, ending: SessionEnding?) -> Bool {
+        guard let entry = entries[key], entry.login != nil || entry.logout != nil || entry.replace != nil else {
+            return false
+        }
+        spawn {
+            await self.waitForChangeInFlight(key)
+            await self.resyncShared(key, ending: ending)
+        }
+        return true
+    }
+
+    /// Applies what the store holds of `key` now, whatever revision this host saw last.
+    func resyncShared(_ key: SessionKey, ending: SessionEnding?) async {
+        let stored: SharedRecord?
+        do throws(VaultError) {
+            stored = try await gate.loadShared(key)
+        } catch {
+            // Gone: the store's return reloads everything.
+            return
+        }
+        if let stored {
+            await applySharedPut(stored.record, revision: stored.revision, force: true)
+        } else {
+            await applySharedDelete(key, ending: ending, revision: fleet?.revisions[key] ?? 0, force: true)
+        }
     }
 
     /// Reads the whole store and applies what differs: the feed lost changes
@@ -234,6 +277,8 @@ extension SessionManager {
         async -> Result<SessionRecord, VaultError>
     {
         let account = key.account
+        fleet?.refreshing += 1
+        defer { fleet?.refreshing -= 1 }
         // Bounded: each pass waits at most one lease.
         for _ in 0..<16 {
             guard let entry = entries[key], entry.id == entryID, let current = entry.record else {
@@ -277,6 +322,11 @@ extension SessionManager {
                     await endFleetRefresh(key, entryID)
                     guard let served = entries[key]?.record else { return .failure(.notLoggedIn(account)) }
                     return .success(served)
+                }
+                if clock.preciseNow() >= lease.expiresAt {
+                    // The lease ended while the store was read (this process stalled):
+                    // another host may hold the lock now. Asked for again.
+                    continue
                 }
                 let result = await performRefresh(
                     key, entryID: entryID, provider: provider, snapshot: current, ifRevision: stored.revision)
@@ -333,7 +383,9 @@ extension SessionManager {
                 waiter.wake()
             })
         else { return wakeFleetWaiters(key) }
+        fleet?.refreshing -= 1
         await waiter.wait()
+        fleet?.refreshing += 1
         background[timeout]?.cancel()
         fleet?.waiters[key]?.removeAll { $0 === waiter }
         if fleet?.waiters[key]?.isEmpty == true { fleet?.waiters[key] = nil }
