@@ -34,6 +34,8 @@ final class SimulatedSharedStore: Sendable {
         var rng: SplitMix64
         var pending: [String: PendingRevocation] = [:]
         var secrets: [String: Secret] = [:]
+        /// Every access token a record ever held here: no host may hand out another.
+        var everStored: Set<String> = []
     }
 
     let clock: ManualClock
@@ -81,6 +83,9 @@ final class SimulatedSharedStore: Sendable {
         }
     }
 
+    /// True when some record of the store held `token` at some revision.
+    func wasStored(_ token: String) -> Bool { state.withLock { $0.everStored.contains(token) } }
+
     func isPartitioned(_ host: String) -> Bool { state.withLock { $0.partitioned.contains(host) } }
 
     /// The changes of `host`'s feed due by the clock's now, in order.
@@ -111,6 +116,7 @@ final class SimulatedSharedStore: Sendable {
     fileprivate func commit(_ state: inout State, _ change: (inout State, StoreRevision) -> SharedChange) {
         state.revision += 1
         let made = change(&state, state.revision)
+        if case .put(let record, _) = made { state.everStored.insert(record.tokens.accessToken.revealed) }
         let now = clock.preciseNow()
         for host in state.feeds.keys.sorted() {
             let delay = Double(state.rng.next() % 1000) / 1000 * maxDelaySeconds
