@@ -534,12 +534,12 @@ final class FleetSimulation {
 @Suite("Deterministic simulation of a fleet sharing one store", .timeLimit(.minutes(5)))
 struct FleetSimulationTests {
     /// `VAULTD_FLEET_SEED` replays one seed; `VAULTD_FLEET_SEEDS` sets how
-    /// many (default 300; 3,000 under `scripts/test --soak`).
+    /// many (default 300; 2,000 under `scripts/test --soak`).
     static func seeds() -> [UInt64] {
         let environment = ProcessInfo.processInfo.environment
         if let one = environment["VAULTD_FLEET_SEED"].flatMap(UInt64.init) { return [one] }
         let soak = environment["VAULTD_SOAK"] == "1"
-        let count = environment["VAULTD_FLEET_SEEDS"].flatMap(Int.init) ?? (soak ? 3_000 : 300)
+        let count = environment["VAULTD_FLEET_SEEDS"].flatMap(Int.init) ?? (soak ? 2_000 : 300)
         return (0..<UInt64(count)).map { $0 &* 0x9E37_79B9 &+ 7 }
     }
 
