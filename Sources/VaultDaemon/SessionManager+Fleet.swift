@@ -391,18 +391,67 @@ extension SessionManager {
         if fleet?.waiters[key]?.isEmpty == true { fleet?.waiters[key] = nil }
     }
 
-    /// Writes refreshed tokens over the revision read under the lock.
-    func saveShared(_ record: SessionRecord, ifRevision: StoreRevision) async -> FleetWrite {
-        do throws(VaultError) {
-            switch try await gate.saveShared(record, ifRevision: ifRevision) {
-            case .saved(let revision):
-                if (fleet?.revisions[record.key] ?? 0) < revision { fleet?.revisions[record.key] = revision }
-                return .saved
-            case .conflict(let current, let revision):
-                return .conflict(current, revision)
+    /// Writes refreshed tokens over the revision read under the lock. A
+    /// record written meanwhile that still holds the tokens this refresh
+    /// started from (a write that changed no token: a logout put back, a
+    /// retried write) is written over too: the tokens obtained here are its
+    /// successors, and dropping them would leave the store a rotated-away
+    /// refresh token.
+    func saveShared(_ record: SessionRecord, ifRevision: StoreRevision, refreshedFrom: TokenSet) async -> FleetWrite {
+        var compared = ifRevision
+        // Bounded: each pass follows one write that changed no token.
+        for _ in 0..<4 {
+            do throws(VaultError) {
+                switch try await gate.saveShared(record, ifRevision: compared) {
+                case .saved(let revision):
+                    if (fleet?.revisions[record.key] ?? 0) < revision { fleet?.revisions[record.key] = revision }
+                    return .saved
+                case .conflict(let current, let revision):
+                    guard let current, current.phase == .active, current.tokens == refreshedFrom else {
+                        return .conflict(current, revision)
+                    }
+                    compared = revision
+                }
+            } catch {
+                return .failed(error)
             }
+        }
+        return .failed(
+            VaultError(
+                .storeFailed, "the record of \(record.account) kept changing while its refreshed tokens were written"))
+    }
+
+    /// Writes again what a host of a fleet serves and the store may lack (a
+    /// refresh's write or a failed logout's restore that did not land). Only
+    /// over the revision this host last saw: a store written since by another
+    /// host (newer tokens, a logout) is adopted instead, so that tokens a
+    /// refresh elsewhere rotated away are never written back.
+    func persistShared(_ key: SessionKey, entryID: UInt64) async {
+        let stored: SharedRecord?
+        do throws(VaultError) {
+            stored = try await gate.loadShared(key)
         } catch {
-            return .failed(error)
+            await handle(key, .saveFailed(now: clock.now()))
+            return
+        }
+        guard entries[key]?.id == entryID, let served = entries[key]?.record else { return }
+        if let stored, stored.record.phase == .active, stored.record.tokens == served.tokens {
+            await handle(key, .saved)
+            return
+        }
+        let known = fleet?.revisions[key] ?? 0
+        guard let stored, stored.revision <= known else {
+            // Changed by another host since: the store wins.
+            return await resyncShared(key, ending: nil)
+        }
+        switch await saveShared(served, ifRevision: stored.revision, refreshedFrom: stored.record.tokens) {
+        case .saved:
+            await handle(key, .saved)
+            await revokeReplacedTokens(key)
+        case .conflict:
+            await resyncShared(key, ending: nil)
+        case .failed:
+            await handle(key, .saveFailed(now: clock.now()))
         }
     }
 

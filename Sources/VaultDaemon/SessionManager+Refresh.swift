@@ -100,6 +100,7 @@ extension SessionManager {
             }
             if entries[key]?.id == entry.id { entries[key]?.unqueue = nil }
         }
+        if fleet != nil { return await persistShared(key, entryID: entry.id) }
         // What is served now, read after the await above: a refresh may have
         // written newer tokens meanwhile, and writing the record read before it
         // would put the older tokens (a rotated-away refresh token) back.
@@ -301,7 +302,7 @@ extension SessionManager {
             }
             let failure: VaultError?
             if let ifRevision {
-                switch await saveShared(record, ifRevision: ifRevision) {
+                switch await saveShared(record, ifRevision: ifRevision, refreshedFrom: snapshot.tokens) {
                 case .saved: failure = nil
                 case .conflict(let stored, let revision):
                     return await refreshConflicted(key, entryID: entryID, stored: stored, revision: revision)
