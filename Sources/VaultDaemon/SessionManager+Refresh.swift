@@ -105,6 +105,7 @@ extension SessionManager {
             }
             if entries[key]?.id == entry.id { entries[key]?.unqueue = nil }
         }
+        if fleet != nil { return await persistShared(key, entryID: entry.id) }
         // What is served now, read after the await above: a refresh may have
         // written newer tokens meanwhile, and writing the record read before it
         // would put the older tokens (a rotated-away refresh token) back.
@@ -198,8 +199,11 @@ extension SessionManager {
         }
         await handle(key, .refreshStarted)
         let id = entry.id
+        let shared = fleet != nil
         let task = Task { () -> Result<SessionRecord, VaultError> in
-            await self.performRefresh(key, entryID: id, provider: provider, snapshot: record)
+            shared
+                ? await self.performFleetRefresh(key, entryID: id, provider: provider, snapshot: record)
+                : await self.performRefresh(key, entryID: id, provider: provider, snapshot: record)
         }
         entries[key]?.refresh = task
         return try await task.value.get()
@@ -247,9 +251,13 @@ extension SessionManager {
     /// Asks the provider, writes the new tokens before anyone gets them, and
     /// feeds the outcome to the session's `SessionTimers`. Tokens obtained for
     /// a session that ended (or was replaced) meanwhile are revoked.
-    func performRefresh(_ key: SessionKey, entryID: UInt64, provider: any TokenProvider, snapshot: SessionRecord)
-        async -> Result<SessionRecord, VaultError>
-    {
+    /// In a fleet, `ifRevision` is the revision of the stored record read
+    /// under the account's refresh lock: the new tokens are written only over
+    /// it, and on a conflict the stored record is served instead of them.
+    func performRefresh(
+        _ key: SessionKey, entryID: UInt64, provider: any TokenProvider, snapshot: SessionRecord,
+        ifRevision: StoreRevision? = nil
+    ) async -> Result<SessionRecord, VaultError> {
         let account = key.account
         let outcome = await provider.refresh(snapshot)
         // From here until the new tokens are written, a rotated refresh token
@@ -297,8 +305,18 @@ extension SessionManager {
                     return error
                 }
             }
-            let mustFollow = entries[key]?.timers.status.unsaved == true
-            let failure = mustFollow ? await write() : await BlockingExecutor.urgent(write)
+            let failure: VaultError?
+            if let ifRevision {
+                switch await saveShared(record, ifRevision: ifRevision, refreshedFrom: snapshot.tokens) {
+                case .saved: failure = nil
+                case .conflict(let stored, let revision):
+                    return await refreshConflicted(key, entryID: entryID, stored: stored, revision: revision)
+                case .failed(let error): failure = error
+                }
+            } else {
+                let mustFollow = entries[key]?.timers.status.unsaved == true
+                failure = mustFollow ? await write() : await BlockingExecutor.urgent(write)
+            }
             let saved = failure == nil
             if let failure {
                 log.error(

@@ -409,7 +409,11 @@ extension SessionManager {
         do throws(VaultError) {
             try await store.save(marked)
             if let revocation { try await store.savePendingRevocation(revocation) }
-            try await store.delete(key)
+            if fleet != nil {
+                try await gate.deleteShared(key, ending: SessionEnding(kind: what.event, reason: reason))
+            } else {
+                try await store.delete(key)
+            }
         } catch {
             // Served again: put the store back as it was. Should it not let us, the
             // record is written again until it does (a mark left in the store would

@@ -69,6 +69,9 @@ public actor SessionManager {
     /// `GetToken` calls waiting for the automatic login of their account, by id.
     var loginWaiters: [UInt64: LoginWaiter] = [:]
     var nextWaiterID: UInt64 = 0
+    /// What a host of a fleet keeps about the shared store; nil on a single
+    /// host (see SessionManager+Fleet.swift).
+    var fleet: FleetState?
 
     /// A manager over `store`, reading time from `clock`.
     public init(
@@ -92,6 +95,7 @@ public actor SessionManager {
         self.random = random ?? { Double.random(in: 0..<1) }
         self.armsTimer = armsTimer
         self.table = SessionTable(didChange: tableDidChange)
+        self.fleet = (store as? any SharedSessionStore).map(FleetState.init)
         gate.onChange { [weak self] in
             guard let self else { return }
             Task { await self.storeHealthChanged() }

@@ -77,7 +77,7 @@ final class StoreGate: SessionStore {
     /// "was abandoned"): the store hangs, and a second try would only wait as
     /// long again. Every write is idempotent (a record
     /// replaced, a delete of nothing), so the second try duplicates nothing.
-    private func pass<T: Sendable>(_ body: () async throws(VaultError) -> T) async throws(VaultError) -> T {
+    func pass<T: Sendable>(_ body: () async throws(VaultError) -> T) async throws(VaultError) -> T {
         if let refusal = state.withLock({ $0.health.refusal }) { throw refusal }
         do throws(VaultError) {
             return try await body()
@@ -210,6 +210,8 @@ extension SessionManager {
     /// refused while its write was cut off, which landed all the same) is
     /// removed. Sessions with a login or logout in flight are left to it.
     func writeThrough() async {
+        // A fleet's store holds other hosts' changes too: catch up with it instead.
+        if fleet != nil { return await reloadShared() }
         let contents: StoreContents
         do throws(VaultError) {
             contents = try await store.loadAll()

@@ -1,0 +1,133 @@
+import VaultCore
+
+/// The revision of a shared store: one number for the whole store, raised by
+/// every write, so that the revision of a record says which of two writes
+/// came last. etcd's `mod_revision`; 0 means "no record".
+public typealias StoreRevision = UInt64
+
+/// Why a session left a shared store, kept beside the delete (a tombstone),
+/// so that every host ends it with the same event: `logoutSuccess`,
+/// `kickedOffline`, `tokenExpired` or `tokenInvalid`, and the reason given.
+public struct SessionEnding: Sendable, Equatable {
+    /// The event every host sends for the end.
+    public var kind: EventKind
+    /// The reason the kick or the end gave; never a secret.
+    public var reason: String?
+
+    /// An ending of `kind`.
+    public init(kind: EventKind, reason: String? = nil) {
+        self.kind = kind
+        self.reason = reason
+    }
+}
+
+/// A record of a shared store with the revision of its last write.
+public struct SharedRecord: Sendable, Equatable {
+    /// The session as stored.
+    public var record: SessionRecord
+    /// The store's revision when it was written.
+    public var revision: StoreRevision
+
+    /// A record at `revision`.
+    public init(_ record: SessionRecord, revision: StoreRevision) {
+        self.record = record
+        self.revision = revision
+    }
+}
+
+/// What a shared store holds, read at one revision (a reload).
+public struct SharedContents: Sendable {
+    /// Every session's record.
+    public var records: [SharedRecord]
+    /// The endings of sessions deleted lately (tombstones the store still keeps).
+    public var endings: [SessionKey: SessionEnding]
+    /// The revision the contents were read at.
+    public var revision: StoreRevision
+
+    /// Makes contents.
+    public init(records: [SharedRecord], endings: [SessionKey: SessionEnding], revision: StoreRevision) {
+        self.records = records
+        self.endings = endings
+        self.revision = revision
+    }
+}
+
+/// The answer to a conditional write (etcd: a transaction comparing the
+/// key's `mod_revision`).
+public enum ConditionalSave: Sendable, Equatable {
+    /// Written; the record is now at `revision`.
+    case saved(revision: StoreRevision)
+    /// Not written: the record is not at the revision compared. `current` is
+    /// what the store holds (nil: nothing) at `revision`.
+    case conflict(current: SessionRecord?, revision: StoreRevision)
+}
+
+/// A held refresh lock: it ends by itself at `expiresAt` (clock seconds)
+/// unless released before. etcd: a key put under a lease with a TTL.
+public struct RefreshLease: Sendable, Equatable {
+    /// Names this holding (etcd: the lease id).
+    public var id: UInt64
+    /// When the lock ends by itself if its holder dies.
+    public var expiresAt: Double
+
+    /// A lease.
+    public init(id: UInt64, expiresAt: Double) {
+        self.id = id
+        self.expiresAt = expiresAt
+    }
+}
+
+/// The answer to a request for an account's refresh lock.
+public enum RefreshLockAnswer: Sendable, Equatable {
+    /// This host holds the lock until it releases it or `lease` ends.
+    case granted(RefreshLease)
+    /// `host` holds it, at the latest until `expiresAt` (clock seconds).
+    case heldBy(host: String, expiresAt: Double)
+}
+
+/// A change of a shared store as one host's feed delivers it, in revision
+/// order (etcd: a watch from the last revision seen).
+public enum SharedChange: Sendable, Equatable {
+    /// A record was written (by any host, this one too).
+    case put(SessionRecord, revision: StoreRevision)
+    /// A session's record was deleted; `ending` is its tombstone (nil: none
+    /// was written, a plain delete, read as a logout).
+    case deleted(SessionKey, ending: SessionEnding?, revision: StoreRevision)
+    /// Changes were lost (the feed broke and could not resume, etcd's
+    /// compaction): reload everything with `loadShared()`.
+    case reset
+}
+
+/// A session store shared by several vaultd hosts (etcd). Every host serves
+/// from memory and follows the store through `changes()`; a refresh is made
+/// by the one host holding the account's refresh lock and written with
+/// `save(_:ifRevision:)`, so that no host hands out tokens the store did not
+/// take. A call that cannot reach the store (no quorum) fails with
+/// `storeUnavailable`, which makes the host read-only until it is back.
+///
+/// Shaped so that etcd maps one to one: revision = `mod_revision`,
+/// `save(_:ifRevision:)` = a txn comparing it, the lock = a key under a lease
+/// (TTL `lockTTLSeconds`), `changes()` = a watch resumed from the last
+/// revision (a compacted one gives `reset`).
+public protocol SharedSessionStore: SessionStore {
+    /// This host's name, as other hosts see it holding a lock.
+    var host: String { get }
+    /// How long a lock outlives a holder that died.
+    var lockTTLSeconds: Double { get }
+    /// Everything the store holds, with revisions and the endings of sessions
+    /// deleted lately.
+    func loadShared() async throws(VaultError) -> SharedContents
+    /// One session's record and its revision; nil when there is none.
+    func load(_ key: SessionKey) async throws(VaultError) -> SharedRecord?
+    /// Writes `record` only when the stored record of its key is at
+    /// `ifRevision` (0: there is none).
+    func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave
+    /// Deletes the session's record and leaves `ending` for the other hosts.
+    func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError)
+    /// Takes the refresh lock of `key` for this host, or says who holds it.
+    func acquireRefreshLock(_ key: SessionKey) async throws(VaultError) -> RefreshLockAnswer
+    /// Releases a lock this host holds (a lease that ended meanwhile is gone already).
+    func releaseRefreshLock(_ key: SessionKey, lease: RefreshLease) async throws(VaultError)
+    /// The changes from now on, in revision order, this host's own writes too.
+    func changes() -> AsyncStream<SharedChange>
+}

@@ -1,0 +1,181 @@
+import Testing
+import VaultCore
+import VaultDaemon
+
+/// Two hosts over one `SimulatedSharedStore`, on one `ManualClock`, with the fake endpoint.
+final class FleetPair {
+    let clock = ManualClock()
+    let provider: FakeProvider
+    let store: SimulatedSharedStore
+    let a: SessionManager
+    let b: SessionManager
+    let eventsA = EventLog()
+    let eventsB = EventLog()
+    let caller = Caller(uid: 1000, gid: 1000, pid: 7)
+    let key = SessionKey(owner: 1000, account: Account(provider: "oauth", user: "alice"))
+
+    init() throws {
+        let config = try TestConfig.make()
+        let clock = self.clock
+        let provider = FakeProvider(clock: clock)
+        let store = SimulatedSharedStore(clock: clock, seed: 1, maxDelaySeconds: 0)
+        func make(_ host: String, _ events: EventLog) -> SessionManager {
+            store.connect(host)
+            return SessionManager(
+                store: store.view(host: host, alive: Liveness()), config: config, clock: clock,
+                log: Logger(level: .debug, target: .discard),
+                providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
+                armsTimer: false, events: { events.append($0) })
+        }
+        let eventsA = self.eventsA
+        let eventsB = self.eventsB
+        self.provider = provider
+        self.store = store
+        a = make("a", eventsA)
+        b = make("b", eventsB)
+    }
+
+    /// Hands `host` every change its feed holds.
+    func deliver(to manager: SessionManager, _ host: String) async {
+        for change in store.due(for: host) { await manager.applySharedChange(change) }
+    }
+
+    /// Logs alice in on host a with a new grant (tokens valid `lifetime` seconds).
+    @discardableResult
+    func loginOnA(lifetime: Int64 = 300) async throws -> SessionRecord {
+        let (_, response) = provider.grant(lifetime: lifetime)
+        let (record, created) = try await a.login(
+            LoginRequest(provider: "oauth", user: "alice", tokenResponse: response), caller: caller)
+        #expect(created)
+        return record
+    }
+}
+
+@Suite("SessionManager in a fleet: following the shared store", .timeLimit(.minutes(5)))
+struct FleetManagerTests {
+    @Test("Should serve on host b a session logged in on host a, with loginSuccess")
+    func remoteLoginAppears() async throws {
+        let pair = try FleetPair()
+        let record = try await pair.loginOnA()
+        #expect(pair.b.table.view(of: pair.key) == nil)
+        await pair.deliver(to: pair.b, "b")
+        #expect(pair.b.table.view(of: pair.key)?.record?.tokens == record.tokens)
+        #expect(pair.eventsB.all.map(\.kind) == [.loginSuccess])
+        let served = try await pair.b.freshToken(pair.key, minValidSeconds: 0, caller: pair.caller)
+        #expect(served.tokens == record.tokens)
+    }
+
+    @Test("Should end on host b, with kickedOffline and its reason, a session kicked on host a")
+    func remoteKickEndsWithItsEvent() async throws {
+        let pair = try FleetPair()
+        try await pair.loginOnA()
+        await pair.deliver(to: pair.b, "b")
+        try await pair.a.logout(pair.key, caller: pair.caller, reason: "kicked by the chat server")
+        await pair.deliver(to: pair.b, "b")
+        #expect(pair.b.table.view(of: pair.key)?.record == nil)
+        let last = pair.eventsB.all.last
+        #expect(last?.kind == .kickedOffline)
+        #expect(last?.reason == "kicked by the chat server")
+    }
+
+    @Test("Should end on host b, with logoutSuccess, a session logged out on host a")
+    func remoteLogoutEndsWithLogoutSuccess() async throws {
+        let pair = try FleetPair()
+        try await pair.loginOnA()
+        await pair.deliver(to: pair.b, "b")
+        try await pair.a.logout(pair.key, caller: pair.caller)
+        await pair.deliver(to: pair.b, "b")
+        #expect(pair.eventsB.all.map(\.kind) == [.loginSuccess, .logoutSuccess])
+    }
+
+    @Test(
+        "Should answer a refresh on host b from host a's tokens while host a holds the lock, never asking the endpoint")
+    func lockHeldElsewhereWaitsForTheRemotePut() async throws {
+        let pair = try FleetPair()
+        let record = try await pair.loginOnA()
+        await pair.deliver(to: pair.b, "b")
+        await pair.deliver(to: pair.a, "a")
+        // Host a takes the lock as its refresh would.
+        let viewA = pair.store.view(host: "a", alive: Liveness())
+        guard case .granted = try await viewA.acquireRefreshLock(pair.key) else {
+            Issue.record("host a did not get the lock")
+            return
+        }
+        let b = pair.b
+        let key = pair.key
+        let caller = pair.caller
+        let waiting = Task { try await b.refresh(key, caller: caller, clientAsked: true) }
+        for _ in 0..<20_000 where await b.waitingForOtherHosts.isEmpty { await Task.yield() }
+        #expect(await b.waitingForOtherHosts == [key])
+        // Host a's refresh lands in the store.
+        guard let stored = try await viewA.load(key) else {
+            Issue.record("the store lost the session")
+            return
+        }
+        var rotated = stored.record
+        var tokens = TokenSet(accessToken: Secret("at-a-refreshed-" + String(repeating: "a", count: 16)))
+        tokens.refreshToken = Secret("rt-a-refreshed-" + String(repeating: "r", count: 16))
+        rotated.tokens = tokens
+        #expect(try await viewA.save(rotated, ifRevision: stored.revision) != .conflict(current: nil, revision: 0))
+        await pair.deliver(to: b, "b")
+        let answered = try await waiting.value
+        #expect(answered.tokens == tokens)
+        #expect(answered.tokens != record.tokens)
+        #expect(pair.provider.state.withLock { $0.refreshCalls } == 0)
+        #expect(pair.eventsB.all.map(\.kind).contains(.tokenRefreshed))
+    }
+
+    @Test("Should refresh once across two hosts: the second takes the lock after the first and serves its tokens")
+    func oneRefreshAcrossHosts() async throws {
+        let pair = try FleetPair()
+        try await pair.loginOnA()
+        await pair.deliver(to: pair.b, "b")
+        let first = try await pair.a.refresh(pair.key, caller: pair.caller, clientAsked: true)
+        // Host b has not heard yet: it reads the store under the lock and serves what host a stored.
+        let second = try await pair.b.refresh(pair.key, caller: pair.caller, clientAsked: true)
+        #expect(second.tokens == first.tokens)
+        #expect(pair.provider.state.withLock { $0.refreshCalls } == 1)
+        #expect(pair.provider.state.withLock { $0.reusedGrants }.isEmpty)
+    }
+
+    @Test("Should serve its token but refuse login, logout and refresh on a host cut off from the store")
+    func partitionedHostIsReadOnly() async throws {
+        let pair = try FleetPair()
+        let record = try await pair.loginOnA()
+        await pair.deliver(to: pair.b, "b")
+        pair.store.partition("b")
+        let served = try await pair.b.freshToken(pair.key, minValidSeconds: 0, caller: pair.caller)
+        #expect(served.tokens == record.tokens)
+        await #expect(throws: VaultError(.storeUnavailable, "")) {
+            try await pair.b.refresh(pair.key, caller: pair.caller, clientAsked: true)
+        }
+        await #expect(throws: VaultError(.storeUnavailable, "")) {
+            try await pair.b.logout(pair.key, caller: pair.caller)
+        }
+        let (_, response) = pair.provider.grant(lifetime: 300)
+        await #expect(throws: VaultError(.storeUnavailable, "")) {
+            try await pair.b.login(
+                LoginRequest(provider: "oauth", user: "bob", tokenResponse: response), caller: pair.caller)
+        }
+        #expect(pair.provider.state.withLock { $0.refreshCalls } == 0)
+        #expect(pair.b.table.view(of: pair.key)?.record?.tokens == record.tokens)
+        // Meanwhile host a logs alice out; host b catches up once it is back.
+        try await pair.a.logout(pair.key, caller: pair.caller)
+        pair.store.heal("b", compacted: true)
+        await pair.deliver(to: pair.b, "b")
+        // Host b found the store gone: it reloads when its probe (on the clock) finds it back.
+        pair.clock.advance(by: 2 * StoreHealth.longestProbeSeconds)
+        for _ in 0..<20_000 where pair.b.table.view(of: pair.key)?.record != nil { await Task.yield() }
+        #expect(pair.b.storeState == .available)
+        #expect(pair.b.table.view(of: pair.key)?.record == nil)
+        #expect(pair.eventsB.all.last?.kind == .logoutSuccess)
+    }
+
+    @Test("Should not be a fleet host over a store that is not shared")
+    func singleHostIsNotAFleetHost() throws {
+        let manager = SessionManager(
+            store: FaultyStore(), config: try TestConfig.make(), clock: ManualClock(),
+            log: Logger(level: .debug, target: .discard), armsTimer: false)
+        #expect(!manager.isFleetHost)
+    }
+}
