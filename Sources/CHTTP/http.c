@@ -115,8 +115,22 @@ static size_t take_header(char *data, size_t size, size_t count, void *context) 
     return n;
 }
 
+static int post(const char *content_type, const char *url, const char *body, size_t body_length,
+                long timeout_ms, size_t max_body, vaultd_http_response *out);
+
 int vaultd_http_post_form(const char *url, const char *body, size_t body_length, long timeout_ms,
                           size_t max_body, vaultd_http_response *out) {
+    return post("Content-Type: application/x-www-form-urlencoded", url, body, body_length, timeout_ms, max_body,
+                out);
+}
+
+int vaultd_http_post_json(const char *url, const char *body, size_t body_length, long timeout_ms,
+                          size_t max_body, vaultd_http_response *out) {
+    return post("Content-Type: application/json", url, body, body_length, timeout_ms, max_body, out);
+}
+
+static int post(const char *content_type, const char *url, const char *body, size_t body_length,
+                long timeout_ms, size_t max_body, vaultd_http_response *out) {
     memset(out, 0, sizeof *out);
     if (vaultd_http_load(out->error, sizeof out->error) != 0) return -1;
     CURL *handle = curl.easy_init();
@@ -124,7 +138,7 @@ int vaultd_http_post_form(const char *url, const char *body, size_t body_length,
         snprintf(out->error, sizeof out->error, "libcurl could not make a request handle");
         return -1;
     }
-    struct curl_slist *headers = curl.slist_append(NULL, "Content-Type: application/x-www-form-urlencoded");
+    struct curl_slist *headers = curl.slist_append(NULL, content_type);
     headers = curl.slist_append(headers, "Accept: application/json");
     char curl_error[CURL_ERROR_SIZE] = "";
     sink s = {.response = out, .limit = max_body};

@@ -36,6 +36,10 @@ int vaultd_http_load(char *error, size_t error_size);
 int vaultd_http_post_form(const char *url, const char *body, size_t body_length, long timeout_ms,
                           size_t max_body, vaultd_http_response *out);
 
+/* As vaultd_http_post_form, with a JSON body (Content-Type: application/json). */
+int vaultd_http_post_json(const char *url, const char *body, size_t body_length, long timeout_ms,
+                          size_t max_body, vaultd_http_response *out);
+
 /* Wipes and frees the body of a response. */
 void vaultd_http_response_free(vaultd_http_response *response);
 

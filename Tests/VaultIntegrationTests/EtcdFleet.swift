@@ -1,0 +1,154 @@
+import Foundation
+import Glibc
+
+@testable import VaultDaemon
+
+/// A fleet of real etcd members (`/usr/bin/etcd`, Debian's `etcd-server`) on
+/// loopback: client and peer URLs on free ports of 127.0.0.1, data in a
+/// temporary directory, one `--initial-cluster` naming them all. Members can
+/// be stopped, killed and restarted; deinit kills every member still running
+/// by its PID and removes the directory, so a failing test leaves nothing.
+final class EtcdFleet {
+    /// One member: its name, URLs and the process while it runs.
+    struct Member {
+        var name: String
+        var clientURL: String
+        var peerURL: String
+        var process: Process?
+    }
+
+    static let binary = "/usr/bin/etcd"
+    /// Whether etcd is installed (scripts/deps installs it).
+    static var installed: Bool { FileManager.default.isExecutableFile(atPath: binary) }
+
+    let directory: URL
+    private(set) var members: [Member] = []
+    private let token: String
+
+    /// The members' client URLs, in member order.
+    var endpoints: [String] { members.map(\.clientURL) }
+
+    /// Starts `size` members and waits (bounded) until the fleet serves.
+    init(size: Int = 3) async throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "vaultd-etcd-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        token = "vaultd-test-\(UUID().uuidString)"
+        let ports = try Self.freePorts(2 * size)
+        for index in 0..<size {
+            members.append(
+                Member(
+                    name: "m\(index)", clientURL: "http://127.0.0.1:\(ports[2 * index])",
+                    peerURL: "http://127.0.0.1:\(ports[2 * index + 1])", process: nil))
+        }
+        for index in 0..<size { try start(index) }
+        try await waitUntilServing()
+    }
+
+    deinit {
+        for index in members.indices { kill(index) }
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    /// Starts member `index` (again): a restart keeps its data directory.
+    func start(_ index: Int) throws {
+        precondition(members[index].process == nil, "member \(index) already runs")
+        let member = members[index]
+        let cluster = members.map { "\($0.name)=\($0.peerURL)" }.joined(separator: ",")
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.binary)
+        process.arguments = [
+            "--name", member.name,
+            "--data-dir", directory.appendingPathComponent(member.name).path,
+            "--listen-client-urls", member.clientURL, "--advertise-client-urls", member.clientURL,
+            "--listen-peer-urls", member.peerURL, "--initial-advertise-peer-urls", member.peerURL,
+            "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", token,
+            // Fast elections, so a lost member is noticed within the tests' timeouts.
+            "--heartbeat-interval", "50", "--election-timeout", "500",
+        ]
+        let log = directory.appendingPathComponent("\(member.name).log")
+        if !FileManager.default.fileExists(atPath: log.path) {
+            _ = FileManager.default.createFile(atPath: log.path, contents: nil)
+        }
+        let handle = try FileHandle(forWritingTo: log)
+        handle.seekToEndOfFile()
+        process.standardOutput = handle
+        process.standardError = handle
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        try? handle.close()
+        members[index].process = process
+    }
+
+    /// Kills member `index` with SIGKILL and reaps it (nothing when it is not running).
+    func kill(_ index: Int) {
+        guard let process = members[index].process else { return }
+        Glibc.kill(process.processIdentifier, SIGKILL)
+        _ = try? reap(process)
+        members[index].process = nil
+    }
+
+    /// Stops member `index` with SIGTERM, SIGKILL after 5 s, and reaps it.
+    func stop(_ index: Int) {
+        guard let process = members[index].process else { return }
+        Glibc.kill(process.processIdentifier, SIGTERM)
+        if (try? reap(process, seconds: 5)) == nil { Glibc.kill(process.processIdentifier, SIGKILL) }
+        kill(index)
+    }
+
+    /// Waits until the members at `indices` (all by default) each answer a
+    /// linearizable read, at most `seconds`.
+    func waitUntilServing(_ indices: [Int]? = nil, seconds: Double = 20) async throws {
+        let deadline = Date().addingTimeInterval(seconds)
+        for index in indices ?? Array(members.indices) {
+            let client = EtcdClient(endpoints: [members[index].clientURL], timeoutSeconds: 1)
+            var lastError = "not asked"
+            while true {
+                do {
+                    _ = try await client.range(Array("health".utf8))
+                    break
+                } catch {
+                    lastError = error.message
+                }
+                guard Date() < deadline else {
+                    throw HarnessError(
+                        "etcd member \(index) did not serve within \(Int(seconds))s: \(lastError); log: \(log(index).suffix(2000))"
+                    )
+                }
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
+    }
+
+    /// The log of member `index`, for a failure's message.
+    func log(_ index: Int) -> String {
+        (try? String(contentsOf: directory.appendingPathComponent("\(members[index].name).log"), encoding: .utf8))
+            ?? ""
+    }
+
+    /// `count` distinct free TCP ports of 127.0.0.1, held open together while
+    /// they are picked so that none repeats.
+    static func freePorts(_ count: Int) throws -> [Int] {
+        var sockets: [Int32] = []
+        defer { for fd in sockets { close(fd) } }
+        var ports: [Int] = []
+        for _ in 0..<count {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            guard fd >= 0 else { throw HarnessError("socket failed: errno \(errno)") }
+            sockets.append(fd)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = 0
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let bound = withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                    bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
+                }
+            }
+            guard bound else { throw HarnessError("bind 127.0.0.1:0 failed: errno \(errno)") }
+            ports.append(Int(UInt16(bigEndian: address.sin_port)))
+        }
+        return ports
+    }
+}
