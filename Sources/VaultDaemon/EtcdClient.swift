@@ -164,9 +164,15 @@ final class EtcdClient: Sendable {
         return Self.int(answer["result"]?["TTL"])
     }
 
-    /// Revokes lease `id`, deleting every key attached to it.
+    /// Revokes lease `id`, deleting every key attached to it. A lease etcd
+    /// no longer knows counts as revoked: a revoke that timed out on one
+    /// member may have been applied before it was tried on the next.
     func revokeLease(_ id: Int64) async throws(VaultError) {
-        _ = try await call("/v3/lease/revoke", ["ID": .string(String(id))])
+        do {
+            _ = try await call("/v3/lease/revoke", ["ID": .string(String(id))])
+        } catch  where error.code == .storeFailed && error.message.contains("lease not found") {
+            return
+        }
     }
 
     // MARK: Transport
