@@ -1,3 +1,4 @@
+import CHTTP
 import Synchronization
 import VaultCore
 import VaultSystem
@@ -67,21 +68,27 @@ struct EtcdLease: Sendable, Equatable {
 /// When no endpoint answers, the call fails with `storeUnavailable`; when etcd
 /// refuses the request, with `storeFailed`. Values never appear in errors.
 ///
+/// Over `https://` endpoints, `tls` names the CA that signed the members'
+/// certificates and this host's client certificate and key (`[Etcd]
+/// CAFile=`, `CertFile=`, `KeyFile=`), handed to libcurl as they are.
+///
 /// Not in this slice: watches (`/v3/watch`, a streaming answer the libcurl
-/// client does not read yet) and TLS settings (CA, client certificate and
-/// key); endpoints are plain `http://` on a trusted network for now.
+/// client does not read yet).
 final class EtcdClient: Sendable {
     /// The members' client URLs (`http://127.0.0.1:2379`), without a trailing slash.
     let endpoints: [String]
     /// The longest one call takes, all endpoints tried included.
     let timeoutSeconds: Double
+    /// The TLS files of every request, nil for none.
+    let tls: TLSFiles?
     /// The endpoint that answered last, tried first next time.
     private let preferred = Mutex(0)
 
     /// A client of the members at `endpoints`, each call ending within `timeoutSeconds`.
-    init(endpoints: [String], timeoutSeconds: Double = 5) {
+    init(endpoints: [String], timeoutSeconds: Double = 5, tls: TLSFiles? = nil) {
         self.endpoints = endpoints.map { $0.hasSuffix("/") ? String($0.dropLast()) : $0 }
         self.timeoutSeconds = timeoutSeconds
+        self.tls = tls
     }
 
     // MARK: Key-value
@@ -199,7 +206,7 @@ final class EtcdClient: Sendable {
             let left = Double(deadline - now) / 1000 / Double(endpoints.count - step)
             let response: HTTPResponse
             do {
-                response = try await HTTPClient.postJSON(endpoint + path, body, timeoutSeconds: left, cap: 4)
+                response = try await HTTPClient.postJSON(endpoint + path, body, timeoutSeconds: left, cap: 4, tls: tls)
             } catch {
                 reasons.append(error.reason)
                 continue
@@ -283,6 +290,41 @@ final class EtcdClient: Sendable {
                     modRevision: int(item["mod_revision"]), version: int(item["version"]), lease: int(item["lease"])))
         }
         return out
+    }
+}
+
+/// The PEM files of a TLS connection, as libcurl takes them
+/// (`CURLOPT_CAINFO`, `CURLOPT_SSLCERT`, `CURLOPT_SSLKEY`).
+struct TLSFiles: Sendable, Equatable {
+    /// The CA certificates that sign the server's certificate; nil: the system's bundle.
+    var caFile: String?
+    /// This client's certificate; nil: none.
+    var certFile: String?
+    /// The private key of `certFile`.
+    var keyFile: String?
+
+    /// The files `[Etcd]` names; nil when it names none.
+    init?(_ settings: EtcdSettings) {
+        guard settings.caFile != nil || settings.certFile != nil || settings.keyFile != nil else { return nil }
+        caFile = settings.caFile
+        certFile = settings.certFile
+        keyFile = settings.keyFile
+    }
+
+    /// Runs `body` with the files as the C client's settings.
+    func withC<T>(_ body: (UnsafePointer<vaultd_http_tls>) -> T) -> T {
+        func with(_ text: String?, _ body: (UnsafePointer<CChar>?) -> T) -> T {
+            guard let text else { return body(nil) }
+            return text.withCString { body($0) }
+        }
+        return with(caFile) { ca in
+            with(certFile) { cert in
+                with(keyFile) { key in
+                    var files = vaultd_http_tls(ca_file: ca, cert_file: cert, key_file: key)
+                    return body(&files)
+                }
+            }
+        }
     }
 }
 
