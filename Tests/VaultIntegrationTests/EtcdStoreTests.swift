@@ -1,7 +1,9 @@
 import Foundation
 import Glibc
 import Testing
+import VaultClient
 import VaultCore
+import VaultProtocol
 
 @testable import VaultDaemon
 
@@ -188,5 +190,171 @@ struct EtcdStoreTests {
         let back = try await eventually(
             tries: 100, interval: .milliseconds(100), { await store.probe() }, until: { $0 == .available })
         #expect(back == .available)
+    }
+}
+
+/// Real vaultd processes with `Store=etcd` on a three-member fleet, with an
+/// oauth2 provider at the test token server: sessions restored from etcd, by
+/// the same host after a restart and by a second host; the store gate while
+/// the fleet loses its quorum.
+final class EtcdDaemonFixture {
+    let fleet: EtcdFleet
+    let server: TokenServer
+    let directory: TemporaryDirectory
+    let key: EtcdFleetKey
+    let configPath: String
+    var daemons: [RunningDaemon] = []
+
+    init(timeout: Int = 10) async throws {
+        fleet = try await EtcdFleet()
+        server = try TokenServer()
+        directory = try TemporaryDirectory()
+        key = try EtcdFleetKey(in: directory)
+        configPath = directory.path("vaultd.conf")
+        let text =
+            "[Vault]\nStore=etcd\nMinRefreshInterval=0\n\n" + server.providerSection() + "\n[Etcd]\nEndpoints="
+            + fleet.endpoints.joined(separator: ",") + "\nTimeout=\(timeout)\n"
+        try text.write(toFile: configPath, atomically: true, encoding: .utf8)
+    }
+
+    /// The socket of host `host` (a vaultd of the fleet).
+    func socket(_ host: Int) -> String { directory.path("vaultd-\(host).sock") }
+
+    /// Starts the vaultd of `host` on the fleet and waits for ready.
+    @discardableResult
+    func start(_ host: Int) throws -> RunningDaemon {
+        let daemon = try RunningDaemon(
+            socketPath: socket(host), configPath: configPath,
+            environment: ["CREDENTIALS_DIRECTORY": key.directory], engine: .etcd)
+        daemons.append(daemon)
+        return daemon
+    }
+
+    func login(_ host: Int, _ user: String) async throws -> CommandResult {
+        try vaultctl(socket(host), ["login", "oauth", user], input: try await server.grant())
+    }
+
+    /// The access token `host` serves for `user`, nil when it serves none.
+    func token(_ host: Int, _ user: String) throws -> String? {
+        let result = try vaultctl(socket(host), ["token", "oauth", user])
+        return result.status == 0 ? result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) : nil
+    }
+
+    /// `store` as ListSessions answers it on `host`.
+    func storeState(_ host: Int) throws -> String? {
+        let client = try VarlinkClient(path: socket(host), timeoutSeconds: 30)
+        return try client.call(VaultMethod.listSessions.rawValue).parameters["store"]?.stringValue
+    }
+
+    /// What etcd holds under the sessions' prefix.
+    func sessionKeys() throws -> String { try etcdctlDump(fleet, prefix: "/vaultd/sessions/") }
+
+    deinit { for daemon in daemons { daemon.stop() } }
+}
+
+@Suite("vaultd on etcd", .serialized, .timeLimit(.minutes(5)), .etcdStep)
+struct EtcdDaemonTests {
+    /// Should restore a login from etcd after a restart and on a second host,
+    /// keep no token in clear in etcd, and remove the key at logout.
+    @Test func sessionsLiveInEtcd() async throws {
+        let fixture = try await EtcdDaemonFixture()
+        let first = try fixture.start(0)
+        let user = uniqueName("fleet")
+        let login = try await fixture.login(0, user)
+        #expect(login.status == 0, "\(login.stderr)")
+        let token = try #require(try fixture.token(0, user))
+        #expect(try fixture.sessionKeys().contains("/vaultd/sessions/oauth/\(user)/root"))
+        let dump = try etcdctlDump(fixture.fleet, prefix: "/vaultd/")
+        #expect(!etcdHoldsInClear(dump, token), "etcd holds the access token in clear")
+
+        #expect(first.stop() == 0)
+        fixture.daemons.removeAll()
+        try fixture.start(0)
+        #expect(try fixture.token(0, user) == token, "restored from etcd after a restart")
+
+        // A second host, another socket, the same prefix and key.
+        try fixture.start(1)
+        #expect(try fixture.token(1, user) == token, "restored from etcd by a second host")
+
+        let logout = try vaultctl(fixture.socket(0), ["logout", "oauth", user])
+        #expect(logout.status == 0, "\(logout.stderr)")
+        #expect(try !fixture.sessionKeys().contains(user))
+    }
+
+    /// Should keep working with one member down; with two down refuse logins
+    /// with ERR_SECRET_STORE_UNAVAILABLE, serve a logged session's token and
+    /// report the store unavailable; and take logins again once they return.
+    @Test func quorumLossGatesChanges() async throws {
+        let fixture = try await EtcdDaemonFixture(timeout: 3)
+        try fixture.start(0)
+        let kept = uniqueName("kept")
+        #expect(try await fixture.login(0, kept).status == 0)
+        let token = try #require(try fixture.token(0, kept))
+
+        fixture.fleet.stop(0)
+        let second = uniqueName("second")
+        let login = try await fixture.login(0, second)
+        #expect(login.status == 0, "one member down: \(login.stderr)")
+        let logout = try vaultctl(fixture.socket(0), ["logout", "oauth", second])
+        #expect(logout.status == 0, "one member down: \(logout.stderr)")
+        #expect(try !fixture.sessionKeys().contains(second))
+
+        fixture.fleet.stop(1)
+        let refused = try await fixture.login(0, uniqueName("refused"))
+        #expect(refused.status != 0)
+        #expect(refused.stderr.contains("ERR_SECRET_STORE_UNAVAILABLE"), "\(refused.stderr)")
+        #expect(try fixture.token(0, kept) == token, "served from memory without a quorum")
+        let state = try await eventually(tries: 100, interval: .milliseconds(100)) {
+            try fixture.storeState(0)
+        } until: {
+            $0 == "unavailable"
+        }
+        #expect(state == "unavailable")
+        // The gate's probes (from 0.5 s on) find no quorum either: the store
+        // stays unavailable while the members are down, watched for 3 s.
+        let stays = try await eventually(tries: 30, interval: .milliseconds(100)) {
+            try fixture.storeState(0)
+        } until: {
+            $0 != "unavailable"
+        }
+        #expect(stays == "unavailable", "a probe without a quorum found the store \(stays ?? "nil")")
+
+        try fixture.fleet.start(0)
+        try fixture.fleet.start(1)
+        try await fixture.fleet.waitUntilServing()
+        // The gate probes with backoff (at most 15 s apart).
+        let back = try await eventually(tries: 600, interval: .milliseconds(100)) {
+            try fixture.storeState(0)
+        } until: {
+            $0 == "available"
+        }
+        #expect(back == "available")
+        let again = uniqueName("again")
+        let relogin = try await fixture.login(0, again)
+        #expect(relogin.status == 0, "quorum back: \(relogin.stderr)")
+        #expect(try fixture.sessionKeys().contains("/vaultd/sessions/oauth/\(again)/root"))
+    }
+
+    /// Should skip, with a warning naming the user, a session whose owner has
+    /// no account on this host, and leave it in etcd.
+    @Test func unknownOwnerIsSkipped() async throws {
+        let fixture = try await EtcdDaemonFixture()
+        let stranger = "nobody-here-\(UUID().uuidString.prefix(6).lowercased())"
+        let names = OwnerNames(name: { _ in stranger }, uid: { _ in 0 })
+        var settings = EtcdSettings()
+        settings.endpoints = fixture.fleet.endpoints
+        settings.timeoutSeconds = 20
+        let seeder = try await EtcdStore.open(
+            settings: settings, keys: fixture.key.keys, log: Logger(level: .error, target: .discard), names: names)
+        try await seeder.save(
+            SessionRecord(
+                account: Account(provider: "oauth", user: "elsewhere"), user: UserProfile(uid: "elsewhere"),
+                tokens: TokenSet(accessToken: Secret("elsewhere-token")), createdAt: UnixTime(seconds: 1),
+                expiresAt: nil, ownerUID: 4242))
+
+        let daemon = try fixture.start(0)
+        #expect(daemon.output.text.contains(stranger), "the warning names the owner: \(daemon.output.text)")
+        #expect(try fixture.token(0, "elsewhere") == nil)
+        #expect(try fixture.sessionKeys().contains("/vaultd/sessions/oauth/elsewhere/\(stranger)"))
     }
 }
