@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 
 @testable import VaultDaemon
@@ -142,30 +143,45 @@ final class EtcdFleet {
             ?? ""
     }
 
-    /// `count` distinct free TCP ports of 127.0.0.1, held open together while
-    /// they are picked so that none repeats.
+    /// The next port `freePorts` tries, shared by every fleet of the test
+    /// process, from a random place so that two test processes rarely meet.
+    private static let nextPort = Mutex(Int.random(in: 0..<portRange.count))
+    /// Below the kernel's ephemeral ports (32768 and up), which every
+    /// `bind(port 0)` of the other suites draws from: a member stopped for a
+    /// while must find its ports free when it starts again, and two fleets
+    /// started at once must not draw the same ones (a member of another fleet
+    /// would answer on this one's URL).
+    static let portRange = 20000..<30000
+
+    /// `count` distinct TCP ports of 127.0.0.1 that are free now, each
+    /// handed to one fleet of this process only.
     static func freePorts(_ count: Int) throws -> [Int] {
-        var sockets: [Int32] = []
-        defer { for fd in sockets { close(fd) } }
         var ports: [Int] = []
-        for _ in 0..<count {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            guard fd >= 0 else { throw HarnessError("socket failed: errno \(errno)") }
-            sockets.append(fd)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            address.sin_port = 0
-            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let bound = withUnsafeMutablePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-                    bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
-                }
+        for _ in 0..<portRange.count where ports.count < count {
+            let port = nextPort.withLock { next in
+                defer { next = (next + 1) % portRange.count }
+                return portRange.lowerBound + next
             }
-            guard bound else { throw HarnessError("bind 127.0.0.1:0 failed: errno \(errno)") }
-            ports.append(Int(UInt16(bigEndian: address.sin_port)))
+            if try isFree(port) { ports.append(port) }
         }
+        guard ports.count == count else { throw HarnessError("no \(count) free ports in \(portRange)") }
         return ports
+    }
+
+    /// Whether 127.0.0.1:`port` can be bound now.
+    private static func isFree(_ port: Int) throws -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError("socket failed: errno \(errno)") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = in_port_t(UInt16(port)).bigEndian
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+            }
+        }
     }
 }
 

@@ -207,7 +207,8 @@ final class EtcdDaemonFixture {
 
     init(timeout: Int = 10) async throws {
         fleet = try await EtcdFleet()
-        server = try TokenServer()
+        // Tokens outlive the test: a refresh would change the token it compares.
+        server = try TokenServer(["--lifetime", "600"])
         directory = try TemporaryDirectory()
         key = try EtcdFleetKey(in: directory)
         configPath = directory.path("vaultd.conf")
