@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import Synchronization
 import Testing
+import VaultCore
 
 @testable import VaultDaemon
 
@@ -41,8 +42,14 @@ final class EtcdFleet {
     /// The members' client URLs, in member order.
     var endpoints: [String] { members.map(\.clientURL) }
 
-    /// Starts `size` members and waits (bounded) until the fleet serves.
-    init(size: Int = 3) async throws {
+    /// The members' TLS files when they serve clients over https (and
+    /// require a client certificate); nil for plain http.
+    let tls: EtcdTestCertificates?
+
+    /// Starts `size` members and waits (bounded) until the fleet serves;
+    /// over https with `tls`.
+    init(size: Int = 3, tls: EtcdTestCertificates? = nil) async throws {
+        self.tls = tls
         directory = FileManager.default.temporaryDirectory.appendingPathComponent(
             "vaultd-etcd-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -51,7 +58,7 @@ final class EtcdFleet {
         for index in 0..<size {
             members.append(
                 Member(
-                    name: "m\(index)", clientURL: "http://127.0.0.1:\(ports[2 * index])",
+                    name: "m\(index)", clientURL: "\(tls == nil ? "http" : "https")://127.0.0.1:\(ports[2 * index])",
                     peerURL: "http://127.0.0.1:\(ports[2 * index + 1])", process: nil))
         }
         for index in 0..<size { try start(index) }
@@ -81,6 +88,12 @@ final class EtcdFleet {
             // loaded machine calls elections while the leader is healthy.
             "--heartbeat-interval", "100", "--election-timeout", "1000",
         ]
+        if let tls {
+            process.arguments! += [
+                "--cert-file", tls.serverCert, "--key-file", tls.serverKey, "--client-cert-auth",
+                "--trusted-ca-file", tls.caFile,
+            ]
+        }
         let log = directory.appendingPathComponent("\(member.name).log")
         if !FileManager.default.fileExists(atPath: log.path) {
             _ = FileManager.default.createFile(atPath: log.path, contents: nil)
@@ -118,7 +131,7 @@ final class EtcdFleet {
     func waitUntilServing(_ indices: [Int]? = nil, seconds: Double = 60) async throws {
         let deadline = Date().addingTimeInterval(seconds)
         for index in indices ?? Array(members.indices) {
-            let client = EtcdClient(endpoints: [members[index].clientURL], timeoutSeconds: 3)
+            let client = EtcdClient(endpoints: [members[index].clientURL], timeoutSeconds: 3, tls: tls?.clientFiles)
             var lastError = "not asked"
             while true {
                 do {
@@ -194,5 +207,55 @@ extension Trait where Self == ConditionTrait {
             EtcdFleet.installed
                 ? "etcd suites run in their own step: VAULTD_TEST_ETCD=1 swift test --filter 'VaultIntegrationTests\\.Etcd'"
                 : "etcd is not installed: run scripts/deps")
+    }
+}
+
+/// A test CA, a server certificate for 127.0.0.1 and a client certificate,
+/// made with openssl in `directory`.
+struct EtcdTestCertificates {
+    let directory: String
+    var caFile: String { directory + "/ca.pem" }
+    var serverCert: String { directory + "/server.pem" }
+    var serverKey: String { directory + "/server.key" }
+    var clientCert: String { directory + "/client.pem" }
+    var clientKey: String { directory + "/client.key" }
+
+    /// What vaultd's client is given: the CA and the client certificate.
+    var clientFiles: TLSFiles {
+        var settings = EtcdSettings()
+        settings.caFile = caFile
+        settings.certFile = clientCert
+        settings.keyFile = clientKey
+        return TLSFiles(settings)!
+    }
+
+    init(in directory: String) throws {
+        self.directory = directory
+        let openssl = URL(fileURLWithPath: "/usr/bin/openssl")
+        func run(_ arguments: [String]) throws {
+            let result = try runCommand(openssl, arguments)
+            guard result.status == 0 else { throw HarnessError("openssl \(arguments.first ?? ""): \(result.stderr)") }
+        }
+        try run([
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+            "-subj", "/CN=vaultd test CA", "-keyout", directory + "/ca.key", "-out", caFile,
+        ])
+        for (name, extensions) in [
+            // The member's gateway connects to its own gRPC port with the
+            // server certificate as its client certificate: it needs both uses.
+            ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"),
+            ("client", "extendedKeyUsage=clientAuth"),
+        ] {
+            let ext = directory + "/\(name).ext"
+            try extensions.write(toFile: ext, atomically: true, encoding: .utf8)
+            try run([
+                "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
+                "/CN=\(name)", "-keyout", directory + "/\(name).key", "-out", directory + "/\(name).csr",
+            ])
+            try run([
+                "x509", "-req", "-in", directory + "/\(name).csr", "-CA", caFile, "-CAkey", directory + "/ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", ext, "-out", directory + "/\(name).pem",
+            ])
+        }
     }
 }

@@ -167,6 +167,35 @@ struct EtcdStoreTests {
             settings: Self.settings(fleet, prefix: "/other/"), keys: other.keys, log: Self.log, names: Self.hostA)
     }
 
+    /// Should reach members that serve https and require a client
+    /// certificate with [Etcd] CAFile=, CertFile= and KeyFile=, and fail
+    /// without the client certificate.
+    @Test func tlsWithClientCertificate() async throws {
+        let temp = try TemporaryDirectory()
+        let certificates = try EtcdTestCertificates(in: temp.url.path)
+        let fleet = try await EtcdFleet(tls: certificates)
+        let key = try EtcdFleetKey(in: temp)
+        var settings = Self.settings(fleet)
+        #expect(settings.endpoints.allSatisfy { $0.hasPrefix("https://") })
+        settings.caFile = certificates.caFile
+        settings.certFile = certificates.clientCert
+        settings.keyFile = certificates.clientKey
+        let store = try await EtcdStore.open(settings: settings, keys: key.keys, log: Self.log, names: Self.hostA)
+        let record = Self.record(user: "bot", owner: 1000, token: "t-\(UUID().uuidString)", refresh: "r")
+        try await store.save(record)
+        #expect(try await store.loadAll().records == [record])
+
+        var withoutCertificate = settings
+        withoutCertificate.certFile = nil
+        withoutCertificate.keyFile = nil
+        withoutCertificate.timeoutSeconds = 5
+        let refused = await #expect(throws: VaultError.self) {
+            _ = try await EtcdStore.open(
+                settings: withoutCertificate, keys: key.keys, log: Self.log, names: Self.hostA)
+        }
+        #expect(refused?.code == .storeUnavailable, "\(refused?.message ?? "")")
+    }
+
     /// Should probe available with a quorum, unavailable without one, and
     /// available again when it returns.
     @Test func probeFollowsTheQuorum() async throws {
