@@ -115,8 +115,27 @@ static size_t take_header(char *data, size_t size, size_t count, void *context) 
     return n;
 }
 
+static int post(const char *content_type, const char *url, const char *body, size_t body_length,
+                long timeout_ms, size_t max_body, const vaultd_http_tls *tls, vaultd_http_response *out);
+
 int vaultd_http_post_form(const char *url, const char *body, size_t body_length, long timeout_ms,
                           size_t max_body, vaultd_http_response *out) {
+    return post("Content-Type: application/x-www-form-urlencoded", url, body, body_length, timeout_ms, max_body,
+                NULL, out);
+}
+
+int vaultd_http_post_json(const char *url, const char *body, size_t body_length, long timeout_ms,
+                          size_t max_body, vaultd_http_response *out) {
+    return post("Content-Type: application/json", url, body, body_length, timeout_ms, max_body, NULL, out);
+}
+
+int vaultd_http_post_json_tls(const char *url, const char *body, size_t body_length, long timeout_ms,
+                              size_t max_body, const vaultd_http_tls *tls, vaultd_http_response *out) {
+    return post("Content-Type: application/json", url, body, body_length, timeout_ms, max_body, tls, out);
+}
+
+static int post(const char *content_type, const char *url, const char *body, size_t body_length,
+                long timeout_ms, size_t max_body, const vaultd_http_tls *tls, vaultd_http_response *out) {
     memset(out, 0, sizeof *out);
     if (vaultd_http_load(out->error, sizeof out->error) != 0) return -1;
     CURL *handle = curl.easy_init();
@@ -124,7 +143,7 @@ int vaultd_http_post_form(const char *url, const char *body, size_t body_length,
         snprintf(out->error, sizeof out->error, "libcurl could not make a request handle");
         return -1;
     }
-    struct curl_slist *headers = curl.slist_append(NULL, "Content-Type: application/x-www-form-urlencoded");
+    struct curl_slist *headers = curl.slist_append(NULL, content_type);
     headers = curl.slist_append(headers, "Accept: application/json");
     char curl_error[CURL_ERROR_SIZE] = "";
     sink s = {.response = out, .limit = max_body};
@@ -144,6 +163,9 @@ int vaultd_http_post_form(const char *url, const char *body, size_t body_length,
     curl.easy_setopt(handle, CURLOPT_HEADERFUNCTION, take_header);
     curl.easy_setopt(handle, CURLOPT_HEADERDATA, out);
     curl.easy_setopt(handle, CURLOPT_ERRORBUFFER, curl_error);
+    if (tls && tls->ca_file) curl.easy_setopt(handle, CURLOPT_CAINFO, tls->ca_file);
+    if (tls && tls->cert_file) curl.easy_setopt(handle, CURLOPT_SSLCERT, tls->cert_file);
+    if (tls && tls->key_file) curl.easy_setopt(handle, CURLOPT_SSLKEY, tls->key_file);
     CURLcode result = curl.easy_perform(handle);
     if (result == CURLE_OK) {
         curl.easy_getinfo(handle, CURLINFO_RESPONSE_CODE, &out->status);

@@ -155,6 +155,9 @@ public enum StoreEngine: String, Sendable, Equatable, CaseIterable {
     /// One SQLite database, every row sealed under a data key kept in a
     /// systemd credential or in the Secret Service: for hosts with many sessions.
     case sqlite
+    /// etcd (`[Etcd]`), every value sealed under the fleet's data key (the
+    /// credential `data-key`): for hosts sharing their sessions.
+    case etcd
 }
 
 /// The whole configuration of a vaultd instance.
@@ -172,6 +175,8 @@ public struct VaultConfig: Sendable, Equatable {
     public var storeEngine = StoreEngine.secretService
     /// The SQLite database file (`Database=`); nil: the engine's default place.
     public var databasePath: String?
+    /// How to reach etcd (`[Etcd]`), for `Store=etcd`.
+    public var etcd = EtcdSettings()
     /// The mode of the socket vaultd binds (not of one systemd passes).
     public var socketMode: UInt32
     /// The accounts the administrator declared (`[Account PROVIDER USER]`).
@@ -279,7 +284,7 @@ public enum ConfigParser {
         }
         if let engine = merged.vault["Store"] {
             guard let value = StoreEngine(rawValue: engine.value) else {
-                throw engine.error("key 'Store': expected secret-service or sqlite")
+                throw engine.error("key 'Store': expected secret-service, sqlite or etcd")
             }
             config.storeEngine = value
         }
@@ -296,6 +301,7 @@ public enum ConfigParser {
             }
             config.socketMode = value
         }
+        config.etcd = try etcdSettings(merged.etcd)
         try limits(merged.vault, into: &config.limits)
         config.serving = try servingLimits(merged.vault)
         for (account, entries) in merged.accounts {
@@ -542,6 +548,7 @@ public enum ConfigParser {
         var vault: [String: Entry] = [:]
         var providers: [String: ProviderSection] = [:]
         var providerOrder: [String] = []
+        var etcd: [String: Entry] = [:]
     }
 
     /// Reads the sections of one file into `merged`, checking section names and
@@ -552,6 +559,7 @@ public enum ConfigParser {
             case vault
             case provider(String)
             case account(Account)
+            case etcd
         }
         var section = Section.none
         var seenProviders: Set<String> = []
@@ -580,6 +588,8 @@ public enum ConfigParser {
                 let header = String(line.dropFirst().dropLast())
                 if header == "Vault" {
                     section = .vault
+                } else if header == "Etcd" {
+                    section = .etcd
                 } else if header.hasPrefix("Provider ") {
                     let name = LoginCredential.trimmed(String(header.dropFirst("Provider ".count)))
                     guard (try? Account.validate(provider: name, user: "-")) != nil, !name.contains(" ") else {
@@ -613,7 +623,7 @@ public enum ConfigParser {
                 } else {
                     throw fail(
                         lineNumber,
-                        "unknown section (expected [Vault], [Provider NAME] or [Account PROVIDER USER])")
+                        "unknown section (expected [Vault], [Etcd], [Provider NAME] or [Account PROVIDER USER])")
                 }
                 continue
             }
@@ -658,6 +668,13 @@ public enum ConfigParser {
                     throw fail(lineNumber, "key '\(key)' set twice in [Account \(account.provider) \(account.user)]")
                 }
                 merged.accounts[account]![key] = entry
+            case .etcd:
+                guard etcdKeys.contains(key) else {
+                    throw fail(
+                        lineNumber, "unknown key '\(key)' in [Etcd] (known: \(etcdKeys.joined(separator: ", ")))")
+                }
+                guard seenKeys.insert(key).inserted else { throw fail(lineNumber, "key '\(key)' set twice in [Etcd]") }
+                merged.etcd[key] = entry
             }
         }
     }

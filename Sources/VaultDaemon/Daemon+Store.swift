@@ -15,6 +15,8 @@ public struct StoreSelection: Sendable, Equatable {
     public var databasePath: String?
     /// How long one store call may take, in seconds.
     public var timeoutSeconds: Int64
+    /// How to reach etcd, for `Store=etcd` (`[Etcd]`).
+    public var etcd = EtcdSettings()
 
     /// The selection `config` and the process environment make.
     public static func resolve(_ config: VaultConfig) throws(VaultError) -> StoreSelection {
@@ -32,9 +34,33 @@ public struct StoreSelection: Sendable, Equatable {
         let path =
             effective.databasePath
             ?? SQLiteStore.defaultPath(environment: Environment.all(), uid: geteuid(), home: Files.homeDirectory())
-        return StoreSelection(
+        var selection = StoreSelection(
             engine: effective.storeEngine, scope: effective.storeScope, databasePath: path,
             timeoutSeconds: effective.storeTimeoutSeconds)
+        selection.etcd = effective.etcd
+        if selection.engine == .etcd { try checkEtcd(effective.etcd) }
+        return selection
+    }
+
+    /// `Store=etcd` needs an endpoint, and the TLS files it names must be
+    /// readable by vaultd (checked at `--check-config` and at start, never
+    /// at the first call).
+    static func checkEtcd(_ etcd: EtcdSettings) throws(VaultError) {
+        guard !etcd.endpoints.isEmpty else {
+            throw VaultError(
+                .invalidConfig,
+                "Store=etcd needs the etcd members' URLs: add an [Etcd] section with Endpoints=, such as Endpoints=http://127.0.0.1:2379"
+            )
+        }
+        for (key, path) in [("CAFile", etcd.caFile), ("CertFile", etcd.certFile), ("KeyFile", etcd.keyFile)] {
+            guard let path else { continue }
+            guard access(path, R_OK) == 0 else {
+                throw VaultError(
+                    .invalidConfig,
+                    "[Etcd] \(key)=\(path): vaultd cannot read it (\(SystemError("access"))); make it readable by vaultd's user"
+                )
+            }
+        }
     }
 
     /// The database file, or an error saying how to name one.
@@ -53,6 +79,9 @@ public struct StoreSelection: Sendable, Equatable {
         switch engine {
         case .secretService: return "store: secret-service (scope \(scope))"
         case .sqlite: return "store: sqlite \(databasePath ?? "(no database path: set Database=)")"
+        case .etcd:
+            return
+                "store: etcd \(etcd.endpoints.joined(separator: " ")) (prefix \(etcd.keyPrefix), timeout \(etcd.timeoutSeconds)s)"
         }
     }
 }
@@ -76,6 +105,16 @@ extension Daemon {
             return try LibsecretStore.open(timeoutSeconds: selection.timeoutSeconds, scope: selection.scope)
         case .sqlite:
             return try openSQLite(selection, log: log)
+        case .etcd:
+            return try openEtcd(selection, log: log)
+        }
+    }
+
+    /// The etcd store of `selection`, its key from the credential `data-key` only.
+    static func openEtcd(_ selection: StoreSelection, log: Logger) throws(VaultError) -> EtcdStore {
+        let keys = CredentialDataKeys.fromEnvironment()
+        return try blocking { () async throws(VaultError) in
+            try await EtcdStore.open(settings: selection.etcd, keys: keys, log: log)
         }
     }
 

@@ -148,7 +148,43 @@ enum HTTPClient {
         return String(authority.split(separator: "@", omittingEmptySubsequences: false).last ?? authority)
     }
 
-    private static func post(_ url: String, _ body: inout [UInt8], timeoutMilliseconds: Int, timeoutSeconds: Double)
+    /// POSTs `body` (application/json) to `url` on `BlockingExecutor.io`, in
+    /// the lane of its host, at most `cap` at once; ends by `timeoutSeconds`
+    /// at the latest, the wait for a thread included. For etcd's JSON gateway.
+    static func postJSON(
+        _ url: String, _ body: [UInt8], timeoutSeconds: Double, cap: Int = requestsPerHost, tls: TLSFiles? = nil
+    )
+        async throws(HTTPFailure) -> HTTPResponse
+    {
+        let timeout = UInt64(max(0, min(timeoutSeconds, 3600)) * 1000)
+        let deadline = Monotonic.milliseconds() + timeout
+        let result = await BlockingExecutor.io.run(
+            lane: "http " + host(of: url), cap: cap, deadline: deadline
+        ) { () -> Result<HTTPResponse, HTTPFailure> in
+            let now = Monotonic.milliseconds()
+            guard now < deadline else {
+                return .failure(
+                    HTTPFailure(.timedOut, reason: "timed out waiting for a free connection to \(host(of: url))"))
+            }
+            var copy = body
+            return post(
+                url, &copy, timeoutMilliseconds: Int(deadline - now), timeoutSeconds: timeoutSeconds, json: true,
+                tls: tls)
+        }
+        guard let result else {
+            throw HTTPFailure(
+                .timedOut,
+                reason:
+                    "no answer within \(Int(timeoutSeconds))s: the request waited the whole time for a free connection to \(host(of: url))"
+            )
+        }
+        return try result.get()
+    }
+
+    private static func post(
+        _ url: String, _ body: inout [UInt8], timeoutMilliseconds: Int, timeoutSeconds: Double, json: Bool = false,
+        tls: TLSFiles? = nil
+    )
         -> Result<HTTPResponse, HTTPFailure>
     {
         // The body carries the refresh token and client secret: wipe it once sent.
@@ -156,7 +192,14 @@ enum HTTPClient {
         var response = vaultd_http_response()
         defer { vaultd_http_response_free(&response) }
         let status = body.withUnsafeBytes { raw in
-            vaultd_http_post_form(
+            if let tls {
+                return tls.withC { files in
+                    vaultd_http_post_json_tls(
+                        url, raw.baseAddress?.assumingMemoryBound(to: CChar.self), raw.count, timeoutMilliseconds,
+                        maximumBody, files, &response)
+                }
+            }
+            return (json ? vaultd_http_post_json : vaultd_http_post_form)(
                 url, raw.baseAddress?.assumingMemoryBound(to: CChar.self), raw.count, timeoutMilliseconds,
                 maximumBody, &response)
         }

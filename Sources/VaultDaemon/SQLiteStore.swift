@@ -250,15 +250,15 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     // MARK: Sealing
 
     private static func sessionData(_ account: Account, owner: UInt32) -> [UInt8] {
-        Sealing.associatedData(["session", account.provider, account.user, String(owner)])
+        Sealing.sessionData(account, owner: String(owner))
     }
 
     private static func revocationData(_ id: String, _ account: Account) -> [UInt8] {
-        Sealing.associatedData(["revocation", id, account.provider, account.user])
+        Sealing.revocationData(id, account)
     }
 
     private static func providerSecretData(_ provider: String) -> [UInt8] {
-        Sealing.associatedData(["provider-secret", provider])
+        Sealing.providerSecretData(provider)
     }
 
     /// The plaintext of the row's sealed column (the one after `keyColumn`),
@@ -268,8 +268,10 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         _ statement: SQLiteDatabase.Statement, keyColumn: Int32, associatedData: [UInt8], key: DataKey? = nil
     ) -> [UInt8]? {
         let key = key ?? self.key
-        guard statement.text(keyColumn) == key.id else { return nil }
-        return statement.withBlob(keyColumn + 1) { Sealing.open($0, associatedData: associatedData, key: key) }
+        let keyID = statement.text(keyColumn)
+        return statement.withBlob(keyColumn + 1) {
+            Sealing.open($0, keyID: keyID, associatedData: associatedData, key: key)
+        }
     }
 
     // MARK: Calls (on the store's lane)

@@ -106,11 +106,18 @@ public enum StoreMigration {
                 .invalidParameter,
                 "--migrate-store needs two different engines (secret-service and sqlite), not \(from.rawValue) twice")
         }
+        guard from != .etcd, to != .etcd else {
+            throw VaultError(
+                .invalidParameter,
+                "--migrate-store moves sessions between secret-service and sqlite; it does not move them to or from etcd yet"
+            )
+        }
         let path = try selection.requireDatabasePath()
         return try Daemon.blocking { () async throws(VaultError) -> [String] in
             switch to {
             case .sqlite: return try await toSQLite(path: path, selection: selection, log: log)
             case .secretService: return try await toSecretService(path: path, selection: selection, log: log)
+            case .etcd: throw VaultError(.invalidParameter, "--migrate-store does not move sessions to etcd")
             }
         }
     }

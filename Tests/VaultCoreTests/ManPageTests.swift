@@ -20,6 +20,7 @@ struct ManPageTests {
             ("# [Vault] SECTION", ConfigParser.vaultKeys),
             ("# [Provider NAME] SECTION", ConfigParser.providerKeys),
             ("# [Account PROVIDER USER] SECTION", ConfigParser.accountKeys),
+            ("# [Etcd] SECTION", ConfigParser.etcdKeys),
         ]
         for (index, section) in sections.enumerated() {
             let start = try #require(page.range(of: "\n\(section.header)\n"), "no '\(section.header)' heading")

@@ -22,7 +22,7 @@ struct StoreConfigTests {
             try ConfigParser.parse("[Vault]\nStore=postgres\n", file: "a.conf")
         }
         #expect(error.code == .invalidConfig)
-        #expect(error.message == "a.conf:2: key 'Store': expected secret-service or sqlite")
+        #expect(error.message == "a.conf:2: key 'Store': expected secret-service, sqlite or etcd")
     }
 
     @Test("Should take an absolute Database= path, a later layer winning")

@@ -135,7 +135,7 @@ struct CrashTests {
 
     @Test(
         "Should lose no acknowledged change, undo no acknowledged logout, half-write nothing and send no rotated refresh token again across random SIGKILLs",
-        arguments: StoreEngine.allCases, parts)
+        arguments: TestStore.localEngines, parts)
     func randomKills(engine: StoreEngine, part: Int) async throws {
         let environment = ProcessInfo.processInfo.environment
         let kills = environment["VAULTD_CRASH_KILLS"].flatMap(Int.init) ?? Soak.size(short: 50, long: 200)
@@ -404,7 +404,7 @@ struct CrashWindowTests {
 
     @Test(
         "Should end a session killed after the server rotated and before the write in one invalid_grant and one tokenInvalid, with no retry",
-        arguments: StoreEngine.allCases)
+        arguments: TestStore.localEngines)
     func rotationWindowOutcome(engine: StoreEngine) async throws {
         // vaultd waits for the held answer as long as the test may take (its
         // default 30 s, or a 20 s hold, let a starved test process see the
@@ -474,7 +474,7 @@ struct CrashWindowTests {
 
     @Test(
         "Should write rotated tokens promptly while other writes crowd the store: the window's figures",
-        arguments: StoreEngine.allCases)
+        arguments: TestStore.localEngines)
     func rotationWindowUnderStoreLoad(engine: StoreEngine) async throws {
         let rig = try CrashRig(engine: engine)
         let run = uniqueName("load")
@@ -541,7 +541,7 @@ struct CrashWindowTests {
 
     @Test(
         "Should spread the refreshes of 60 sessions overdue at a restart over seconds, not all at once",
-        arguments: StoreEngine.allCases)
+        arguments: TestStore.localEngines)
     func overdueRefreshesSpreadAfterRestart(engine: StoreEngine) async throws {
         let rig = try CrashRig(engine: engine)
         let run = uniqueName("due")

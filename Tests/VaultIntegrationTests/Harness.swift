@@ -153,6 +153,8 @@ final class RunningDaemon {
         case .sqlite?:
             for (key, value) in try SQLiteFiles(socketPath: socketPath).prepare(dataKey) { env[key] = value }
         case .secretService?: env["VAULTD_STORE"] = "secret-service"
+        // The etcd suites pass their fleet's configuration and key themselves.
+        case .etcd?: env["VAULTD_STORE"] = "etcd"
         case nil: break
         }
         return env

@@ -47,6 +47,7 @@ struct RevocationTests {
                 sessions.count + revocations,
                 "sessions \(sessions.map(\.phase)), queued revocations \(revocations)"
             )
+        case .etcd: throw HarnessError("the etcd suites read etcd with EtcdStore, not through StoreReader")
         }
     }
 

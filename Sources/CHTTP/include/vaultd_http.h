@@ -36,6 +36,23 @@ int vaultd_http_load(char *error, size_t error_size);
 int vaultd_http_post_form(const char *url, const char *body, size_t body_length, long timeout_ms,
                           size_t max_body, vaultd_http_response *out);
 
+/* As vaultd_http_post_form, with a JSON body (Content-Type: application/json). */
+int vaultd_http_post_json(const char *url, const char *body, size_t body_length, long timeout_ms,
+                          size_t max_body, vaultd_http_response *out);
+
+/* TLS settings of a request: PEM files, NULL where not set (the system's CA
+ * bundle; no client certificate). */
+typedef struct {
+    const char *ca_file;
+    const char *cert_file;
+    const char *key_file;
+} vaultd_http_tls;
+
+/* As vaultd_http_post_json, with TLS settings (CURLOPT_CAINFO, CURLOPT_SSLCERT,
+ * CURLOPT_SSLKEY); tls may be NULL. */
+int vaultd_http_post_json_tls(const char *url, const char *body, size_t body_length, long timeout_ms,
+                              size_t max_body, const vaultd_http_tls *tls, vaultd_http_response *out);
+
 /* Wipes and frees the body of a response. */
 void vaultd_http_response_free(vaultd_http_response *response);
 
