@@ -1,0 +1,206 @@
+import Foundation
+import Synchronization
+import Testing
+import VaultCore
+
+@testable import VaultDaemon
+
+/// What a test's watch received, for its assertions.
+final class WatchRecorder: Sendable {
+    private let state = Mutex<(events: [EtcdWatchEvent], revisions: [Int64], resets: [VaultError])>(([], [], []))
+
+    var events: [EtcdWatchEvent] { state.withLock { $0.events } }
+    var revisions: [Int64] { state.withLock { $0.revisions } }
+    var resets: [VaultError] { state.withLock { $0.resets } }
+
+    /// A watch of `prefix` on `client` from `revision` that records into this recorder.
+    func watch(_ client: EtcdClient, _ prefix: String, from revision: Int64, idle: Double = 30) -> EtcdWatch {
+        EtcdWatch(
+            client: client, prefix: Array(prefix.utf8), fromRevision: revision, idleTimeoutSeconds: idle,
+            onEvents: { events, revision in
+                self.state.withLock {
+                    $0.events += events
+                    $0.revisions.append(revision)
+                }
+            },
+            onReset: { error in self.state.withLock { $0.resets.append(error) } })
+    }
+}
+
+/// Whether the etcd suites run in this test process: where etcd is installed,
+/// in the etcd step of scripts/test (`VAULTD_TEST_ETCD=1`), alone, since three
+/// members beside every other suite on two cores lose their quorum for seconds.
+let etcdSuitesSelected =
+    EtcdFleet.installed && ProcessInfo.processInfo.environment["VAULTD_TEST_ETCD"] == "1"
+
+/// EtcdWatch against a real three-member etcd fleet on loopback: order and
+/// revisions of the changes, resuming on another member after the one
+/// streaming is killed, compaction, and stopping.
+@Suite(
+    "etcd watch", .serialized, .timeLimit(.minutes(5)),
+    .enabled(if: etcdSuitesSelected, "etcd suites run alone: VAULTD_TEST_ETCD=1 swift test --filter Etcd"))
+struct EtcdWatchTests {
+    /// A client call's limit where the test waits for an answer rather than asserting a bound.
+    static let callTimeout = 20.0
+
+    /// Should deliver puts and deletes under the prefix, in order, with their
+    /// revisions and values, and nothing outside the prefix.
+    @Test func deliversChangesInOrder() async throws {
+        let fleet = try await EtcdFleet()
+        let client = EtcdClient(endpoints: fleet.endpoints, timeoutSeconds: Self.callTimeout)
+        let start = try await client.put(Array("before".utf8), Array("x".utf8)) + 1
+        let recorder = WatchRecorder()
+        let watch = recorder.watch(client, "/w/", from: start)
+        try watch.start()
+        defer { watch.stop() }
+
+        let r1 = try await client.put(Array("/w/a".utf8), Array("one".utf8))
+        let r2 = try await client.put(Array("/w/b".utf8), Array("two".utf8))
+        try await client.put(Array("/wx".utf8), Array("outside".utf8))
+        try await client.delete(Array("/w/a".utf8))
+        let r4 = try await client.put(Array("/w/b".utf8), Array("three".utf8))
+        let r3 = r4 - 1
+
+        let seen = try await eventually(
+            tries: 300, interval: .milliseconds(50), { recorder.events },
+            until: {
+                $0.count >= 4
+            })
+        #expect(seen.map(\.kind) == [.put, .put, .delete, .put])
+        #expect(seen.map { String(decoding: $0.key, as: UTF8.self) } == ["/w/a", "/w/b", "/w/a", "/w/b"])
+        #expect(seen.map { String(decoding: $0.value, as: UTF8.self) } == ["one", "two", "", "three"])
+        #expect(seen.map(\.modRevision) == [r1, r2, r3, r4])
+        #expect(recorder.revisions.last == r4)
+        #expect(watch.deliveredRevision == r4)
+        #expect(recorder.resets.isEmpty)
+    }
+
+    /// Should, when the member it streams from is killed, resume on another
+    /// and deliver a put made meanwhile exactly once, nothing skipped or repeated.
+    @Test func resumesOnAnotherMemberExactlyOnce() async throws {
+        let fleet = try await EtcdFleet()
+        let client = EtcdClient(endpoints: fleet.endpoints, timeoutSeconds: Self.callTimeout)
+        let start = try await client.put(Array("/r/0".utf8), Array("0".utf8))
+        let recorder = WatchRecorder()
+        let watch = recorder.watch(client, "/r/", from: start)
+        try watch.start()
+        defer { watch.stop() }
+        let streaming = try await eventually(
+            tries: 300, interval: .milliseconds(50), { watch.connectedEndpoint },
+            until: {
+                $0 != nil
+            })
+        let killed = try #require(fleet.endpoints.firstIndex { $0 == streaming })
+        try await client.put(Array("/r/1".utf8), Array("1".utf8))
+        _ = try await eventually(tries: 300, interval: .milliseconds(50), { recorder.events.count }, until: { $0 >= 2 })
+
+        fleet.kill(killed)
+        // Made while the watch has no stream (it reconnects after its backoff).
+        let gap = try await client.put(Array("/r/2".utf8), Array("2".utf8))
+        let after = try await client.put(Array("/r/3".utf8), Array("3".utf8))
+
+        let seen = try await eventually(
+            tries: 400, interval: .milliseconds(50), { recorder.events },
+            until: {
+                $0.count >= 4
+            })
+        #expect(seen.map { String(decoding: $0.key, as: UTF8.self) } == ["/r/0", "/r/1", "/r/2", "/r/3"])
+        #expect(seen.filter { $0.modRevision == gap }.count == 1)
+        #expect(seen.last?.modRevision == after)
+        #expect(zip(seen, seen.dropFirst()).allSatisfy { $0.modRevision < $1.modRevision })
+        let now = try await eventually(
+            tries: 300, interval: .milliseconds(50), { watch.connectedEndpoint },
+            until: {
+                $0 != nil
+            })
+        #expect(now != streaming, "the watch streams from the killed member \(streaming ?? "?")")
+        // Still following: one more change, still once.
+        let last = try await client.put(Array("/r/4".utf8), Array("4".utf8))
+        let all = try await eventually(
+            tries: 300, interval: .milliseconds(50), { recorder.events },
+            until: {
+                $0.count >= 5
+            })
+        #expect(all.count == 5)
+        #expect(all.last?.modRevision == last)
+        #expect(recorder.resets.isEmpty)
+    }
+
+    /// Should call onReset (and end) when started from a revision etcd has compacted away.
+    @Test func compactedRevisionResets() async throws {
+        let fleet = try await EtcdFleet()
+        let client = EtcdClient(endpoints: fleet.endpoints, timeoutSeconds: Self.callTimeout)
+        let first = try await client.put(Array("/c/a".utf8), Array("1".utf8))
+        try await client.put(Array("/c/a".utf8), Array("2".utf8))
+        let latest = try await client.put(Array("/c/a".utf8), Array("3".utf8))
+        let compaction = try await HTTPClient.postJSON(
+            fleet.endpoints[0] + "/v3/kv/compaction",
+            JSON.object(["revision": .string(String(latest)), "physical": true]).serialized(),
+            timeoutSeconds: Self.callTimeout)
+        #expect(compaction.status == 200)
+
+        let recorder = WatchRecorder()
+        let watch = recorder.watch(client, "/c/", from: first)
+        try watch.start()
+        defer { watch.stop() }
+        let resets = try await eventually(
+            tries: 300, interval: .milliseconds(50), { recorder.resets },
+            until: {
+                !$0.isEmpty
+            })
+        #expect(resets.count == 1)
+        #expect(resets.first?.code == .storeFailed)
+        #expect(resets.first?.message.contains("compacted its history up to revision \(latest)") == true)
+        let finished = try await eventually(
+            tries: 100, interval: .milliseconds(20), { watch.isFinished }, until: { $0 })
+        #expect(finished)
+        #expect(recorder.events.isEmpty)
+
+        // From the compaction's revision on the watch works.
+        let again = WatchRecorder()
+        let resumed = again.watch(client, "/c/", from: latest)
+        try resumed.start()
+        defer { resumed.stop() }
+        let seen = try await eventually(
+            tries: 300, interval: .milliseconds(50), { again.events }, until: { !$0.isEmpty })
+        #expect(seen.map(\.modRevision) == [latest])
+        #expect(again.resets.isEmpty)
+    }
+
+    /// Should stop promptly, whether streaming or retrying a dead endpoint,
+    /// and leave no thread behind.
+    @Test func stopIsPromptAndEndsItsThread() async throws {
+        let fleet = try await EtcdFleet()
+        let client = EtcdClient(endpoints: fleet.endpoints, timeoutSeconds: Self.callTimeout)
+        let recorder = WatchRecorder()
+        let watch = recorder.watch(client, "/s/", from: 1)
+        try watch.start()
+        _ = try await eventually(
+            tries: 300, interval: .milliseconds(50), { watch.connectedEndpoint }, until: { $0 != nil })
+        let thread = watch.threadID
+        #expect(thread > 0)
+        #expect(FileManager.default.fileExists(atPath: "/proc/self/task/\(thread)"))
+        var started = ContinuousClock.now
+        #expect(watch.stop())
+        let streamingStop = ContinuousClock.now - started
+        #expect(streamingStop < .seconds(1), "stop() took \(streamingStop) while streaming")
+        #expect(watch.isFinished)
+        #expect(!FileManager.default.fileExists(atPath: "/proc/self/task/\(thread)"))
+        try await client.put(Array("/s/after".utf8), Array("x".utf8))
+        #expect(recorder.events.isEmpty)
+
+        // Nothing listens at this port: the watch retries with its backoff.
+        let port = try EtcdFleet.freePorts(1)[0]
+        let nowhere = EtcdClient(endpoints: ["http://127.0.0.1:\(port)"], timeoutSeconds: 1)
+        let retrying = WatchRecorder().watch(nowhere, "/s/", from: 1)
+        try retrying.start()
+        _ = try await eventually(tries: 100, interval: .milliseconds(20), { retrying.threadID }, until: { $0 > 0 })
+        let retryingThread = retrying.threadID
+        started = ContinuousClock.now
+        #expect(retrying.stop())
+        let retryingStop = ContinuousClock.now - started
+        #expect(retryingStop < .seconds(1), "stop() took \(retryingStop) while retrying")
+        #expect(!FileManager.default.fileExists(atPath: "/proc/self/task/\(retryingThread)"))
+        print("etcd watch stop(): \(streamingStop) while streaming, \(retryingStop) while retrying")
+    }
+}
