@@ -56,6 +56,8 @@ final class EtcdWatch: Sendable {
         var delivered: Int64
         /// The endpoint streaming now, nil between connections.
         var connected: String?
+        /// How many streams etcd created for the watch so far.
+        var streams = 0
         /// The kernel thread id of the watch's thread while it runs.
         var threadID: Int32 = 0
         var thread: pthread_t?
@@ -116,6 +118,9 @@ final class EtcdWatch: Sendable {
     /// The endpoint the watch streams from now; nil while it is between connections or ended.
     var connectedEndpoint: String? { state.withLock { $0.connected } }
 
+    /// How many streams etcd created for the watch so far (1 + the times it resumed).
+    var streamCount: Int { state.withLock { $0.streams } }
+
     /// The kernel thread id of the watch's thread (`/proc/self/task/ID`), 0 before it started.
     var threadID: Int32 { state.withLock { $0.threadID } }
 
@@ -123,7 +128,8 @@ final class EtcdWatch: Sendable {
     var isFinished: Bool { state.withLock { $0.finished } }
 
     /// Starts the watch's thread; a second call does nothing. Throws when no
-    /// thread could be started.
+    /// thread could be started. The thread holds the watch until it ends:
+    /// the owner calls `stop()` when done with it.
     func start() throws(VaultError) {
         let first = state.withLock { state in
             defer { state.started = true }
@@ -313,7 +319,10 @@ final class EtcdWatch: Sendable {
         }
         if result["created"]?.boolValue == true {
             progressed = true
-            state.withLock { $0.connected = endpoint }
+            state.withLock { state in
+                state.connected = endpoint
+                state.streams += 1
+            }
         }
         let items = result["events"]?.arrayValue ?? []
         guard !items.isEmpty else {

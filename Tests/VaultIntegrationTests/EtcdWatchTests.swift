@@ -167,6 +167,59 @@ struct EtcdWatchTests {
         #expect(again.resets.isEmpty)
     }
 
+    /// Should leave a member that lost its quorum (its stream ended: it
+    /// requires a leader) and, once the quorum is back, deliver what changed.
+    @Test func leavesAMemberWithoutQuorumAndCatchesUp() async throws {
+        let fleet = try await EtcdFleet()
+        let client = EtcdClient(endpoints: fleet.endpoints, timeoutSeconds: Self.callTimeout)
+        let start = try await client.put(Array("/q/0".utf8), Array("0".utf8))
+        let recorder = WatchRecorder()
+        let watch = recorder.watch(client, "/q/", from: start)
+        try watch.start()
+        defer { watch.stop() }
+        let streaming = try await eventually(
+            tries: 300, interval: .milliseconds(50), { watch.connectedEndpoint }, until: { $0 != nil })
+        let kept = try #require(fleet.endpoints.firstIndex { $0 == streaming })
+        let others = fleet.endpoints.indices.filter { $0 != kept }
+        for index in others { fleet.kill(index) }
+        let cutOff = ContinuousClock.now
+        // The kept member loses its leader within a few election timeouts and
+        // ends the stream; the watch then retries members that are down.
+        let left = try await eventually(
+            tries: 300, interval: .milliseconds(50), { watch.connectedEndpoint }, until: { $0 == nil })
+        #expect(left == nil, "the watch still streams from \(streaming ?? "?"), which has no quorum")
+        print("etcd watch: left a member without quorum after \(ContinuousClock.now - cutOff)")
+
+        for index in others { try fleet.start(index) }
+        try await fleet.waitUntilServing()
+        let back = try await client.put(Array("/q/1".utf8), Array("1".utf8))
+        let seen = try await eventually(
+            tries: 400, interval: .milliseconds(50), { recorder.events }, until: { $0.count >= 2 })
+        #expect(seen.map(\.modRevision) == [start, back])
+        #expect(recorder.resets.isEmpty)
+    }
+
+    /// Should give up a stream that sent nothing for its idle timeout and
+    /// resume, still delivering every change once.
+    @Test func resumesAfterAnIdleTimeout() async throws {
+        let fleet = try await EtcdFleet()
+        let client = EtcdClient(endpoints: fleet.endpoints, timeoutSeconds: Self.callTimeout)
+        let start = try await client.put(Array("/i/0".utf8), Array("0".utf8))
+        let recorder = WatchRecorder()
+        let watch = recorder.watch(client, "/i/", from: start, idle: 1)
+        try watch.start()
+        defer { watch.stop() }
+        // Idle after its first event: given up and resumed every second or so.
+        let streams = try await eventually(
+            tries: 300, interval: .milliseconds(50), { watch.streamCount }, until: { $0 >= 3 })
+        #expect(streams >= 3)
+        let next = try await client.put(Array("/i/1".utf8), Array("1".utf8))
+        let seen = try await eventually(
+            tries: 300, interval: .milliseconds(50), { recorder.events }, until: { $0.count >= 2 })
+        #expect(seen.map(\.modRevision) == [start, next])
+        #expect(recorder.resets.isEmpty)
+    }
+
     /// Should stop promptly, whether streaming or retrying a dead endpoint,
     /// and leave no thread behind.
     @Test func stopIsPromptAndEndsItsThread() async throws {
