@@ -117,7 +117,8 @@ final class EtcdLocks: Sendable {
                 if events.contains(where: { $0.kind == .delete }) { signal.continuation.yield() }
             },
             onReset: { _ in signal.continuation.yield() })
-        defer { watch.stop() }
+        // The stream is cut at once: the wait for its thread is a few milliseconds.
+        defer { watch.stop(waitingAtMost: 1) }
         guard (try? watch.start()) != nil else { return }
         let wait = min(deadline, ContinuousClock.now + .seconds(1))
         await withTaskGroup(of: Void.self) { group in
@@ -172,11 +173,19 @@ final class EtcdHeldLock: Sendable {
     /// renewed for a whole TTL (another host may hold it now).
     var isHeld: Bool { state.withLock { $0.held } }
 
+    deinit {
+        // Dropped without release(): the lease is no longer renewed and the
+        // lock goes when it expires, as when its holder dies.
+        state.withLock { $0.keepAlive?.cancel() }
+    }
+
+    /// Starts renewing the lease every TTL/3 until `release()` or `abandon()`.
     func startKeepAlive() {
-        let task = Task { [client, leaseID, ttl] in
+        // The task holds the lock weakly: a lock dropped stops being renewed.
+        let task = Task { [weak self, client, leaseID, ttl] in
             let interval = Duration.milliseconds(max(1, ttl) * 1000 / 3)
             var lastRenewed = ContinuousClock.now
-            while !Task.isCancelled {
+            while !Task.isCancelled, self != nil {
                 try? await Task.sleep(for: interval)
                 guard !Task.isCancelled else { return }
                 do {
@@ -189,7 +198,7 @@ final class EtcdHeldLock: Sendable {
                     if ContinuousClock.now - lastRenewed < .seconds(ttl) { continue }
                 }
                 guard !Task.isCancelled else { return }
-                lose()
+                self?.lose()
                 return
             }
         }
