@@ -30,7 +30,8 @@ struct EtcdWatchEvent: Sendable, Equatable {
 /// the cooperative pool nor `BlockingExecutor.io`. `onEvents` gets each batch
 /// of changes in revision order, with the revision the watch has delivered
 /// up to; `onReset` is called once when the watch cannot go on (its revision
-/// was compacted away), and the watch then ends: the owner reloads every key
+/// was compacted away, or one message passed `maximumMessage`), and the
+/// watch then ends: the owner reloads every key
 /// with a range and starts a new watch from that range's revision + 1. Both
 /// are called on the watch's thread, one at a time: they must return quickly
 /// (hop to the owner's actor), and may call `stop()`.

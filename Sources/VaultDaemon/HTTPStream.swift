@@ -53,21 +53,23 @@ final class HTTPStream: @unchecked Sendable {
             var result = vaultd_http_stream_result()
             var cHeaders = headers.map { strdup($0) }
             defer { for header in cHeaders { free(header) } }
-            let status = cHeaders.withUnsafeMutableBufferPointer { lines in
-                lines.withMemoryRebound(to: UnsafePointer<CChar>?.self) { lines in
-                    body.withUnsafeBytes { raw in
-                        vaultd_http_stream_post_json(
-                            handle, url, raw.baseAddress?.assumingMemoryBound(to: CChar.self), raw.count,
-                            lines.baseAddress, lines.count, Int(max(0, connectTimeoutSeconds) * 1000),
-                            Int(max(0, idleTimeoutSeconds) * 1000),
-                            { context, data, length in
-                                let reader = Unmanaged<Reader>.fromOpaque(context!).takeUnretainedValue()
-                                return reader.onData(UnsafeRawBufferPointer(start: data, count: length)) ? 0 : 1
-                            }, context, &result)
+            // The context pointer does not retain the reader: it lives until the call returns.
+            let status = withExtendedLifetime(reader) {
+                cHeaders.withUnsafeMutableBufferPointer { lines in
+                    lines.withMemoryRebound(to: UnsafePointer<CChar>?.self) { lines in
+                        body.withUnsafeBytes { raw in
+                            vaultd_http_stream_post_json(
+                                handle, url, raw.baseAddress?.assumingMemoryBound(to: CChar.self), raw.count,
+                                lines.baseAddress, lines.count, Int(max(0, connectTimeoutSeconds) * 1000),
+                                Int(max(0, idleTimeoutSeconds) * 1000),
+                                { context, data, length in
+                                    let reader = Unmanaged<Reader>.fromOpaque(context!).takeUnretainedValue()
+                                    return reader.onData(UnsafeRawBufferPointer(start: data, count: length)) ? 0 : 1
+                                }, context, &result)
+                        }
                     }
                 }
             }
-            _ = withExtendedLifetime(reader) {}
             var failure: HTTPFailure?
             if status != 0 {
                 let detail = withUnsafeBytes(of: &result.error) { raw in
