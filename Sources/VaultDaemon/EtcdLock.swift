@@ -83,7 +83,7 @@ final class EtcdLocks: Sendable {
     }
 
     /// Takes the lock `name`, waiting while another host holds it until
-    /// `deadline`; nil when it was still held then. The wait follows the
+    /// `deadline`; nil when it was still held then (or the task was cancelled). The wait follows the
     /// holder's key through a watch and tries again as soon as it is deleted
     /// (released, or its lease expired).
     func acquire(
@@ -98,7 +98,8 @@ final class EtcdLocks: Sendable {
             case .acquired(let held):
                 return held
             case .held(_, let revision):
-                guard ContinuousClock.now < deadline else { return nil }
+                // A cancelled caller's wait returns at once: it stops trying.
+                guard ContinuousClock.now < deadline, !Task.isCancelled else { return nil }
                 await waitForDeletion(key(name), after: revision, until: deadline)
             }
         }
