@@ -1,3 +1,4 @@
+import Dispatch
 import Foundation
 import Synchronization
 import Testing
@@ -124,6 +125,59 @@ struct EtcdWatchTests {
         #expect(all.count == 5)
         #expect(all.last?.modRevision == last)
         #expect(recorder.resets.isEmpty)
+    }
+
+    /// Should, resuming in the middle of a catch-up longer than etcd sends in
+    /// one message (1000 revisions), continue after the last change delivered,
+    /// not after the revision the message's header names: nothing skipped.
+    @Test func resumesInTheMiddleOfALongCatchUp() async throws {
+        let fleet = try await EtcdFleet()
+        let client = EtcdClient(endpoints: fleet.endpoints, timeoutSeconds: Self.callTimeout)
+        let count = 1200
+        let first = try await client.put(Array("/l/0000".utf8), Array("0".utf8))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for lane in 0..<16 {
+                group.addTask {
+                    for index in stride(from: 1 + lane, to: count, by: 16) {
+                        try await client.put(Array("/l/\(index)".utf8), Array("\(index)".utf8))
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        // The first message is held in onEvents until its member is killed.
+        let gate = DispatchSemaphore(value: 0)
+        let batches = Mutex<[[EtcdWatchEvent]]>([])
+        let watch = EtcdWatch(
+            client: client, prefix: Array("/l/".utf8), fromRevision: first,
+            onEvents: { events, _ in
+                let firstBatch = batches.withLock { batches in
+                    batches.append(events)
+                    return batches.count == 1
+                }
+                if firstBatch { _ = gate.wait(timeout: .now() + .seconds(30)) }
+            }, onReset: { _ in })
+        try watch.start()
+        defer {
+            gate.signal()
+            watch.stop()
+        }
+        _ = try await eventually(
+            tries: 400, interval: .milliseconds(20), { batches.withLock { $0.count } }, until: { $0 >= 1 })
+        let streaming = try #require(watch.connectedEndpoint)
+        let firstCount = batches.withLock { $0.first?.count ?? 0 }
+        #expect(firstCount < count, "etcd sent the whole catch-up in one message (\(firstCount) changes)")
+        fleet.kill(try #require(fleet.endpoints.firstIndex(of: streaming)))
+        gate.signal()
+
+        let all = try await eventually(
+            tries: 600, interval: .milliseconds(50), { batches.withLock { $0.flatMap { $0 } } },
+            until: { $0.count >= count })
+        #expect(all.count == count)
+        #expect(Set(all.map(\.modRevision)).count == count)
+        #expect(zip(all, all.dropFirst()).allSatisfy { $0.modRevision < $1.modRevision })
+        #expect(all.first?.modRevision == first)
+        print("etcd watch: catch-up of \(count) changes, first message \(firstCount), resumed after a kill")
     }
 
     /// Should call onReset (and end) when started from a revision etcd has compacted away.
