@@ -98,6 +98,9 @@ struct EtcdWatchTests {
         fleet.kill(killed)
         // Made while the watch has no stream (it reconnects after its backoff).
         let gap = try await client.put(Array("/r/2".utf8), Array("2".utf8))
+        // True when the put landed before the watch had its second stream (it
+        // usually does: etcd answers it at once unless the killed member led).
+        let inGap = watch.streamCount == 1
         let after = try await client.put(Array("/r/3".utf8), Array("3".utf8))
 
         let seen = try await eventually(
@@ -125,6 +128,7 @@ struct EtcdWatchTests {
         #expect(all.count == 5)
         #expect(all.last?.modRevision == last)
         #expect(recorder.resets.isEmpty)
+        print("etcd watch: resumed on another member; the put was made before it resumed: \(inGap)")
     }
 
     /// Should, resuming in the middle of a catch-up longer than etcd sends in
