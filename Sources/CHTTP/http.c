@@ -190,3 +190,204 @@ void vaultd_http_response_free(vaultd_http_response *response) {
     response->body = NULL;
     response->body_length = 0;
 }
+
+/* ---- Streaming POST (etcd's /v3/watch) ---- */
+
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* At most this many sockets of one transfer at once (libcurl may try an IPv4
+ * and an IPv6 address side by side). */
+#define STREAM_SOCKETS 4
+
+struct vaultd_http_stream {
+    pthread_mutex_t mutex;
+    int cancelled;
+    /* The transfer's open sockets, -1 for a free slot; guarded by mutex. */
+    int sockets[STREAM_SOCKETS];
+};
+
+vaultd_http_stream *vaultd_http_stream_new(void) {
+    vaultd_http_stream *stream = calloc(1, sizeof *stream);
+    if (!stream) return NULL;
+    pthread_mutex_init(&stream->mutex, NULL);
+    for (int i = 0; i < STREAM_SOCKETS; i++) stream->sockets[i] = -1;
+    return stream;
+}
+
+void vaultd_http_stream_cancel(vaultd_http_stream *stream) {
+    pthread_mutex_lock(&stream->mutex);
+    stream->cancelled = 1;
+    /* Shut down, never closed here: libcurl closes its sockets itself (through
+     * close_socket below), so a descriptor number is never reused under it.
+     * A blocked poll or recv on the socket returns at once. */
+    for (int i = 0; i < STREAM_SOCKETS; i++)
+        if (stream->sockets[i] >= 0) shutdown(stream->sockets[i], SHUT_RDWR);
+    pthread_mutex_unlock(&stream->mutex);
+}
+
+void vaultd_http_stream_free(vaultd_http_stream *stream) {
+    if (!stream) return;
+    pthread_mutex_destroy(&stream->mutex);
+    free(stream);
+}
+
+static int stream_cancelled(vaultd_http_stream *stream) {
+    pthread_mutex_lock(&stream->mutex);
+    int cancelled = stream->cancelled;
+    pthread_mutex_unlock(&stream->mutex);
+    return cancelled;
+}
+
+static curl_socket_t open_socket(void *context, curlsocktype purpose, struct curl_sockaddr *address) {
+    (void)purpose;
+    vaultd_http_stream *stream = context;
+    pthread_mutex_lock(&stream->mutex);
+    int slot = -1;
+    for (int i = 0; i < STREAM_SOCKETS && slot < 0; i++)
+        if (stream->sockets[i] < 0) slot = i;
+    int fd = -1;
+    if (!stream->cancelled && slot >= 0) {
+        fd = socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+        if (fd >= 0) stream->sockets[slot] = fd;
+    }
+    pthread_mutex_unlock(&stream->mutex);
+    return fd >= 0 ? fd : CURL_SOCKET_BAD;
+}
+
+static int close_socket(void *context, curl_socket_t fd) {
+    vaultd_http_stream *stream = context;
+    pthread_mutex_lock(&stream->mutex);
+    for (int i = 0; i < STREAM_SOCKETS; i++)
+        if (stream->sockets[i] == fd) stream->sockets[i] = -1;
+    int result = close(fd);
+    pthread_mutex_unlock(&stream->mutex);
+    return result;
+}
+
+/* One transfer's state for its callbacks. */
+typedef struct {
+    vaultd_http_stream *stream;
+    vaultd_http_chunk_fn on_data;
+    void *context;
+    vaultd_http_stream_result *out;
+    long idle_timeout_ms;
+    curl_off_t last_received;
+    long long last_change_ms;
+} stream_transfer;
+
+static long long monotonic_ms(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+static size_t stream_body(char *data, size_t size, size_t count, void *context) {
+    stream_transfer *t = context;
+    size_t n = size * count;
+    t->last_change_ms = monotonic_ms();
+    if (stream_cancelled(t->stream)) {
+        t->out->cancelled = 1;
+        return 0;
+    }
+    if (t->on_data(t->context, (const unsigned char *)data, n) != 0) {
+        t->out->stopped = 1;
+        return 0; /* aborts the transfer */
+    }
+    return n;
+}
+
+/* libcurl calls this often while bytes flow and about once a second while
+ * none do: it ends a cancelled or idle transfer. */
+static int stream_progress(void *context, curl_off_t download_total, curl_off_t downloaded, curl_off_t upload_total,
+                           curl_off_t uploaded) {
+    (void)download_total, (void)upload_total, (void)uploaded;
+    stream_transfer *t = context;
+    long long now = monotonic_ms();
+    if (stream_cancelled(t->stream)) {
+        t->out->cancelled = 1;
+        return 1;
+    }
+    if (downloaded != t->last_received) {
+        t->last_received = downloaded;
+        t->last_change_ms = now;
+    } else if (t->idle_timeout_ms > 0 && now - t->last_change_ms > t->idle_timeout_ms) {
+        t->out->idle = 1;
+        return 1;
+    }
+    return 0;
+}
+
+int vaultd_http_stream_post_json(vaultd_http_stream *stream, const char *url, const char *body, size_t body_length,
+                                 const char *const *headers, size_t header_count, long connect_timeout_ms,
+                                 long idle_timeout_ms, vaultd_http_chunk_fn on_data, void *context,
+                                 vaultd_http_stream_result *out) {
+    memset(out, 0, sizeof *out);
+    if (vaultd_http_load(out->error, sizeof out->error) != 0) return -1;
+    if (stream_cancelled(stream)) {
+        out->cancelled = 1;
+        snprintf(out->error, sizeof out->error, "cancelled");
+        return -1;
+    }
+    CURL *handle = curl.easy_init();
+    if (!handle) {
+        snprintf(out->error, sizeof out->error, "libcurl could not make a request handle");
+        return -1;
+    }
+    struct curl_slist *list = curl.slist_append(NULL, "Content-Type: application/json");
+    list = curl.slist_append(list, "Accept: application/json");
+    for (size_t i = 0; i < header_count; i++) list = curl.slist_append(list, headers[i]);
+    char curl_error[CURL_ERROR_SIZE] = "";
+    stream_transfer t = {.stream = stream, .on_data = on_data, .context = context, .out = out,
+                         .idle_timeout_ms = idle_timeout_ms, .last_change_ms = monotonic_ms()};
+    curl.easy_setopt(handle, CURLOPT_URL, url);
+    curl.easy_setopt(handle, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl.easy_setopt(handle, CURLOPT_NOSIGNAL, 1L);
+    curl.easy_setopt(handle, CURLOPT_CONNECTTIMEOUT_MS, connect_timeout_ms);
+    /* A peer host that vanished without closing (power loss, a partition) is
+     * found by TCP keep-alive probes; the idle timeout covers the rest. */
+    curl.easy_setopt(handle, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl.easy_setopt(handle, CURLOPT_TCP_KEEPIDLE, 5L);
+    curl.easy_setopt(handle, CURLOPT_TCP_KEEPINTVL, 2L);
+    curl.easy_setopt(handle, CURLOPT_POST, 1L);
+    curl.easy_setopt(handle, CURLOPT_POSTFIELDS, body);
+    curl.easy_setopt(handle, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_length);
+    curl.easy_setopt(handle, CURLOPT_HTTPHEADER, list);
+    curl.easy_setopt(handle, CURLOPT_USERAGENT, "vaultd");
+    curl.easy_setopt(handle, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+    curl.easy_setopt(handle, CURLOPT_OPENSOCKETDATA, stream);
+    curl.easy_setopt(handle, CURLOPT_CLOSESOCKETFUNCTION, close_socket);
+    curl.easy_setopt(handle, CURLOPT_CLOSESOCKETDATA, stream);
+    curl.easy_setopt(handle, CURLOPT_WRITEFUNCTION, stream_body);
+    curl.easy_setopt(handle, CURLOPT_WRITEDATA, &t);
+    curl.easy_setopt(handle, CURLOPT_NOPROGRESS, 0L);
+    curl.easy_setopt(handle, CURLOPT_XFERINFOFUNCTION, stream_progress);
+    curl.easy_setopt(handle, CURLOPT_XFERINFODATA, &t);
+    curl.easy_setopt(handle, CURLOPT_ERRORBUFFER, curl_error);
+    CURLcode result = curl.easy_perform(handle);
+    curl.easy_getinfo(handle, CURLINFO_RESPONSE_CODE, &out->status);
+    if (result != CURLE_OK && stream_cancelled(stream)) out->cancelled = 1;
+    if (result != CURLE_OK) {
+        out->curl_code = (int)result;
+        if (out->cancelled)
+            snprintf(out->error, sizeof out->error, "cancelled");
+        else if (out->idle)
+            snprintf(out->error, sizeof out->error, "no byte arrived for %ld ms", idle_timeout_ms);
+        else if (out->stopped)
+            snprintf(out->error, sizeof out->error, "stopped by its reader");
+        else
+            snprintf(out->error, sizeof out->error, "%s (curl error %d)",
+                     curl_error[0] ? curl_error : "the request failed", (int)result);
+    }
+    curl.easy_cleanup(handle);
+    curl.slist_free_all(list);
+    return result == CURLE_OK ? 0 : -1;
+}
+
+int vaultd_http_stream_thread_begin(const char *name) {
+    char kept[16];
+    snprintf(kept, sizeof kept, "%s", name);
+    pthread_setname_np(pthread_self(), kept);
+    return (int)gettid();
+}

@@ -271,12 +271,12 @@ final class EtcdClient: Sendable {
     }
 
     /// A 64-bit number of the gateway's answer (a string; absent means 0).
-    private static func int(_ value: JSON?) -> Int64 {
+    static func int(_ value: JSON?) -> Int64 {
         if let text = value?.stringValue { return Int64(text) ?? 0 }
         return value?.integerValue ?? 0
     }
 
-    private static func keyValues(_ value: JSON?) throws(VaultError) -> [EtcdKeyValue] {
+    static func keyValues(_ value: JSON?) throws(VaultError) -> [EtcdKeyValue] {
         var out: [EtcdKeyValue] = []
         for item in value?.arrayValue ?? [] {
             guard let key = Base64.decode(item["key"]?.stringValue ?? ""),
