@@ -28,18 +28,11 @@ final class WatchRecorder: Sendable {
     }
 }
 
-/// Whether the etcd suites run in this test process: where etcd is installed,
-/// in the etcd step of scripts/test (`VAULTD_TEST_ETCD=1`), alone, since three
-/// members beside every other suite on two cores lose their quorum for seconds.
-let etcdSuitesSelected =
-    EtcdFleet.installed && ProcessInfo.processInfo.environment["VAULTD_TEST_ETCD"] == "1"
-
 /// EtcdWatch against a real three-member etcd fleet on loopback: order and
 /// revisions of the changes, resuming on another member after the one
 /// streaming is killed, compaction, and stopping.
 @Suite(
-    "etcd watch", .serialized, .timeLimit(.minutes(5)),
-    .enabled(if: etcdSuitesSelected, "etcd suites run alone: VAULTD_TEST_ETCD=1 swift test --filter Etcd"))
+    "etcd watch", .serialized, .timeLimit(.minutes(5)), .etcdStep)
 struct EtcdWatchTests {
     /// A client call's limit where the test waits for an answer rather than asserting a bound.
     static let callTimeout = 20.0
