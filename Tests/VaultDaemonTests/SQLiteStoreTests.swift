@@ -192,6 +192,45 @@ struct SQLiteStoreTests {
         #expect(try await reopened.loadProviderSecret("sf")?.revealed == "cs-\(Rows.marker)-sf-2")
     }
 
+    @Test("Should read a large store in parts, in key order, naming each damaged row whichever part read it")
+    func largeStoreReadInParts() async throws {
+        let scratch = try ScratchDatabase()
+        try scratch.credential("data-key", keyMaterial(1))
+        let store = try await scratch.open()
+        // Inserted out of key order, in providers whose bytes sort otherwise than
+        // their Swift strings would not: the parts must be merged by the key's bytes.
+        let count = Int(SQLiteStore.rowsPerReader) * 2 + 123
+        var records: [SessionRecord] = []
+        for i in (0..<count).reversed() {
+            let provider = ["zeta", "Alpha", "émile"][i % 3]
+            records.append(Rows.record(provider, "u\(i)", owner: UInt32(1000 + i % 3), full: i % 7 == 0))
+        }
+        try await store.importContents(records: records, revocations: [], providerSecrets: [:])
+        // One damaged row in each of two parts (rowids of either parity).
+        let damaged = try scratch.connection()
+        try damaged.execute(
+            "UPDATE sessions SET sealed = zeroblob(length(sealed)) WHERE rowid IN (10, 4001)", "damaging rows")
+        let reopened = try await scratch.open()
+        let contents = try await reopened.loadAll()
+        let expected = records.filter { record in
+            !contents.unreadable.contains { $0.hasPrefix("session \(record.account) of uid \(record.ownerUID) ") }
+        }.sorted { x, y in
+            if x.account.provider != y.account.provider {
+                return x.account.provider.utf8.lexicographicallyPrecedes(y.account.provider.utf8)
+            }
+            if x.account.user != y.account.user {
+                return x.account.user.utf8.lexicographicallyPrecedes(y.account.user.utf8)
+            }
+            return x.ownerUID < y.ownerUID
+        }
+        #expect(contents.unreadable.count == 2, "\(contents.unreadable)")
+        #expect(contents.records.count == count - 2)
+        let firstDifference = contents.records.indices.first {
+            $0 >= expected.count || contents.records[$0] != expected[$0]
+        }
+        #expect(firstDifference == nil, "records differ from the expected order at \(firstDifference ?? -1)")
+    }
+
     @Test("Should store every row of an import, and nothing of one that fails midway")
     func importIsAllOrNothing() async throws {
         let scratch = try ScratchDatabase()
@@ -273,8 +312,20 @@ struct SQLiteStoreTests {
 
         chmod(path, 0o644)
         store = nil  // the next process: the first one's lock is gone with it
-        _ = try await SQLiteStore.open(
-            path: path, keys: scratch.keys, timeoutSeconds: 30, log: Logger(level: .debug, target: .discard))
+        // The last reference may still sit in the store thread's finished job
+        // for a moment: the lock goes when it does (bounded wait).
+        let deadline = ContinuousClock.now + .seconds(10)
+        var reopened = false
+        while !reopened {
+            do {
+                _ = try await SQLiteStore.open(
+                    path: path, keys: scratch.keys, timeoutSeconds: 30, log: Logger(level: .debug, target: .discard))
+                reopened = true
+            } catch {
+                guard error.message.contains("is in use"), ContinuousClock.now < deadline else { throw error }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+        }
         #expect(mode(path) == 0o600)
     }
 
