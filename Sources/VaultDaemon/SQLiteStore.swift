@@ -305,7 +305,9 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             let largest =
                 try self.database.statement("SELECT max(rowid) FROM sessions", "reading sessions")
                 .first { $0.int(0) } ?? 0
-            if largest >= Self.rowsPerReader {
+            // Only while the store holds the lock: no writer runs between the
+            // parts' snapshots (a store opened for reading has no lock).
+            if self.lock != nil, largest >= Self.rowsPerReader {
                 let wanted = min(Int(largest / Self.rowsPerReader), Self.processorCount, 4)
                 for _ in 1..<max(wanted, 1) {
                     guard
@@ -355,7 +357,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         var contents = StoreContents(records: [], unreadable: [])
         let rows = try database.statement(
             """
-            SELECT provider, user, owner_uid, key_id, sealed FROM sessions WHERE rowid % ?1 = ?2
+            SELECT provider, user, owner_uid, key_id, sealed FROM sessions WHERE (rowid % ?1 + ?1) % ?1 = ?2
             ORDER BY provider, user, owner_uid
             """, "reading sessions"
         ).bind(.int(Int64(parts)), .int(Int64(part)))
@@ -384,11 +386,12 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     /// Two lists of records in the order of the sessions' primary key
     /// (SQLite's: bytes of provider, of user, then the uid), as one.
     private static func merged(_ a: [SessionRecord], _ b: [SessionRecord]) -> [SessionRecord] {
+        // Bytes, not Swift's `==`, which finds two spellings of "é" equal.
         func precedes(_ x: SessionRecord, _ y: SessionRecord) -> Bool {
-            if x.account.provider != y.account.provider {
+            if !x.account.provider.utf8.elementsEqual(y.account.provider.utf8) {
                 return x.account.provider.utf8.lexicographicallyPrecedes(y.account.provider.utf8)
             }
-            if x.account.user != y.account.user {
+            if !x.account.user.utf8.elementsEqual(y.account.user.utf8) {
                 return x.account.user.utf8.lexicographicallyPrecedes(y.account.user.utf8)
             }
             return x.ownerUID < y.ownerUID

@@ -198,6 +198,10 @@ public actor SessionManager {
                 .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
             entries.updateValue(entry, forKey: key)
             guard actions.allSatisfy({ if case .schedule = $0 { true } else { false } }) else {
+                // The batch goes first, so that the table ends as the records
+                // came (a key stored twice leaves the later record served).
+                table.publish(views)
+                views.removeAll(keepingCapacity: true)
                 await perform(actions, for: key)
                 continue
             }

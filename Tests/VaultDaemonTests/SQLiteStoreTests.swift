@@ -206,10 +206,12 @@ struct SQLiteStoreTests {
             records.append(Rows.record(provider, "u\(i)", owner: UInt32(1000 + i % 3), full: i % 7 == 0))
         }
         try await store.importContents(records: records, revocations: [], providerSecrets: [:])
-        // One damaged row in each of two parts (rowids of either parity).
+        // One damaged row in each of two parts (rowids of either parity), and
+        // rows with negative rowids (another tool's inserts), which belong to a part too.
         let damaged = try scratch.connection()
         try damaged.execute(
             "UPDATE sessions SET sealed = zeroblob(length(sealed)) WHERE rowid IN (10, 4001)", "damaging rows")
+        try damaged.execute("UPDATE sessions SET rowid = -rowid WHERE rowid IN (20, 21)", "moving rows")
         let reopened = try await scratch.open()
         let contents = try await reopened.loadAll()
         let expected = records.filter { record in
