@@ -194,11 +194,19 @@ struct EndpointOutageTests {
             let outageStarted = Date()
             if failure == .down {
                 // The listener is closed once the control answer is out: wait, bounded, until it is.
+                // A blocking poll, not `eventually`: under the parallel suites a task's wake-up
+                // from Task.sleep waits for a free pool thread, and a CI run slept past the
+                // whole closed window (6 s) that way.
                 let port = try #require(UInt16(server.url.split(separator: ":").last ?? ""))
-                let closed = try await eventually(
-                    tries: 500, interval: .milliseconds(20), { !EndpointOutageTests.accepts(port: port) },
-                    until: { $0 })
-                try #require(closed, "the token server did not close its listener")
+                var closed = false
+                for _ in 0..<2_000 where !closed && Date().timeIntervalSince(outageStarted) < 10 {
+                    closed = !EndpointOutageTests.accepts(port: port)
+                    if !closed { usleep(5_000) }
+                }
+                try #require(
+                    closed,
+                    "the token server did not close its listener (\(Date().timeIntervalSince(outageStarted)) s after the outage began)"
+                )
             }
             let failed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
             #expect(failed.status == 1, "\(failure)")
