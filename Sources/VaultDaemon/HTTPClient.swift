@@ -111,10 +111,25 @@ enum HTTPClient {
     static func postForm(_ url: String, _ form: [(String, String)], timeoutSeconds: Double) async throws(HTTPFailure)
         -> HTTPResponse
     {
+        try await onLane(of: url, cap: requestsPerHost, timeoutSeconds: timeoutSeconds) { left in
+            // Encoded here, so that this is the body's only copy and wiping it counts.
+            var body = formEncoded(form)
+            return post(url, &body, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds)
+        }
+    }
+
+    /// Runs `request` on `BlockingExecutor.io`, in the lane of `url`'s host,
+    /// at most `cap` at once, with the milliseconds left of `timeoutSeconds`
+    /// (the wait for a thread included); a request that waited them all
+    /// fails as timed out without being sent.
+    private static func onLane(
+        of url: String, cap: Int, timeoutSeconds: Double,
+        _ request: @escaping @Sendable (_ millisecondsLeft: Int) -> Result<HTTPResponse, HTTPFailure>
+    ) async throws(HTTPFailure) -> HTTPResponse {
         let timeout = UInt64(max(0, min(timeoutSeconds, 3600)) * 1000)
         let deadline = Monotonic.milliseconds() + timeout
         let result = await BlockingExecutor.io.run(
-            lane: "http " + host(of: url), cap: requestsPerHost, deadline: deadline
+            lane: "http " + host(of: url), cap: cap, deadline: deadline
         ) { () -> Result<HTTPResponse, HTTPFailure> in
             // A request admitted just before its deadline may start just after it:
             // the time left is checked before it is converted (a wrapped UInt64
@@ -124,10 +139,7 @@ enum HTTPClient {
                 return .failure(
                     HTTPFailure(.timedOut, reason: "timed out waiting for a free connection to \(host(of: url))"))
             }
-            let left = Int(deadline - now)
-            // Encoded here, so that this is the body's only copy and wiping it counts.
-            var body = formEncoded(form)
-            return post(url, &body, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds)
+            return request(Int(deadline - now))
         }
         guard let result else {
             throw HTTPFailure(
@@ -156,29 +168,11 @@ enum HTTPClient {
     )
         async throws(HTTPFailure) -> HTTPResponse
     {
-        let timeout = UInt64(max(0, min(timeoutSeconds, 3600)) * 1000)
-        let deadline = Monotonic.milliseconds() + timeout
-        let result = await BlockingExecutor.io.run(
-            lane: "http " + host(of: url), cap: cap, deadline: deadline
-        ) { () -> Result<HTTPResponse, HTTPFailure> in
-            let now = Monotonic.milliseconds()
-            guard now < deadline else {
-                return .failure(
-                    HTTPFailure(.timedOut, reason: "timed out waiting for a free connection to \(host(of: url))"))
-            }
+        try await onLane(of: url, cap: cap, timeoutSeconds: timeoutSeconds) { left in
             var copy = body
             return post(
-                url, &copy, timeoutMilliseconds: Int(deadline - now), timeoutSeconds: timeoutSeconds, json: true,
-                tls: tls)
+                url, &copy, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds, json: true, tls: tls)
         }
-        guard let result else {
-            throw HTTPFailure(
-                .timedOut,
-                reason:
-                    "no answer within \(Int(timeoutSeconds))s: the request waited the whole time for a free connection to \(host(of: url))"
-            )
-        }
-        return try result.get()
     }
 
     private static func post(
