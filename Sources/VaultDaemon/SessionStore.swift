@@ -89,6 +89,9 @@ extension PendingRevocation {
 public protocol SessionStore: Sendable {
     /// A one-line description for logs: which bus, which collection.
     var location: String { get }
+    /// What brings the store back when it is unavailable, for the message
+    /// of the calls refused meanwhile.
+    var unavailableRemedy: String { get }
     /// Every record of vaultd's schema.
     func loadAll() async throws(VaultError) -> StoreContents
     /// Writes (creates or replaces) the record of `record.key`.
@@ -116,6 +119,8 @@ public protocol SessionStore: Sendable {
 }
 
 extension SessionStore {
+    /// The Secret Service's remedy, unless a store names its own.
+    public var unavailableRemedy: String { StoreHealth.secretServiceRemedy }
     /// A store with nothing to reconnect (memory) is always available.
     public func probe() async -> StoreProbe { .available }
     /// Nothing to put away by default.

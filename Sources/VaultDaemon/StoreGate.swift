@@ -13,7 +13,7 @@ import VaultCore
 /// told through `onChange`, then takes the actions with `takeActions()`.
 final class StoreGate: SessionStore {
     private struct State {
-        var health = StoreHealth()
+        var health: StoreHealth
         var actions: [StoreHealth.Action] = []
         var onChange: (@Sendable () -> Void)?
     }
@@ -21,14 +21,16 @@ final class StoreGate: SessionStore {
     /// The store itself.
     let inner: any SessionStore
     private let clock: any WallClock
-    private let state = Mutex(State())
+    private let state: Mutex<State>
 
     init(_ inner: any SessionStore, clock: any WallClock) {
         self.inner = inner
         self.clock = clock
+        state = Mutex(State(health: StoreHealth(remedy: inner.unavailableRemedy)))
     }
 
     var location: String { inner.location }
+    var unavailableRemedy: String { inner.unavailableRemedy }
 
     /// The store's availability now.
     var health: StoreHealth { state.withLock { $0.health } }

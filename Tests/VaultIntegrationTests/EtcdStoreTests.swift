@@ -348,6 +348,11 @@ struct EtcdDaemonTests {
             $0 != "unavailable"
         }
         #expect(stays == "unavailable", "a probe without a quorum found the store \(stays ?? "nil")")
+        // Refused by the gate at once, saying what brings an etcd store back (not the Secret Service's remedy).
+        let gated = try await fixture.login(0, uniqueName("gated"))
+        #expect(gated.status != 0)
+        #expect(gated.stderr.contains("a quorum of the etcd members"), "\(gated.stderr)")
+        #expect(!gated.stderr.contains("gnome-keyring"), "\(gated.stderr)")
 
         try fixture.fleet.start(0)
         try fixture.fleet.start(1)
