@@ -131,6 +131,7 @@ extension SessionManager {
         case .put(let record, let revision): await applySharedPut(record, revision: revision)
         case .deleted(let key, let ending, let revision):
             await applySharedDelete(key, ending: ending, revision: revision)
+        case .unlocked(let key): wakeFleetWaiters(key)
         case .reset: await reloadShared()
         }
     }
