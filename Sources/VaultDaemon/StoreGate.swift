@@ -31,6 +31,7 @@ final class StoreGate: SessionStore {
 
     var location: String { inner.location }
     var unavailableRemedy: String { inner.unavailableRemedy }
+    var retriesOnFreshConnection: Bool { inner.retriesOnFreshConnection }
 
     /// The store's availability now.
     var health: StoreHealth { state.withLock { $0.health } }
@@ -79,12 +80,17 @@ final class StoreGate: SessionStore {
     /// "was abandoned"): the store hangs, and a second try would only wait as
     /// long again. Every write is idempotent (a record
     /// replaced, a delete of nothing), so the second try duplicates nothing.
+    /// Not for a store whose client tried every way in already
+    /// (`retriesOnFreshConnection` false, etcd: every endpoint within its
+    /// timeout): the probe would wait as long again, and a lock's second
+    /// try could find the first one's key.
     func pass<T: Sendable>(_ body: () async throws(VaultError) -> T) async throws(VaultError) -> T {
         if let refusal = state.withLock({ $0.health.refusal }) { throw refusal }
         do throws(VaultError) {
             return try await body()
         } catch {
-            guard error.code == .storeUnavailable, !error.message.contains("was abandoned"),
+            guard error.code == .storeUnavailable, inner.retriesOnFreshConnection,
+                !error.message.contains("was abandoned"),
                 state.withLock({ $0.health.state == .available }), await inner.probe() == .available
             else {
                 record(.failed(error.code, reason: error.message, now: clock.preciseNow()))

@@ -331,7 +331,11 @@ struct EtcdDaemonTests {
         #expect(try !fixture.sessionKeys().contains(second))
 
         fixture.fleet.stop(1)
+        let asked = ContinuousClock.now
         let refused = try await fixture.login(0, uniqueName("refused"))
+        // Within one Timeout= (3 s) of tries over every endpoint.
+        let took = ContinuousClock.now - asked
+        #expect(took < .seconds(5), "the first refused login took \(took) with Timeout=3")
         #expect(refused.status != 0)
         #expect(refused.stderr.contains("ERR_SECRET_STORE_UNAVAILABLE"), "\(refused.stderr)")
         #expect(try fixture.token(0, kept) == token, "served from memory without a quorum")
