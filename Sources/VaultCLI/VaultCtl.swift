@@ -256,8 +256,8 @@ public struct VaultCtl {
         }
         // A store that is away is said first: what the list shows cannot change meanwhile.
         if let store, store != "available" {
-            output.out(
-                "store: \(store): tokens are served from memory, logins and logouts are refused until it is back")
+            let until = store == "locked" ? "it is unlocked" : "it is back"
+            output.out("store: \(store): tokens are served from memory, logins and logouts are refused until \(until)")
         }
         if sessions.isEmpty {
             output.out("no sessions")

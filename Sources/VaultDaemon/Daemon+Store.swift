@@ -111,14 +111,15 @@ extension Daemon {
     }
 
     /// The etcd store of `selection`, its key from the credential `data-key` only.
-    /// A refresh lock is renewed for as long as the slowest provider's call
-    /// may take, with a store read and write on either side.
+    /// A refresh lock is renewed for as long as a refresh under it may take:
+    /// the slowest provider's call (30 s at least) and the store calls around
+    /// it (a read before, up to four conditional writes after), a second each spare.
     static func openEtcd(_ selection: StoreSelection, config: VaultConfig, log: Logger) throws(VaultError)
         -> EtcdStore
     {
         let keys = CredentialDataKeys.fromEnvironment()
         let slowest = config.providers.values.map { $0.oauth2?.timeoutSeconds ?? $0.exec?.timeoutSeconds ?? 0 }.max()
-        let hold = Double(max(slowest ?? 0, 30) + 2 * selection.etcd.timeoutSeconds)
+        let hold = Double(max(slowest ?? 0, 30) + 5 * (selection.etcd.timeoutSeconds + 1))
         return try blocking { () async throws(VaultError) in
             try await EtcdStore.open(settings: selection.etcd, keys: keys, log: log, refreshHoldSeconds: hold)
         }

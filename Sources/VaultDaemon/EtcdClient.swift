@@ -91,7 +91,36 @@ final class EtcdClient: Sendable {
         self.tls = tls
     }
 
+    /// The largest answer read: a page of `rangeAll` (1,000 sealed sessions
+    /// of about a kilobyte each, in base64 inside JSON) with room to spare.
+    static let maximumAnswer = 8 * 1024 * 1024
+
     // MARK: Key-value
+
+    /// Every key starting with `prefix`, read in pages of `pageSize` keys,
+    /// all at the revision of the first page (a consistent snapshot however
+    /// many pages it takes); that revision is the answer's.
+    func rangeAll(_ prefix: [UInt8], pageSize: Int64 = 1000) async throws(VaultError) -> EtcdRange {
+        let end = Base64.encode(Self.prefixEnd(prefix))
+        var start = prefix
+        var kvs: [EtcdKeyValue] = []
+        var revision: Int64 = 0
+        // Bounded: each page moves past its last key; 100,000 pages of 1,000 is past any fleet.
+        for _ in 0..<100_000 {
+            var request: [String: JSON] = [
+                "key": .string(Base64.encode(start)), "range_end": .string(end),
+                "limit": .string(String(max(1, pageSize))),
+            ]
+            if revision > 0 { request["revision"] = .string(String(revision)) }
+            let answer = try await call("/v3/kv/range", .object(request))
+            let page = try Self.keyValues(answer["kvs"])
+            if revision == 0 { revision = Self.int(answer["header"]?["revision"]) }
+            kvs += page
+            guard answer["more"]?.boolValue == true, let last = page.last else { break }
+            start = last.key + [0]
+        }
+        return EtcdRange(kvs: kvs, revision: revision, more: false)
+    }
 
     /// The key `key`, or with `prefix` every key starting with it, at most `limit` (0: all).
     func range(_ key: [UInt8], prefix: Bool = false, limit: Int64 = 0) async throws(VaultError) -> EtcdRange {
@@ -214,7 +243,8 @@ final class EtcdClient: Sendable {
             let left = Double(deadline - now) / 1000 / Double(endpoints.count - step)
             let response: HTTPResponse
             do {
-                response = try await HTTPClient.postJSON(endpoint + path, body, timeoutSeconds: left, cap: 4, tls: tls)
+                response = try await HTTPClient.postJSON(
+                    endpoint + path, body, timeoutSeconds: left, cap: 4, tls: tls, maximumBody: Self.maximumAnswer)
             } catch {
                 reasons.append(error.reason)
                 continue

@@ -59,6 +59,8 @@ final class EtcdLocks: Sendable {
     {
         let ttl = max(2, ttl ?? defaultTTL)
         let key = key(name)
+        // The lease lives from its grant at the latest: renewals count from here.
+        let asked = ContinuousClock.now
         let lease = try await client.grantLease(ttl: ttl)
         let result: EtcdTxnResult
         do {
@@ -80,7 +82,7 @@ final class EtcdLocks: Sendable {
         }
         let held = EtcdHeldLock(
             client: client, name: name, key: key, leaseID: lease.id, ttl: lease.ttl > 0 ? lease.ttl : ttl,
-            revision: result.revision, onLost: onLost)
+            revision: result.revision, granted: asked, onLost: onLost)
         held.startKeepAlive()
         return .acquired(held)
     }
@@ -157,12 +159,15 @@ final class EtcdHeldLock: Sendable {
     private struct State {
         var held = true
         var keepAlive: Task<Void, Never>?
+        /// When the lease was last known alive for a whole TTL more: asked
+        /// for (granted or renewed) at this instant, at the latest.
+        var renewed: ContinuousClock.Instant
     }
-    private let state = Mutex(State())
+    private let state: Mutex<State>
 
     init(
         client: EtcdClient, name: String, key: [UInt8], leaseID: Int64, ttl: Int64, revision: Int64,
-        onLost: @escaping @Sendable () -> Void
+        granted: ContinuousClock.Instant = .now, onLost: @escaping @Sendable () -> Void
     ) {
         self.client = client
         self.name = name
@@ -171,11 +176,16 @@ final class EtcdHeldLock: Sendable {
         self.ttl = ttl
         self.revision = revision
         self.onLost = onLost
+        state = Mutex(State(renewed: granted))
     }
 
     /// False once the lock was released, or its lease found gone or not
     /// renewed for a whole TTL (another host may hold it now).
     var isHeld: Bool { state.withLock { $0.held } }
+
+    /// The earliest the lease can end unless renewed again: a TTL after the
+    /// last grant or renewal was asked for (etcd counts from when it got it).
+    var heldUntil: ContinuousClock.Instant { state.withLock { $0.renewed + .seconds(ttl) } }
 
     deinit {
         // Dropped without release(): the lease is no longer renewed and the
@@ -183,23 +193,34 @@ final class EtcdHeldLock: Sendable {
         state.withLock { $0.keepAlive?.cancel() }
     }
 
-    /// Starts renewing the lease every TTL/3 until `release()` or `abandon()`.
+    /// Starts renewing the lease every TTL/3 (counted from the grant) until
+    /// `release()` or `abandon()`.
     func startKeepAlive() {
+        let granted = state.withLock { $0.renewed }
         // The task holds the lock weakly: a lock dropped stops being renewed.
         let task = Task { [weak self, client, leaseID, ttl] in
             let interval = Duration.milliseconds(max(1, ttl) * 1000 / 3)
-            var lastRenewed = ContinuousClock.now
+            var lastRenewed = granted
+            // The next renewal is due a third of a TTL after the last one was asked for.
+            var due = granted + interval
             while !Task.isCancelled, self != nil {
-                try? await Task.sleep(for: interval)
+                try? await Task.sleep(until: due, clock: .continuous)
                 guard !Task.isCancelled else { return }
+                let asked = ContinuousClock.now
                 do {
                     if try await client.keepAlive(leaseID) > 0 {
-                        lastRenewed = ContinuousClock.now
+                        lastRenewed = asked
+                        due = asked + interval
+                        self?.state.withLock { $0.renewed = asked }
                         continue
                     }
                 } catch {
-                    // No quorum answered: the lease may still live; give up only after a whole TTL.
-                    if ContinuousClock.now - lastRenewed < .seconds(ttl) { continue }
+                    // No quorum answered: the lease may still live; give up only
+                    // after a whole TTL, trying again soon (it runs out meanwhile).
+                    if ContinuousClock.now - lastRenewed < .seconds(ttl) {
+                        due = ContinuousClock.now + interval / 4
+                        continue
+                    }
                 }
                 guard !Task.isCancelled else { return }
                 self?.lose()

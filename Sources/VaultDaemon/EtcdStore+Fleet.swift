@@ -61,7 +61,7 @@ extension EtcdStore: SharedSessionStore {
 
     public func loadShared() async throws(VaultError) -> SharedContents {
         // One range over the whole prefix: records and endings at one revision.
-        let range = try await client.range(bytes(""), prefix: true)
+        let range = try await client.rangeAll(bytes(""), pageSize: pageSize)
         var records: [SharedRecord] = []
         var endings: [SessionKey: SessionEnding] = [:]
         for item in range.kvs {
@@ -117,15 +117,17 @@ extension EtcdStore: SharedSessionStore {
             current: try self.record(of: current, key: record.key), revision: StoreRevision(current.modRevision))
     }
 
-    public func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) {
+    @discardableResult
+    public func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) -> StoreRevision {
         let path = path(key.account, owner: try ownerName(key.owner))
         var document: [String: JSON] = ["kind": .string(ending.kind.rawValue)]
         if let reason = ending.reason { document["reason"] = .string(reason) }
-        _ = try await client.txn(
+        let result = try await client.txn(
             [],
             success: [
                 .put(bytes("endings/" + path), JSON.object(document).serialized()), .delete(bytes("sessions/" + path)),
             ])
+        return StoreRevision(result.revision)
     }
 
     /// The ending stored as `value`; nil when it is not one.
@@ -151,6 +153,8 @@ extension EtcdStore: SharedSessionStore {
         let name = path(key.account, owner: try ownerName(key.owner))
         let log = self.log
         let account = key.account.description
+        // Counted from before the grant was asked for: the lease cannot end earlier.
+        let asked = clock.preciseNow()
         let attempt = try await locks.tryAcquire(
             name, ttl: lockTTL,
             onLost: {
@@ -160,8 +164,7 @@ extension EtcdStore: SharedSessionStore {
             })
         switch attempt {
         case .acquired(let held):
-            let lease = RefreshLease(
-                id: UInt64(bitPattern: held.leaseID), expiresAt: clock.preciseNow() + Double(held.ttl))
+            let lease = RefreshLease(id: UInt64(bitPattern: held.leaseID), expiresAt: asked + Double(held.ttl))
             let hold = refreshHoldSeconds
             // Weakly: a lock released (or dropped) stops being renewed anyway.
             let bound = Task { [weak held] in
@@ -171,6 +174,11 @@ extension EtcdStore: SharedSessionStore {
             }
             fleet.withLock { $0.held[lease.id] = HeldRefreshLock(lock: held, bound: bound) }
             return .granted(lease)
+        case .held(_, _, let leaseID)
+        where leaseID != 0 && fleet.withLock({ $0.held[UInt64(bitPattern: leaseID)]?.lock.isHeld == true }):
+            // This host holds it still (refreshed tokens the store did not
+            // take kept it): its next refresh goes on under it.
+            return .granted(RefreshLease(id: UInt64(bitPattern: leaseID), expiresAt: asked + Double(lockTTL)))
         case .held(let holder, _, let leaseID):
             // The holder renews its lease while it refreshes; its end is what
             // the lease has left now (rounded down by etcd, so a second more).
@@ -178,6 +186,14 @@ extension EtcdStore: SharedSessionStore {
             if leaseID != 0, let ttl = try? await client.leaseTimeToLive(leaseID) { left = Double(max(ttl, 0)) + 1 }
             return .heldBy(host: holder, expiresAt: clock.preciseNow() + left)
         }
+    }
+
+    /// Held while its renewals go on and the last one leaves the lease a
+    /// margin (a quarter of the TTL, at most a second) before it could end.
+    public func stillHolds(_ lease: RefreshLease, at now: Double) -> Bool {
+        guard let held = fleet.withLock({ $0.held[lease.id]?.lock }), held.isHeld else { return false }
+        let margin = Duration.milliseconds(min(1000, lockTTL * 250))
+        return ContinuousClock.now + margin < held.heldUntil
     }
 
     public func releaseRefreshLock(_ key: SessionKey, lease: RefreshLease) async throws(VaultError) {
@@ -213,6 +229,7 @@ extension EtcdStore: SharedSessionStore {
     private func startWatch(after revision: Int64, thenReset: Bool) async {
         var from = revision
         var pause = Duration.milliseconds(50)
+        // Bounded: about an hour of tries two seconds apart, the store away all along.
         for _ in 0..<2000 where from == 0 {
             if fleet.withLock({ $0.closed }) { return }
             do throws(VaultError) {
@@ -222,20 +239,32 @@ extension EtcdStore: SharedSessionStore {
                 pause = min(pause * 2, .seconds(2))
             }
         }
+        guard from > 0 else {
+            // Never from revision 1 (every change since the fleet began).
+            log.error(
+                "etcd could not be read for an hour; other hosts' changes are no longer followed: restart vaultd",
+                ["event": "storeChanged"])
+            return
+        }
         let watch = EtcdWatch(
             client: client, prefix: bytes(""), fromRevision: from + 1,
             onEvents: { [weak self] events, _ in self?.deliver(events) },
             onReset: { [weak self] error in self?.feedLost(error) })
-        let continuation = fleet.withLock { state -> AsyncStream<SharedChange>.Continuation? in
-            guard !state.closed, let continuation = state.continuation else { return nil }
-            state.watch = watch
-            return continuation
+        let (continuation, replaced) = fleet.withLock {
+            state -> (AsyncStream<SharedChange>.Continuation?, EtcdWatch?) in
+            guard !state.closed, let continuation = state.continuation else { return (nil, nil) }
+            defer { state.watch = watch }
+            return (continuation, state.watch)
         }
+        // One watch feeds at a time: one this replaces would deliver its changes twice.
+        replaced?.stop(waitingAtMost: 1)
         guard let continuation else { return }
         do throws(VaultError) {
             try watch.start()
         } catch {
-            log.error("the etcd watch could not start; other hosts' changes are not followed", ["error": error.message])
+            log.error(
+                "the etcd watch could not start; other hosts' changes are not followed: restart vaultd",
+                ["error": error.message])
             return
         }
         if thenReset { continuation.yield(.reset) }
@@ -246,7 +275,6 @@ extension EtcdStore: SharedSessionStore {
     private func feedLost(_ error: VaultError) {
         log.warning(
             "the etcd watch lost changes (compacted); every session is read again", ["error": error.message])
-        fleet.withLock { $0.watch = nil }
         Task { await self.startWatch(after: 0, thenReset: true) }
     }
 
@@ -254,33 +282,41 @@ extension EtcdStore: SharedSessionStore {
     /// sessions, each delete with the ending its transaction put beside it.
     /// Locks, revocations and keys of other programs are not changes of sessions.
     private func deliver(_ events: [EtcdWatchEvent]) {
-        var endings: [[UInt8]: (SessionEnding, Int64)] = [:]
-        for event in events where event.kind == .put && segments(of: event.key, under: "endings", count: 3) != nil {
+        let sessions = bytes("sessions/")
+        let endingsPrefix = bytes("endings/")
+        // A delete's ending is the one its own transaction put (same path, same revision).
+        struct Place: Hashable {
+            var path: [UInt8]
+            var revision: Int64
+        }
+        var endings: [Place: SessionEnding] = [:]
+        for event in events where event.kind == .put && event.key.starts(with: endingsPrefix) {
             if let ending = Self.ending(event.value) {
-                endings[Array(event.key.dropFirst(bytes("endings/").count))] = (ending, event.modRevision)
+                endings[Place(path: Array(event.key.dropFirst(endingsPrefix.count)), revision: event.modRevision)] =
+                    ending
             }
         }
+        // In the order of the events (revision order), one pass.
         var changes: [SharedChange] = []
-        let sessions = bytes("sessions/")
-        // A lock's key goes when it is released or its lease lapses: waiters try at once.
-        for event in events where event.kind == .delete {
-            if let key = sessionKey(ofPath: event.key, under: "locks") { changes.append(.unlocked(key)) }
-        }
-        for event in events where event.key.starts(with: sessions) {
+        for event in events {
             let revision = StoreRevision(event.modRevision)
-            switch event.kind {
-            case .put:
-                switch decodeSession(EtcdKeyValue(event)) {
-                case .record(let record): changes.append(.put(record, revision: revision))
-                case .unknownOwner: continue
-                case .unreadable(let label):
-                    log.warning("a stored item could not be read as a session and is ignored", ["item": label])
+            if event.key.starts(with: sessions) {
+                switch event.kind {
+                case .put:
+                    switch decodeSession(EtcdKeyValue(event)) {
+                    case .record(let record): changes.append(.put(record, revision: revision))
+                    case .unknownOwner: continue
+                    case .unreadable(let label):
+                        log.warning("a stored item could not be read as a session and is ignored", ["item": label])
+                    }
+                case .delete:
+                    guard let key = sessionKey(ofPath: event.key, under: "sessions") else { continue }
+                    let place = Place(path: Array(event.key.dropFirst(sessions.count)), revision: event.modRevision)
+                    changes.append(.deleted(key, ending: endings[place], revision: revision))
                 }
-            case .delete:
-                guard let key = sessionKey(ofPath: event.key, under: "sessions") else { continue }
-                let ending = endings[Array(event.key.dropFirst(sessions.count))]
-                changes.append(
-                    .deleted(key, ending: ending?.1 == event.modRevision ? ending?.0 : nil, revision: revision))
+            } else if event.kind == .delete, let key = sessionKey(ofPath: event.key, under: "locks") {
+                // A lock's key goes when it is released or its lease lapses: waiters try at once.
+                changes.append(.unlocked(key))
             }
         }
         guard !changes.isEmpty, let continuation = fleet.withLock({ $0.continuation }) else { return }

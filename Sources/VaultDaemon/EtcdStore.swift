@@ -51,6 +51,8 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
     let refreshHoldSeconds: Double
     /// The clock of the locks' ends, the session manager's.
     let clock: any WallClock
+    /// How many keys one read of every session asks for at a time.
+    let pageSize: Int64
     /// What the fleet's calls share: the feed, its watch, the locks held.
     let fleet = Mutex(FleetFeedState())
 
@@ -68,8 +70,9 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
 
     private init(
         client: EtcdClient, settings: EtcdSettings, key: DataKey, keySource: String, names: OwnerNames, log: Logger,
-        host: String, refreshHoldSeconds: Double, clock: any WallClock
+        host: String, refreshHoldSeconds: Double, clock: any WallClock, pageSize: Int64
     ) {
+        self.pageSize = pageSize
         self.client = client
         self.prefix = settings.keyPrefix
         self.key = key
@@ -80,9 +83,12 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
         self.lockTTL = settings.lockTTLSeconds
         self.refreshHoldSeconds = refreshHoldSeconds
         self.clock = clock
+        // A lock's calls, renewals among them, must end well within its TTL:
+        // a renewal that waits a whole Timeout= could outlive the lease.
+        let lockTimeout = min(Double(settings.timeoutSeconds), max(1, Double(settings.lockTTLSeconds) / 3))
         locks = EtcdLocks(
-            client: client, prefix: Array((settings.keyPrefix + "locks/").utf8), holder: host,
-            defaultTTL: settings.lockTTLSeconds)
+            client: EtcdClient(endpoints: client.endpoints, timeoutSeconds: lockTimeout, tls: client.tls),
+            prefix: Array((settings.keyPrefix + "locks/").utf8), holder: host, defaultTTL: settings.lockTTLSeconds)
     }
 
     /// Opens the store of `settings` with the fleet's key from `keys` (the
@@ -96,7 +102,7 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
     public static func open(
         settings: EtcdSettings, keys: CredentialDataKeys?, log: Logger, names: OwnerNames = .system,
         host: String = EtcdStore.defaultHostName(), refreshHoldSeconds: Double = 60,
-        clock: any WallClock = SystemWallClock()
+        clock: any WallClock = SystemWallClock(), pageSize: Int64 = 1000
     ) async throws(VaultError) -> EtcdStore {
         guard let keys else {
             throw VaultError(
@@ -109,7 +115,7 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
             endpoints: settings.endpoints, timeoutSeconds: Double(settings.timeoutSeconds), tls: TLSFiles(settings))
         let store = EtcdStore(
             client: client, settings: settings, key: key, keySource: keys.description, names: names, log: log,
-            host: host, refreshHoldSeconds: refreshHoldSeconds, clock: clock)
+            host: host, refreshHoldSeconds: refreshHoldSeconds, clock: clock, pageSize: pageSize)
         try await store.checkKeyID()
         return store
     }
@@ -231,7 +237,7 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
     // MARK: Calls
 
     public func loadAll() async throws(VaultError) -> StoreContents {
-        let range = try await client.range(bytes("sessions/"), prefix: true)
+        let range = try await client.rangeAll(bytes("sessions/"), pageSize: pageSize)
         var contents = StoreContents(records: [], unreadable: [])
         for item in range.kvs {
             switch decodeSession(item) {
@@ -300,14 +306,18 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
 
     /// Writes the record and removes the session's ending, if a logout or
     /// kick left one: the session lives again.
-    public func save(_ record: SessionRecord) async throws(VaultError) {
+    public func save(_ record: SessionRecord) async throws(VaultError) { _ = try await put(record) }
+
+    /// `save(_:)`, answering the revision the record is now at.
+    public func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision {
         let owner = try ownerName(record.ownerUID)
         let path = path(record.account, owner: owner)
-        _ = try await client.txn(
+        let result = try await client.txn(
             [],
             success: [
                 .put(bytes("sessions/" + path), sealedValue(record, owner: owner)), .delete(bytes("endings/" + path)),
             ])
+        return StoreRevision(result.revision)
     }
 
     public func delete(_ key: SessionKey) async throws(VaultError) {
@@ -348,7 +358,7 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
     /// Every queued revocation the fleet's key opens; one that does not open
     /// is left in place and skipped.
     public func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
-        let range = try await client.range(bytes("revocations/"), prefix: true)
+        let range = try await client.rangeAll(bytes("revocations/"), pageSize: pageSize)
         var revocations: [PendingRevocation] = []
         for item in range.kvs {
             guard let parts = segments(of: item.key, under: "revocations", count: 3),

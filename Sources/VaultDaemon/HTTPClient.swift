@@ -163,21 +163,25 @@ enum HTTPClient {
     /// POSTs `body` (application/json) to `url` on `BlockingExecutor.io`, in
     /// the lane of its host, at most `cap` at once; ends by `timeoutSeconds`
     /// at the latest, the wait for a thread included. For etcd's JSON gateway.
+    /// `maximumBody`: the largest answer read (etcd's pages of sessions are
+    /// larger than a token response).
     static func postJSON(
-        _ url: String, _ body: [UInt8], timeoutSeconds: Double, cap: Int = requestsPerHost, tls: TLSFiles? = nil
+        _ url: String, _ body: [UInt8], timeoutSeconds: Double, cap: Int = requestsPerHost, tls: TLSFiles? = nil,
+        maximumBody: Int = HTTPClient.maximumBody
     )
         async throws(HTTPFailure) -> HTTPResponse
     {
         try await onLane(of: url, cap: cap, timeoutSeconds: timeoutSeconds) { left in
             var copy = body
             return post(
-                url, &copy, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds, json: true, tls: tls)
+                url, &copy, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds, json: true, tls: tls,
+                maximumBody: maximumBody)
         }
     }
 
     private static func post(
         _ url: String, _ body: inout [UInt8], timeoutMilliseconds: Int, timeoutSeconds: Double, json: Bool = false,
-        tls: TLSFiles? = nil
+        tls: TLSFiles? = nil, maximumBody: Int = HTTPClient.maximumBody
     )
         -> Result<HTTPResponse, HTTPFailure>
     {

@@ -17,6 +17,14 @@ struct FleetState {
     var refreshing = 0
     /// The background work that applies the feed (`followSharedStore()`), stopped first at shutdown.
     var follower: UInt64?
+    /// Per session, how many changes (puts, deletes, lock releases) were
+    /// applied: a refresh about to wait for another host does not when one
+    /// came since it asked for the lock (the wake-up would be lost).
+    var wakeups: [SessionKey: UInt64] = [:]
+    /// Per session, the tokens of this host's conditional write in flight:
+    /// its own feed may deliver the write before the store's answer does,
+    /// and it is not another host's refresh.
+    var writing: [SessionKey: TokenSet] = [:]
 
     init(_ shared: any SharedSessionStore) { self.shared = shared }
 }
@@ -80,7 +88,10 @@ extension StoreGate {
     }
 
     func deleteShared(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) {
-        try await pass { () async throws(VaultError) in try await shared().delete(key, ending: ending) }
+        let revision = try await pass { () async throws(VaultError) in
+            try await shared().delete(key, ending: ending)
+        }
+        noteOwnWrite(key, revision)
     }
 
     func acquireRefreshLock(_ key: SessionKey) async throws(VaultError) -> RefreshLockAnswer {
@@ -142,7 +153,12 @@ extension SessionManager {
     /// in flight here is left to it; a logout's mark is left to its delete.
     func applySharedPut(_ record: SessionRecord, revision: StoreRevision, force: Bool = false) async {
         let key = record.key
-        if !force, let known = fleet?.revisions[key], revision <= known { return }
+        if !force, revision <= knownRevision(key) { return }
+        if record.phase == .active, let own = fleet?.writing[key], own == record.tokens {
+            // This host's own write, ahead of the store's answer: its writer goes on with it.
+            if (fleet?.revisions[key] ?? 0) < revision { fleet?.revisions[key] = revision }
+            return
+        }
         if deferWhileBusy(key, ending: nil) { return }
         let newest = max(revision, fleet?.revisions[key] ?? 0)
         fleet?.revisions[key] = newest
@@ -187,7 +203,7 @@ extension SessionManager {
     func applySharedDelete(_ key: SessionKey, ending: SessionEnding?, revision: StoreRevision, force: Bool = false)
         async
     {
-        if !force, let known = fleet?.revisions[key], revision <= known { return }
+        if !force, revision <= knownRevision(key) { return }
         if deferWhileBusy(key, ending: ending) { return }
         let newest = max(revision, fleet?.revisions[key] ?? 0)
         fleet?.revisions[key] = newest
@@ -204,6 +220,13 @@ extension SessionManager {
         var logFields = fields(key, event: ending.kind.rawValue)
         logFields["reason"] = ending.reason
         log.info("logged out on another host", logFields)
+    }
+
+    /// The revision of the last change of `key` this host applied or wrote
+    /// itself (a login's plain write is known before the feed brings it: an
+    /// older change the feed brings first must not undo it).
+    private func knownRevision(_ key: SessionKey) -> StoreRevision {
+        max(fleet?.revisions[key] ?? 0, gate.lastOwnWrite(key))
     }
 
     /// A change of a session with a login, logout or replace in flight here
@@ -262,6 +285,7 @@ extension SessionManager {
     }
 
     func wakeFleetWaiters(_ key: SessionKey) {
+        fleet?.wakeups[key, default: 0] &+= 1
         guard let waiting = fleet?.waiters[key] else { return }
         fleet?.waiters[key] = nil
         for waiter in waiting { waiter.wake() }
@@ -293,6 +317,7 @@ extension SessionManager {
                 return .success(current)
             }
             let answer: RefreshLockAnswer
+            let wakeupsBefore = fleet?.wakeups[key] ?? 0
             do throws(VaultError) {
                 answer = try await gate.acquireRefreshLock(key)
             } catch {
@@ -303,6 +328,8 @@ extension SessionManager {
                 var logFields = fields(key, event: "tokenRefreshed")
                 logFields["holder"] = host
                 log.info("another host refreshes this session; waiting for its tokens", logFields)
+                // A put or release applied while the lock was asked for: look again at once.
+                if (fleet?.wakeups[key] ?? 0) != wakeupsBefore { continue }
                 await waitForOtherHost(key, until: until)
             case .granted(let lease):
                 let stored: SharedRecord?
@@ -326,7 +353,7 @@ extension SessionManager {
                     guard let served = entries[key]?.record else { return .failure(.notLoggedIn(account)) }
                     return .success(served)
                 }
-                if clock.preciseNow() >= lease.expiresAt {
+                if fleet?.shared.stillHolds(lease, at: clock.preciseNow()) != true {
                     // The lease ended while the store was read (this process stalled):
                     // another host may hold the lock now. Released (a store that
                     // renews the lease may still hold it for this host) and asked for again.
@@ -404,6 +431,8 @@ extension SessionManager {
     /// refresh token.
     func saveShared(_ record: SessionRecord, ifRevision: StoreRevision, refreshedFrom: TokenSet) async -> FleetWrite {
         var compared = ifRevision
+        fleet?.writing[record.key] = record.tokens
+        defer { fleet?.writing[record.key] = nil }
         // Bounded: each pass follows one write that changed no token.
         for _ in 0..<4 {
             do throws(VaultError) {
@@ -444,7 +473,7 @@ extension SessionManager {
             await handle(key, .saved)
             return
         }
-        let known = fleet?.revisions[key] ?? 0
+        let known = knownRevision(key)
         guard let stored, stored.revision <= known else {
             // Changed by another host since: the store wins.
             return await resyncShared(key, ending: nil)

@@ -266,6 +266,10 @@ public actor SessionManager {
             if fleet != nil {
                 // Over the revision last seen: another host may have rotated these tokens away since.
                 await persistShared(key, entryID: entry.id)
+                if entries[key]?.id == entry.id, entries[key]?.timers.status.unsaved == true {
+                    log.error(
+                        "refreshed tokens could not be stored before stopping", fields(key, event: "tokenRefreshed"))
+                }
                 continue
             }
             do throws(VaultError) {

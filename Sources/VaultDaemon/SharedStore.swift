@@ -127,12 +127,28 @@ public protocol SharedSessionStore: SessionStore {
     /// Writes `record` only when the stored record of its key is at
     /// `ifRevision` (0: there is none).
     func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave
-    /// Deletes the session's record and leaves `ending` for the other hosts.
-    func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError)
+    /// Writes `record` whatever the store holds (a login, a logout's mark);
+    /// the revision it is now at. `save(_:)` is this without the answer.
+    func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision
+    /// Deletes the session's record and leaves `ending` for the other hosts;
+    /// the revision of the delete.
+    @discardableResult
+    func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) -> StoreRevision
     /// Takes the refresh lock of `key` for this host, or says who holds it.
     func acquireRefreshLock(_ key: SessionKey) async throws(VaultError) -> RefreshLockAnswer
     /// Releases a lock this host holds (a lease that ended meanwhile is gone already).
     func releaseRefreshLock(_ key: SessionKey, lease: RefreshLease) async throws(VaultError)
-    /// The changes from now on, in revision order, this host's own writes too.
+    /// Whether this host surely holds `lease` still at `now` (clock
+    /// seconds): asked right before the provider is, so that a lock lost
+    /// meanwhile sends no refresh. A lease that is not renewed ends at
+    /// `expiresAt` (the default).
+    func stillHolds(_ lease: RefreshLease, at now: Double) -> Bool
+    /// The changes after the last whole load (`loadAll`, `loadShared`; from
+    /// now on when there was none), in revision order, this host's own writes too.
     func changes() -> AsyncStream<SharedChange>
+}
+
+extension SharedSessionStore {
+    /// A lease ends at its `expiresAt`, unless a store renews it.
+    public func stillHolds(_ lease: RefreshLease, at now: Double) -> Bool { now < lease.expiresAt }
 }

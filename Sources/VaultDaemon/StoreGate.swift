@@ -22,6 +22,8 @@ final class StoreGate: SessionStore {
     let inner: any SessionStore
     private let clock: any WallClock
     private let state: Mutex<State>
+    /// Per session, the revision of this host's latest write to a shared store.
+    private let ownWrites = Mutex<[SessionKey: StoreRevision]>([:])
 
     init(_ inner: any SessionStore, clock: any WallClock) {
         self.inner = inner
@@ -109,8 +111,22 @@ final class StoreGate: SessionStore {
         try await pass { () async throws(VaultError) in try await inner.loadAll() }
     }
 
+    /// A shared store's write is noted with its revision (`lastOwnWrite`).
     func save(_ record: SessionRecord) async throws(VaultError) {
-        try await pass { () async throws(VaultError) in try await inner.save(record) }
+        guard let shared = inner as? any SharedSessionStore else {
+            return try await pass { () async throws(VaultError) in try await inner.save(record) }
+        }
+        let revision = try await pass { () async throws(VaultError) in try await shared.put(record) }
+        noteOwnWrite(record.key, revision)
+    }
+
+    /// The revision of this host's latest write of `key` to a shared store
+    /// (0: none): a change of the feed at or below it is older than what
+    /// this host wrote, even before the feed brings the write itself.
+    func lastOwnWrite(_ key: SessionKey) -> StoreRevision { ownWrites.withLock { $0[key] ?? 0 } }
+
+    func noteOwnWrite(_ key: SessionKey, _ revision: StoreRevision) {
+        ownWrites.withLock { $0[key] = max($0[key] ?? 0, revision) }
     }
 
     func delete(_ key: SessionKey) async throws(VaultError) {

@@ -1,3 +1,4 @@
+import Synchronization
 import Testing
 import VaultCore
 import VaultDaemon
@@ -177,5 +178,91 @@ struct FleetManagerTests {
             store: FaultyStore(), config: try TestConfig.make(), clock: ManualClock(),
             log: Logger(level: .debug, target: .discard), armsTimer: false)
         #expect(!manager.isFleetHost)
+    }
+}
+
+/// A host's view of the shared store whose feed delivers the host's own
+/// conditional write before the write's answer returns (etcd: the watch's
+/// event can come ahead of the transaction's reply).
+final class EchoingView: SharedSessionStore, Sendable {
+    let inner: HostView
+    private let echo = Mutex<(@Sendable (SharedChange) async -> Void)?>(nil)
+
+    init(_ inner: HostView) { self.inner = inner }
+
+    /// From now on a conditional write that lands is handed to `body` first.
+    func echo(_ body: @escaping @Sendable (SharedChange) async -> Void) { echo.withLock { $0 = body } }
+
+    var host: String { inner.host }
+    var lockTTLSeconds: Double { inner.lockTTLSeconds }
+    var location: String { inner.location }
+    func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
+        let answer = try await inner.save(record, ifRevision: ifRevision)
+        if case .saved(let revision) = answer, let echo = echo.withLock({ $0 }) {
+            await echo(.put(record, revision: revision))
+        }
+        return answer
+    }
+    func probe() async -> StoreProbe { await inner.probe() }
+    func loadAll() async throws(VaultError) -> StoreContents { try await inner.loadAll() }
+    func loadShared() async throws(VaultError) -> SharedContents { try await inner.loadShared() }
+    func load(_ key: SessionKey) async throws(VaultError) -> SharedRecord? { try await inner.load(key) }
+    func save(_ record: SessionRecord) async throws(VaultError) { try await inner.save(record) }
+    func delete(_ key: SessionKey) async throws(VaultError) { try await inner.delete(key) }
+    func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision { try await inner.put(record) }
+    func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) -> StoreRevision {
+        try await inner.delete(key, ending: ending)
+    }
+    func acquireRefreshLock(_ key: SessionKey) async throws(VaultError) -> RefreshLockAnswer {
+        try await inner.acquireRefreshLock(key)
+    }
+    func releaseRefreshLock(_ key: SessionKey, lease: RefreshLease) async throws(VaultError) {
+        try await inner.releaseRefreshLock(key, lease: lease)
+    }
+    func changes() -> AsyncStream<SharedChange> { inner.changes() }
+    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
+        try await inner.saveProviderSecret(provider, secret)
+    }
+    func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
+        try await inner.loadProviderSecret(provider)
+    }
+    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        try await inner.savePendingRevocation(revocation)
+    }
+    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
+        try await inner.deletePendingRevocation(revocation)
+    }
+    func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
+        try await inner.loadPendingRevocations()
+    }
+}
+
+@Suite("SessionManager in a fleet: its own write seen first on its feed", .timeLimit(.minutes(5)))
+struct FleetOwnWriteTests {
+    /// Should take its own refreshed tokens, seen on its feed before the
+    /// write's answer, as its own: served, announced once, never revoked.
+    @Test func ownWriteAheadOfItsAnswer() async throws {
+        let clock = ManualClock()
+        let provider = FakeProvider(clock: clock)
+        let shared = SimulatedSharedStore(clock: clock, seed: 3, maxDelaySeconds: 0)
+        shared.connect("a")
+        let view = EchoingView(shared.view(host: "a", alive: Liveness()))
+        let events = EventLog()
+        let manager = SessionManager(
+            store: view, config: try TestConfig.make(), clock: clock, log: Logger(level: .debug, target: .discard),
+            providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
+            armsTimer: false, events: { events.append($0) })
+        let caller = Caller(uid: 1000, gid: 1000, pid: 7)
+        let (_, response) = provider.grant(lifetime: 300)
+        let (login, _) = try await manager.login(
+            LoginRequest(provider: "oauth", user: "alice", tokenResponse: response), caller: caller)
+        view.echo { change in await manager.applySharedChange(change) }
+
+        let refreshed = try await manager.refresh(login.key, caller: caller, clientAsked: true)
+        #expect(refreshed.tokens != login.tokens)
+        #expect(shared.records[login.key]?.record.tokens == refreshed.tokens)
+        #expect(manager.table.view(of: login.key)?.record?.tokens == refreshed.tokens)
+        #expect(provider.state.withLock { $0.revokedGrants }.isEmpty, "the refreshing host revoked its own new tokens")
+        #expect(events.all.filter { $0.kind == .tokenRefreshed }.count == 1)
     }
 }

@@ -182,13 +182,16 @@ final class HostView: SharedSessionStore, Sendable {
         try reach("reading \(key)") { $0.records[key] }
     }
 
-    func save(_ record: SessionRecord) async throws(VaultError) {
+    func save(_ record: SessionRecord) async throws(VaultError) { _ = try await put(record) }
+
+    func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision {
         try reach("writing \(record.key)") { state in
             store.commit(&state) { state, revision in
                 state.records[record.key] = SharedRecord(record, revision: revision)
                 state.endings[record.key] = nil
                 return .put(record, revision: revision)
             }
+            return state.revision
         }
     }
 
@@ -217,13 +220,14 @@ final class HostView: SharedSessionStore, Sendable {
         }
     }
 
-    func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) {
+    func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) -> StoreRevision {
         try reach("deleting \(key)") { state in
             store.commit(&state) { state, revision in
                 state.records[key] = nil
                 state.endings[key] = ending
                 return .deleted(key, ending: ending, revision: revision)
             }
+            return state.revision
         }
     }
 

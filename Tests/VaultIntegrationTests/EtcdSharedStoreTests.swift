@@ -207,6 +207,67 @@ struct EtcdSharedStoreTests {
         await reader.close()
     }
 
+    /// Should read a store larger than one answer in pages, all at one
+    /// revision: 300 sessions (about 400 KB in etcd's answer, over the 64 KiB
+    /// of a token response) with the default page and with pages of 64.
+    @Test func largeStoreIsReadInPages() async throws {
+        let fleet = try await EtcdFleet()
+        let temp = try TemporaryDirectory()
+        let key = try EtcdFleetKey(in: temp)
+        let writer = try await Self.open(fleet, key, host: "writer")
+        var written: [SessionRecord] = []
+        for index in 0..<300 {
+            let record = Self.record("user\(index)", token: "token-\(index)-" + String(repeating: "x", count: 400))
+            written.append(record)
+            try await writer.save(record)
+        }
+        let expected = written.sorted { $0.key < $1.key }
+        var settings = EtcdStoreTests.settings(fleet)
+        settings.lockTTLSeconds = 10
+        for pageSize: Int64 in [1000, 64] {
+            let reader = try await EtcdStore.open(
+                settings: settings, keys: key.keys, log: Self.log, names: Self.names, host: "reader", pageSize: pageSize
+            )
+            let all = try await reader.loadAll().records.sorted { $0.key < $1.key }
+            #expect(all == expected, "page size \(pageSize): \(all.count) of 300 read")
+            let shared = try await reader.loadShared()
+            #expect(shared.records.count == 300, "page size \(pageSize)")
+            #expect(Set(shared.records.map(\.revision)).count == 300, "each record at its own write's revision")
+            await reader.close()
+        }
+        await writer.close()
+    }
+
+    /// Should give each delete of a batch the ending of its own transaction:
+    /// a kick, a login and a logout of one session read in one go.
+    @Test func batchedDeletesKeepTheirOwnEndings() async throws {
+        let fleet = try await EtcdFleet()
+        let temp = try TemporaryDirectory()
+        let key = try EtcdFleetKey(in: temp)
+        let writer = try await Self.open(fleet, key, host: "writer")
+        let reader = try await Self.open(fleet, key, host: "reader")
+        let record = Self.record("kim", token: "t1")
+        try await writer.save(record)
+        _ = try await reader.loadAll()
+        // Before the reader's feed starts: its watch reads the three from the revision it loaded.
+        try await writer.delete(record.key, ending: SessionEnding(kind: .kickedOffline, reason: "spam"))
+        try await writer.save(record)
+        try await writer.delete(record.key, ending: SessionEnding(kind: .logoutSuccess))
+        let feed = FeedLog(reader.changes())
+        var kinds: [String] = []
+        for _ in 0..<3 {
+            switch await feed.next() {
+            case .deleted(_, let ending, _)?:
+                kinds.append("deleted:\(ending?.kind.rawValue ?? "-"):\(ending?.reason ?? "-")")
+            case .put?: kinds.append("put")
+            case let other: kinds.append("\(String(describing: other))")
+            }
+        }
+        #expect(kinds == ["deleted:kickedOffline:spam", "put", "deleted:logoutSuccess:-"])
+        await writer.close()
+        await reader.close()
+    }
+
     /// Should say `reset` when the feed's revision was compacted away, then
     /// go on feeding changes from the revision after it.
     @Test func compactedFeedResets() async throws {
