@@ -12,14 +12,17 @@ public struct EtcdSettings: Sendable, Equatable {
     public var keyFile: String?
     /// How long one etcd call may take, every endpoint tried included (`Timeout=`), in seconds.
     public var timeoutSeconds: Int64 = 5
+    /// How long an account's refresh lock outlives a host that died holding
+    /// it (`LockTTL=`), in seconds: the lease under the lock's key.
+    public var lockTTLSeconds: Int64 = 10
 
-    /// The defaults: no endpoint, prefix `/vaultd/`, 5 s.
+    /// The defaults: no endpoint, prefix `/vaultd/`, 5 s, locks of 10 s.
     public init() {}
 }
 
 extension ConfigParser {
     /// The keys `[Etcd]` accepts.
-    static let etcdKeys = ["Endpoints", "KeyPrefix", "CAFile", "CertFile", "KeyFile", "Timeout"]
+    static let etcdKeys = ["Endpoints", "KeyPrefix", "CAFile", "CertFile", "KeyFile", "Timeout", "LockTTL"]
 
     /// The settings of the merged `[Etcd]` section. Whether there must be an
     /// endpoint depends on the engine, which the environment may still
@@ -66,6 +69,14 @@ extension ConfigParser {
             throw entry.error("keys 'CertFile' and 'KeyFile': a client certificate needs both, its file and its key's")
         }
         if let entry = entries["Timeout"] { settings.timeoutSeconds = try timeout(entry, key: "Timeout") }
+        if let entry = entries["LockTTL"] {
+            // etcd grants leases of 2 s and more; a lock of over 5 min would
+            // keep a fleet's account from refreshing long after its holder died.
+            guard let seconds = DurationParser.seconds(entry.value), (2...300).contains(seconds) else {
+                throw entry.error("key 'LockTTL': expected a duration from 2s to 5min, e.g. 10 or 10s")
+            }
+            settings.lockTTLSeconds = seconds
+        }
         return settings
     }
 }

@@ -106,15 +106,21 @@ extension Daemon {
         case .sqlite:
             return try openSQLite(selection, log: log)
         case .etcd:
-            return try openEtcd(selection, log: log)
+            return try openEtcd(selection, config: config, log: log)
         }
     }
 
     /// The etcd store of `selection`, its key from the credential `data-key` only.
-    static func openEtcd(_ selection: StoreSelection, log: Logger) throws(VaultError) -> EtcdStore {
+    /// A refresh lock is renewed for as long as the slowest provider's call
+    /// may take, with a store read and write on either side.
+    static func openEtcd(_ selection: StoreSelection, config: VaultConfig, log: Logger) throws(VaultError)
+        -> EtcdStore
+    {
         let keys = CredentialDataKeys.fromEnvironment()
+        let slowest = config.providers.values.map { $0.oauth2?.timeoutSeconds ?? $0.exec?.timeoutSeconds ?? 0 }.max()
+        let hold = Double(max(slowest ?? 0, 30) + 2 * selection.etcd.timeoutSeconds)
         return try blocking { () async throws(VaultError) in
-            try await EtcdStore.open(settings: selection.etcd, keys: keys, log: log)
+            try await EtcdStore.open(settings: selection.etcd, keys: keys, log: log, refreshHoldSeconds: hold)
         }
     }
 

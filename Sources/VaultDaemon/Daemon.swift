@@ -213,6 +213,8 @@ public enum Daemon {
         let restored = try blocking { () async throws(VaultError) in
             try await manager.loadProviderSecrets()
             let restored = try await manager.restore()
+            // A host of a fleet follows the others from what it restored on.
+            await manager.followSharedStore()
             await manager.resumePendingRevocations()
             return restored
         }

@@ -171,6 +171,14 @@ final class EtcdClient: Sendable {
         return Self.int(answer["result"]?["TTL"])
     }
 
+    /// The seconds lease `id` has left (etcd rounds them down), -1 when it
+    /// has expired or was revoked.
+    func leaseTimeToLive(_ id: Int64) async throws(VaultError) -> Int64 {
+        let answer = try await call("/v3/lease/timetolive", ["ID": .string(String(id))])
+        guard let ttl = answer["TTL"] else { return -1 }
+        return Self.int(ttl)
+    }
+
     /// Revokes lease `id`, deleting every key attached to it. A lease etcd
     /// no longer knows counts as revoked: a revoke that timed out on one
     /// member may have been applied before it was tried on the next.

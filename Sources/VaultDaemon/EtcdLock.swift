@@ -45,8 +45,9 @@ final class EtcdLocks: Sendable {
     enum Attempt: Sendable {
         /// This host holds the lock now.
         case acquired(EtcdHeldLock)
-        /// `holder` holds it; its key is at `revision` (the store's revision when read).
-        case held(by: String, revision: Int64)
+        /// `holder` holds it under `lease` (0: the key went meanwhile); its
+        /// key is at `revision` (the store's revision when read).
+        case held(by: String, revision: Int64, lease: Int64)
     }
 
     /// One attempt at the lock `name`: a lease of `ttl` seconds (the default
@@ -72,8 +73,10 @@ final class EtcdLocks: Sendable {
         }
         guard result.succeeded else {
             try? await client.revokeLease(lease.id)
-            let current = result.ranges.first?.first.map { String(decoding: $0.value, as: UTF8.self) }
-            return .held(by: current ?? "nobody (it was just released)", revision: result.revision)
+            let current = result.ranges.first?.first
+            return .held(
+                by: current.map { String(decoding: $0.value, as: UTF8.self) } ?? "nobody (it was just released)",
+                revision: result.revision, lease: current?.lease ?? 0)
         }
         let held = EtcdHeldLock(
             client: client, name: name, key: key, leaseID: lease.id, ttl: lease.ttl > 0 ? lease.ttl : ttl,
@@ -97,7 +100,7 @@ final class EtcdLocks: Sendable {
             switch attempt {
             case .acquired(let held):
                 return held
-            case .held(_, let revision):
+            case .held(_, let revision, _):
                 // A cancelled caller's wait returns at once: it stops trying.
                 guard ContinuousClock.now < deadline, !Task.isCancelled else { return nil }
                 await waitForDeletion(key(name), after: revision, until: deadline)

@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import VaultCore
 import VaultSystem
 
@@ -14,6 +15,8 @@ import VaultSystem
 ///
 ///     PREFIX/meta/key-id                              the id of the fleet's data key
 ///     PREFIX/sessions/PROVIDER/USER/OWNER             a session record
+///     PREFIX/endings/PROVIDER/USER/OWNER              why it ended (a tombstone, not sealed)
+///     PREFIX/locks/PROVIDER/USER/OWNER                its refresh lock (a key under a lease)
 ///     PREFIX/revocations/PROVIDER/USER/ID             a queued revocation
 ///     PREFIX/provider-secrets/PROVIDER                a provider's client secret
 ///
@@ -21,39 +24,72 @@ import VaultSystem
 /// its key and in its associated data; the record keeps the uid of the host
 /// that wrote it, and each host reads the name back as its own uid. A name
 /// this host does not know is skipped with a warning and left in etcd.
+///
+/// The fleet's side (`SharedSessionStore`: revisions, conditional writes,
+/// tombstones, refresh locks, the change feed) is in `EtcdStore+Fleet.swift`.
 public final class EtcdStore: SessionStore, @unchecked Sendable {
     /// The client of the fleet's etcd members.
     let client: EtcdClient
     /// What every key starts with (`KeyPrefix=`).
     public let prefix: String
+    /// This host's name, as the others see it holding a lock: the host name
+    /// and the process id (a machine may run several vaultd of a fleet).
+    public let host: String
     /// The fleet's data key: set at open, never changed.
     private let key: DataKey
     private let keySource: String
-    private let names: OwnerNames
-    private let log: Logger
+    let names: OwnerNames
+    let log: Logger
+    /// The refresh locks, under `PREFIX/locks/`.
+    let locks: EtcdLocks
+    /// How long a lock outlives a holder that died, in seconds (`LockTTL=`).
+    let lockTTL: Int64
+    /// The longest this host keeps renewing a refresh lock it holds: a
+    /// refresh's store reads and writes and its provider call (whose own
+    /// timeout bounds it). A lock not released by then (refreshed tokens the
+    /// store did not take) lapses `lockTTL` later.
+    let refreshHoldSeconds: Double
+    /// The clock of the locks' ends, the session manager's.
+    let clock: any WallClock
+    /// What the fleet's calls share: the feed, its watch, the locks held.
+    let fleet = Mutex(FleetFeedState())
 
     /// One line for logs: the endpoints, the prefix and the key.
     public var location: String {
         "etcd \(client.endpoints.joined(separator: ",")) prefix \(prefix), key \(key.id) from the \(keySource)"
     }
 
-    private init(client: EtcdClient, prefix: String, key: DataKey, keySource: String, names: OwnerNames, log: Logger) {
+    private init(
+        client: EtcdClient, settings: EtcdSettings, key: DataKey, keySource: String, names: OwnerNames, log: Logger,
+        host: String, refreshHoldSeconds: Double, clock: any WallClock
+    ) {
         self.client = client
-        self.prefix = prefix
+        self.prefix = settings.keyPrefix
         self.key = key
         self.keySource = keySource
         self.names = names
         self.log = log
+        self.host = host
+        self.lockTTL = settings.lockTTLSeconds
+        self.refreshHoldSeconds = refreshHoldSeconds
+        self.clock = clock
+        locks = EtcdLocks(
+            client: client, prefix: Array((settings.keyPrefix + "locks/").utf8), holder: host,
+            defaultTTL: settings.lockTTLSeconds)
     }
 
     /// Opens the store of `settings` with the fleet's key from `keys` (the
     /// credential `data-key`; nil when systemd passed none, which refuses).
+    /// `host` names this vaultd to the others (in the locks it holds);
+    /// `refreshHoldSeconds` bounds how long it renews a refresh lock.
     /// The first host records the key's id under `PREFIX/meta/key-id`; every
     /// later one must hold the same key, or it refuses to start: it could
     /// read none of the fleet's sessions, and its own would be unreadable to
     /// the others.
     public static func open(
-        settings: EtcdSettings, keys: CredentialDataKeys?, log: Logger, names: OwnerNames = .system
+        settings: EtcdSettings, keys: CredentialDataKeys?, log: Logger, names: OwnerNames = .system,
+        host: String = EtcdStore.defaultHostName(), refreshHoldSeconds: Double = 60,
+        clock: any WallClock = SystemWallClock()
     ) async throws(VaultError) -> EtcdStore {
         guard let keys else {
             throw VaultError(
@@ -65,7 +101,8 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
         let client = EtcdClient(
             endpoints: settings.endpoints, timeoutSeconds: Double(settings.timeoutSeconds), tls: TLSFiles(settings))
         let store = EtcdStore(
-            client: client, prefix: settings.keyPrefix, key: key, keySource: keys.description, names: names, log: log)
+            client: client, settings: settings, key: key, keySource: keys.description, names: names, log: log,
+            host: host, refreshHoldSeconds: refreshHoldSeconds, clock: clock)
         try await store.checkKeyID()
         return store
     }
@@ -90,7 +127,7 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
     // MARK: Keys and values
 
     /// `path` under the prefix, as etcd key bytes.
-    private func bytes(_ path: String) -> [UInt8] { Array((prefix + path).utf8) }
+    func bytes(_ path: String) -> [UInt8] { Array((prefix + path).utf8) }
 
     /// `segment` with `%` and `/` percent-encoded, so that it is one segment of a key.
     static func encode(_ segment: String) -> String {
@@ -123,7 +160,7 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
     }
 
     /// The segments of `key` after `PREFIX/kind/`, decoded; nil when there are not `count` of them.
-    private func segments(of key: [UInt8], under kind: String, count: Int) -> [String]? {
+    func segments(of key: [UInt8], under kind: String, count: Int) -> [String]? {
         let start = Array((prefix + kind + "/").utf8)
         guard key.starts(with: start), let rest = String(validating: key[start.count...], as: UTF8.self) else {
             return nil
@@ -138,8 +175,11 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
         return decoded
     }
 
-    private func sessionKey(_ account: Account, owner: String) -> [UInt8] {
-        bytes("sessions/\(Self.encode(account.provider))/\(Self.encode(account.user))/\(Self.encode(owner))")
+    func sessionKey(_ account: Account, owner: String) -> [UInt8] { bytes("sessions/" + path(account, owner: owner)) }
+
+    /// `PROVIDER/USER/OWNER`, encoded: where a session's record, ending and lock are under their kinds.
+    func path(_ account: Account, owner: String) -> String {
+        "\(Self.encode(account.provider))/\(Self.encode(account.user))/\(Self.encode(owner))"
     }
 
     private func revocationKey(_ revocation: PendingRevocation) -> [UInt8] {
@@ -160,7 +200,7 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
 
     /// The plaintext of a stored value, nil when it is not one, was sealed
     /// under another key or bound to another place, or was changed. The caller wipes it.
-    private func open(_ value: [UInt8], associatedData: [UInt8]) -> [UInt8]? {
+    func open(_ value: [UInt8], associatedData: [UInt8]) -> [UInt8]? {
         guard let document = try? JSON.parse(value), let keyID = document["keyId"]?.stringValue,
             let sealed = document["sealed"]?.stringValue.flatMap(Base64.decode)
         else { return nil }
@@ -171,7 +211,7 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
 
     /// The user name of the owner `uid` on this host, or an error: a fleet
     /// names owners by name, and a uid without one cannot be shared.
-    private func ownerName(_ uid: UInt32) throws(VaultError) -> String {
+    func ownerName(_ uid: UInt32) throws(VaultError) -> String {
         guard let name = names.name(uid) else {
             throw VaultError(
                 .storeFailed,
@@ -187,35 +227,11 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
         let range = try await client.range(bytes("sessions/"), prefix: true)
         var contents = StoreContents(records: [], unreadable: [])
         for item in range.kvs {
-            guard let parts = segments(of: item.key, under: "sessions", count: 3),
-                let account = try? Account.validate(provider: parts[0], user: parts[1])
-            else {
-                contents.unreadable.append(
-                    "a key under \(prefix)sessions/ that is not PROVIDER/USER/OWNER (written by another program)")
-                continue
+            switch decodeSession(item) {
+            case .record(let record): contents.records.append(record)
+            case .unreadable(let label): contents.unreadable.append(label)
+            case .unknownOwner(let account, let owner): warnOfUnknownOwner(account, owner)
             }
-            let ownerName = parts[2]
-            guard let uid = names.uid(ownerName) else {
-                log.warning(
-                    "a session of the fleet is owned by a user this host does not know; it is left in etcd and not served here",
-                    ["account": account.description, "owner": ownerName])
-                continue
-            }
-            guard var plaintext = open(item.value, associatedData: Sealing.sessionData(account, owner: ownerName))
-            else {
-                contents.unreadable.append(
-                    "session \(account) of \(ownerName) in etcd (damaged, or sealed under another key than \(key.id))")
-                continue
-            }
-            defer { plaintext.wipe() }
-            guard let json = try? JSON.parse(plaintext), var record = try? SessionRecord(storedJSON: json),
-                record.account == account
-            else {
-                contents.unreadable.append("session \(account) of \(ownerName) in etcd (not a session record)")
-                continue
-            }
-            record.ownerUID = uid
-            contents.records.append(record)
         }
         if contents.records.isEmpty, !contents.unreadable.isEmpty {
             throw VaultError(
@@ -223,15 +239,68 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
                 "none of the \(contents.unreadable.count) sessions in etcd under \(prefix) could be opened with data key \(key.id) (first: \(contents.unreadable[0])); vaultd will not start over sessions it cannot read"
             )
         }
+        // The change feed of a fleet's host starts after what it restored.
+        noteLoaded(range.revision)
         return contents
     }
 
-    public func save(_ record: SessionRecord) async throws(VaultError) {
-        let owner = try ownerName(record.ownerUID)
+    /// What a key and value under `PREFIX/sessions/` hold.
+    enum DecodedSession {
+        /// A session this host serves, its owner's uid this host's own.
+        case record(SessionRecord)
+        /// A session owned by a user this host does not know.
+        case unknownOwner(Account, String)
+        /// Not a session vaultd wrote, damaged, or sealed under another key: a label for the log.
+        case unreadable(String)
+    }
+
+    /// The session of a key and value under `PREFIX/sessions/`.
+    func decodeSession(_ item: EtcdKeyValue) -> DecodedSession {
+        guard let parts = segments(of: item.key, under: "sessions", count: 3),
+            let account = try? Account.validate(provider: parts[0], user: parts[1])
+        else {
+            return .unreadable(
+                "a key under \(prefix)sessions/ that is not PROVIDER/USER/OWNER (written by another program)")
+        }
+        let ownerName = parts[2]
+        guard let uid = names.uid(ownerName) else { return .unknownOwner(account, ownerName) }
+        guard var plaintext = open(item.value, associatedData: Sealing.sessionData(account, owner: ownerName)) else {
+            return .unreadable(
+                "session \(account) of \(ownerName) in etcd (damaged, or sealed under another key than \(key.id))")
+        }
+        defer { plaintext.wipe() }
+        guard let json = try? JSON.parse(plaintext), var record = try? SessionRecord(storedJSON: json),
+            record.account == account
+        else {
+            return .unreadable("session \(account) of \(ownerName) in etcd (not a session record)")
+        }
+        record.ownerUID = uid
+        return .record(record)
+    }
+
+    func warnOfUnknownOwner(_ account: Account, _ owner: String) {
+        log.warning(
+            "a session of the fleet is owned by a user this host does not know; it is left in etcd and not served here",
+            ["account": account.description, "owner": owner])
+    }
+
+    /// The sealed value of `record`, stored under `owner`'s name.
+    func sealedValue(_ record: SessionRecord, owner: String) -> [UInt8] {
         var document = record.storedJSON().serialized()
         defer { document.wipe() }
-        let value = seal(document, associatedData: Sealing.sessionData(record.account, owner: owner))
-        try await client.put(sessionKey(record.account, owner: owner), value)
+        return seal(document, associatedData: Sealing.sessionData(record.account, owner: owner))
+    }
+
+    /// Writes the record and removes the session's ending, if a logout or
+    /// kick left one: the session lives again.
+    public func save(_ record: SessionRecord) async throws(VaultError) {
+        let owner = try ownerName(record.ownerUID)
+        let path = path(record.account, owner: owner)
+        _ = try await client.txn(
+            [],
+            success: [
+                .put(bytes("sessions/" + path), sealedValue(record, owner: owner)), .delete(bytes("endings/" + path)),
+            ])
     }
 
     public func delete(_ key: SessionKey) async throws(VaultError) {

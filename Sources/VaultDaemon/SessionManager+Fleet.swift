@@ -325,7 +325,9 @@ extension SessionManager {
                 }
                 if clock.preciseNow() >= lease.expiresAt {
                     // The lease ended while the store was read (this process stalled):
-                    // another host may hold the lock now. Asked for again.
+                    // another host may hold the lock now. Released (a store that
+                    // renews the lease may still hold it for this host) and asked for again.
+                    try? await gate.releaseRefreshLock(key, lease: lease)
                     continue
                 }
                 let result = await performRefresh(

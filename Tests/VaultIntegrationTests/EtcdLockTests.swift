@@ -41,7 +41,7 @@ struct EtcdLockTests {
         for (host, attempt) in attempts {
             switch attempt {
             case .acquired(let held): winners.append((host, held))
-            case .held(let holder, _): holders.append(holder)
+            case .held(let holder, _, _): holders.append(holder)
             }
         }
         try #require(winners.count == 1, "holders: \(winners.map(\.0))")
@@ -93,7 +93,7 @@ struct EtcdLockTests {
             try #require(kvs.first?.lease == held.leaseID, "the lock went while its keep-alive ran")
             try await Task.sleep(for: .milliseconds(100))
         }
-        guard case .held(let holder, _) = try await hosts[1].tryAcquire("demo/carol") else {
+        guard case .held(let holder, _, _) = try await hosts[1].tryAcquire("demo/carol") else {
             Issue.record("the lock went while its keep-alive ran")
             return
         }
