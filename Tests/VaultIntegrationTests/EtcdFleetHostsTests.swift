@@ -85,6 +85,21 @@ final class FleetHostGroup {
             && !sessions.contains { $0.account.user == user && $0.state != .logout }
     }
 
+    /// Refreshes `user` on `host`; a failure is recorded as an issue naming
+    /// `what`, with the host's log. True when the refresh succeeded.
+    @discardableResult
+    func refresh(_ host: Int, _ user: String, _ what: String, sourceLocation: SourceLocation = #_sourceLocation)
+        -> Bool
+    {
+        do {
+            try connection(host).refresh(provider: "oauth", user: user)
+            return true
+        } catch {
+            Issue.record("\(what): \(error)\n\(output(host))", sourceLocation: sourceLocation)
+            return false
+        }
+    }
+
     /// A fresh grant of the token server, as its token endpoint answers client credentials.
     func grant() throws -> JSON {
         let response = try LoopbackHTTP.request(
@@ -377,9 +392,7 @@ struct EtcdFleetHostsTests {
         #expect(converged != nil, "the hosts serve different tokens after the refreshes")
         if let after { #expect(try await group.server.accepts(after), "the token served is live at the server") }
         // The grant is intact: the stored refresh token is the current one.
-        do { try group.connection(1).refresh(provider: "oauth", user: user) } catch {
-            Issue.record("one more refresh on B failed: \(error)\n\(group.output(1))")
-        }
+        group.refresh(1, user, "one more refresh on B")
         #expect(try await group.stat("reused_refresh_tokens") == 0)
         #expect(try await group.stat("revoked_grants") == 0, "the grant was revoked")
         #expect(try await group.stat("refresh_requests") == requests + 1)
@@ -416,7 +429,7 @@ struct EtcdFleetHostsTests {
         #expect(group.token(0, user) == first, "A still serves the token after the 5xx")
         #expect(try lockKeys().isEmpty, "a failed refresh left its lock behind")
         let unblocked = Date()
-        try group.connection(1).refresh(provider: "oauth", user: user)
+        group.refresh(1, user, "B's refresh after A's 5xx")
         let afterFiveHundred = elapsed(unblocked)
         #expect(afterFiveHundred < ttl * 1000, "B waited for a lock A should have released")
         let second = try #require(group.token(1, user))
@@ -484,7 +497,7 @@ struct EtcdFleetHostsTests {
         let oneDown = uniqueName("onedown")
         try group.login(1, oneDown)
         let beforeRefresh = try #require(group.token(2, kept))
-        try group.connection(2).refresh(provider: "oauth", user: kept)
+        group.refresh(2, kept, "C's refresh with one member down")
         let refreshed = try #require(group.token(2, kept))
         #expect(refreshed != beforeRefresh, "C refreshed with one member down")
         for host in group.hosts {
@@ -723,11 +736,24 @@ struct FleetChaosWorker {
                 let done = (try? connection.login(provider: "oauth", user: user, tokenResponse: grant)) != nil
                 ledger.record(user, done ? .loggedIn : .uncertain)
             } else if let user = mine.randomElement(), roll < 7 {
-                do {
-                    try connection.refresh(provider: "oauth", user: user)
-                } catch {
-                    let notLoggedIn = error.code == "ERR_NOT_LOGGED_IN"
-                    ledger.record(user, notLoggedIn ? .refreshRefused : .refreshCut)
+                // Two hosts refresh the account at once: one lock, one rotation.
+                let other = ledger.anyHostUp() ?? host
+                let paths = [sockets[host], sockets[other]]
+                let errors = fleetConcurrently(2, seconds: 30) { index -> VaultClientError? in
+                    do throws(VaultClientError) {
+                        try VaultConnection(path: paths[index], timeoutSeconds: 15).refresh(
+                            provider: "oauth", user: user)
+                        return nil
+                    } catch {
+                        return error
+                    }
+                }
+                let failures = errors.map { $0 ?? .unexpectedReply(method: "Refresh", detail: "no answer in 30 s") }
+                    .compactMap { $0 }
+                if failures.contains(where: { $0.code == "ERR_NOT_LOGGED_IN" }) {
+                    ledger.record(user, .refreshRefused)
+                } else if !failures.isEmpty {
+                    ledger.record(user, .refreshCut)
                 }
             } else if let user = mine.randomElement() {
                 let done = (try? connection.logout(provider: "oauth", user: user)) != nil
