@@ -241,15 +241,23 @@ public struct VaultCtl {
 
     mutating func list() -> ExitCode {
         let sessions: [Session]
+        let store: String?
         do {
             // Every page, to the last; a page too large for vaultd's output limit is asked for in halves.
-            sessions = try connect().sessions()
+            (sessions, store) = try connect().sessionList()
         } catch {
             return report(error)
         }
         if json {
-            output.out(JSON.object(["sessions": .array(sessions.map(\.json))]).text)
+            var document: [String: JSON] = ["sessions": .array(sessions.map(\.json))]
+            document["store"] = store.map(JSON.string)
+            output.out(JSON.object(document).text)
             return .ok
+        }
+        // A store that is away is said first: what the list shows cannot change meanwhile.
+        if let store, store != "available" {
+            output.out(
+                "store: \(store): tokens are served from memory, logins and logouts are refused until it is back")
         }
         if sessions.isEmpty {
             output.out("no sessions")

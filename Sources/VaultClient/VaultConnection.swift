@@ -199,6 +199,9 @@ public struct SessionListPage: Sendable, Equatable {
     public var sessions: [Session]
     /// The cursor of the next page (pass it back as `after`); nil on the last.
     public var next: String?
+    /// The store's state as vaultd sees it (`available`, `unavailable`,
+    /// `locked`); nil from a vaultd that does not say.
+    public var store: String?
 }
 
 /// A typed client of `io.vaultd.Vault` on one connection: one method per
@@ -293,13 +296,21 @@ public final class VaultConnection {
         }
         var sessions: [Session] = []
         for json in list { sessions.append(try Self.session(json, of: .listSessions)) }
-        return SessionListPage(sessions: sessions, next: reply.parameters["next"]?.stringValue)
+        return SessionListPage(
+            sessions: sessions, next: reply.parameters["next"]?.stringValue,
+            store: reply.parameters["store"]?.stringValue)
     }
 
     /// Every session the caller may see, following `ListSessions`' pages to
     /// the last. A page too large for the connection's output limit
     /// (`ReplyTooLarge`) is asked for again in halves.
     public func sessions(pageSize: Int? = nil) throws(VaultClientError) -> [Session] {
+        try sessionList(pageSize: pageSize).sessions
+    }
+
+    /// Every session the caller may see, as `sessions(pageSize:)`, and the
+    /// store's state on the last page (nil when vaultd did not say).
+    public func sessionList(pageSize: Int? = nil) throws(VaultClientError) -> (sessions: [Session], store: String?) {
         var sessions: [Session] = []
         var after: String?
         var limit = pageSize
@@ -311,7 +322,7 @@ public final class VaultConnection {
                 continue
             }
             sessions += page.sessions
-            guard let next = page.next, next != after else { return sessions }
+            guard let next = page.next, next != after else { return (sessions, page.store) }
             after = next
         }
     }

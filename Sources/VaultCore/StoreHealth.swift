@@ -62,8 +62,15 @@ public struct StoreHealth: Sendable, Equatable {
     /// Probes that found the store still not available, since it went.
     public private(set) var failedProbes = 0
 
-    /// A store that answered at start-up.
-    public init() {}
+    /// What to do about a store that is away, the end of the refusal's
+    /// message: the Secret Service's by default.
+    public let remedy: String
+
+    /// The remedy when no store names its own: the Secret Service's.
+    public static let secretServiceRemedy = "start gnome-keyring (or KeePassXC) on the session bus, then try again"
+
+    /// A store that answered at start-up; `remedy` says what brings it back.
+    public init(remedy: String = StoreHealth.secretServiceRemedy) { self.remedy = remedy }
 
     /// The wait before probe number `attempt + 1`: doubling from
     /// `firstProbeSeconds` to at most `longestProbeSeconds`, spread by
@@ -80,7 +87,7 @@ public struct StoreHealth: Sendable, Equatable {
         case .unavailable:
             return VaultError(
                 .storeUnavailable,
-                "the secret store is unavailable; tokens are still served from memory, changes are refused until it returns (vaultd reconnects on its own): start gnome-keyring (or KeePassXC) on the session bus, then try again"
+                "the secret store is unavailable; tokens are still served from memory, changes are refused until it returns (vaultd reconnects on its own): \(remedy)"
             )
         case .locked:
             return VaultError(

@@ -202,7 +202,7 @@ public enum Daemon {
                 }
             },
             storeDidChange: { state in
-                let line = Daemon.storeStatusLine(state)
+                let line = Daemon.storeStatusLine(state, fleet: store is any SharedSessionStore)
                 storeStatus.withLock { $0 = line }
                 if notifier.isActive, let table = statusTable.withLock({ $0 }) {
                     notifier.status(ServiceNotifier.statusLine(table) + line)
@@ -281,9 +281,12 @@ public enum Daemon {
     }
 
     /// The store's part of the STATUS= line: nothing while it is available.
-    static func storeStatusLine(_ state: StoreState) -> String {
+    /// A host of a fleet says what it does without the shared store.
+    static func storeStatusLine(_ state: StoreState, fleet: Bool = false) -> String {
         switch state {
         case .available: return ""
+        case .unavailable where fleet:
+            return "; store=unavailable (no quorum): read-only, tokens served from memory, no refresh, reconnecting"
         case .unavailable: return "; secret store unavailable, changes refused, reconnecting"
         case .locked: return "; secret store locked, changes refused until it is unlocked"
         }

@@ -37,7 +37,8 @@ struct HeldRefreshLock {
 ///   a host that dies holding it loses it when the lease ends;
 /// - `changes()` is a watch of the whole prefix from the revision the last
 ///   load was read at, resumed by `EtcdWatch` on another member after a
-///   disconnect; a compacted revision gives `reset`, after which a new watch
+///   disconnect; a lock's key deleted (released, lapsed) gives `unlocked`;
+///   a compacted revision gives `reset`, after which a new watch
 ///   starts from the revision then (the manager's reload reads at that one
 ///   or later, so nothing falls between the two).
 extension EtcdStore: SharedSessionStore {
@@ -261,6 +262,10 @@ extension EtcdStore: SharedSessionStore {
         }
         var changes: [SharedChange] = []
         let sessions = bytes("sessions/")
+        // A lock's key goes when it is released or its lease lapses: waiters try at once.
+        for event in events where event.kind == .delete {
+            if let key = sessionKey(ofPath: event.key, under: "locks") { changes.append(.unlocked(key)) }
+        }
         for event in events where event.key.starts(with: sessions) {
             let revision = StoreRevision(event.modRevision)
             switch event.kind {

@@ -54,6 +54,13 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
     /// What the fleet's calls share: the feed, its watch, the locks held.
     let fleet = Mutex(FleetFeedState())
 
+    public var unavailableRemedy: String {
+        "check that a quorum of the etcd members at \(client.endpoints.joined(separator: " ")) runs and that this host reaches them (etcdctl endpoint health), then try again"
+    }
+
+    /// Every call tried each endpoint within `Timeout=` already.
+    public var retriesOnFreshConnection: Bool { false }
+
     /// One line for logs: the endpoints, the prefix and the key.
     public var location: String {
         "etcd \(client.endpoints.joined(separator: ",")) prefix \(prefix), key \(key.id) from the \(keySource)"

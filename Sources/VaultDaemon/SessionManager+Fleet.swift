@@ -15,6 +15,8 @@ struct FleetState {
     var waiters: [SessionKey: [FleetWaiter]] = [:]
     /// Refreshes under way here and not waiting for another host.
     var refreshing = 0
+    /// The background work that applies the feed (`followSharedStore()`), stopped first at shutdown.
+    var follower: UInt64?
 
     init(_ shared: any SharedSessionStore) { self.shared = shared }
 }
@@ -116,7 +118,7 @@ extension SessionManager {
     public func followSharedStore() {
         guard let shared = fleet?.shared else { return }
         let changes = shared.changes()
-        spawn {
+        fleet?.follower = spawn {
             for await change in changes { await self.applySharedChange(change) }
         }
     }
@@ -129,6 +131,7 @@ extension SessionManager {
         case .put(let record, let revision): await applySharedPut(record, revision: revision)
         case .deleted(let key, let ending, let revision):
             await applySharedDelete(key, ending: ending, revision: revision)
+        case .unlocked(let key): wakeFleetWaiters(key)
         case .reset: await reloadShared()
         }
     }

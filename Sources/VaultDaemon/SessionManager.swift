@@ -250,6 +250,8 @@ public actor SessionManager {
         timer = nil
         wakeAllLoginWaiters()
         if let id = probeTask { background[id]?.cancel() }
+        // The feed never ends by itself: other hosts' changes stop here.
+        if let id = fleet?.follower { background[id]?.cancel() }
         // Refreshed tokens held only in memory while the store is gone: one
         // last look whether it is back, so that they are not lost at the exit.
         if gate.health.state != .available, entries.values.contains(where: { $0.timers.status.unsaved }) {
@@ -261,6 +263,11 @@ public actor SessionManager {
         for key in entries.keys {
             // Read again at each step: the awaits below let refreshes finish.
             guard let entry = entries[key], entry.timers.status.unsaved, let record = entry.record else { continue }
+            if fleet != nil {
+                // Over the revision last seen: another host may have rotated these tokens away since.
+                await persistShared(key, entryID: entry.id)
+                continue
+            }
             do throws(VaultError) {
                 try await store.save(record)
             } catch {

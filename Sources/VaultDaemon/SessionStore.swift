@@ -89,6 +89,14 @@ extension PendingRevocation {
 public protocol SessionStore: Sendable {
     /// A one-line description for logs: which bus, which collection.
     var location: String { get }
+    /// What brings the store back when it is unavailable, for the message
+    /// of the calls refused meanwhile.
+    var unavailableRemedy: String { get }
+    /// Whether a call that found the store unavailable is worth one more
+    /// try on a fresh connection (`StoreGate.pass`): a D-Bus session may be
+    /// stale after the Secret Service restarted. False for a store whose
+    /// client already tried every way in.
+    var retriesOnFreshConnection: Bool { get }
     /// Every record of vaultd's schema.
     func loadAll() async throws(VaultError) -> StoreContents
     /// Writes (creates or replaces) the record of `record.key`.
@@ -116,6 +124,10 @@ public protocol SessionStore: Sendable {
 }
 
 extension SessionStore {
+    /// The Secret Service's remedy, unless a store names its own.
+    public var unavailableRemedy: String { StoreHealth.secretServiceRemedy }
+    /// One more try on a fresh connection, unless a store says otherwise.
+    public var retriesOnFreshConnection: Bool { true }
     /// A store with nothing to reconnect (memory) is always available.
     public func probe() async -> StoreProbe { .available }
     /// Nothing to put away by default.

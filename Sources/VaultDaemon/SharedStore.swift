@@ -93,6 +93,11 @@ public enum SharedChange: Sendable, Equatable {
     /// A session's record was deleted; `ending` is its tombstone (nil: none
     /// was written, a plain delete, read as a logout).
     case deleted(SessionKey, ending: SessionEnding?, revision: StoreRevision)
+    /// The refresh lock of a session was released, or lapsed with its
+    /// holder's lease: a refresh waiting for that holder asks for it again
+    /// now rather than at the lease's end it was told. A store whose feed
+    /// cannot say so leaves the waiters to that end.
+    case unlocked(SessionKey)
     /// Changes were lost (the feed broke and could not resume, etcd's
     /// compaction): reload everything with `loadShared()`.
     case reset

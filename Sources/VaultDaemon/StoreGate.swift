@@ -13,7 +13,7 @@ import VaultCore
 /// told through `onChange`, then takes the actions with `takeActions()`.
 final class StoreGate: SessionStore {
     private struct State {
-        var health = StoreHealth()
+        var health: StoreHealth
         var actions: [StoreHealth.Action] = []
         var onChange: (@Sendable () -> Void)?
     }
@@ -21,14 +21,17 @@ final class StoreGate: SessionStore {
     /// The store itself.
     let inner: any SessionStore
     private let clock: any WallClock
-    private let state = Mutex(State())
+    private let state: Mutex<State>
 
     init(_ inner: any SessionStore, clock: any WallClock) {
         self.inner = inner
         self.clock = clock
+        state = Mutex(State(health: StoreHealth(remedy: inner.unavailableRemedy)))
     }
 
     var location: String { inner.location }
+    var unavailableRemedy: String { inner.unavailableRemedy }
+    var retriesOnFreshConnection: Bool { inner.retriesOnFreshConnection }
 
     /// The store's availability now.
     var health: StoreHealth { state.withLock { $0.health } }
@@ -77,12 +80,17 @@ final class StoreGate: SessionStore {
     /// "was abandoned"): the store hangs, and a second try would only wait as
     /// long again. Every write is idempotent (a record
     /// replaced, a delete of nothing), so the second try duplicates nothing.
+    /// Not for a store whose client tried every way in already
+    /// (`retriesOnFreshConnection` false, etcd: every endpoint within its
+    /// timeout): the probe would wait as long again, and a lock's second
+    /// try could find the first one's key.
     func pass<T: Sendable>(_ body: () async throws(VaultError) -> T) async throws(VaultError) -> T {
         if let refusal = state.withLock({ $0.health.refusal }) { throw refusal }
         do throws(VaultError) {
             return try await body()
         } catch {
-            guard error.code == .storeUnavailable, !error.message.contains("was abandoned"),
+            guard error.code == .storeUnavailable, inner.retriesOnFreshConnection,
+                !error.message.contains("was abandoned"),
                 state.withLock({ $0.health.state == .available }), await inner.probe() == .available
             else {
                 record(.failed(error.code, reason: error.message, now: clock.preciseNow()))

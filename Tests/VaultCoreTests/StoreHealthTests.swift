@@ -21,6 +21,18 @@ struct StoreHealthTests {
         #expect(health.handle(.failed(.storeUnavailable, reason: "gone", now: 101)).isEmpty)
     }
 
+    @Test("Should end the refusal with the store's own remedy, the Secret Service's by default")
+    func refusalNamesTheRemedy() throws {
+        var keyring = StoreHealth()
+        _ = keyring.handle(.failed(.storeUnavailable, reason: "gone", now: 1))
+        #expect(try #require(keyring.refusal).message.hasSuffix(StoreHealth.secretServiceRemedy))
+        var etcd = StoreHealth(remedy: "check the etcd members")
+        _ = etcd.handle(.failed(.storeUnavailable, reason: "no quorum", now: 1))
+        let refusal = try #require(etcd.refusal)
+        #expect(refusal.message.hasSuffix("check the etcd members"))
+        #expect(!refusal.message.contains("gnome-keyring"))
+    }
+
     @Test("Should ignore a failure of one call (StoreFailed) and keep the store available")
     func storeFailedIsOneCall() {
         var health = StoreHealth()

@@ -117,6 +117,12 @@ final class SimulatedSharedStore: Sendable {
         state.revision += 1
         let made = change(&state, state.revision)
         if case .put(let record, _) = made { state.everStored.insert(record.tokens.accessToken.revealed) }
+        announce(&state, made)
+    }
+
+    /// Queues `made` on every feed, each after a seeded delay (etcd: a
+    /// lock's key deleted, which changes no session, is announced too).
+    fileprivate func announce(_ state: inout State, _ made: SharedChange) {
         let now = clock.preciseNow()
         for host in state.feeds.keys.sorted() {
             let delay = Double(state.rng.next() % 1000) / 1000 * maxDelaySeconds
@@ -236,7 +242,9 @@ final class HostView: SharedSessionStore, Sendable {
 
     func releaseRefreshLock(_ key: SessionKey, lease: RefreshLease) async throws(VaultError) {
         try reach("unlocking \(key)") { state in
-            if state.locks[key]?.lease.id == lease.id { state.locks[key] = nil }
+            guard state.locks[key]?.lease.id == lease.id else { return }
+            state.locks[key] = nil
+            store.announce(&state, .unlocked(key))
         }
     }
 

@@ -171,12 +171,14 @@ struct EtcdSharedStoreTests {
         var change = await feed.next()
         #expect(change == .put(record, revision: revision))
 
-        // A lock taken and released is not a change of the session.
+        // A lock taken is not a change of the session; released, it says so to the waiters.
         guard case .granted(let lease) = try await writer.acquireRefreshLock(record.key) else {
             Issue.record("a free lock was not granted")
             return
         }
         try await writer.releaseRefreshLock(record.key, lease: lease)
+        change = await feed.next()
+        #expect(change == .unlocked(record.key), "the feed gave \(String(describing: change)) for a released lock")
         try await writer.delete(record.key, ending: SessionEnding(kind: .kickedOffline, reason: "ops"))
         change = await feed.next()
         guard case .deleted(let deleted, let ending, let at) = change else {
