@@ -234,7 +234,9 @@ final class EtcdDaemonFixture {
     let configPath: String
     var daemons: [RunningDaemon] = []
 
-    init(timeout: Int = 10) async throws {
+    /// `etcd` is added to the `[Etcd]` section (`LockTTL=3`, for one); with
+    /// `revocation` the provider revokes at the token server's /revoke.
+    init(timeout: Int = 10, etcd: String = "", revocation: Bool = false) async throws {
         fleet = try await EtcdFleet()
         // Tokens outlive the test: a refresh would change the token it compares.
         server = try TokenServer(["--lifetime", "600"])
@@ -242,8 +244,9 @@ final class EtcdDaemonFixture {
         key = try EtcdFleetKey(in: directory)
         configPath = directory.path("vaultd.conf")
         let text =
-            "[Vault]\nStore=etcd\nMinRefreshInterval=0\n\n" + server.providerSection() + "\n[Etcd]\nEndpoints="
-            + fleet.endpoints.joined(separator: ",") + "\nTimeout=\(timeout)\n"
+            "[Vault]\nStore=etcd\nMinRefreshInterval=0\n\n" + server.providerSection(revocation: revocation)
+            + "\n[Etcd]\nEndpoints="
+            + fleet.endpoints.joined(separator: ",") + "\nTimeout=\(timeout)\n" + etcd
         try text.write(toFile: configPath, atomically: true, encoding: .utf8)
     }
 
