@@ -25,6 +25,9 @@ struct FleetState {
     /// its own feed may deliver the write before the store's answer does,
     /// and it is not another host's refresh.
     var writing: [SessionKey: TokenSet] = [:]
+    /// When a session unknown here was last read from the store for a
+    /// client (`catchUpShared`), so that repeated misses read it once a second.
+    var lookedUp: [SessionKey: Double] = [:]
 
     init(_ shared: any SharedSessionStore) { self.shared = shared }
 }
@@ -242,6 +245,20 @@ extension SessionManager {
             await self.resyncShared(key, ending: ending)
         }
         return true
+    }
+
+    /// A session this host does not know of, asked for by a client: another
+    /// host may have logged it in a moment ago, ahead of the feed (a watch
+    /// resuming after a member died). Read from the store once, so that a
+    /// client that logged in on one host is served on the next; the same
+    /// miss is read at most once a second. Nothing on a single host.
+    public func catchUpShared(_ key: SessionKey) async {
+        guard fleet != nil, entries[key] == nil else { return }
+        let now = clock.preciseNow()
+        if let last = fleet?.lookedUp[key], now - last < 1 { return }
+        if (fleet?.lookedUp.count ?? 0) >= 1024 { fleet?.lookedUp = [:] }
+        fleet?.lookedUp[key] = now
+        await resyncShared(key, ending: nil)
     }
 
     /// Applies what the store holds of `key` now, whatever revision this host saw last.

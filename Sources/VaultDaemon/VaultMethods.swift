@@ -60,20 +60,27 @@ public enum VaultMethods {
                         guard access.maySee(caller, ownerUID: key.owner) else {
                             return .reply(AccessPolicy.notYours(key).varlinkReply)
                         }
-                        guard let view = table.view(of: key) else {
-                            return .reply(VaultError.notLoggedIn(account).varlinkReply)
-                        }
-                        guard let record = view.record else {
-                            // A login or logout in flight.
-                            return .reply(
-                                VarlinkReply(parameters: [
+                        @Sendable func reply(_ view: SessionView?) -> VarlinkReply {
+                            guard let view else { return VaultError.notLoggedIn(account).varlinkReply }
+                            guard let record = view.record else {
+                                // A login or logout in flight.
+                                return VarlinkReply(parameters: [
                                     "session": pendingSessionJSON(key, state: view.state, refresh: view.refresh)
-                                ]))
-                        }
-                        return .reply(
-                            VarlinkReply(parameters: [
+                                ])
+                            }
+                            return VarlinkReply(parameters: [
                                 "session": view.wireJSON() ?? record.wireJSON(state: view.state, refresh: view.refresh)
-                            ]))
+                            ])
+                        }
+                        let view = table.view(of: key)
+                        if view == nil, manager.isFleetHost {
+                            // Another host may have logged it in a moment ago: the store says.
+                            return .deferred {
+                                await manager.catchUpShared(key)
+                                return reply(table.view(of: key))
+                            }
+                        }
+                        return .reply(reply(view))
                     }
                 }
 
@@ -114,6 +121,21 @@ public enum VaultMethods {
                                 ))
                         }
                         guard let view = table.view(of: key), let record = view.record else {
+                            if table.view(of: key) == nil, manager.isFleetHost, r.waitSeconds == 0 {
+                                // Another host may have logged it in a moment ago: the store says.
+                                return .deferred {
+                                    do throws(VaultError) {
+                                        await manager.catchUpShared(key)
+                                        let record = try await manager.freshToken(
+                                            key, minValidSeconds: r.minValidSeconds, caller: caller)
+                                        manager.audit("GetToken", key, caller: caller, result: "ok")
+                                        return VarlinkReply(parameters: tokenReply(record))
+                                    } catch {
+                                        manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
+                                        return error.varlinkReply
+                                    }
+                                }
+                            }
                             guard access.declared[account] != nil, r.waitSeconds > 0 else {
                                 return refuse(.notLoggedIn(account))
                             }

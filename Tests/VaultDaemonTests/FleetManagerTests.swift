@@ -66,6 +66,22 @@ struct FleetManagerTests {
         #expect(served.tokens == record.tokens)
     }
 
+    @Test("Should refresh on host b a session logged in on host a before b's feed brings it, read from the store")
+    func missReadsTheStore() async throws {
+        let pair = try FleetPair()
+        let record = try await pair.loginOnA()
+        #expect(pair.b.table.view(of: pair.key) == nil)
+        let refreshed = try await pair.b.refresh(pair.key, caller: pair.caller, clientAsked: true)
+        #expect(refreshed.tokens != record.tokens)
+        #expect(pair.store.records[pair.key]?.record.tokens == refreshed.tokens)
+        #expect(pair.eventsB.all.map(\.kind).first == .loginSuccess)
+        // A session no host logged in is still not logged in (and read once).
+        let other = SessionKey(owner: 1000, account: Account(provider: "oauth", user: "nobody"))
+        await #expect(throws: VaultError(.notLoggedIn, "")) {
+            try await pair.b.refresh(other, caller: pair.caller, clientAsked: true)
+        }
+    }
+
     @Test("Should end on host b, with kickedOffline and its reason, a session kicked on host a")
     func remoteKickEndsWithItsEvent() async throws {
         let pair = try FleetPair()
