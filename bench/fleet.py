@@ -900,68 +900,26 @@ def cell(s):
 
 
 # What the runs of 2026-12-01 showed about the faults (hand-written, not regenerated).
-NOTES = """**Notes (2026-12-01, vaultd a81a5e3; hand-written, not regenerated).**
+NOTES = """**Notes (2026-12-01; hand-written, not regenerated).**
 
-1. **The host that refreshes can take its own write for another host's, and
-revoke the tokens it has just stored.** `performRefresh`
-(Sources/VaultDaemon/SessionManager+Refresh.swift) writes the rotated tokens
-through `saveShared(_:ifRevision:refreshedFrom:)` (SessionManager+Fleet.swift),
-which records the new revision in `fleet.revisions` only when etcd's txn answer
-is back. The host's own watch can deliver that put first: `applySharedPut`
-finds a revision above the one it knows and applies the record as another
-host's refresh (logs `tokens refreshed on another host`, publishes it, emits
-`tokenRefreshed`). When the txn's answer arrives, the check after the write
-(`stillCurrent()`: the entry still holds the snapshot's tokens) fails, and the
-branch for a session that ended or was replaced meanwhile runs: an
-unconditional `store.save` of the entry's record, `revokeOrphaned` of the
-tokens just stored (queued in etcd, then sent), and `.failure(.notLoggedIn)`
-to every caller joined to the refresh (`ERR_NOT_LOGGED_IN`, while every host
-serves the new token). Which answer the actor sees first is a race between two
-loopback replies: in five runs of 10 rounds on 2026-12-01 it happened in 3,
-3, 3, 4 and 6 rounds (2 of 3 in a quick run). Without `RevocationURL=` (the
-runs above) vaultd has no endpoint to revoke at, and the harm seen is the
-callers' error. **With it**
-(config/examples/salesforce.conf has one) the grant is lost: a run by hand with
-`FLEET_REVOCATION=1` (the same fleet, the provider's `RevocationURL=` the token
-server's `/revoke`; `FLEET_PARTS=refresh`, quick) had it in round 3 of 3: host A
-made the rotation and then revoked its refresh token; the token server counted
-1 revocation and 1 revoked grant, and the access token all three hosts then
-served was refused at its `/resource`. In an earlier such run of 10 rounds it
-came in round 1; round 2's refresh was refused `invalid_grant` and the session
-ended on every host. The fix belongs in Sources/ (not on this branch): the
-check after the write could accept an entry that already holds the tokens just
-written, or the put could be marked as this host's before the feed applies it.
+1. **Two faults this step found at a81a5e3, fixed since (f64a1aa).** The host
+that refreshed could take its own write, delivered by its watch ahead of
+etcd's answer, for another host's refresh, then revoke the tokens it had just
+stored (every caller joined to it got `ERR_NOT_LOGGED_IN`; with
+`RevocationURL=` the grant was lost): 3-6 rounds of 10 in each of five runs.
+A host's own conditional write in flight is now recognised as its own
+(`FleetState.writing`; `FleetOwnWriteTests` reproduces the order). And a
+refresh that found the lock held could miss the holder's put, which came
+while it asked, and wait out the lease (commands returning after 1.4-11.1 s
+in four of five runs): a change applied meanwhile now sends it round at once
+(`FleetState.wakeups`), and a released or lapsed lock wakes the waiters
+(`SharedChange.unlocked`). The rows above are a run after both fixes.
 
-2. **A refresh that finds the lock held can miss the holder's write and wait
-out the lease.** `performFleetRefresh` asks `acquireRefreshLock` (an etcd txn
-and, when the lock is held, a `leaseTimeToLive` call) and, on `heldBy`, only
-then registers its `FleetWaiter` (`waitForOtherHost`). A put or delete of the
-session applied from the feed while those calls were out ran
-`wakeFleetWaiters` with no waiter yet, and whether the tokens changed is
-checked only at the top of the next pass: the waiter sleeps until the end
-the holder's lease had when asked, plus a second (1 s when the holder had
-already revoked its lease, up to `LockTTL=` + 1 s, 11 s by default), and so do
-the Refresh calls joined to it (and a `GetToken` with `minValidSeconds` that
-needed a refresh), though the host serves the new token within milliseconds.
-Seen in four of those five runs, in 1 to 3 rounds of 10, the commands of one
-or two hosts returning after 1.4 to 11.1 s. Checking the entry's tokens again
-after a `heldBy` answer, or registering the waiter before asking for the lock,
-would end it.
-
-3. **Failover over its target once.** In every other run (22 rounds in five
-runs), B served a new token 3.1-3.9 s after the kill (one wait for the lock,
-then the lock), within `LockTTL=` + 1 s; in one (the run before the one above),
-rounds 2-5 took 5.2 s each (round 1: 3.9 s), above the 4 s target, with the
-same TTL left at the kill (2 s) and no 500 to B. That run did not yet count
-B's waits; 2 s more than usual fits B finding the dead host's lease still
-alive twice more (each time it waits the TTL etcd reports, rounded down, plus
-a second), i.e. etcd ending the lease late on a loaded machine; not
-diagnosed further.
-
-Apart from these: one token request per rotation in every round, no reuse
-detected, and every host converged on the token of the last rotation; in the
-failover, B took the dead host's lock when its lease ended and refreshed, and
-the session survived, in every round of every run.
+2. **Failover over its target once, before the fixes.** In one run at
+a81a5e3, rounds 2-5 took 5.2 s each (target 4 s), with the same TTL left at
+the kill; B then waited for the lease's time left plus a second, twice more
+than usual, which fits etcd ending the lease late on a loaded machine. B now
+also hears the lock's key go through its watch.
 """
 
 
@@ -1083,9 +1041,9 @@ def section(rd):
                   f"{d['failover'].get('hold_5xx_s', 2):.0f} s, so that A's refresh is in flight with the account's lock "
                   "held; `vaultctl refresh` on A; as soon as the relay holds A's 500, SIGKILL of A's vaultd; the server "
                   "back to normal; `vaultctl refresh` on B; times from the kill. B finds the lock held by the dead "
-                  "host and waits for its lease to end (the lease's TTL left, plus a second for etcd's rounding down), "
-                  "then asks again (each time it finds the lock still held it logs a wait: *B found the lock held*), "
-                  "and refreshes. A is started again after each round (it restores from etcd).", "", *rows, "",
+                  "host and waits until its lease ends: its watch sees the lock's key go (or, failing that, the "
+                  "lease's TTL left plus a second passes), then it asks again (each time it finds the lock still "
+                  "held it logs a wait: *B found the lock held*), and refreshes. A is started again after each round (it restores from etcd).", "", *rows, "",
                   f"Kill → B serving a new token over {len(fo)} rounds: {cell(summary([r.get('b_ms') for r in fo]))} ms; "
                   f"target: within LockTTL + 1 s = {(lt + 1) * 1000} ms.", ""]
     if NOTES:
