@@ -71,38 +71,39 @@ enum FleetWrite {
 
 extension StoreGate {
     /// The shared store; an internal error on a single host (never called there).
-    private func shared() throws(VaultError) -> any SharedSessionStore {
-        guard let shared = inner as? any SharedSessionStore else {
+    private func requireShared() throws(VaultError) -> any SharedSessionStore {
+        guard let shared else {
             throw VaultError(.internalError, "the session store is not shared by a fleet")
         }
         return shared
     }
 
     func loadShared() async throws(VaultError) -> SharedContents {
-        try await pass { () async throws(VaultError) in try await shared().loadShared() }
+        try await pass { () async throws(VaultError) in try await requireShared().loadShared() }
     }
 
     func loadShared(_ key: SessionKey) async throws(VaultError) -> SharedRecord? {
-        try await pass { () async throws(VaultError) in try await shared().load(key) }
+        try await pass { () async throws(VaultError) in try await requireShared().load(key) }
     }
 
     func saveShared(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
-        try await pass { () async throws(VaultError) in try await shared().save(record, ifRevision: ifRevision) }
+        try await pass { () async throws(VaultError) in try await requireShared().save(record, ifRevision: ifRevision) }
     }
 
     func deleteShared(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) {
         let revision = try await pass { () async throws(VaultError) in
-            try await shared().delete(key, ending: ending)
+            try await requireShared().delete(key, ending: ending)
         }
         noteOwnWrite(key, revision)
     }
 
     func acquireRefreshLock(_ key: SessionKey) async throws(VaultError) -> RefreshLockAnswer {
-        try await pass { () async throws(VaultError) in try await shared().acquireRefreshLock(key) }
+        try await pass { () async throws(VaultError) in try await requireShared().acquireRefreshLock(key) }
     }
 
     func releaseRefreshLock(_ key: SessionKey, lease: RefreshLease) async throws(VaultError) {
-        try await pass { () async throws(VaultError) in try await shared().releaseRefreshLock(key, lease: lease) }
+        try await pass { () async throws(VaultError) in try await requireShared().releaseRefreshLock(key, lease: lease)
+        }
     }
 }
 
@@ -118,7 +119,7 @@ extension SessionManager {
     // MARK: Following the store
 
     /// True when this manager is one host of a fleet.
-    public nonisolated var isFleetHost: Bool { gate.inner is any SharedSessionStore }
+    public nonisolated var isFleetHost: Bool { gate.shared != nil }
 
     /// The sessions whose refresh waits for another host's tokens now (tests wait for them).
     public var waitingForOtherHosts: Set<SessionKey> { Set(fleet?.waiters.keys ?? [:].keys) }

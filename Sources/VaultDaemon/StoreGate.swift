@@ -20,6 +20,8 @@ final class StoreGate: SessionStore {
 
     /// The store itself.
     let inner: any SessionStore
+    /// The store itself when a fleet shares it; nil on a single host (cast once, not per call).
+    let shared: (any SharedSessionStore)?
     private let clock: any WallClock
     private let state: Mutex<State>
     /// Per session, the revision of this host's latest write to a shared store.
@@ -27,6 +29,7 @@ final class StoreGate: SessionStore {
 
     init(_ inner: any SessionStore, clock: any WallClock) {
         self.inner = inner
+        self.shared = inner as? any SharedSessionStore
         self.clock = clock
         state = Mutex(State(health: StoreHealth(remedy: inner.unavailableRemedy)))
     }
@@ -113,7 +116,7 @@ final class StoreGate: SessionStore {
 
     /// A shared store's write is noted with its revision (`lastOwnWrite`).
     func save(_ record: SessionRecord) async throws(VaultError) {
-        guard let shared = inner as? any SharedSessionStore else {
+        guard let shared else {
             return try await pass { () async throws(VaultError) in try await inner.save(record) }
         }
         let revision = try await pass { () async throws(VaultError) in try await shared.put(record) }
