@@ -252,14 +252,24 @@ extension SessionManager {
     /// host may have logged it in a moment ago, ahead of the feed (a watch
     /// resuming after a member died). Read from the store once, so that a
     /// client that logged in on one host is served on the next; the same
-    /// miss is read at most once a second. Nothing on a single host.
-    public func catchUpShared(_ key: SessionKey) async {
+    /// miss is read at most once a second. Nothing on a single host. A
+    /// store that cannot be read throws its error: "not logged in" would be
+    /// a guess.
+    public func catchUpShared(_ key: SessionKey) async throws(VaultError) {
         guard fleet != nil, entries[key] == nil else { return }
         let now = clock.preciseNow()
         if let last = fleet?.lookedUp[key], now - last < 1 { return }
         if (fleet?.lookedUp.count ?? 0) >= 1024 { fleet?.lookedUp = [:] }
         fleet?.lookedUp[key] = now
-        await resyncShared(key, ending: nil)
+        let stored: SharedRecord?
+        do throws(VaultError) {
+            stored = try await gate.loadShared(key)
+        } catch {
+            // Read again at the next ask, not a second later.
+            fleet?.lookedUp[key] = nil
+            throw error
+        }
+        if let stored { await applySharedPut(stored.record, revision: stored.revision, force: true) }
     }
 
     /// Applies what the store holds of `key` now, whatever revision this host saw last.

@@ -164,7 +164,7 @@ extension SessionManager {
         let account = key.account
         if let caller, !policy.policy.mayManage(caller, key) { throw AccessPolicy.notYours(key) }
         if let task = entries[key]?.replace { _ = await task.value }
-        if entries[key] == nil { await catchUpShared(key) }
+        if entries[key] == nil { try await catchUpShared(key) }
         guard let entry = entries[key], let record = entry.record else { throw .notLoggedIn(account) }
         if let task = entry.refresh { return try await task.value.get() }
         let now = clock.now()

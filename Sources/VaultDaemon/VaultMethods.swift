@@ -76,7 +76,11 @@ public enum VaultMethods {
                         if view == nil, manager.isFleetHost {
                             // Another host may have logged it in a moment ago: the store says.
                             return .deferred {
-                                await manager.catchUpShared(key)
+                                do throws(VaultError) {
+                                    try await manager.catchUpShared(key)
+                                } catch {
+                                    return error.varlinkReply
+                                }
                                 return reply(table.view(of: key))
                             }
                         }
@@ -128,7 +132,7 @@ public enum VaultMethods {
                                 // measured with bench/callgrind.sh.)
                                 return .deferred {
                                     do throws(VaultError) {
-                                        await manager.catchUpShared(key)
+                                        try await manager.catchUpShared(key)
                                         let record = try await manager.freshToken(
                                             key, minValidSeconds: r.minValidSeconds, caller: caller)
                                         manager.audit("GetToken", key, caller: caller, result: "ok")

@@ -82,6 +82,16 @@ struct FleetManagerTests {
         }
     }
 
+    @Test("Should answer a miss on a host cut off from the store with the store's error, not 'not logged in'")
+    func missWithoutTheStoreSaysSo() async throws {
+        let pair = try FleetPair()
+        try await pair.loginOnA()
+        pair.store.partition("b")
+        await #expect(throws: VaultError(.storeUnavailable, "")) {
+            try await pair.b.refresh(pair.key, caller: pair.caller, clientAsked: true)
+        }
+    }
+
     @Test("Should end on host b, with kickedOffline and its reason, a session kicked on host a")
     func remoteKickEndsWithItsEvent() async throws {
         let pair = try FleetPair()
