@@ -29,10 +29,16 @@ final class EtcdLocks: Sendable {
     let holder: String
     /// The lease's time to live, in seconds, when `tryAcquire` is given none.
     let defaultTTL: Int64
+    /// The client a held lock's renewals go through (`client` by default):
+    /// one whose calls end well within the TTL.
+    let renewalClient: EtcdClient
 
     /// Locks under `prefix` held in the name of `holder`, each living `defaultTTL` seconds without renewal.
-    init(client: EtcdClient, prefix: [UInt8], holder: String, defaultTTL: Int64 = 10) {
+    init(
+        client: EtcdClient, prefix: [UInt8], holder: String, defaultTTL: Int64 = 10, renewalClient: EtcdClient? = nil
+    ) {
         self.client = client
+        self.renewalClient = renewalClient ?? client
         self.prefix = prefix
         self.holder = holder
         self.defaultTTL = defaultTTL
@@ -81,7 +87,8 @@ final class EtcdLocks: Sendable {
                 revision: result.revision, lease: current?.lease ?? 0)
         }
         let held = EtcdHeldLock(
-            client: client, name: name, key: key, leaseID: lease.id, ttl: lease.ttl > 0 ? lease.ttl : ttl,
+            client: client, renewalClient: renewalClient, name: name, key: key, leaseID: lease.id,
+            ttl: lease.ttl > 0 ? lease.ttl : ttl,
             revision: result.revision, granted: asked, onLost: onLost)
         held.startKeepAlive()
         return .acquired(held)
@@ -155,6 +162,7 @@ final class EtcdHeldLock: Sendable {
     let revision: Int64
 
     private let client: EtcdClient
+    private let renewalClient: EtcdClient
     private let onLost: @Sendable () -> Void
     private struct State {
         var held = true
@@ -166,10 +174,12 @@ final class EtcdHeldLock: Sendable {
     private let state: Mutex<State>
 
     init(
-        client: EtcdClient, name: String, key: [UInt8], leaseID: Int64, ttl: Int64, revision: Int64,
+        client: EtcdClient, renewalClient: EtcdClient? = nil, name: String, key: [UInt8], leaseID: Int64, ttl: Int64,
+        revision: Int64,
         granted: ContinuousClock.Instant = .now, onLost: @escaping @Sendable () -> Void
     ) {
         self.client = client
+        self.renewalClient = renewalClient ?? client
         self.name = name
         self.key = key
         self.leaseID = leaseID
@@ -198,7 +208,7 @@ final class EtcdHeldLock: Sendable {
     func startKeepAlive() {
         let granted = state.withLock { $0.renewed }
         // The task holds the lock weakly: a lock dropped stops being renewed.
-        let task = Task { [weak self, client, leaseID, ttl] in
+        let task = Task { [weak self, renewalClient, leaseID, ttl] in
             let interval = Duration.milliseconds(max(1, ttl) * 1000 / 3)
             var lastRenewed = granted
             // The next renewal is due a third of a TTL after the last one was asked for.
@@ -208,7 +218,7 @@ final class EtcdHeldLock: Sendable {
                 guard !Task.isCancelled else { return }
                 let asked = ContinuousClock.now
                 do {
-                    if try await client.keepAlive(leaseID) > 0 {
+                    if try await renewalClient.keepAlive(leaseID) > 0 {
                         lastRenewed = asked
                         due = asked + interval
                         self?.state.withLock { $0.renewed = asked }

@@ -83,12 +83,13 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
         self.lockTTL = settings.lockTTLSeconds
         self.refreshHoldSeconds = refreshHoldSeconds
         self.clock = clock
-        // A lock's calls, renewals among them, must end well within its TTL:
-        // a renewal that waits a whole Timeout= could outlive the lease.
-        let lockTimeout = min(Double(settings.timeoutSeconds), max(1, Double(settings.lockTTLSeconds) / 3))
+        // A held lock's renewals must end well within its TTL: one that waits
+        // a whole Timeout= could outlive the lease. Its other calls take Timeout=.
+        let renewalTimeout = min(Double(settings.timeoutSeconds), max(1, Double(settings.lockTTLSeconds) / 3))
         locks = EtcdLocks(
-            client: EtcdClient(endpoints: client.endpoints, timeoutSeconds: lockTimeout, tls: client.tls),
-            prefix: Array((settings.keyPrefix + "locks/").utf8), holder: host, defaultTTL: settings.lockTTLSeconds)
+            client: client, prefix: Array((settings.keyPrefix + "locks/").utf8), holder: host,
+            defaultTTL: settings.lockTTLSeconds,
+            renewalClient: EtcdClient(endpoints: client.endpoints, timeoutSeconds: renewalTimeout, tls: client.tls))
     }
 
     /// Opens the store of `settings` with the fleet's key from `keys` (the
