@@ -22,8 +22,15 @@ public enum JSON: Sendable, Equatable {
 
     /// The number as an integer when it is integral and in range.
     public var integerValue: Int64? {
-        if case .number(let d) = self, d.rounded() == d, abs(d) < 9.0e15 { return Int64(d) }
+        if case .number(let d) = self { return JSON.integer(d) }
         return nil
+    }
+
+    /// `number` as an integer when it is integral and in range: what
+    /// `integerValue` reads from a number.
+    @inlinable
+    public static func integer(_ number: Double) -> Int64? {
+        number.rounded() == number && abs(number) < 9.0e15 ? Int64(number) : nil
     }
 
     /// The boolean, or nil for any other kind of value.

@@ -22,27 +22,34 @@ public struct ParameterReader {
     }
 
     /// A required string.
+    @inline(__always)
     public func string(_ name: String) throws(Invalid) -> String {
         guard let value = try optionalString(name) else { throw Invalid(parameter: name) }
         return value
     }
 
     /// An optional string; null counts as absent.
+    @inline(__always)
     public func optionalString(_ name: String) throws(Invalid) -> String? {
-        switch parameters[name] {
-        case nil, .null?: return nil
-        case .string(let s)?: return s
+        // Read in place: no copy of the member's value.
+        guard let i = parameters.index(of: name) else { return nil }
+        switch parameters.members[i].value {
+        case .null: return nil
+        case .string(let s): return s
         default: throw Invalid(parameter: name)
         }
     }
 
     /// An optional integer; null counts as absent.
+    @inline(__always)
     public func optionalInt(_ name: String) throws(Invalid) -> Int64? {
-        switch parameters[name] {
-        case nil, .null?: return nil
-        case let value?:
-            guard let i = value.integerValue else { throw Invalid(parameter: name) }
+        guard let i = parameters.index(of: name) else { return nil }
+        switch parameters.members[i].value {
+        case .null: return nil
+        case .number(let d):
+            guard let i = JSON.integer(d) else { throw Invalid(parameter: name) }
             return i
+        default: throw Invalid(parameter: name)
         }
     }
 
@@ -64,6 +71,7 @@ public struct ParameterReader {
     }
 
     /// An optional uid (`ownerUid`); null counts as absent.
+    @inline(__always)
     public func optionalUID(_ name: String) throws(Invalid) -> UInt32? {
         guard let value = try optionalInt(name) else { return nil }
         guard let uid = UInt32(exactly: value) else { throw Invalid(parameter: name) }
@@ -71,6 +79,7 @@ public struct ParameterReader {
     }
 
     /// The account named by `provider` and `user`.
+    @inline(__always)
     public func account() throws(Invalid) -> (provider: String, user: String) {
         (try string("provider"), try string("user"))
     }

@@ -239,8 +239,8 @@ public struct VarlinkSignature: Sendable {
             for member in members {
                 if let value = object[member.name] {
                     known += 1
-                    if !member.check.accepts(value) { return member.name }
-                } else if !member.check.isNullable {
+                    if !member.accepts(value) { return member.name }
+                } else if !member.nullable {
                     return member.name
                 }
             }
@@ -253,13 +253,78 @@ public struct VarlinkSignature: Sendable {
     struct Member: Sendable {
         var name: String
         var check: Check
+        /// `check` read without touching the indirect enum (a retain and a
+        /// release per look) when it is a scalar type, maybe nullable.
+        let flat: Flat
+        /// Null is allowed.
+        var nullable: Bool { flat.nullable }
+
+        /// A check that holds no reference: a scalar type (nil: another
+        /// type, see `check`) and whether null is allowed.
+        struct Flat: Sendable {
+            var scalar: Scalar?
+            var nullable: Bool
+
+            /// Whether `value` passes, for a scalar type; nil: ask `check`.
+            @inline(__always)
+            func accepts(_ value: JSON) -> Bool? {
+                guard let scalar else { return nil }
+                switch (scalar, value) {
+                case (_, .null): return nullable
+                case (.bool, .bool), (.float, .number), (.string, .string), (.object, .object): return true
+                case (.int, .number(let d)): return JSON.integer(d) != nil
+                default: return false
+                }
+            }
+        }
+
+        init(name: String, check: Check) {
+            self.name = name
+            self.check = check
+            var inner = check
+            var nullable = false
+            if case .nullable(let wrapped) = check {
+                inner = wrapped
+                nullable = true
+            }
+            let scalar: Scalar?
+            switch inner {
+            case .bool: scalar = .bool
+            case .int: scalar = .int
+            case .float: scalar = .float
+            case .string: scalar = .string
+            case .object: scalar = .object
+            default: scalar = nil
+            }
+            flat = Flat(scalar: scalar, nullable: nullable)
+        }
+
+        /// `check.accepts(value)`, with scalar types decided without `check`.
+        func accepts(_ value: JSON) -> Bool {
+            flat.accepts(value) ?? check.accepts(value)
+        }
     }
+
+    /// The scalar types of `Check`.
+    enum Scalar: UInt8, Sendable { case bool, int, float, string, object }
 
     /// The method's full name, `interface.Method`.
     public let method: String
     /// The method must be called with `more`.
     public let streams: Bool
     let parameters: [Member]
+    /// The parameters' names and scalar checks side by side, so that checking
+    /// a call copies no `Member` (and retains no `Check`).
+    let names: [String]
+    let flatChecks: [Member.Flat]
+
+    init(method: String, streams: Bool, parameters: [Member]) {
+        self.method = method
+        self.streams = streams
+        self.parameters = parameters
+        names = parameters.map(\.name)
+        flatChecks = parameters.map(\.flat)
+    }
 
     /// The parameter a call's `parameters` get wrong, for
     /// `org.varlink.service.InvalidParameter`: a missing one that is not

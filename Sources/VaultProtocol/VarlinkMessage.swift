@@ -137,10 +137,16 @@ public struct VarlinkParameters: Sendable, Equatable, ExpressibleByDictionaryLit
 
     /// The value of member `name`, nil when there is none.
     public subscript(name: String) -> JSON? {
+        index(of: name).map { members[$0].value }
+    }
+
+    /// The position of member `name` in `members`, nil when there is none.
+    @inline(__always)
+    func index(of name: String) -> Int? {
         // Lengths first: comparing two strings of different lengths is
         // otherwise the slow path of String's ==.
         let length = name.utf8.count
-        for member in members where member.name.utf8.count == length && member.name == name { return member.value }
+        for i in members.indices where members[i].name.utf8.count == length && members[i].name == name { return i }
         return nil
     }
 
@@ -211,12 +217,15 @@ extension VarlinkSignature {
     /// `invalidParameter(in:)` for a dictionary), by comparing names in turn.
     public func invalidParameter(in parameters: VarlinkParameters) -> String? {
         var known = 0
-        for member in self.parameters {
-            if let value = parameters[member.name] {
+        for i in names.indices {
+            if let j = parameters.index(of: names[i]) {
                 known += 1
-                if !member.check.accepts(value) { return member.name }
-            } else if !member.check.isNullable {
-                return member.name
+                let accepted =
+                    flatChecks[i].accepts(parameters.members[j].value)
+                    ?? self.parameters[i].check.accepts(parameters.members[j].value)
+                if !accepted { return names[i] }
+            } else if !flatChecks[i].nullable {
+                return names[i]
             }
         }
         guard known < parameters.count else { return nil }

@@ -170,8 +170,13 @@ struct VarlinkRenderingTests {
 /// A call's parameters checked against the table before any handler runs.
 @Suite("Varlink parameter validation", .timeLimit(.minutes(5)))
 struct VarlinkValidationTests {
+    /// The offending parameter, found alike in a call's members (the serving
+    /// path, with its scalar checks read flat) and in a dictionary.
     func invalid(_ method: VaultMethod, _ parameters: [String: JSON]) -> String? {
-        VaultInterface.declaration.signature(of: method.declaration.name)!.invalidParameter(in: parameters)
+        let signature = VaultInterface.declaration.signature(of: method.declaration.name)!
+        let fromMembers = signature.invalidParameter(in: VarlinkParameters(parameters))
+        #expect(fromMembers == signature.invalidParameter(in: parameters), "\(method) \(parameters)")
+        return fromMembers
     }
 
     @Test("Should accept well-formed calls, with nullable parameters absent or null")
