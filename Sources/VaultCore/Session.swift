@@ -133,6 +133,16 @@ public struct SessionRecord: Sendable, Equatable {
         get { storage.fields.tokens }
         set { fields.tokens = newValue }
     }
+    // Single token fields, read where the record keeps them: reading
+    // `tokens` copies the whole set (a retain per field, a release after).
+    /// `tokens.accessToken`.
+    public var accessToken: Secret { storage.fields.tokens.accessToken }
+    /// `tokens.tokenType`.
+    public var tokenType: String? { storage.fields.tokens.tokenType }
+    /// `tokens.instanceURL`.
+    public var instanceURL: String? { storage.fields.tokens.instanceURL }
+    /// `tokens.issuedAt`.
+    public var tokensIssuedAt: UnixTime? { storage.fields.tokens.issuedAt }
     public var createdAt: UnixTime {
         get { storage.fields.createdAt }
         set { fields.createdAt = newValue }

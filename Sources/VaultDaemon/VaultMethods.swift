@@ -164,11 +164,9 @@ public enum VaultMethods {
                         // The rule the manager applies too. Whether the provider can refresh
                         // and the configured MinRefreshInterval= are the manager's to know:
                         // "maybe" (can, no interval) leaves those refusals to it.
-                        // Read once: each read of a record's tokens copies them all.
-                        let tokens = record.tokens
                         let facts = TokenHandout.Facts(
                             account: account, expiresAt: record.expiresAt,
-                            issuedAt: tokens.issuedAt ?? record.createdAt,
+                            issuedAt: record.tokensIssuedAt ?? record.createdAt,
                             lastRefreshAt: view.refresh?.lastRefreshAt,
                             canRefresh: true, minRefreshIntervalSeconds: 0)
                         switch TokenHandout.decide(facts, minValidSeconds: r.minValidSeconds, now: clock.now()) {
@@ -189,8 +187,7 @@ public enum VaultMethods {
                             }
                         }
                         manager.audit("GetToken", key, caller: caller, result: "ok")
-                        return .encoded(
-                            TokenReply(tokens: tokens, expiresAt: record.expiresAt, ownerUID: record.ownerUID))
+                        return .encoded(TokenReply(record: record))
                     }
                 }
 
@@ -352,13 +349,14 @@ public enum VaultMethods {
 
     /// The GetToken reply of a session record, written straight into the
     /// connection's output.
+    /// GetToken's reply, written from the record when it is sent. One
+    /// reference (the record's storage): it fits in `HandlerOutcome`'s
+    /// existential without a box, and no token set is copied.
     struct TokenReply: VarlinkReplyWriter {
-        let tokens: TokenSet
-        let expiresAt: UnixTime?
-        let ownerUID: UInt32
+        let record: SessionRecord
 
         func write(into out: inout [UInt8]) {
-            writeTokenReply(tokens, expiresAt: expiresAt, ownerUID: ownerUID, into: &out)
+            writeTokenReply(record, into: &out)
         }
     }
 
@@ -366,29 +364,25 @@ public enum VaultMethods {
     /// `VarlinkReply(parameters: tokenReply(record)).encode(into:)` writes,
     /// without building the dictionaries.
     static func writeTokenReply(_ record: SessionRecord, into out: inout [UInt8]) {
-        writeTokenReply(record.tokens, expiresAt: record.expiresAt, ownerUID: record.ownerUID, into: &out)
-    }
-
-    /// Appends the GetToken reply of a record's `tokens`, `expiresAt` and `ownerUID`.
-    static func writeTokenReply(_ tokens: TokenSet, expiresAt: UnixTime?, ownerUID: UInt32, into out: inout [UInt8]) {
+        // Field by field: `record.tokens` would copy the whole token set.
         JSONText.appendLiteral(#"{"parameters":{"#, to: &out)
         // Members in sorted order, as the generic encoder writes them.
-        if let expiresAt {
+        if let expiresAt = record.expiresAt {
             JSONText.appendLiteral(#""expiresAt":"#, to: &out)
             JSONText.appendNumber(expiresAt.seconds, to: &out)
             out.append(UInt8(ascii: ","))
         }
-        if let instanceURL = tokens.instanceURL {
+        if let instanceURL = record.instanceURL {
             JSONText.appendLiteral(#""instanceUrl":"#, to: &out)
             JSONText.appendString(instanceURL, to: &out)
             out.append(UInt8(ascii: ","))
         }
         JSONText.appendLiteral(#""ownerUid":"#, to: &out)
-        JSONText.appendNumber(Int64(ownerUID), to: &out)
+        JSONText.appendNumber(Int64(record.ownerUID), to: &out)
         JSONText.appendLiteral(#","token":"#, to: &out)
         // From the secret's own bytes: a String copy of the token would not be wiped.
-        tokens.accessToken.withUTF8 { JSONText.appendString(utf8: $0, to: &out) }
-        if let tokenType = tokens.tokenType {
+        record.accessToken.withUTF8 { JSONText.appendString(utf8: $0, to: &out) }
+        if let tokenType = record.tokenType {
             JSONText.appendLiteral(#","tokenType":"#, to: &out)
             JSONText.appendString(tokenType, to: &out)
         }
