@@ -126,6 +126,15 @@ public final class SessionTable: Sendable {
         contents.withLock { $0.views[key] }
     }
 
+    /// What serving GetToken from memory needs of the view of `key`, read
+    /// in place (`view(of:)` copies the whole view): its record (nil while
+    /// it is not logged in) and its last refresh; nil when there is no view.
+    public func tokenFacts(of key: SessionKey) -> (record: SessionRecord?, lastRefreshAt: UnixTime?)? {
+        contents.withLock { contents in
+            contents.views.read(key) { view in (view.record, view.refresh?.lastRefreshAt) }
+        }
+    }
+
     /// Every view, sorted by provider, user and owner.
     public func all() -> [(SessionKey, SessionView)] {
         contents.withLock { $0.views.sorted { $0.key < $1.key }.map { ($0.key, $0.value) } }

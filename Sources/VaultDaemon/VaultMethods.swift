@@ -124,8 +124,9 @@ public enum VaultMethods {
                                     "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
                                 ))
                         }
-                        guard let view = table.view(of: key), let record = view.record else {
-                            if table.view(of: key) == nil, manager.isFleetHost, r.waitSeconds == 0 {
+                        let facts = table.tokenFacts(of: key)
+                        guard let facts, let record = facts.record else {
+                            if facts == nil, manager.isFleetHost, r.waitSeconds == 0 {
                                 // Another host may have logged it in a moment ago: the store says.
                                 // (The three deferred answers of this handler are written out:
                                 // one shared helper cost every GetToken ~40 instructions, 0.35%,
@@ -164,12 +165,12 @@ public enum VaultMethods {
                         // The rule the manager applies too. Whether the provider can refresh
                         // and the configured MinRefreshInterval= are the manager's to know:
                         // "maybe" (can, no interval) leaves those refusals to it.
-                        let facts = TokenHandout.Facts(
+                        let handout = TokenHandout.Facts(
                             account: account, expiresAt: record.expiresAt,
                             issuedAt: record.tokensIssuedAt ?? record.createdAt,
-                            lastRefreshAt: view.refresh?.lastRefreshAt,
+                            lastRefreshAt: facts.lastRefreshAt,
                             canRefresh: true, minRefreshIntervalSeconds: 0)
-                        switch TokenHandout.decide(facts, minValidSeconds: r.minValidSeconds, now: clock.now()) {
+                        switch TokenHandout.decide(handout, minValidSeconds: r.minValidSeconds, now: clock.now()) {
                         case .serve: break
                         case .refuse(let error): return refuse(error)
                         case .refreshFirst:

@@ -61,4 +61,21 @@ struct SessionTableTests {
         table.publish(Self.keyOf("d"), Self.view(.logged))
         #expect(ServiceNotifier.statusLine(table) == "3 sessions, 1 logging in, 1 refreshing, 1 failing to refresh")
     }
+
+    @Test("Should read GetToken's facts of a view in place: none, logging in, logged in with its last refresh")
+    func tokenFacts() {
+        let table = SessionTable()
+        #expect(table.tokenFacts(of: Self.keyOf("a")) == nil)
+        table.publish(Self.keyOf("a"), Self.view(.logging))
+        let logging = table.tokenFacts(of: Self.keyOf("a"))
+        #expect(logging != nil && logging?.record == nil)
+        var logged = Self.view(.logged, .connected)
+        logged.refresh?.lastRefreshAt = UnixTime(seconds: 42)
+        table.publish(Self.keyOf("b"), logged)
+        let facts = table.tokenFacts(of: Self.keyOf("b"))
+        #expect(facts?.record == logged.record)
+        #expect(facts?.lastRefreshAt == UnixTime(seconds: 42))
+        table.publish(Self.keyOf("b"), nil)
+        #expect(table.tokenFacts(of: Self.keyOf("b")) == nil)
+    }
 }
