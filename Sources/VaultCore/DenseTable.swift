@@ -45,11 +45,11 @@ public struct DenseTable<Key: Hashable, Value> {
     /// The values, in the order of `keys`.
     @inlinable public var values: some Collection<Value> { slots.lazy.map { $0! } }
 
-    /// What `read` makes of the value of `key` where it is kept, or nil when
+    /// What `body` makes of the value of `key` where it is kept, or nil when
     /// there is none: `table[key]` copies the whole value out first.
-    @inlinable public func read<R>(_ key: Key, _ read: (borrowing Value) -> R) -> R? {
+    @inlinable public func read<R>(_ key: Key, _ body: (borrowing Value) -> R) -> R? {
         guard let position = positions[key] else { return nil }
-        return slots.withUnsafeBufferPointer { slots in read(slots[position].unsafelyUnwrapped) }
+        return slots.withUnsafeBufferPointer { slots in body(slots[position].unsafelyUnwrapped) }
     }
 
     /// The value of `key`, or nil; setting nil removes the entry.

@@ -349,10 +349,9 @@ public enum VaultMethods {
         malformedMessage: { problem in VaultError(.invalidParameter, problem).varlinkReply })
 
     /// The GetToken reply of a session record, written straight into the
-    /// connection's output.
-    /// GetToken's reply, written from the record when it is sent. One
-    /// reference (the record's storage): it fits in `HandlerOutcome`'s
-    /// existential without a box, and no token set is copied.
+    /// connection's output when it is sent. It holds one reference (the
+    /// record's storage), so it fits in `HandlerOutcome`'s existential
+    /// without a box, and no token set is copied.
     struct TokenReply: VarlinkReplyWriter {
         let record: SessionRecord
 

@@ -210,11 +210,6 @@ public struct VarlinkSignature: Sendable {
         case structure([Member])
         case enumeration([String])
 
-        var isNullable: Bool {
-            if case .nullable = self { return true }
-            return false
-        }
-
         func accepts(_ value: JSON) -> Bool {
             switch (self, value) {
             case (.nullable, .null): return true
