@@ -28,6 +28,10 @@ struct FleetState {
     /// When a session unknown here was last read from the store for a
     /// client (`catchUpShared`), so that repeated misses read it once a second.
     var lookedUp: [SessionKey: Double] = [:]
+    /// The store reads of `catchUpShared` in flight: a client that asks for
+    /// the same session meanwhile waits for that read instead of being
+    /// answered "not logged in" by the once-a-second limit.
+    var catchingUp: [SessionKey: Task<Void, any Error>] = [:]
 
     init(_ shared: any SharedSessionStore) { self.shared = shared }
 }
@@ -257,19 +261,40 @@ extension SessionManager {
     /// a guess.
     public func catchUpShared(_ key: SessionKey) async throws(VaultError) {
         guard fleet != nil, entries[key] == nil else { return }
+        if let reading = fleet?.catchingUp[key] {
+            try await Self.finished(reading)
+            return
+        }
         let now = clock.preciseNow()
         if let last = fleet?.lookedUp[key], now - last < 1 { return }
         if (fleet?.lookedUp.count ?? 0) >= 1024 { fleet?.lookedUp = [:] }
         fleet?.lookedUp[key] = now
-        let stored: SharedRecord?
-        do throws(VaultError) {
-            stored = try await gate.loadShared(key)
-        } catch {
-            // Read again at the next ask, not a second later.
-            fleet?.lookedUp[key] = nil
-            throw error
+        // On this actor: the record is applied before any waiter resumes.
+        let reading = Task { () async throws in
+            defer { fleet?.catchingUp[key] = nil }
+            let stored: SharedRecord?
+            do throws(VaultError) {
+                stored = try await gate.loadShared(key)
+            } catch {
+                // Read again at the next ask, not a second later.
+                fleet?.lookedUp[key] = nil
+                throw error
+            }
+            if let stored { await applySharedPut(stored.record, revision: stored.revision, force: true) }
         }
-        if let stored { await applySharedPut(stored.record, revision: stored.revision, force: true) }
+        fleet?.catchingUp[key] = reading
+        try await Self.finished(reading)
+    }
+
+    /// Waits for a catch-up read; its error is the store's.
+    private static func finished(_ reading: Task<Void, any Error>) async throws(VaultError) {
+        do {
+            try await reading.value
+        } catch let error as VaultError {
+            throw error
+        } catch {
+            throw VaultError(.internalError, "reading the session from the store failed: \(error)")
+        }
     }
 
     /// Applies what the store holds of `key` now, whatever revision this host saw last.
