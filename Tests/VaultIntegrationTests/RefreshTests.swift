@@ -346,15 +346,17 @@ struct RefreshTests {
         let user = uniqueName("orphan")
         #expect(
             try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        // The token endpoint issues new tokens at once but answers 8 s later: time
-        // for the logout below even on a loaded machine (2 s was seen too short).
-        try await server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 8])
+        // The token endpoint issues new tokens at once but answers only once
+        // released, after the logout below (a fixed 8 s hold was seen too short
+        // for the logout on a loaded CI machine).
+        try await server.post("/control/mode", json: ["mode": "held", "count": 1, "hang_seconds": 120])
         let socket = fixture.socketPath
         let refresh = Task.detached { try vaultctl(socket, ["refresh", "oauth", user]) }
-        let asked = try await eventually(
-            { try await server.stats()["refresh_requests"]?.integerValue ?? 0 }, until: { $0 > 0 })
-        #expect(asked == 1, "the refresh is out")
+        let held = try await eventually(
+            { try await server.stats()["held_answers"]?.integerValue ?? 0 }, until: { $0 > 0 })
+        #expect(held == 1, "the refresh is out, its answer held")
         #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
+        try await server.post("/control/release", json: [:])
         let refreshed = try await refresh.value
         #expect(refreshed.status == 1, "the session ended meanwhile: \(refreshed.stdout)")
         // The logout revokes the old refresh token; the refresh's new one is revoked too.

@@ -19,14 +19,16 @@ Endpoints
   POST /revoke    RFC 7009: token, token_type_hint. Always 200, empty body.
                   A refresh token revokes its whole grant; an access token only itself.
   GET  /resource  Authorization: Bearer AT -> 200 {"ok":true} if AT is live, else 401.
-  POST /control/mode   JSON {"mode": normal|error500|error429|hang|slow|garbage|invalid_grant|
+  POST /control/mode   JSON {"mode": normal|error500|error429|hang|slow|held|garbage|invalid_grant|
                                  close|reset|truncated|huge|huge_unannounced|down,
                        "retry_after": 1 (null: error429 sends no Retry-After),
                        "count": N (absent/null: until changed),
                        "hang_seconds": 60, "target": "token"|"revoke"|"both",
                        "body_bytes": 8388608}
                        The next N requests to the target endpoint(s) fail that way;
-                       "slow" succeeds but holds the answer for hang_seconds.
+                       "slow" succeeds but holds the answer for hang_seconds;
+                       "held" succeeds but holds the answer until POST /control/release
+                       (at most hang_seconds), so a test orders events without timing.
                        Outage kinds (issue 13): "close" reads the request and closes
                        the connection without a byte; "reset" closes it with a TCP
                        RST; "truncated" announces a 200 body of 400 bytes and sends
@@ -35,6 +37,7 @@ Endpoints
                        (closed at the end); "down" closes the listening socket for
                        hang_seconds (connections are refused), then listens again
                        on the same port with every token kept ("count" unused).
+  POST /control/release  answers every "held" token request now waiting.
   GET  /control/stats  counters (see Stats.snapshot); POST /control/reset zeroes them
                        (tokens and the failure mode are kept).
 """
@@ -54,7 +57,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote_plus
 
-MODES = ("normal", "error500", "error429", "hang", "slow", "garbage", "invalid_grant",
+MODES = ("normal", "error500", "error429", "hang", "slow", "held", "garbage", "invalid_grant",
          "close", "reset", "truncated", "huge", "huge_unannounced", "down")
 TARGETS = ("token", "revoke", "both")
 
@@ -96,6 +99,8 @@ class State:
         self.target = "token"
         self.body_bytes = 8 << 20
         self.down_until = None   # monotonic time the listener reopens at, while "down"
+        self.release = threading.Event()   # set by /control/release: "held" answers go out
+        self.held_answers = 0   # "held" answers waiting for /control/release now
         self.reset_counters()
 
     def reset_counters(self):
@@ -191,6 +196,7 @@ class State:
             "mode": self.mode,
             "mode_remaining": self.mode_remaining,
             "down": self.down_until is not None,
+            "held_answers": self.held_answers,
         }
 
 
@@ -369,7 +375,7 @@ class Handler(BaseHTTPRequestHandler):
                     with self.state.lock:
                         snap = self.state.snapshot()
                     self._send(200, snap)
-            elif self._path in ("/token", "/revoke", "/control/mode", "/control/reset"):
+            elif self._path in ("/token", "/revoke", "/control/mode", "/control/reset", "/control/release"):
                 self._send(405, {"error": "method_not_allowed"}, headers={"Allow": "POST"})
             else:
                 self._send(404, {"error": "not_found"})
@@ -392,6 +398,13 @@ class Handler(BaseHTTPRequestHandler):
                     with self.state.lock:
                         self.state.reset_counters()
                     self._send(200, {"ok": True})
+            elif self._path == "/control/release":
+                if self._control_allowed():
+                    with self.state.lock:
+                        released, self.state.release = self.state.release, threading.Event()
+                        waiting = self.state.held_answers
+                    released.set()
+                    self._send(200, {"released": waiting})
             elif self._path == "/resource":
                 self._send(405, {"error": "method_not_allowed"}, headers={"Allow": "GET"})
             else:
@@ -423,7 +436,7 @@ class Handler(BaseHTTPRequestHandler):
         self._notes.append("grant_type=%s" % grant_type)
         if form.get("refresh_token"):
             self._notes.append("refresh_token=" + mask(form["refresh_token"]))
-        slow = failure == "slow"
+        slow = failure in ("slow", "held")
         if failure and not slow:
             self._inject(failure)
             return
@@ -491,10 +504,19 @@ class Handler(BaseHTTPRequestHandler):
         self._notes.append("-> access_token=" + mask(body["access_token"]))
         if "refresh_token" in body:
             self._notes.append("refresh_token=" + mask(body["refresh_token"]))
-        if slow:
+        if failure == "slow":
             # The tokens are issued; the client learns of them only later.
             self._notes.append("injected=slow")
             time.sleep(st.hang_seconds)
+        elif failure == "held":
+            # The tokens are issued; the client learns of them once released.
+            self._notes.append("injected=held")
+            with st.lock:
+                st.held_answers += 1
+                release = st.release
+            release.wait(st.hang_seconds)
+            with st.lock:
+                st.held_answers -= 1
         self._send(200, body)
 
     def _revoke(self, raw):
@@ -555,8 +577,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise ValueError("body_bytes must be an integer in 0...2^30")
             if mode not in MODES or target not in TARGETS:
                 raise ValueError("mode must be one of %s, target one of %s" % (MODES, TARGETS))
-            if mode == "slow" and target != "token":
-                raise ValueError("slow is for the token endpoint only")
+            if mode in ("slow", "held") and target != "token":
+                raise ValueError(mode + " is for the token endpoint only")
             if count is not None and (not isinstance(count, int) or count < 0):
                 raise ValueError("count must be a non-negative integer or null")
             if retry_after is not None and (not isinstance(retry_after, int) or retry_after < 0):
