@@ -11,7 +11,8 @@ import VaultProtocol
 /// delays no other client's call. One message at a time, in the order they
 /// came; the connection waits meanwhile (it is not read), so at most one
 /// message per connection is queued. The result goes back to the loop through
-/// `VarlinkServer.complete(_:_:)`.
+/// `ServingLoop.complete(_:_:)` (one parse thread per loop, started at its
+/// first large message).
 final class ParseThread: Sendable {
     private struct Job: Sendable {
         var connection: UInt64
@@ -24,11 +25,11 @@ final class ParseThread: Sendable {
         var started = false
     }
 
-    private weak let server: VarlinkServer?
+    private weak let loop: ServingLoop?
     private let state = Mutex(State())
     private let ready = DispatchSemaphore(value: 0)
 
-    init(server: VarlinkServer) { self.server = server }
+    init(loop: ServingLoop) { self.loop = loop }
 
     /// Queues `message` (copied; the copy is zeroed once parsed) for the call
     /// of connection `connection`.
@@ -88,8 +89,8 @@ final class ParseThread: Sendable {
             let size = message.count
             // A call may carry a secret (a Login's token): zero the copy.
             message.withUnsafeMutableBytes { vaultd_explicit_bzero($0.baseAddress, $0.count) }
-            guard let server else { return }
-            server.complete(job.connection, .parsed(parsed, size: size))
+            guard let loop else { return }
+            loop.complete(job.connection, .parsed(parsed, size: size))
         }
     }
 }

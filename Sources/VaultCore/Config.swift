@@ -185,6 +185,9 @@ public struct VaultConfig: Sendable, Equatable {
     public var limits: UserLimits
     /// What one user may take of the socket server: connections, time, queued output.
     public var serving = ServingLimits()
+    /// How many threads serve the socket (`ServingThreads=`), each an epoll
+    /// loop of its own; nil: one per CPU, at most two. Read at start only.
+    public var servingThreads: Int?
     /// The files this configuration was read from, in the order read (main
     /// files and drop-ins; see `ConfigSearch`). Empty for the built-in
     /// configuration and for one made in code.
@@ -224,7 +227,7 @@ public enum ConfigParser {
     static let vaultKeys =
         [
             "StoreTimeout", "StoreScope", "AdminGroup", "SocketMode", "MaxSessionsPerUser", "MaxSessionSize",
-            "MinRefreshInterval", "Store", "Database",
+            "MinRefreshInterval", "Store", "Database", "ServingThreads",
         ] + ServingLimits.keys
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
@@ -304,6 +307,7 @@ public enum ConfigParser {
         config.etcd = try etcdSettings(merged.etcd)
         try limits(merged.vault, into: &config.limits)
         config.serving = try servingLimits(merged.vault)
+        config.servingThreads = try wholeNumber(merged.vault, "ServingThreads", in: 1...16)
         for (account, entries) in merged.accounts {
             var settings = AccountSettings(
                 readUsers: words(entries["TokenReadUsers"]), readGroups: words(entries["TokenReadGroups"]))

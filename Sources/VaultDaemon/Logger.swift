@@ -145,7 +145,7 @@ public final class Logger: Sendable {
         // While held (a serving round), the line is formatted straight into the
         // held bytes: the audit line of every token read comes this way.
         let held = heldLines.withLock { held -> Bool in
-            guard held.holding, held.bytes.count < Logger.heldLimit else { return false }
+            guard held.holders > 0, held.bytes.count < Logger.heldLimit else { return false }
             format(into: &held.bytes)
             return true
         }
@@ -158,7 +158,8 @@ public final class Logger: Sendable {
 
     /// Lines logged while held wait here, in order, for `release()`.
     private struct HeldLines {
-        var holding = false
+        /// Serving loops in a round now (`hold()` without its `release()`).
+        var holders = 0
         var bytes: [UInt8] = []
 
         /// The held bytes, leaving none. Nothing is copied or allocated when
@@ -177,29 +178,37 @@ public final class Logger: Sendable {
 
     /// Keeps stderr lines in memory until `release()`, so that a burst of lines
     /// (the audit lines of one serving round) costs one write. Journal entries
-    /// are handed to the writer one by one regardless.
+    /// are handed to the writer one by one regardless. Each serving loop
+    /// holds for its round; lines are held while any loop does.
     public func hold() {
-        heldLines.withLock { $0.holding = true }
+        heldLines.withLock { $0.holders += 1 }
     }
 
-    /// True when lines written since `hold()` wait for `release()`.
+    /// True when lines written since `hold()` wait for a `release()`: a loop
+    /// that sees none held knows its round's lines are with the writer.
     public var holdsLines: Bool { heldLines.withLock { !$0.bytes.isEmpty } }
 
-    /// Hands the lines held since `hold()` to the writer and stops holding.
+    /// Ends one `hold()`, handing every line held so far to the writer
+    /// (another loop's too: a line only ever goes out sooner).
     public func release() {
-        let bytes = heldLines.withLock { held -> [UInt8] in
-            held.holding = false
-            return held.take()
+        heldLines.withLock { held in
+            held.holders = max(0, held.holders - 1)
+            handOver(held.take())
         }
-        if !bytes.isEmpty { writeOut(bytes) }
     }
 
-    /// Hands `bytes` to the writer, after whatever is still held.
+    /// Hands `bytes` to the writer, after whatever is still held: under the
+    /// lock, so that lines reach the writer in the order they were taken and
+    /// none a loop saw taken is still on its way.
     private func writeOut(_ bytes: [UInt8]) {
-        let earlier = heldLines.withLock { $0.take() }
-        for chunk in [earlier, bytes] where !chunk.isEmpty {
-            enqueue(size: chunk.count) { Logger.writeAll(chunk) }
+        heldLines.withLock { held in
+            handOver(held.take())
+            handOver(bytes)
         }
+    }
+
+    private func handOver(_ bytes: [UInt8]) {
+        if !bytes.isEmpty { enqueue(size: bytes.count) { Logger.writeAll(bytes) } }
     }
 
     /// Lines go out on this queue, in the order they were handed over, so that
@@ -226,7 +235,7 @@ public final class Logger: Sendable {
     public func flush() {
         let due = counts.withLock { $0.counts.drain() }
         for (kind, count) in due { Audit.write(self, kind, count: count) }
-        release()
+        heldLines.withLock { handOver($0.take()) }
         writer.sync {}
     }
 

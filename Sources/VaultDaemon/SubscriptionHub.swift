@@ -6,10 +6,11 @@ import VaultProtocol
 /// The subscriptions of `io.vaultd.Vault.Subscribe`: who watches what, how
 /// many each user holds, and the events streamed to them. The server gives
 /// the streams; the hub decides what goes on them and when a subscriber that
-/// does not read is dropped. Apart from `publish` and `attach`, every method
-/// runs on the server's loop thread (handlers answered there, and jobs
-/// handed to it), so the hub's tables need no lock.
-public final class SubscriptionHub: @unchecked Sendable {
+/// does not read is dropped. Each serving loop's subscriptions and pending
+/// events are its own (`LoopShare`), touched by that loop's thread alone
+/// (handlers answered there, and jobs handed to it); only the per-uid counts
+/// are shared, under a lock.
+public final class SubscriptionHub: Sendable {
     /// Open subscriptions per non-root uid, past which Subscribe is refused:
     /// with the queue limit, what one user can make vaultd hold for it.
     public static let maximumPerUID = 64
@@ -27,42 +28,64 @@ public final class SubscriptionHub: @unchecked Sendable {
         var filter: @Sendable (VaultEvent) -> Bool
     }
 
+    /// What one serving loop holds of the hub.
+    private final class LoopShare: @unchecked Sendable {
+        /// Events not streamed on this loop yet, in the order they were published.
+        let pending = Mutex<[VaultEvent]>([])
+        /// This loop's open subscriptions that still receive events; its thread only.
+        var subscriptions: [StreamID: Subscription] = [:]
+    }
+
     private let log: Logger
-    private let server = Mutex<VarlinkServer?>(nil)
-    /// Events not streamed yet, in the order they were published.
-    private let pending = Mutex<[VaultEvent]>([])
-    /// Open subscriptions that still receive events; loop thread only.
-    private var subscriptions: [StreamID: Subscription] = [:]
-    /// Open subscriptions per uid, dropped ones included until their connection closes.
-    private var perUID: [UInt32: Int] = [:]
+    /// The server and a share per loop, once attached.
+    private let attached = Mutex<(server: VarlinkServer, loops: [LoopShare])?>(nil)
+    /// Open subscriptions per uid, dropped ones included until their
+    /// connection closes, and those being opened (reserved by `subscribe`).
+    private let perUID = Mutex<[UInt32: Int]>([:])
 
     /// A hub that logs dropped subscribers to `log`.
     public init(log: Logger) { self.log = log }
 
     /// Streams through `server` from now on; events published before have
     /// no subscriber anyway.
-    public func attach(_ server: VarlinkServer) { self.server.withLock { $0 = server } }
+    public func attach(_ server: VarlinkServer) {
+        let loops = (0..<server.loopCount).map { _ in LoopShare() }
+        attached.withLock { $0 = (server, loops) }
+    }
+
+    /// The share of `loop`.
+    private func share(_ loop: Int) -> LoopShare? {
+        attached.withLock { $0?.loops[loop] }
+    }
 
     /// Streams `event` to every subscriber whose filter passes it. Thread-safe;
     /// events reach each subscriber in the order they were published.
     public func publish(_ event: VaultEvent) {
-        guard let server = server.withLock({ $0 }) else { return }
-        let first = pending.withLock { list in
-            list.append(event)
-            return list.count == 1
+        guard let (server, loops) = attached.withLock({ $0 }) else { return }
+        for (index, share) in loops.enumerated() {
+            let first = share.pending.withLock { list in
+                list.append(event)
+                return list.count == 1
+            }
+            // One job per loop streams everything pending there when it runs.
+            if first { server.onLoop(index) { [self] streams in deliver(streams, share) } }
         }
-        // One job streams everything pending when it runs.
-        if first { server.onLoop { [self] streams in deliver(streams) } }
     }
 
     /// The outcome of a Subscribe call of `caller`: the stream, starting with
-    /// `snapshot`, or `TooManySubscriptions`. Loop thread.
+    /// `snapshot`, or `TooManySubscriptions`. On the caller's loop thread.
     func subscribe(
         _ caller: Caller, snapshot: VarlinkReply, filter: @escaping @Sendable (VaultEvent) -> Bool
     ) -> HandlerOutcome {
         let uid = caller.uid
-        let open = perUID[uid, default: 0]
-        guard uid == 0 || open < SubscriptionHub.maximumPerUID else {
+        // Reserved now, so that two loops cannot both open the last one.
+        let refused: Int? = perUID.withLock { counts in
+            let open = counts[uid, default: 0]
+            guard uid == 0 || open < SubscriptionHub.maximumPerUID else { return open }
+            counts[uid] = open + 1
+            return nil
+        }
+        if let open = refused {
             return .reply(
                 VaultError(
                     .tooManySubscriptions,
@@ -73,21 +96,22 @@ public final class SubscriptionHub: @unchecked Sendable {
             StreamStart(
                 first: snapshot,
                 opened: { [self] stream in
-                    perUID[uid, default: 0] += 1
-                    subscriptions[stream] = Subscription(caller: caller, filter: filter)
+                    share(stream.loop)?.subscriptions[stream] = Subscription(caller: caller, filter: filter)
                 },
                 closed: { [self] stream in
-                    subscriptions[stream] = nil
-                    perUID[uid, default: 1] -= 1
-                    if perUID[uid] == 0 { perUID[uid] = nil }
+                    share(stream.loop)?.subscriptions[stream] = nil
+                    perUID.withLock { counts in
+                        counts[uid, default: 1] -= 1
+                        if counts[uid] == 0 { counts[uid] = nil }
+                    }
                 }))
     }
 
-    /// Appends each pending event, encoded once, to the subscribers that want
-    /// it, and drops a subscriber whose unsent bytes pass the limit, with a
-    /// final error. Loop thread.
-    private func deliver(_ streams: VarlinkServer.Streams) {
-        let events: [VaultEvent] = pending.withLock { list in
+    /// Appends each event pending on `share`'s loop, encoded once, to the
+    /// loop's subscribers that want it, and drops a subscriber whose unsent
+    /// bytes pass the limit, with a final error. On that loop's thread.
+    private func deliver(_ streams: VarlinkServer.Streams, _ share: LoopShare) {
+        let events: [VaultEvent] = share.pending.withLock { list in
             let taken = list
             list.removeAll(keepingCapacity: true)
             return taken
@@ -95,7 +119,7 @@ public final class SubscriptionHub: @unchecked Sendable {
         var touched: Set<StreamID> = []
         for event in events {
             var message: [UInt8]?
-            for (stream, subscription) in subscriptions where subscription.filter(event) {
+            for (stream, subscription) in share.subscriptions where subscription.filter(event) {
                 if message == nil {
                     message = VarlinkReply(parameters: ["event": event.json()], continues: true).encoded()
                 }
@@ -105,7 +129,7 @@ public final class SubscriptionHub: @unchecked Sendable {
         }
         for stream in touched {
             guard let queued = streams.send(stream), queued > SubscriptionHub.queueLimit,
-                let subscription = subscriptions.removeValue(forKey: stream)
+                let subscription = share.subscriptions.removeValue(forKey: stream)
             else { continue }
             log.warning(
                 "a subscriber did not read its events and was dropped",
