@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
-#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -56,14 +55,6 @@ int vaultd_epoll_wait(int epfd, vaultd_event *out, int max, int timeout_ms) {
 int vaultd_accept_nonblocking(int fd) { return accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC); }
 
 int vaultd_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
-
-int vaultd_available_cpus(void) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-    int count = CPU_COUNT(&set);
-    return count > 0 ? count : 1;
-}
 
 int vaultd_signalfd_termination(void) {
     sigset_t mask;

@@ -186,7 +186,7 @@ public struct VaultConfig: Sendable, Equatable {
     /// What one user may take of the socket server: connections, time, queued output.
     public var serving = ServingLimits()
     /// How many threads serve the socket (`ServingThreads=`), each an epoll
-    /// loop of its own; nil: one per CPU, at most two. Read at start only.
+    /// loop of its own; nil: the server's default. Read at start only.
     public var servingThreads: Int?
     /// The files this configuration was read from, in the order read (main
     /// files and drop-ins; see `ConfigSearch`). Empty for the built-in
@@ -307,7 +307,7 @@ public enum ConfigParser {
         config.etcd = try etcdSettings(merged.etcd)
         try limits(merged.vault, into: &config.limits)
         config.serving = try servingLimits(merged.vault)
-        config.servingThreads = try wholeNumber(merged.vault, "ServingThreads", in: 1...16)
+        config.servingThreads = try wholeNumber(merged.vault, "ServingThreads", in: 1...64)
         for (account, entries) in merged.accounts {
             var settings = AccountSettings(
                 readUsers: words(entries["TokenReadUsers"]), readGroups: words(entries["TokenReadGroups"]))

@@ -1,13 +1,14 @@
 import Glibc
 import Synchronization
 import VaultCore
+import VaultSystem
 
 /// The access policy in force, read by the serving thread and replaced on reload.
 public final class PolicyBox: Sendable {
-    private let current: Mutex<AccessPolicy>
+    private let current: SleepingMutex<AccessPolicy>
 
     /// Holds `policy`.
-    public init(_ policy: AccessPolicy) { current = Mutex(policy) }
+    public init(_ policy: AccessPolicy) { current = SleepingMutex(policy) }
 
     /// The policy in force.
     public var policy: AccessPolicy { current.withLock { $0 } }

@@ -1,6 +1,7 @@
 import Synchronization
 import VaultCore
 import VaultProtocol
+import VaultSystem
 
 /// What the serving thread may read about one session without asking the
 /// session manager: its client-visible state and its record, if any.
@@ -113,7 +114,7 @@ public final class SessionTable: Sendable {
         }
     }
 
-    private let contents = Mutex(Contents())
+    private let contents = SleepingMutex(Contents())
     private let didChange: @Sendable (SessionTable) -> Void
 
     /// An empty table; `didChange` runs after every change (e.g. to update STATUS=).

@@ -28,10 +28,28 @@ public final class SubscriptionHub: Sendable {
         var filter: @Sendable (VaultEvent) -> Bool
     }
 
+    /// An event on its way to the loops, encoded by the first that needs it.
+    private final class Published: Sendable {
+        let event: VaultEvent
+        private let encoded = Mutex<[UInt8]?>(nil)
+
+        init(_ event: VaultEvent) { self.event = event }
+
+        /// The event's stream message (without its NUL), encoded once for all loops.
+        var message: [UInt8] {
+            encoded.withLock { message in
+                if let message { return message }
+                let made = VarlinkReply(parameters: ["event": event.json()], continues: true).encoded()
+                message = made
+                return made
+            }
+        }
+    }
+
     /// What one serving loop holds of the hub.
     private final class LoopShare: @unchecked Sendable {
         /// Events not streamed on this loop yet, in the order they were published.
-        let pending = Mutex<[VaultEvent]>([])
+        let pending = Mutex<[Published]>([])
         /// This loop's open subscriptions that still receive events; its thread only.
         var subscriptions: [StreamID: Subscription] = [:]
     }
@@ -62,9 +80,10 @@ public final class SubscriptionHub: Sendable {
     /// events reach each subscriber in the order they were published.
     public func publish(_ event: VaultEvent) {
         guard let (server, loops) = attached.withLock({ $0 }) else { return }
+        let published = Published(event)
         for (index, share) in loops.enumerated() {
             let first = share.pending.withLock { list in
-                list.append(event)
+                list.append(published)
                 return list.count == 1
             }
             // One job per loop streams everything pending there when it runs.
@@ -107,22 +126,20 @@ public final class SubscriptionHub: Sendable {
                 }))
     }
 
-    /// Appends each event pending on `share`'s loop, encoded once, to the
-    /// loop's subscribers that want it, and drops a subscriber whose unsent
-    /// bytes pass the limit, with a final error. On that loop's thread.
+    /// Appends each event pending on `share`'s loop, encoded once for all
+    /// loops, to the loop's subscribers that want it, and drops a subscriber
+    /// whose unsent bytes pass the limit, with a final error. On that loop's thread.
     private func deliver(_ streams: VarlinkServer.Streams, _ share: LoopShare) {
-        let events: [VaultEvent] = share.pending.withLock { list in
+        let events: [Published] = share.pending.withLock { list in
             let taken = list
             list.removeAll(keepingCapacity: true)
             return taken
         }
         var touched: Set<StreamID> = []
-        for event in events {
+        for published in events {
             var message: [UInt8]?
-            for (stream, subscription) in share.subscriptions where subscription.filter(event) {
-                if message == nil {
-                    message = VarlinkReply(parameters: ["event": event.json()], continues: true).encoded()
-                }
+            for (stream, subscription) in share.subscriptions where subscription.filter(published.event) {
+                if message == nil { message = published.message }
                 streams.push(message!, to: stream)
                 touched.insert(stream)
             }

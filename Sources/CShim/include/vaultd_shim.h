@@ -35,9 +35,6 @@ int vaultd_accept_nonblocking(int fd);
 /* eventfd (non-blocking, close-on-exec) to wake the loop from other threads. */
 int vaultd_eventfd(void);
 
-/// The CPUs this process may run on (its affinity mask), at least 1.
-int vaultd_available_cpus(void);
-
 /* signalfd for SIGTERM, SIGINT and SIGHUP, which are blocked in every thread. */
 int vaultd_signalfd_termination(void);
 /* Reads one signal from a signalfd; returns the signal number or -1. */
