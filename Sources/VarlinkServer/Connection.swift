@@ -1,7 +1,7 @@
 import VaultCore
 import VaultProtocol
 
-/// One client connection; touched only by the loop thread.
+/// One client connection; touched only by the thread of the loop serving it.
 ///
 /// Its mutable state is marked `@exclusivity(unchecked)`: it is touched by
 /// the loop thread alone and never through overlapping accesses, and the

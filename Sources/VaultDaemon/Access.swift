@@ -1,10 +1,11 @@
 import Glibc
-import Synchronization
 import VaultCore
 import VaultSystem
 
-/// The access policy in force, read by the serving thread and replaced on reload.
+/// The access policy in force, read by the serving loops at every call and
+/// replaced on reload.
 public final class PolicyBox: Sendable {
+    /// Read by every serving loop at every call (see `SleepingMutex`).
     private let current: SleepingMutex<AccessPolicy>
 
     /// Holds `policy`.

@@ -56,7 +56,8 @@ public final class Logger: Sendable {
     /// True when lines of `severity` are written anywhere.
     public func writes(_ severity: Level) -> Bool { severity <= level && target != .discard }
 
-    /// Repeated token handouts, counted for the audit trail (see `Audit`).
+    /// Repeated token handouts, counted for the audit trail (see `Audit`);
+    /// counted by every serving loop at every handout (see `SleepingMutex`).
     private let counts = SleepingMutex(CountState())
     private struct CountState {
         var counts = HandoutCounts()

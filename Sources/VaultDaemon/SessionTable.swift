@@ -1,9 +1,8 @@
-import Synchronization
 import VaultCore
 import VaultProtocol
 import VaultSystem
 
-/// What the serving thread may read about one session without asking the
+/// What the serving loops may read about one session without asking the
 /// session manager: its client-visible state and its record, if any.
 public struct SessionView: Sendable {
     /// The client-visible login state.
@@ -45,7 +44,7 @@ public struct SessionView: Sendable {
 
 /// A read-mostly copy of every account's state, published by the session
 /// manager after each change so that status and token reads are answered on
-/// the serving thread, without D-Bus and without waiting on the actor.
+/// the serving loops, without D-Bus and without waiting on the actor.
 public final class SessionTable: Sendable {
     /// How many accounts are in the states systemd's STATUS= line reports.
     public struct Counts: Sendable, Equatable {
@@ -114,6 +113,8 @@ public final class SessionTable: Sendable {
         }
     }
 
+    /// Read by every serving loop at every call: a lock that sleeps, not one
+    /// that spins (see `SleepingMutex`).
     private let contents = SleepingMutex(Contents())
     private let didChange: @Sendable (SessionTable) -> Void
 
