@@ -39,8 +39,10 @@ final class ServingLoop: @unchecked Sendable {
     private let reloadedLimits = Mutex<ServingLimits?>(nil)
     /// Queued reply bytes past which a connection's input is no longer read.
     @exclusivity(unchecked) private var outputHighWater: Int
-    /// Connections the primary accepted for this loop, not yet served here.
-    private let handedOver = Mutex<[Handover]>([])
+    /// Connections the primary accepted for this loop, not yet served here,
+    /// and whether the loop still takes them (false once its thread ended or
+    /// never started: the primary then serves the connection itself).
+    private let handedOver = Mutex<(open: Bool, list: [Handover])>((true, []))
     /// The primary asked this loop to drain (a secondary's SIGTERM).
     private let stopAsked = Mutex<Int?>(nil)
     private var nextRefusalLog: UInt64 = 0
@@ -186,13 +188,31 @@ final class ServingLoop: @unchecked Sendable {
             }
         }
         for connection in connections.values { disconnect(connection) }
-        // Handed over after this loop stopped serving: never read, closed.
-        for handover in takeHandovers() {
-            Glibc.close(handover.fd)
-            server.admissions.withLock { $0.release(handover.caller.uid, privileged: handover.privileged, loop: index) }
-        }
+        retire()
         return stopSignal
     }
+
+    /// Takes no more connections: the loop's thread ended (or never started).
+    /// Connections handed over and not served are closed unread, and the
+    /// primary hands this loop nothing more. Thread-safe.
+    func retire() {
+        let left = handedOver.withLock { state -> [Handover] in
+            state.open = false
+            var taken: [Handover] = []
+            swap(&taken, &state.list)
+            return taken
+        }
+        server.admissions.withLock { admissions in
+            for handover in left {
+                admissions.release(handover.caller.uid, privileged: handover.privileged, loop: index)
+            }
+            admissions.retire(index)
+        }
+        for handover in left { Glibc.close(handover.fd) }
+    }
+
+    /// Whether this loop serves (its thread runs and has not ended).
+    var isServing: Bool { handedOver.withLock { $0.open } }
 
     /// Runs `job` on the loop thread, where it may write to this loop's
     /// streams; jobs run in the order they were handed over. Thread-safe.
@@ -214,17 +234,23 @@ final class ServingLoop: @unchecked Sendable {
         wake()
     }
 
-    /// Serves a connection the primary accepted. Thread-safe.
-    private func adopt(_ handover: Handover) {
-        handedOver.withLock { $0.append(handover) }
-        wake()
+    /// Serves a connection the primary accepted; false when this loop no
+    /// longer serves (see `retire`). Thread-safe.
+    private func adopt(_ handover: Handover) -> Bool {
+        let taken = handedOver.withLock { state -> Bool in
+            guard state.open else { return false }
+            state.list.append(handover)
+            return true
+        }
+        if taken { wake() }
+        return taken
     }
 
     /// The connections handed over since last asked (no allocation when none were).
     private func takeHandovers() -> [Handover] {
-        handedOver.withLock { list in
+        handedOver.withLock { state in
             var taken: [Handover] = []
-            swap(&taken, &list)
+            swap(&taken, &state.list)
             return taken
         }
     }
@@ -287,7 +313,8 @@ final class ServingLoop: @unchecked Sendable {
         let others = Array(server.loops.dropFirst())
         Task { [self] in
             await probe()
-            for loop in others {
+            // A loop that no longer serves (its thread ended) is not waited for.
+            for loop in others where loop.isServing {
                 await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
                     loop.onLoop { _ in done.resume() }
                 }
@@ -356,7 +383,10 @@ final class ServingLoop: @unchecked Sendable {
             nextID += 1
             caller.connection = id
             let handover = Handover(id: id, fd: fd, caller: caller, privileged: privileged)
-            if loop == index { serve(handover) } else { server.loops[loop].adopt(handover) }
+            if loop != index, server.loops[loop].adopt(handover) { continue }
+            // This loop's, or one that stopped serving since it was picked.
+            if loop != index { server.admissions.withLock { $0.move(from: loop, to: index) } }
+            serve(handover)
         }
     }
 
@@ -738,7 +768,12 @@ final class ServingLoop: @unchecked Sendable {
         }
         // After the handovers above: every connection handed over before the
         // primary asked is served through the drain.
-        if let drainSeconds = stopAsked.withLock({ $0.take() }), !stopping { beginStopping(drainSeconds: drainSeconds) }
+        if let drainSeconds = stopAsked.withLock({ $0.take() }), !stopping {
+            // Every connection the primary handed over came before its ask:
+            // served now, so that the drain answers or closes each.
+            for handover in takeHandovers() { serve(handover) }
+            beginStopping(drainSeconds: drainSeconds)
+        }
     }
 
     // MARK: Streams

@@ -69,8 +69,12 @@ public final class VarlinkServer: @unchecked Sendable {
         self.loops = loops
     }
 
-    /// How many loops serve.
+    /// How many loops there are (`isServing(_:)` says which serve).
     public var loopCount: Int { loops.count }
+
+    /// Whether loop `loop` serves: false once its thread ended, or when it
+    /// could not start. Work handed to such a loop never runs.
+    public func isServing(_ loop: Int) -> Bool { loops[loop].isServing }
 
     /// Serves until SIGTERM or SIGINT, then (for at most `drainSeconds`)
     /// answers every call clients already sent, deferred ones included, and
@@ -93,9 +97,10 @@ public final class VarlinkServer: @unchecked Sendable {
             if created == 0 {
                 threads.append(thread)
             } else {
-                // No thread: the loop never serves; the primary hands it nothing.
+                // No thread: the loop never serves, is handed nothing, and is
+                // left out of the watchdog's probe and of streams.
                 Unmanaged<LoopThread>.fromOpaque(context).release()
-                admissions.withLock { $0.retire(loop.index) }
+                loop.retire()
             }
         }
         let signal = loops[0].run(drainSeconds: drainSeconds)
@@ -187,8 +192,14 @@ struct Admissions {
         perLoop[loop] -= 1
     }
 
-    /// Hands `loop` no more connections (its thread could not start).
+    /// Hands `loop` no more connections (it stopped serving, or never started).
     mutating func retire(_ loop: Int) {
         if loop != 0 { perLoop[loop] = Int.max / 2 }
+    }
+
+    /// Counts a connection picked for `from`, which no longer serves, on `to`.
+    mutating func move(from: Int, to: Int) {
+        perLoop[from] -= 1
+        perLoop[to] += 1
     }
 }

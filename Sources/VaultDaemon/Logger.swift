@@ -146,9 +146,19 @@ public final class Logger: Sendable {
         // While held (a serving round), the line is formatted straight into the
         // held bytes: the audit line of every token read comes this way.
         let held = heldLines.withLock { held -> Bool in
-            guard holders.load(ordering: .relaxed) > 0, held.bytes.count < Logger.heldLimit else { return false }
+            guard holders.load(ordering: .sequentiallyConsistent) > 0, held.bytes.count < Logger.heldLimit else {
+                return false
+            }
             format(into: &held.bytes)
-            linesHeld.store(true, ordering: .releasing)
+            linesHeld.store(true, ordering: .sequentiallyConsistent)
+            // The last holder may have released between the look above and
+            // the store (its look at `linesHeld` saw none held): then nobody
+            // would hand these lines on. Either that release sees the store,
+            // or this look sees its release (both sequentially consistent).
+            if holders.load(ordering: .sequentiallyConsistent) == 0 {
+                handOver(held.take())
+                linesHeld.store(false, ordering: .sequentiallyConsistent)
+            }
             return true
         }
         if held { return }
@@ -189,7 +199,7 @@ public final class Logger: Sendable {
     /// are handed to the writer one by one regardless. Each serving loop
     /// holds for its round; lines are held while any loop does.
     public func hold() {
-        holders.wrappingAdd(1, ordering: .relaxed)
+        holders.wrappingAdd(1, ordering: .sequentiallyConsistent)
     }
 
     /// True when lines written since `hold()` wait for a `release()`: a loop
@@ -199,8 +209,8 @@ public final class Logger: Sendable {
     /// Ends one `hold()`, handing every line held so far to the writer
     /// (another loop's too: a line only ever goes out sooner).
     public func release() {
-        holders.wrappingSubtract(1, ordering: .relaxed)
-        if linesHeld.load(ordering: .acquiring) { writeOut([]) }
+        holders.wrappingSubtract(1, ordering: .sequentiallyConsistent)
+        if linesHeld.load(ordering: .sequentiallyConsistent) { writeOut([]) }
     }
 
     /// Hands `bytes` to the writer, after whatever is still held: under the
@@ -209,7 +219,7 @@ public final class Logger: Sendable {
     private func writeOut(_ bytes: [UInt8]) {
         heldLines.withLock { held in
             handOver(held.take())
-            linesHeld.store(false, ordering: .releasing)
+            linesHeld.store(false, ordering: .sequentiallyConsistent)
             handOver(bytes)
         }
     }

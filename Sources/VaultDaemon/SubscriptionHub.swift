@@ -81,7 +81,8 @@ public final class SubscriptionHub: Sendable {
     public func publish(_ event: VaultEvent) {
         guard let (server, loops) = attached.withLock({ $0 }) else { return }
         let published = Published(event)
-        for (index, share) in loops.enumerated() {
+        // A loop that no longer serves has no subscriber left, and would never deliver.
+        for (index, share) in loops.enumerated() where server.isServing(index) {
             let first = share.pending.withLock { list in
                 list.append(published)
                 return list.count == 1
