@@ -115,7 +115,7 @@ final class ServingLoop: @unchecked Sendable {
         guard vaultd_epoll_add(epollFD, wakeFD, VAULTD_EPOLLIN, ServingLoop.wakeKey) == 0 else {
             throw SystemError("epoll_ctl")
         }
-        guard index == 0 else { return }
+        guard isPrimary else { return }
         let flags = fcntl(listenFD, F_GETFL)
         _ = fcntl(listenFD, F_SETFL, flags | O_NONBLOCK)
         guard vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, ServingLoop.listenerKey) == 0,
@@ -196,12 +196,7 @@ final class ServingLoop: @unchecked Sendable {
     /// Connections handed over and not served are closed unread, and the
     /// primary hands this loop nothing more. Thread-safe.
     func retire() {
-        let left = handedOver.withLock { state -> [Handover] in
-            state.open = false
-            var taken: [Handover] = []
-            swap(&taken, &state.list)
-            return taken
-        }
+        let left = takeHandovers(closing: true)
         server.admissions.withLock { admissions in
             for handover in left {
                 admissions.release(handover.caller.uid, privileged: handover.privileged, loop: index)
@@ -246,9 +241,11 @@ final class ServingLoop: @unchecked Sendable {
         return taken
     }
 
-    /// The connections handed over since last asked (no allocation when none were).
-    private func takeHandovers() -> [Handover] {
+    /// The connections handed over since last asked (no allocation when none
+    /// were); with `closing`, none are taken from now on.
+    private func takeHandovers(closing: Bool = false) -> [Handover] {
         handedOver.withLock { state in
+            if closing { state.open = false }
             var taken: [Handover] = []
             swap(&taken, &state.list)
             return taken
@@ -268,8 +265,7 @@ final class ServingLoop: @unchecked Sendable {
     /// Hands what a worker did for connection `id` back to the loop. Thread-safe.
     func complete(_ id: UInt64, _ completion: Completion) {
         completions.withLock { $0.append((id, completion)) }
-        var one: UInt64 = 1
-        _ = write(wakeFD, &one, 8)
+        wake()
     }
 
     // MARK: Rounds
@@ -766,8 +762,6 @@ final class ServingLoop: @unchecked Sendable {
             }
             if !connection.isClosed { process(connection) }
         }
-        // After the handovers above: every connection handed over before the
-        // primary asked is served through the drain.
         if let drainSeconds = stopAsked.withLock({ $0.take() }), !stopping {
             // Every connection the primary handed over came before its ask:
             // served now, so that the drain answers or closes each.
