@@ -1,3 +1,4 @@
+import Glibc
 import VaultCore
 import VaultProtocol
 
@@ -58,6 +59,9 @@ final class Connection {
     /// The events epoll watches for; nil once the descriptor is no longer
     /// registered (the peer hung up while a call was in flight).
     @exclusivity(unchecked) var interest: UInt32? = 0
+    /// The last call of a repeatable method parsed on this connection, with
+    /// the bytes it was read from (`VarlinkService.CheckedCall`).
+    @exclusivity(unchecked) var lastCall: RememberedCall?
     /// Room made in `output` before a reply is written, so that a reply of up
     /// to this size (the hot replies are about 150 bytes) never makes Array
     /// grow it and free the old storage, secret and all, unzeroed.
@@ -96,4 +100,28 @@ final class Connection {
     }
     /// More input is useful: the peer has not closed, and no call is held back.
     var wantsInput: Bool { !peerClosedInput && !busy }
+}
+
+/// A call a connection keeps with the message it was read from, so that the
+/// same bytes again are answered without a parse. Only calls of methods the
+/// service declares repeatable (no secret among their parameters) are kept.
+final class RememberedCall {
+    /// The largest message kept: the hot calls are about 100 bytes.
+    static let maximumSize = 512
+
+    let bytes: [UInt8]
+    let checked: VarlinkService.CheckedCall
+
+    init(bytes: ArraySlice<UInt8>, checked: VarlinkService.CheckedCall) {
+        self.bytes = Array(bytes)
+        self.checked = checked
+    }
+
+    /// Whether `message` is byte for byte the message this call was read from.
+    func matches(_ message: ArraySlice<UInt8>) -> Bool {
+        guard message.count == bytes.count, !bytes.isEmpty else { return false }
+        return message.withUnsafeBytes { new in
+            bytes.withUnsafeBytes { old in memcmp(new.baseAddress!, old.baseAddress!, old.count) == 0 }
+        }
+    }
 }

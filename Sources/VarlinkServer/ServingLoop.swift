@@ -538,9 +538,13 @@ final class ServingLoop: @unchecked Sendable {
                 parseLarge(message, on: connection)
                 continue
             }
+            if let last = connection.lastCall, last.matches(message) {
+                answerRepeat(last.checked, on: connection)
+                continue
+            }
             do throws(VarlinkCall.DecodingFailure) {
                 let call = try VarlinkCall(message: message, methods: service.methodNames)
-                dispatch(call, size: message.count, on: connection)
+                dispatch(call, size: message.count, on: connection, bytes: message)
             } catch {
                 refuse(error, on: connection)
             }
@@ -626,8 +630,12 @@ final class ServingLoop: @unchecked Sendable {
     }
 
     /// Answers one call read from a message of `size` bytes: queues its
-    /// reply, starts its stream or its deferred work.
-    private func dispatch(_ call: VarlinkCall, size: Int, on connection: Connection) {
+    /// reply, starts its stream or its deferred work. A call of a repeatable
+    /// method read from `bytes` (a small message parsed on this loop) is
+    /// kept on the connection for its next repeat.
+    private func dispatch(
+        _ call: VarlinkCall, size: Int, on connection: Connection, bytes: ArraySlice<UInt8>? = nil
+    ) {
         if stopping {
             if !call.oneway { queue(errors.stopping, on: connection) }
             return
@@ -641,7 +649,30 @@ final class ServingLoop: @unchecked Sendable {
                 return
             }
         }
-        switch service.handle(call, caller: connection.caller) {
+        switch service.check(call) {
+        case .refused(let outcome):
+            perform(outcome, of: call, on: connection)
+        case .passed(let checked):
+            if checked.repeatable, let bytes, bytes.count <= RememberedCall.maximumSize {
+                connection.lastCall = RememberedCall(bytes: bytes, checked: checked)
+            }
+            perform(service.run(checked, caller: connection.caller), of: call, on: connection)
+        }
+    }
+
+    /// Answers a byte-identical repeat of the connection's last call: the
+    /// same parse, the same checks passed, so only the handler runs.
+    private func answerRepeat(_ checked: VarlinkService.CheckedCall, on connection: Connection) {
+        if stopping {
+            if !checked.call.oneway { queue(errors.stopping, on: connection) }
+            return
+        }
+        perform(service.run(checked, caller: connection.caller), of: checked.call, on: connection)
+    }
+
+    /// Carries out a handler's (or the service's refusal's) outcome for `call`.
+    private func perform(_ outcome: HandlerOutcome, of call: VarlinkCall, on connection: Connection) {
+        switch outcome {
         case .reply(let reply):
             if !call.oneway { queueBounded(on: connection, method: call.method) { reply.encode(into: &$0) } }
         case .encoded(let writer):

@@ -40,6 +40,21 @@ public struct VarlinkService: Sendable {
         var handler: MethodHandler?
         /// The largest message a call of this method may be.
         var callSizeLimit: Int
+        /// A connection may keep a call of this method to answer the same
+        /// bytes again without parsing them (see `CheckedCall`).
+        var repeatable: Bool
+    }
+
+    /// A call that passed its method's checks, and where its binding is.
+    /// A connection keeps its last such call of a repeatable method with the
+    /// bytes it was read from: a client that sends the same bytes again (a
+    /// GetToken loop does) is answered without a parse or a check, which are
+    /// pure functions of those bytes and the service's fixed tables.
+    struct CheckedCall {
+        let call: VarlinkCall
+        let binding: Int
+        /// Whether a connection may keep the call for its next repeat.
+        let repeatable: Bool
     }
 
     /// The largest call of a method that declares no limit of its own: the
@@ -84,25 +99,31 @@ public struct VarlinkService: Sendable {
 
     /// Adds `interface`, binding each of its methods to the handler `handler`
     /// gives for it; `callSizeLimit` gives the largest message a call of each
-    /// method may be (`defaultCallSizeLimit` unless it says otherwise).
+    /// method may be (`defaultCallSizeLimit` unless it says otherwise);
+    /// `repeatable` names the methods whose calls carry no secret, so that a
+    /// connection may keep its last call of one (its bytes and what they
+    /// parsed to) to answer a byte-identical repeat without parsing it again.
     public mutating func add(
         _ interface: VarlinkInterfaceDeclaration,
         callSizeLimit: (VarlinkMethodDeclaration) -> Int = { _ in VarlinkService.defaultCallSizeLimit },
+        repeatable: (VarlinkMethodDeclaration) -> Bool = { _ in false },
         handler: (VarlinkMethodDeclaration) -> MethodHandler
     ) {
-        bind(interface, callSizeLimit: callSizeLimit, handler: handler)
+        bind(interface, callSizeLimit: callSizeLimit, repeatable: repeatable, handler: handler)
     }
 
     private mutating func bind(
         _ interface: VarlinkInterfaceDeclaration,
         callSizeLimit: (VarlinkMethodDeclaration) -> Int = { _ in VarlinkService.defaultCallSizeLimit },
+        repeatable: (VarlinkMethodDeclaration) -> Bool = { _ in false },
         handler: (VarlinkMethodDeclaration) -> MethodHandler?
     ) {
         interfaces[interface.name] = interface
         for method in interface.methods {
             guard let signature = interface.signature(of: method.name) else { continue }
             let binding = Binding(
-                signature: signature, handler: handler(method), callSizeLimit: callSizeLimit(method))
+                signature: signature, handler: handler(method), callSizeLimit: callSizeLimit(method),
+                repeatable: repeatable(method))
             if let index = methodNames.index(of: signature.method) {
                 bindings[index] = binding
             } else {
@@ -122,25 +143,46 @@ public struct VarlinkService: Sendable {
     /// Answers one call: the `org.varlink.service` error for a call the
     /// interface does not allow, else the handler's outcome.
     public func handle(_ call: VarlinkCall, caller: Caller) -> HandlerOutcome {
-        guard let binding = binding(of: call.method) else {
-            let interface = call.interface
-            if interfaces[interface] != nil { return .reply(VarlinkServiceError.methodNotFound(call.method)) }
-            return .reply(VarlinkServiceError.interfaceNotFound(interface))
+        switch check(call) {
+        case .refused(let outcome): return outcome
+        case .passed(let checked): return run(checked, caller: caller)
         }
+    }
+
+    /// What `check` found of a call.
+    enum CheckResult {
+        case passed(CheckedCall)
+        /// The `org.varlink.service` error the call is answered with.
+        case refused(HandlerOutcome)
+    }
+
+    /// Checks `call` against its method's declaration.
+    func check(_ call: VarlinkCall) -> CheckResult {
+        guard let index = methodNames.index(of: call.method) else {
+            let interface = call.interface
+            if interfaces[interface] != nil { return .refused(.reply(VarlinkServiceError.methodNotFound(call.method))) }
+            return .refused(.reply(VarlinkServiceError.interfaceNotFound(interface)))
+        }
+        let binding = bindings[index]
         // No method here takes over the connection: the specification names no
         // error for that, so the flag is refused as an invalid parameter of the call.
-        if call.upgrade { return .reply(VarlinkServiceError.invalidParameter("upgrade")) }
+        if call.upgrade { return .refused(.reply(VarlinkServiceError.invalidParameter("upgrade"))) }
         // A stream needs more; without it (or with oneway, which wants no reply
         // at all) nothing is started. A method that does not stream answers a
         // call with more once, without continues, as the specification allows.
         if binding.signature.streams && (!call.more || call.oneway) {
-            return .reply(VarlinkServiceError.expectedMore())
+            return .refused(.reply(VarlinkServiceError.expectedMore()))
         }
         if let parameter = binding.signature.invalidParameter(in: call.parameters) {
-            return .reply(VarlinkServiceError.invalidParameter(parameter))
+            return .refused(.reply(VarlinkServiceError.invalidParameter(parameter)))
         }
-        guard let handler = binding.handler else { return answerService(call) }
-        return handler(call, caller)
+        return .passed(CheckedCall(call: call, binding: index, repeatable: binding.repeatable))
+    }
+
+    /// Answers a call that passed `check`: its handler's outcome.
+    func run(_ checked: CheckedCall, caller: Caller) -> HandlerOutcome {
+        guard let handler = bindings[checked.binding].handler else { return answerService(checked.call) }
+        return handler(checked.call, caller)
     }
 
     private func binding(of method: String) -> Binding? {

@@ -320,7 +320,13 @@ public enum VaultMethods {
             guard let connection = caller.connection, let keys = manager.reporting.closed(connection) else { return }
             Task { await manager.clientGone(connection, from: keys) }
         }
-        service.add(VaultInterface.declaration, callSizeLimit: callSizeLimit) { declaration in
+        // The reads clients repeat in loops, whose parameters hold no secret: a
+        // connection keeps its last one to answer the same bytes unparsed.
+        let repeatableMethods: Set<VaultMethod> = [.getToken, .getSession, .listSessions]
+        let repeatable: (VarlinkMethodDeclaration) -> Bool = { declaration in
+            VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)").map(repeatableMethods.contains) ?? false
+        }
+        service.add(VaultInterface.declaration, callSizeLimit: callSizeLimit, repeatable: repeatable) { declaration in
             guard let method = VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)") else {
                 preconditionFailure("io.vaultd.Vault declares \(declaration.name), which is no VaultMethod")
             }

@@ -120,6 +120,39 @@ struct GenericServerTests {
     }
 
     @Test(
+        "Should run the handler for every repeat of a remembered call, and parse and check any call whose bytes differ")
+    func repeatedCalls() throws {
+        let harness = try Harness()
+        let client = try harness.connect()
+        let tick = #"{"method":"org.example.Echo.Tick","parameters":{"step":1}}"#
+        // The same bytes again: the handler runs each time and sees the state of now.
+        #expect(try client.call(tick) == #"{"parameters":{"count":1}}"#)
+        #expect(try client.call(tick) == #"{"parameters":{"count":2}}"#)
+        // Other bytes, pipelined between repeats: each parsed and checked on its own.
+        try client.send(#"{"method":"org.example.Echo.Tick","parameters":{"step":5}}"#)
+        try client.send(#"{"method":"org.example.Echo.Tick","parameters":{"step":"5"}}"#)
+        try client.send(tick)
+        try client.send(#"{"method":"org.example.Echo.Tick","parameters":{"step":1},"oneway":true}"#)
+        try client.send(#"{"method":"org.example.Echo.Tick","parameters":{"step":1},"upgrade":true}"#)
+        try client.send(tick)
+        #expect(try client.read() == #"{"parameters":{"count":7}}"#)
+        #expect(
+            try client.read()
+                == #"{"error":"org.varlink.service.InvalidParameter","parameters":{"parameter":"step"}}"#)
+        #expect(try client.read() == #"{"parameters":{"count":8}}"#)
+        // The oneway call ran (count 9) and was not answered.
+        #expect(
+            try client.read()
+                == #"{"error":"org.varlink.service.InvalidParameter","parameters":{"parameter":"upgrade"}}"#)
+        #expect(try client.read() == #"{"parameters":{"count":10}}"#)
+        // A second connection keeps its own last call; the count is the service's.
+        let other = try harness.connect()
+        #expect(try other.call(tick) == #"{"parameters":{"count":11}}"#)
+        #expect(try client.call(tick) == #"{"parameters":{"count":12}}"#)
+        #expect(harness.stop() == SIGTERM)
+    }
+
+    @Test(
         "Should parse a call larger than the inline limit off the loop and answer it in order with the calls around it")
     func largeCallInOrder() throws {
         let harness = try Harness()
@@ -255,8 +288,18 @@ private final class Harness: Sendable {
         let closed = self.closed
         let slowStarted = self.slowStarted
         let slowGate = self.slowGate
-        service.add(Harness.interface, callSizeLimit: limit) { method in
+        let repeatable: (VarlinkMethodDeclaration) -> Bool = { $0.name == "Tick" }
+        service.add(Harness.interface, callSizeLimit: limit, repeatable: repeatable) { method in
             switch method.name {
+            case "Tick":
+                return { call, _ in
+                    let step = call.parameters["step"]?.integerValue ?? 0
+                    let count = streams.ticks.withLock { (total: inout Int64) -> Int64 in
+                        total += step
+                        return total
+                    }
+                    return .reply(VarlinkReply(parameters: ["count": .int(count)]))
+                }
             case "Say":
                 return { call, _ in .reply(VarlinkReply(parameters: ["text": call.parameters["text"]!])) }
             case "Small":
@@ -328,6 +371,9 @@ private final class Harness: Sendable {
                 "Who", doc: "The caller's connection id.", parameters: [],
                 output: [VarlinkField("connection", .string)]),
             VarlinkMethodDeclaration("Slow", doc: "Answers when the test says so.", parameters: [], output: []),
+            VarlinkMethodDeclaration(
+                "Tick", doc: "Adds step to a count kept by the service and answers the count.",
+                parameters: [VarlinkField("step", .int)], output: [VarlinkField("count", .int)]),
         ],
         errors: [])
 
@@ -392,6 +438,8 @@ private final class Record: Sendable {
     let closedConnections = Mutex<[UInt64]>([])
     /// Set when a Slow call's work ended before any connection was said closed.
     let workFinishedBeforeClose = Mutex<Bool?>(nil)
+    /// What Tick calls added up to.
+    let ticks = Mutex<Int64>(0)
 }
 
 /// A blocking client that writes a message and reads one back.

@@ -151,6 +151,27 @@ struct ConformanceTests {
         #expect(info.parameters["interfaces"] == ["org.varlink.service", "io.vaultd.Vault"])
     }
 
+    @Test("Should answer the same GetToken bytes, sent again on one connection, from the session as it is now")
+    func repeatedCallSeesTheSessionNow() throws {
+        let user = uniqueName("repeat")
+        let asker = try VarlinkClient.raw(fixture.socketPath)
+        let getToken = #"{"method":"io.vaultd.Vault.GetToken","parameters":{"provider":"demo","user":"\#(user)"}}"#
+        #expect(try call(asker, getToken).error == "io.vaultd.Vault.NotLoggedIn")
+        let other = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30)
+        try other.login(provider: "demo", user: user, token: "tok_repeat_first_abcdefghij")
+        #expect(try call(asker, getToken).parameters["token"]?.stringValue == "tok_repeat_first_abcdefghij")
+        try other.logout(provider: "demo", user: user)
+        #expect(try call(asker, getToken).error == "io.vaultd.Vault.NotLoggedIn")
+        try other.login(provider: "demo", user: user, token: "tok_repeat_second_abcdefghij")
+        #expect(try call(asker, getToken).parameters["token"]?.stringValue == "tok_repeat_second_abcdefghij")
+        // The same bytes with one more (unknown) field: checked, not taken for the repeat.
+        let unknown = #"{"method":"io.vaultd.Vault.GetToken","parameters":{"provider":"demo","user":"\#(user)","x":1}}"#
+        let refused = try call(asker, unknown)
+        #expect(refused.error == "org.varlink.service.InvalidParameter")
+        #expect(refused.parameters["parameter"]?.stringValue == "x")
+        #expect(try call(asker, getToken).parameters["token"]?.stringValue == "tok_repeat_second_abcdefghij")
+    }
+
     @Test(
         "Should render interface text the Python varlink package parses",
         arguments: ["docs/io.vaultd.Vault.varlink", "served"])
