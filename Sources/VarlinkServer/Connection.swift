@@ -111,10 +111,13 @@ final class RememberedCall {
 
     let bytes: [UInt8]
     let checked: VarlinkService.CheckedCall
+    /// What the method's preparer made of the call, run for each repeat.
+    let prepared: (any PreparedCall)?
 
-    init(bytes: ArraySlice<UInt8>, checked: VarlinkService.CheckedCall) {
+    init(bytes: ArraySlice<UInt8>, checked: VarlinkService.CheckedCall, prepared: (any PreparedCall)?) {
         self.bytes = Array(bytes)
         self.checked = checked
+        self.prepared = prepared
     }
 
     /// Whether `message` is byte for byte the message this call was read from.

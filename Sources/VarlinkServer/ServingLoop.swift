@@ -539,7 +539,7 @@ final class ServingLoop: @unchecked Sendable {
                 continue
             }
             if let last = connection.lastCall, last.matches(message) {
-                answerRepeat(last.checked, on: connection)
+                answerRepeat(last, on: connection)
                 continue
             }
             do throws(VarlinkCall.DecodingFailure) {
@@ -653,21 +653,37 @@ final class ServingLoop: @unchecked Sendable {
         case .refused(let outcome):
             perform(outcome, of: call, on: connection)
         case .passed(let checked):
-            if checked.repeatable, let bytes, bytes.count <= RememberedCall.maximumSize {
-                connection.lastCall = RememberedCall(bytes: bytes, checked: checked)
+            guard checked.repeatable, let bytes, bytes.count <= RememberedCall.maximumSize else {
+                perform(service.run(checked, caller: connection.caller), of: call, on: connection)
+                return
             }
-            perform(service.run(checked, caller: connection.caller), of: call, on: connection)
+            guard let preparer = service.preparer(of: checked) else {
+                connection.lastCall = RememberedCall(bytes: bytes, checked: checked, prepared: nil)
+                perform(service.run(checked, caller: connection.caller), of: call, on: connection)
+                return
+            }
+            switch preparer(call) {
+            case .answered(let outcome):
+                perform(outcome, of: call, on: connection)
+            case .prepared(let prepared):
+                connection.lastCall = RememberedCall(bytes: bytes, checked: checked, prepared: prepared)
+                perform(prepared.run(caller: connection.caller), of: call, on: connection)
+            }
         }
     }
 
     /// Answers a byte-identical repeat of the connection's last call: the
-    /// same parse, the same checks passed, so only the handler runs.
-    private func answerRepeat(_ checked: VarlinkService.CheckedCall, on connection: Connection) {
+    /// same parse, the same checks passed, so only the handler (or the
+    /// prepared call) runs.
+    private func answerRepeat(_ last: RememberedCall, on connection: Connection) {
+        let call = last.checked.call
         if stopping {
-            if !checked.call.oneway { queue(errors.stopping, on: connection) }
+            if !call.oneway { queue(errors.stopping, on: connection) }
             return
         }
-        perform(service.run(checked, caller: connection.caller), of: checked.call, on: connection)
+        let outcome =
+            last.prepared?.run(caller: connection.caller) ?? service.run(last.checked, caller: connection.caller)
+        perform(outcome, of: call, on: connection)
     }
 
     /// Carries out a handler's (or the service's refusal's) outcome for `call`.

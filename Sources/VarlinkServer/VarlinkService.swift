@@ -25,6 +25,27 @@ public protocol VarlinkReplyWriter: Sendable {
 /// A method handler: the call and who made it in, an outcome out.
 public typealias MethodHandler = @Sendable (VarlinkCall, Caller) -> HandlerOutcome
 
+/// A call of a repeatable method read once into what its handler needs. The
+/// connection that sent it keeps it with the call's bytes and runs it again
+/// for each byte-identical repeat, so the parameters are read once; it may
+/// remember what it learnt in one run for the next (where its session sits
+/// in a table, say). Touched only by the loop serving that connection.
+public protocol PreparedCall: AnyObject {
+    /// Answers the call for `caller`, as the method's handler would.
+    func run(caller: Caller) -> HandlerOutcome
+}
+
+/// What a method's preparer makes of a call that passed its checks.
+public enum Preparation {
+    /// Ready to run, now and for each repeat.
+    case prepared(any PreparedCall)
+    /// Answered without running (its parameters were refused, say); not kept.
+    case answered(HandlerOutcome)
+}
+
+/// Reads a checked call of one method into a `PreparedCall`.
+public typealias CallPreparer = @Sendable (VarlinkCall) -> Preparation
+
 /// A Varlink service as data: the interfaces it implements, declared as
 /// tables, with a handler bound to each method. Every call is checked against
 /// its method's declaration before the handler runs: unknown interface or
@@ -43,6 +64,9 @@ public struct VarlinkService: Sendable {
         /// A connection may keep a call of this method to answer the same
         /// bytes again without parsing them (see `CheckedCall`).
         var repeatable: Bool
+        /// Reads a call into a `PreparedCall` kept for repeats (nil: the
+        /// handler is run with the call each time).
+        var preparer: CallPreparer?
     }
 
     /// A call that passed its method's checks, and where its binding is.
@@ -123,7 +147,7 @@ public struct VarlinkService: Sendable {
             guard let signature = interface.signature(of: method.name) else { continue }
             let binding = Binding(
                 signature: signature, handler: handler(method), callSizeLimit: callSizeLimit(method),
-                repeatable: repeatable(method))
+                repeatable: repeatable(method), preparer: nil)
             if let index = methodNames.index(of: signature.method) {
                 bindings[index] = binding
             } else {
@@ -132,6 +156,21 @@ public struct VarlinkService: Sendable {
             }
         }
     }
+
+    /// Gives the repeatable `method` (a full name) a preparer: a connection
+    /// then keeps what it makes of a call and runs that for each repeat,
+    /// instead of the handler with the call. The preparer answers as the
+    /// handler would; the handler stays for calls answered once.
+    public mutating func prepare(_ method: String, with preparer: @escaping CallPreparer) {
+        guard let index = methodNames.index(of: method) else {
+            preconditionFailure("no method \(method) to prepare")
+        }
+        precondition(bindings[index].repeatable, "\(method) is not repeatable: a prepared call is kept for repeats")
+        bindings[index].preparer = preparer
+    }
+
+    /// The preparer of the method `checked` calls, if it has one.
+    func preparer(of checked: CheckedCall) -> CallPreparer? { bindings[checked.binding].preparer }
 
     /// The largest message a call of `method` may be: its own limit, or the
     /// default for a method the service does not have (which is answered

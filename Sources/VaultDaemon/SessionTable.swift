@@ -137,6 +137,17 @@ public final class SessionTable: Sendable {
         }
     }
 
+    /// `tokenFacts(of:)` that looks at `position` first, where the view of
+    /// `key` was found before (a caller's hint: -1 for none); `position` is
+    /// set to where it is now.
+    public func tokenFacts(of key: SessionKey, at position: inout Int) -> (
+        record: SessionRecord?, lastRefreshAt: UnixTime?
+    )? {
+        contents.withLock { contents in
+            contents.views.read(key, at: &position) { view in (view.record, view.refresh?.lastRefreshAt) }
+        }
+    }
+
     /// Every view, sorted by provider, user and owner.
     public func all() -> [(SessionKey, SessionView)] {
         contents.withLock { $0.views.sorted { $0.key < $1.key }.map { ($0.key, $0.value) } }

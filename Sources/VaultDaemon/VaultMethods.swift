@@ -17,6 +17,99 @@ public enum VaultMethods {
         let table = manager.table
         let policy = manager.policy
 
+        /// Answers a GetToken call read into `r`. `position` is where the
+        /// session's view sat in the table at the last call (-1: unknown), and
+        /// is set to where it sits now: a prepared call keeps it.
+        @Sendable func getToken(_ r: GetTokenRequest, _ caller: Caller, position: inout Int) -> HandlerOutcome {
+            let account = Account(provider: r.provider, user: r.user)
+            let access = policy.policy
+            let key: SessionKey
+            do throws(VaultError) {
+                key = SessionKey(
+                    owner: try access.owner(of: account, for: caller, requested: r.ownerUID),
+                    account: account)
+            } catch {
+                return .reply(error.varlinkReply)
+            }
+            func refuse(_ error: VaultError) -> HandlerOutcome {
+                manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
+                return .reply(error.varlinkReply)
+            }
+            // Asked before the table: whether another user holds a session is theirs to know.
+            guard access.mayReadToken(caller, key) else {
+                return refuse(
+                    VaultError(
+                        .accessDenied,
+                        "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
+                    ))
+            }
+            let facts = table.tokenFacts(of: key, at: &position)
+            guard let facts, let record = facts.record else {
+                if facts == nil, manager.isFleetHost, r.waitSeconds == 0 {
+                    // Another host may have logged it in a moment ago: the store says.
+                    // (The three deferred answers of this handler are written out:
+                    // one shared helper cost every GetToken ~40 instructions, 0.35%,
+                    // measured with bench/callgrind.sh.)
+                    return .deferred {
+                        do throws(VaultError) {
+                            try await manager.catchUpShared(key)
+                            let record = try await manager.freshToken(
+                                key, minValidSeconds: r.minValidSeconds, caller: caller)
+                            manager.audit("GetToken", key, caller: caller, result: "ok")
+                            return VarlinkReply(parameters: tokenReply(record))
+                        } catch {
+                            manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
+                            return error.varlinkReply
+                        }
+                    }
+                }
+                guard access.declared[account] != nil, r.waitSeconds > 0 else {
+                    return refuse(.notLoggedIn(account))
+                }
+                // A declared account may be one vaultd keeps logged in
+                // (AutoLogin=yes): the manager waits for its login.
+                return .deferred {
+                    do throws(VaultError) {
+                        let record = try await manager.autoLoginToken(
+                            key, minValidSeconds: r.minValidSeconds, waitSeconds: r.waitSeconds,
+                            caller: caller)
+                        manager.audit("GetToken", key, caller: caller, result: "ok")
+                        return VarlinkReply(parameters: tokenReply(record))
+                    } catch {
+                        manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
+                        return error.varlinkReply
+                    }
+                }
+            }
+            // The rule the manager applies too. Whether the provider can refresh
+            // and the configured MinRefreshInterval= are the manager's to know:
+            // "maybe" (can, no interval) leaves those refusals to it.
+            let handout = TokenHandout.Facts(
+                account: account, expiresAt: record.expiresAt,
+                issuedAt: record.tokensIssuedAt ?? record.createdAt,
+                lastRefreshAt: facts.lastRefreshAt,
+                canRefresh: true, minRefreshIntervalSeconds: 0)
+            switch TokenHandout.decide(handout, minValidSeconds: r.minValidSeconds, now: clock.now()) {
+            case .serve: break
+            case .refuse(let error): return refuse(error)
+            case .refreshFirst:
+                // Not valid long enough: wait for the (shared) refresh, where the provider can.
+                return .deferred {
+                    do throws(VaultError) {
+                        let fresh = try await manager.freshToken(
+                            key, minValidSeconds: r.minValidSeconds, caller: caller)
+                        manager.audit("GetToken", key, caller: caller, result: "ok")
+                        return VarlinkReply(parameters: tokenReply(fresh))
+                    } catch {
+                        manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
+                        return error.varlinkReply
+                    }
+                }
+            }
+            manager.audit("GetToken", key, caller: caller, result: "ok")
+            return .encoded(TokenReply(record: record))
+        }
+
         /// The handler of each method; the switch makes a method without one a compile error.
         func handler(_ method: VaultMethod) -> MethodHandler {
             switch method {
@@ -101,94 +194,8 @@ public enum VaultMethods {
             case .getToken:
                 return { call, caller in
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let r = try GetTokenRequest(p)
-                        let account = Account(provider: r.provider, user: r.user)
-                        let access = policy.policy
-                        let key: SessionKey
-                        do throws(VaultError) {
-                            key = SessionKey(
-                                owner: try access.owner(of: account, for: caller, requested: r.ownerUID),
-                                account: account)
-                        } catch {
-                            return .reply(error.varlinkReply)
-                        }
-                        func refuse(_ error: VaultError) -> HandlerOutcome {
-                            manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                            return .reply(error.varlinkReply)
-                        }
-                        // Asked before the table: whether another user holds a session is theirs to know.
-                        guard access.mayReadToken(caller, key) else {
-                            return refuse(
-                                VaultError(
-                                    .accessDenied,
-                                    "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
-                                ))
-                        }
-                        let facts = table.tokenFacts(of: key)
-                        guard let facts, let record = facts.record else {
-                            if facts == nil, manager.isFleetHost, r.waitSeconds == 0 {
-                                // Another host may have logged it in a moment ago: the store says.
-                                // (The three deferred answers of this handler are written out:
-                                // one shared helper cost every GetToken ~40 instructions, 0.35%,
-                                // measured with bench/callgrind.sh.)
-                                return .deferred {
-                                    do throws(VaultError) {
-                                        try await manager.catchUpShared(key)
-                                        let record = try await manager.freshToken(
-                                            key, minValidSeconds: r.minValidSeconds, caller: caller)
-                                        manager.audit("GetToken", key, caller: caller, result: "ok")
-                                        return VarlinkReply(parameters: tokenReply(record))
-                                    } catch {
-                                        manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                                        return error.varlinkReply
-                                    }
-                                }
-                            }
-                            guard access.declared[account] != nil, r.waitSeconds > 0 else {
-                                return refuse(.notLoggedIn(account))
-                            }
-                            // A declared account may be one vaultd keeps logged in
-                            // (AutoLogin=yes): the manager waits for its login.
-                            return .deferred {
-                                do throws(VaultError) {
-                                    let record = try await manager.autoLoginToken(
-                                        key, minValidSeconds: r.minValidSeconds, waitSeconds: r.waitSeconds,
-                                        caller: caller)
-                                    manager.audit("GetToken", key, caller: caller, result: "ok")
-                                    return VarlinkReply(parameters: tokenReply(record))
-                                } catch {
-                                    manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                                    return error.varlinkReply
-                                }
-                            }
-                        }
-                        // The rule the manager applies too. Whether the provider can refresh
-                        // and the configured MinRefreshInterval= are the manager's to know:
-                        // "maybe" (can, no interval) leaves those refusals to it.
-                        let handout = TokenHandout.Facts(
-                            account: account, expiresAt: record.expiresAt,
-                            issuedAt: record.tokensIssuedAt ?? record.createdAt,
-                            lastRefreshAt: facts.lastRefreshAt,
-                            canRefresh: true, minRefreshIntervalSeconds: 0)
-                        switch TokenHandout.decide(handout, minValidSeconds: r.minValidSeconds, now: clock.now()) {
-                        case .serve: break
-                        case .refuse(let error): return refuse(error)
-                        case .refreshFirst:
-                            // Not valid long enough: wait for the (shared) refresh, where the provider can.
-                            return .deferred {
-                                do throws(VaultError) {
-                                    let fresh = try await manager.freshToken(
-                                        key, minValidSeconds: r.minValidSeconds, caller: caller)
-                                    manager.audit("GetToken", key, caller: caller, result: "ok")
-                                    return VarlinkReply(parameters: tokenReply(fresh))
-                                } catch {
-                                    manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                                    return error.varlinkReply
-                                }
-                            }
-                        }
-                        manager.audit("GetToken", key, caller: caller, result: "ok")
-                        return .encoded(TokenReply(record: record))
+                        var position = -1
+                        return getToken(try GetTokenRequest(p), caller, position: &position)
                     }
                 }
 
@@ -332,7 +339,39 @@ public enum VaultMethods {
             }
             return handler(method)
         }
+        // A client that reads a token in a loop sends the same call again and
+        // again: its parameters are read once and its session's place in the
+        // table is remembered between calls.
+        service.prepare(VaultMethod.getToken.rawValue) { call in
+            do throws(ParameterReader.Invalid) {
+                return .prepared(
+                    PreparedGetToken(try GetTokenRequest(ParameterReader(call.parameters)), answer: getToken))
+            } catch {
+                return .answered(.reply(VarlinkServiceError.invalidParameter(error.parameter)))
+            }
+        }
         return service
+    }
+
+    /// A GetToken call read once, run for each repeat on its connection (on
+    /// that connection's loop only): it keeps where its session's view sat
+    /// in the table, so that a repeat finds it without hashing the account.
+    final class PreparedGetToken: PreparedCall {
+        let request: GetTokenRequest
+        let answer: @Sendable (GetTokenRequest, Caller, inout Int) -> HandlerOutcome
+        /// Read and written by its connection's loop alone, never through
+        /// overlapping accesses: exempt from the runtime's exclusivity checks.
+        @exclusivity(unchecked) var position = -1
+
+        init(
+            _ request: GetTokenRequest,
+            answer: @escaping @Sendable (GetTokenRequest, Caller, inout Int) -> HandlerOutcome
+        ) {
+            self.request = request
+            self.answer = answer
+        }
+
+        func run(caller: Caller) -> HandlerOutcome { answer(request, caller, &position) }
     }
 
     /// The errors the server sends on its own, as vaultd names them.

@@ -153,6 +153,32 @@ struct GenericServerTests {
     }
 
     @Test(
+        "Should prepare a call once per distinct message on a connection and run the prepared call for each repeat")
+    func preparedCalls() throws {
+        let harness = try Harness()
+        let client = try harness.connect()
+        let alice = #"{"method":"org.example.Echo.Tally","parameters":{"name":"alice"}}"#
+        let bob = #"{"method":"org.example.Echo.Tally","parameters":{"name":"bob"}}"#
+        // runs: how often this prepared call ran; prepared: preparations so far.
+        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":1,"runs":1}}"#)
+        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":1,"runs":2}}"#)
+        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":1,"runs":3}}"#)
+        #expect(try client.call(bob) == #"{"parameters":{"name":"bob","prepared":2,"runs":1}}"#)
+        // Only the last call is kept: alice again is prepared afresh.
+        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":3,"runs":1}}"#)
+        // A call the preparer answers itself is not kept: each is prepared again.
+        let empty = #"{"method":"org.example.Echo.Tally","parameters":{"name":""}}"#
+        let refused = #"{"error":"org.varlink.service.InvalidParameter","parameters":{"parameter":"name"}}"#
+        #expect(try client.call(empty) == refused)
+        #expect(try client.call(empty) == refused)
+        #expect(harness.streams.preparations.withLock { $0 } == 5)
+        // Another connection prepares its own.
+        let other = try harness.connect()
+        #expect(try other.call(alice) == #"{"parameters":{"name":"alice","prepared":6,"runs":1}}"#)
+        #expect(harness.stop() == SIGTERM)
+    }
+
+    @Test(
         "Should parse a call larger than the inline limit off the loop and answer it in order with the calls around it")
     func largeCallInOrder() throws {
         let harness = try Harness()
@@ -288,9 +314,12 @@ private final class Harness: Sendable {
         let closed = self.closed
         let slowStarted = self.slowStarted
         let slowGate = self.slowGate
-        let repeatable: (VarlinkMethodDeclaration) -> Bool = { $0.name == "Tick" }
+        let repeatable: (VarlinkMethodDeclaration) -> Bool = { $0.name == "Tick" || $0.name == "Tally" }
         service.add(Harness.interface, callSizeLimit: limit, repeatable: repeatable) { method in
             switch method.name {
+            case "Tally":
+                // Answered through the preparer below; this handler is not reached from a connection.
+                return { _, _ in .reply(VarlinkReply(error: "org.example.Echo.Unprepared")) }
             case "Tick":
                 return { call, _ in
                     let step = call.parameters["step"]?.integerValue ?? 0
@@ -330,6 +359,15 @@ private final class Harness: Sendable {
                             closed: { id in streams.closed.withLock { $0.append(id) } }))
                 }
             }
+        }
+        service.prepare("org.example.Echo.Tally") { call in
+            let name = call.parameters["name"]?.stringValue ?? ""
+            let preparations = streams.preparations.withLock { (count: inout Int64) -> Int64 in
+                count += 1
+                return count
+            }
+            guard !name.isEmpty else { return .answered(.reply(VarlinkServiceError.invalidParameter("name"))) }
+            return .prepared(TallyCall(name: name, preparations: streams))
         }
         service.connectionClosed = { caller in
             streams.closedConnections.withLock { $0.append(caller.connection ?? 0) }
@@ -374,6 +412,12 @@ private final class Harness: Sendable {
             VarlinkMethodDeclaration(
                 "Tick", doc: "Adds step to a count kept by the service and answers the count.",
                 parameters: [VarlinkField("step", .int)], output: [VarlinkField("count", .int)]),
+            VarlinkMethodDeclaration(
+                "Tally", doc: "Answers how often this prepared call ran and how many were prepared.",
+                parameters: [VarlinkField("name", .string)],
+                output: [
+                    VarlinkField("name", .string), VarlinkField("prepared", .int), VarlinkField("runs", .int),
+                ]),
         ],
         errors: [])
 
@@ -440,6 +484,29 @@ private final class Record: Sendable {
     let workFinishedBeforeClose = Mutex<Bool?>(nil)
     /// What Tick calls added up to.
     let ticks = Mutex<Int64>(0)
+    /// How many Tally calls were prepared.
+    let preparations = Mutex<Int64>(0)
+}
+
+/// A prepared Tally call: counts its own runs, on its connection's loop.
+private final class TallyCall: PreparedCall {
+    let name: String
+    let record: Record
+    var runs: Int64 = 0
+
+    init(name: String, preparations record: Record) {
+        self.name = name
+        self.record = record
+    }
+
+    func run(caller: Caller) -> HandlerOutcome {
+        runs += 1
+        return .reply(
+            VarlinkReply(parameters: [
+                "name": .string(name), "runs": .int(runs),
+                "prepared": .int(record.preparations.withLock { $0 }),
+            ]))
+    }
 }
 
 /// A blocking client that writes a message and reads one back.
