@@ -1,6 +1,7 @@
 import Glibc
 import VaultCore
 import VaultProtocol
+import VaultSystem
 
 /// One client connection; touched only by the thread of the loop serving it.
 ///
@@ -109,7 +110,7 @@ final class RememberedCall {
     /// The largest message kept: the hot calls are about 100 bytes.
     static let maximumSize = 512
 
-    let bytes: [UInt8]
+    private(set) var bytes: [UInt8]
     let checked: VarlinkService.CheckedCall
     /// What the method's preparer made of the call, run for each repeat.
     let prepared: (any PreparedCall)?
@@ -119,6 +120,10 @@ final class RememberedCall {
         self.checked = checked
         self.prepared = prepared
     }
+
+    /// The bytes are zeroed when the call is let go, as every buffer a
+    /// message passed through is.
+    deinit { bytes.wipe() }
 
     /// Whether `message` is byte for byte the message this call was read from.
     func matches(_ message: ArraySlice<UInt8>) -> Bool {

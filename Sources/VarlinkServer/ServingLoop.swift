@@ -543,8 +543,10 @@ final class ServingLoop: @unchecked Sendable {
                 continue
             }
             do throws(VarlinkCall.DecodingFailure) {
-                let call = try VarlinkCall(message: message, methods: service.methodNames)
-                dispatch(call, size: message.count, on: connection, bytes: message)
+                // Only a message of the common shape is kept for its repeat:
+                // another may carry members the call does not, a secret among them.
+                let (call, common) = try VarlinkCall.read(message, methods: service.methodNames)
+                dispatch(call, size: message.count, on: connection, bytes: common ? message : nil)
             } catch {
                 refuse(error, on: connection)
             }
@@ -1003,6 +1005,7 @@ final class ServingLoop: @unchecked Sendable {
         if connection.scheduledAt != nil { deadlines.cancel(.connection(connection.id)) }
         connection.output.wipe(0..<connection.output.count)
         connection.decoder.wipe()
+        connection.lastCall = nil
         if connection.interest != nil { _ = vaultd_epoll_del(epollFD, connection.fd) }
         Glibc.close(connection.fd)
         connections[connection.id] = nil

@@ -175,6 +175,13 @@ struct GenericServerTests {
         // Another connection prepares its own.
         let other = try harness.connect()
         #expect(try other.call(alice) == #"{"parameters":{"name":"alice","prepared":6,"runs":1}}"#)
+        // A message with a member no call has (a secret sent by mistake, say)
+        // is answered by the handler and never kept: its bytes are not held.
+        let extra = #"{"method":"org.example.Echo.Tally","parameters":{"name":"carol"},"token":"s3cret"}"#
+        #expect(try client.call(extra) == #"{"parameters":{"name":"carol","prepared":6,"runs":1}}"#)
+        #expect(try client.call(extra) == #"{"parameters":{"name":"carol","prepared":6,"runs":1}}"#)
+        // Neither those nor the refused ones above let go of the call kept before them.
+        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":6,"runs":2}}"#)
         #expect(harness.stop() == SIGTERM)
     }
 
@@ -318,8 +325,15 @@ private final class Harness: Sendable {
         service.add(Harness.interface, callSizeLimit: limit, repeatable: repeatable) { method in
             switch method.name {
             case "Tally":
-                // Answered through the preparer below; this handler is not reached from a connection.
-                return { _, _ in .reply(VarlinkReply(error: "org.example.Echo.Unprepared")) }
+                // A call that is not kept (not of the common shape, say) is
+                // answered here, as a prepared call's first run, unprepared.
+                return { call, _ in
+                    .reply(
+                        VarlinkReply(parameters: [
+                            "name": call.parameters["name"] ?? .string(""), "runs": .int(1),
+                            "prepared": .int(streams.preparations.withLock { $0 }),
+                        ]))
+                }
             case "Tick":
                 return { call, _ in
                     let step = call.parameters["step"]?.integerValue ?? 0
