@@ -110,7 +110,8 @@ final class RememberedCall {
     /// The largest message kept: the hot calls are about 100 bytes.
     static let maximumSize = 512
 
-    private(set) var bytes: [UInt8]
+    /// Touched by its connection's loop alone: exempt from the runtime's exclusivity checks.
+    @exclusivity(unchecked) private(set) var bytes: [UInt8]
     let checked: VarlinkService.CheckedCall
     /// What the method's preparer made of the call, run for each repeat.
     let prepared: (any PreparedCall)?
