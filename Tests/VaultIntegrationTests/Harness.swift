@@ -225,11 +225,23 @@ func runCommand(
     try process.run()
     if let input { inPipe.fileHandleForWriting.write(Data(input.utf8)) }
     try inPipe.fileHandleForWriting.close()
-    guard out.waitForEnd(seconds: seconds), err.waitForEnd(seconds: seconds) else {
+    // The child's exit, not the end of its output, ends the wait: a process
+    // another suite starts meanwhile can inherit the pipes (Foundation lists
+    // the descriptors to close before it spawns), and would hold them open
+    // long after this child exited (one `--check-config` of the config fuzz
+    // "did not finish in 30s" so, in CI, status unknown).
+    let status: Int32
+    do {
+        status = try reap(process, seconds: seconds)
+    } catch {
         process.terminate()
-        throw HarnessError("\(executable.lastPathComponent) \(arguments) did not finish in \(seconds)s")
+        throw HarnessError("\(executable.lastPathComponent) \(arguments) did not exit in \(seconds)s")
     }
-    return CommandResult(status: try reap(process, seconds: seconds), stdout: out.text, stderr: err.text)
+    // What it wrote before it exited is in the pipes: read to their end, or
+    // for a moment when another process holds them.
+    _ = out.waitForEnd(seconds: 5)
+    _ = err.waitForEnd(seconds: 5)
+    return CommandResult(status: status, stdout: out.text, stderr: err.text)
 }
 
 /// Runs vaultctl against `socket`.
