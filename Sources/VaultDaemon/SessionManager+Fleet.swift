@@ -481,7 +481,8 @@ extension SessionManager {
     /// started from (a write that changed no token: a logout put back, a
     /// retried write) is written over too: the tokens obtained here are its
     /// successors, and dropping them would leave the store a rotated-away
-    /// refresh token.
+    /// refresh token. A record that holds the tokens written here is this
+    /// write, landed on an attempt whose answer was lost: saved.
     func saveShared(_ record: SessionRecord, ifRevision: StoreRevision, refreshedFrom: TokenSet) async -> FleetWrite {
         var compared = ifRevision
         fleet?.writing[record.key] = record.tokens
@@ -494,6 +495,15 @@ extension SessionManager {
                     if (fleet?.revisions[record.key] ?? 0) < revision { fleet?.revisions[record.key] = revision }
                     return .saved
                 case .conflict(let current, let revision):
+                    if let current, current.phase == .active, current.tokens == record.tokens {
+                        // These very tokens are stored: an earlier attempt of this
+                        // write landed and its answer was lost (the etcd client sent
+                        // it again to another member, where the comparison then
+                        // failed on the write itself). No other host has them but
+                        // from this write.
+                        if (fleet?.revisions[record.key] ?? 0) < revision { fleet?.revisions[record.key] = revision }
+                        return .saved
+                    }
                     guard let current, current.phase == .active, current.tokens == refreshedFrom else {
                         return .conflict(current, revision)
                     }

@@ -157,7 +157,9 @@ extension SessionManager {
     /// Refreshes the tokens of the session `key` now, or joins the refresh in
     /// flight. `caller` nil is vaultd's own scheduler; a refresh a client asked
     /// for (`Refresh`, or `GetToken` through `freshToken`) starts at most once
-    /// per `MinRefreshInterval=` while the token has not expired.
+    /// per `MinRefreshInterval=` while the token has not expired. On a host
+    /// of a fleet, tokens obtained and not written to the shared store are
+    /// served from this host, and the refresh throws the store's error.
     public func refresh(
         _ key: SessionKey, caller: Caller?, clientAsked: Bool = false, respectBackoff: Bool = false
     ) async throws(VaultError) -> SessionRecord {
@@ -236,7 +238,17 @@ extension SessionManager {
         case .refuse(let error): throw error
         case .refreshFirst: break
         }
-        let fresh = try await refresh(key, caller: nil, clientAsked: true, respectBackoff: true)
+        let fresh: SessionRecord
+        do throws(VaultError) {
+            fresh = try await refresh(key, caller: nil, clientAsked: true, respectBackoff: true)
+        } catch {
+            // Refreshed, and not yet in a fleet's shared store: the new token is
+            // served all the same (the refresh's acknowledgement waits for the store).
+            guard error.code == .storeUnavailable || error.code == .storeFailed,
+                let served = entries[key]?.record, served.tokens != record.tokens
+            else { throw error }
+            fresh = served
+        }
         guard let again = entries[key] else { throw .notLoggedIn(account) }
         switch TokenHandout.decide(handoutFacts(again, fresh), minValidSeconds: minValidSeconds, now: clock.now()) {
         case .serve: return fresh
@@ -346,6 +358,17 @@ extension SessionManager {
                     expiresAt: updated.expiresAt))
             await handle(key, .refreshed(facts(updated, refreshedAt: now), saved: saved, now: now))
             await noteReplaced(key, old: current, new: tokens, saved: saved, provider: provider)
+            if ifRevision != nil, let failure {
+                // A fleet's refresh is acknowledged once its tokens are in the
+                // shared store: until then only this host has them, and its
+                // death loses them (with rotation, the grant). Served from here
+                // meanwhile, written when the store is back.
+                return .failure(
+                    VaultError(
+                        failure.code,
+                        "\(account) was refreshed, but the new tokens could not be written to the shared store (\(failure.message)); this host serves them and writes them once the store answers"
+                    ))
+            }
             return .success(updated)
         case .transient(let reason, let retryAfter, let code):
             await handle(

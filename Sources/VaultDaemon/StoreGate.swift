@@ -235,10 +235,23 @@ extension SessionManager {
     /// while it was gone (refreshed tokens, a failed logout's record put back)
     /// are written, and a record it holds that vaultd does not serve (a login
     /// refused while its write was cut off, which landed all the same) is
-    /// removed. Sessions with a login or logout in flight are left to it.
+    /// removed. Sessions with a login or logout in flight are left to it. A
+    /// host of a fleet catches up with the store first and writes only what
+    /// it could not write itself: the store may hold other hosts' sessions.
     func writeThrough() async {
-        // A fleet's store holds other hosts' changes too: catch up with it instead.
-        if fleet != nil { return await reloadShared() }
+        // A fleet's store holds other hosts' changes too: catch up with it
+        // first, then write what this host could not (over the revision it
+        // last saw, `persistShared`: another host's newer change wins).
+        if fleet != nil {
+            await reloadShared()
+            for key in entries.keys.sorted() {
+                guard let entry = entries[key], entry.record != nil, entry.login == nil, entry.logout == nil,
+                    entry.timers.status.unsaved || entry.unqueue != nil
+                else { continue }
+                await persist(key)
+            }
+            return
+        }
         let contents: StoreContents
         do throws(VaultError) {
             contents = try await store.loadAll()

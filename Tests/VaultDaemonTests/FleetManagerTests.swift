@@ -213,19 +213,34 @@ struct FleetManagerTests {
 final class EchoingView: SharedSessionStore, Sendable {
     let inner: HostView
     private let echo = Mutex<(@Sendable (SharedChange) async -> Void)?>(nil)
+    private let answersLost = Mutex(false)
+    private let writesFail = Mutex(false)
 
     init(_ inner: HostView) { self.inner = inner }
 
     /// From now on a conditional write that lands is handed to `body` first.
     func echo(_ body: @escaping @Sendable (SharedChange) async -> Void) { echo.withLock { $0 = body } }
 
+    /// From now on the answer of a conditional write that lands is lost, and
+    /// the write is sent again, as the etcd client does on another member:
+    /// the caller gets the second attempt's answer (its comparison fails on
+    /// the first attempt's write).
+    func loseAnswers() { answersLost.withLock { $0 = true } }
+
+    /// From now on a conditional write fails, and the store keeps what it held.
+    func failWrites() { writesFail.withLock { $0 = true } }
+
     var host: String { inner.host }
     var lockTTLSeconds: Double { inner.lockTTLSeconds }
     var location: String { inner.location }
     func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
+        if writesFail.withLock({ $0 }) { throw VaultError(.storeUnavailable, "no etcd member answered (injected)") }
         let answer = try await inner.save(record, ifRevision: ifRevision)
         if case .saved(let revision) = answer, let echo = echo.withLock({ $0 }) {
             await echo(.put(record, revision: revision))
+        }
+        if case .saved = answer, answersLost.withLock({ $0 }) {
+            return try await inner.save(record, ifRevision: ifRevision)
         }
         return answer
     }
@@ -268,6 +283,51 @@ struct FleetOwnWriteTests {
     /// Should take its own refreshed tokens, seen on its feed before the
     /// write's answer, as its own: served, announced once, never revoked.
     @Test func ownWriteAheadOfItsAnswer() async throws {
+        try await refreshOwnWrite(echoed: true, answerLost: false)
+    }
+
+    /// Should take a refresh's write whose answer was lost, and whose second
+    /// attempt found the first one's record, as saved: the new tokens are
+    /// served (not "not logged in"), announced once, never revoked; with the
+    /// write seen on the feed first (the fleet test's ERR_NOT_LOGGED_IN under
+    /// etcd member kills) and without.
+    @Test(arguments: [true, false])
+    func ownWriteWithItsAnswerLost(echoed: Bool) async throws {
+        try await refreshOwnWrite(echoed: echoed, answerLost: true)
+    }
+
+    /// Should not acknowledge a refresh whose tokens the shared store did not
+    /// take (the host's death would lose them): the caller gets the store's
+    /// error, and the new tokens are served from this host meanwhile.
+    @Test func unstoredRefreshIsNotAcknowledged() async throws {
+        let clock = ManualClock()
+        let provider = FakeProvider(clock: clock)
+        let shared = SimulatedSharedStore(clock: clock, seed: 3, maxDelaySeconds: 0)
+        shared.connect("a")
+        let view = EchoingView(shared.view(host: "a", alive: Liveness()))
+        let manager = SessionManager(
+            store: view, config: try TestConfig.make(), clock: clock, log: Logger(level: .debug, target: .discard),
+            providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
+            armsTimer: false)
+        let caller = Caller(uid: 1000, gid: 1000, pid: 7)
+        let (_, response) = provider.grant(lifetime: 300)
+        let (login, _) = try await manager.login(
+            LoginRequest(provider: "oauth", user: "alice", tokenResponse: response), caller: caller)
+        view.failWrites()
+        do throws(VaultError) {
+            _ = try await manager.refresh(login.key, caller: caller, clientAsked: true)
+            Issue.record("a refresh the store did not take was acknowledged")
+        } catch {
+            #expect(error.code == .storeUnavailable)
+            #expect(error.message.contains("was refreshed"), "\(error.message)")
+        }
+        #expect(provider.state.withLock { $0.refreshCalls } == 1)
+        #expect(shared.records[login.key]?.record.tokens == login.tokens)
+        let served = manager.table.view(of: login.key)?.record?.tokens
+        #expect(served != nil && served != login.tokens, "the new tokens are not served")
+    }
+
+    private func refreshOwnWrite(echoed: Bool, answerLost: Bool) async throws {
         let clock = ManualClock()
         let provider = FakeProvider(clock: clock)
         let shared = SimulatedSharedStore(clock: clock, seed: 3, maxDelaySeconds: 0)
@@ -282,7 +342,8 @@ struct FleetOwnWriteTests {
         let (_, response) = provider.grant(lifetime: 300)
         let (login, _) = try await manager.login(
             LoginRequest(provider: "oauth", user: "alice", tokenResponse: response), caller: caller)
-        view.echo { change in await manager.applySharedChange(change) }
+        if echoed { view.echo { change in await manager.applySharedChange(change) } }
+        if answerLost { view.loseAnswers() }
 
         let refreshed = try await manager.refresh(login.key, caller: caller, clientAsked: true)
         #expect(refreshed.tokens != login.tokens)

@@ -8,7 +8,9 @@ import VaultDaemon
 /// change feed per host whose deliveries come a seeded delay after the
 /// write. A host can be cut off (partition: every call fails, its feed stops)
 /// and come back with its feed resumed (the changes it missed, in order) or
-/// compacted (a `reset`). The simulation takes due changes with
+/// compacted (a `reset`). A write may land with its answer lost
+/// (`loseAnswers(oneIn:)`), as when an etcd member dies between committing
+/// a write and answering it. The simulation takes due changes with
 /// `due(for:)` and gives them to the host's manager itself, so that a seed
 /// names one schedule.
 final class SimulatedSharedStore: Sendable {
@@ -36,6 +38,8 @@ final class SimulatedSharedStore: Sendable {
         var secrets: [String: Secret] = [:]
         /// Every access token a record ever held here: no host may hand out another.
         var everStored: Set<String> = []
+        /// One write in `oneIn` that lands has its answer lost; nil: none.
+        var answerLoss: (oneIn: UInt64, rng: SplitMix64)?
     }
 
     let clock: ManualClock
@@ -49,6 +53,25 @@ final class SimulatedSharedStore: Sendable {
         self.lockTTLSeconds = lockTTLSeconds
         self.maxDelaySeconds = maxDelaySeconds
         state = Mutex(State(rng: SplitMix64(state: seed ^ 0x5EED)))
+    }
+
+    /// From now on one write in `oneIn` that lands (a put, a delete, a
+    /// conditional write, a lock granted) loses its answer, on a schedule
+    /// of its own seeded with `seed`: the caller is told the store could not
+    /// be reached, or (a conditional write) gets the answer of the write
+    /// sent again, as the etcd client sends it to the next member, where its
+    /// comparison fails on the write itself.
+    func loseAnswers(oneIn: UInt64, seed: UInt64) {
+        state.withLock { $0.answerLoss = (oneIn, SplitMix64(state: seed)) }
+    }
+
+    /// Whether the answer of the write that just landed is lost, and (when
+    /// it is) whether the write is sent again.
+    fileprivate func answerLost(_ state: inout State) -> (lost: Bool, sentAgain: Bool) {
+        guard var loss = state.answerLoss else { return (false, false) }
+        defer { state.answerLoss = loss }
+        guard loss.rng.next() % loss.oneIn == 0 else { return (false, false) }
+        return (true, loss.rng.next() % 2 == 0)
     }
 
     /// The store as `host` reaches it, while `alive` says the host's process lives.
@@ -185,29 +208,43 @@ final class HostView: SharedSessionStore, Sendable {
     func save(_ record: SessionRecord) async throws(VaultError) { _ = try await put(record) }
 
     func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision {
-        try reach("writing \(record.key)") { state in
+        let (revision, loss) = try reach("writing \(record.key)") { state in
             store.commit(&state) { state, revision in
                 state.records[record.key] = SharedRecord(record, revision: revision)
                 state.endings[record.key] = nil
                 return .put(record, revision: revision)
             }
-            return state.revision
+            return (state.revision, store.answerLost(&state))
         }
+        if loss.lost { throw Self.answerLost("writing \(record.key)") }
+        return revision
+    }
+
+    /// What a caller whose write landed, and whose answer was lost, is told.
+    private static func answerLost(_ what: String) -> VaultError {
+        VaultError(.storeUnavailable, "\(what): the write landed and its answer was lost (injected)")
     }
 
     func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
-        try reach("writing \(record.key)") { state in
+        let (answer, loss) = try reach("writing \(record.key)") { state -> (ConditionalSave, (Bool, Bool)) in
             let current = state.records[record.key]
             guard (current?.revision ?? 0) == ifRevision else {
-                return .conflict(current: current?.record, revision: current?.revision ?? state.revision)
+                return (
+                    .conflict(current: current?.record, revision: current?.revision ?? state.revision), (false, false)
+                )
             }
             store.commit(&state) { state, revision in
                 state.records[record.key] = SharedRecord(record, revision: revision)
                 state.endings[record.key] = nil
                 return .put(record, revision: revision)
             }
-            return .saved(revision: state.revision)
+            return (.saved(revision: state.revision), store.answerLost(&state))
         }
+        guard loss.0 else { return answer }
+        // Sent again: its comparison fails on the write that landed (or on
+        // whatever another host wrote since).
+        guard loss.1 else { throw Self.answerLost("writing \(record.key)") }
+        return try await save(record, ifRevision: ifRevision)
     }
 
     func delete(_ key: SessionKey) async throws(VaultError) {
@@ -221,27 +258,33 @@ final class HostView: SharedSessionStore, Sendable {
     }
 
     func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) -> StoreRevision {
-        try reach("deleting \(key)") { state in
+        let (revision, loss) = try reach("deleting \(key)") { state in
             store.commit(&state) { state, revision in
                 state.records[key] = nil
                 state.endings[key] = ending
                 return .deleted(key, ending: ending, revision: revision)
             }
-            return state.revision
+            return (state.revision, store.answerLost(&state))
         }
+        if loss.lost { throw Self.answerLost("deleting \(key)") }
+        return revision
     }
 
     func acquireRefreshLock(_ key: SessionKey) async throws(VaultError) -> RefreshLockAnswer {
         let now = store.clock.preciseNow()
-        return try reach("locking \(key)") { state in
+        let (answer, loss) = try reach("locking \(key)") {
+            state -> (RefreshLockAnswer, (lost: Bool, sentAgain: Bool)) in
             if let lock = state.locks[key], lock.lease.expiresAt > now {
-                return .heldBy(host: lock.host, expiresAt: lock.lease.expiresAt)
+                return (.heldBy(host: lock.host, expiresAt: lock.lease.expiresAt), (false, false))
             }
             state.nextLease += 1
             let lease = RefreshLease(id: state.nextLease, expiresAt: now + store.lockTTLSeconds)
             state.locks[key] = SimulatedSharedStore.Lock(host: host, lease: lease)
-            return .granted(lease)
+            return (.granted(lease), store.answerLost(&state))
         }
+        // The lock stays taken until its lease ends.
+        if loss.lost { throw Self.answerLost("locking \(key)") }
+        return answer
     }
 
     func releaseRefreshLock(_ key: SessionKey, lease: RefreshLease) async throws(VaultError) {

@@ -14,6 +14,8 @@ final class FleetHostGroup {
     let fixture: EtcdDaemonFixture
     /// The running vaultd of each host; nil while it is down.
     private(set) var daemons: [RunningDaemon?]
+    /// What each vaultd killed so far wrote, oldest first, for a failure's message.
+    private var killedOutput: [(host: Int, text: String)] = []
 
     /// Starts `hosts` vaultd on a new fleet; `lockTTL` sets `[Etcd] LockTTL=`,
     /// `timeout` `[Etcd] Timeout=`; with `revocation` the provider revokes
@@ -47,7 +49,20 @@ final class FleetHostGroup {
         guard let daemon = daemons[host] else { return }
         Glibc.kill(daemon.process.processIdentifier, SIGKILL)
         _ = daemon.waitForExit()
+        killedOutput.append((host, daemon.output.text))
         daemons[host] = nil
+    }
+
+    /// Every line any vaultd of this group wrote about `user` (the killed
+    /// ones' too), each after its host: the story of one session, for a
+    /// failure's message.
+    func story(of user: String) -> String {
+        let running = daemons.indices.compactMap { host in daemons[host].map { (host, $0.output.text) } }
+        let mention = "user=\(user) "
+        return (killedOutput + running).flatMap { host, text in
+            text.split(separator: "\n").filter { $0.contains(mention) || $0.hasSuffix("user=\(user)") }
+                .map { "[\(host)] \($0)" }
+        }.joined(separator: "\n")
     }
 
     /// What the vaultd of `host` wrote, for a failure's message.
@@ -574,7 +589,8 @@ enum FleetAccountFate: Equatable {
     /// A refresh got no acknowledgement (no answer, or a store or network
     /// error): its host may have died between the token server's rotation
     /// and the write of the new tokens, which loses the grant (inherent to
-    /// rotation; one reuse at the server at most).
+    /// rotation; one reuse at the server at most). A host acknowledges a
+    /// refresh only once the new tokens are in etcd.
     case refreshCut
     /// A refresh of a session logged in as far as the client knows was
     /// refused (ERR_NOT_LOGGED_IN, the provider's invalid_grant): never right.
@@ -706,7 +722,8 @@ extension EtcdFleetHostsTests {
         let notes = ledger.notes
         #expect(
             refused.isEmpty,
-            "refreshes of logged-in sessions refused: \(refused.prefix(10).map { "\($0) \(notes[$0] ?? "")" })")
+            "refreshes of logged-in sessions refused: \(refused.prefix(10).map { "\($0) \(notes[$0] ?? "")" })\n\(refused.prefix(2).map { group.story(of: $0) }.joined(separator: "\n--\n"))"
+        )
         let cut = fates.values.filter { $0 == .refreshCut }.count
         var unanswered: [String: Int] = [:]
         for (user, fate) in fates where fate == .uncertain { unanswered[notes[user] ?? "?", default: 0] += 1 }
@@ -766,15 +783,18 @@ struct FleetChaosWorker {
                 let failures = errors.map { $0 ?? .unexpectedReply(method: "Refresh", detail: "no answer in 30 s") }
                     .compactMap { $0 }
                 // No answer, or the store or the network failed: the refresh may
-                // have been cut between rotation and write. Any other answer refuses it.
+                // have been cut between rotation and write, and the other call's
+                // refusal (it waited out the dead host's lock, then presented the
+                // rotated-away token) may be the cut's doing. Without such a
+                // failure, any other answer refuses it.
                 let uncertain: Set<String?> = [
                     nil, "ERR_SECRET_STORE_UNAVAILABLE", "ERR_SECRET_STORE_FAILED", "ERR_NETWORK_ERROR",
                 ]
-                if let refusal = failures.first(where: { !uncertain.contains($0.code) }) {
-                    ledger.record(user, .refreshRefused, note: refusal.code ?? "")
-                } else if !failures.isEmpty {
+                if failures.contains(where: { uncertain.contains($0.code) }) {
                     ledger.record(user, .refreshCut)
                     backOff()
+                } else if let refusal = failures.first {
+                    ledger.record(user, .refreshRefused, note: refusal.code ?? "")
                 }
             } else if let user = mine.randomElement() {
                 do throws(VaultClientError) {
