@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import VaultCore
 import VaultSystem
 
@@ -7,6 +8,7 @@ import VaultSystem
 public final class PolicyBox: Sendable {
     /// Read by every serving loop at every call (see `SleepingMutex`).
     private let current: SleepingMutex<AccessPolicy>
+    private let replacements = Atomic<UInt64>(0)
 
     /// Holds `policy`.
     public init(_ policy: AccessPolicy) { current = SleepingMutex(policy) }
@@ -14,8 +16,17 @@ public final class PolicyBox: Sendable {
     /// The policy in force.
     public var policy: AccessPolicy { current.withLock { $0 } }
 
+    /// How many times the policy was replaced: a decision made under the
+    /// policy read after this number was loaded holds while it is the same.
+    public var generation: UInt64 { replacements.load(ordering: .acquiring) }
+
     /// Puts `policy` in force.
-    public func replace(_ policy: AccessPolicy) { current.withLock { $0 = policy } }
+    public func replace(_ policy: AccessPolicy) {
+        current.withLock {
+            $0 = policy
+            replacements.wrappingAdd(1, ordering: .releasing)
+        }
+    }
 }
 
 /// Turns the names in the configuration into uids and gids.

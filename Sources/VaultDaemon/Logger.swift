@@ -62,6 +62,19 @@ public final class Logger: Sendable {
     private struct CountState {
         var counts = HandoutCounts()
         var tickScheduled = false
+        /// The connections' own counts, taken at each tick.
+        var tallies: [ObjectIdentifier: HandoutTally] = [:]
+
+        /// Moves what the tallies counted into `counts`; what `counts` cannot
+        /// track (`maximumKinds`) is returned, to be written at once.
+        mutating func takeTallies(now: UInt64) -> [(kind: HandoutCounts.Kind, count: Int)] {
+            var untracked: [(kind: HandoutCounts.Kind, count: Int)] = []
+            for tally in tallies.values {
+                let repeats = tally.take()
+                if !counts.add(tally.kind, repeats: repeats, now: now) { untracked.append((tally.kind, repeats)) }
+            }
+            return untracked
+        }
     }
     /// Where the counts are written at each interval's end.
     private let ticks = DispatchQueue(label: "vaultd.audit-ticks")
@@ -79,12 +92,51 @@ public final class Logger: Sendable {
             let (write, schedule) = log.counts.withLock { state -> (Bool, UInt64?) in
                 let write = state.counts.record(
                     action, key, caller: caller, result: result, now: Monotonic.milliseconds())
-                guard write, !state.tickScheduled, let next = state.counts.nextTick else { return (write, nil) }
-                state.tickScheduled = true
-                return (true, next)
+                return (write, write ? Self.tickToSchedule(&state) : nil)
             }
             if let schedule { log.scheduleTick(at: schedule) }
             return write
+        }
+
+        /// Counts a handout of `kind` as `record` does, and gives the
+        /// connection a tally of its own for the repeats to come, which the
+        /// ticks take; true when the handout's line is to be written now.
+        func record(_ kind: HandoutCounts.Kind, tally: inout HandoutTally?) -> Bool {
+            let made = HandoutTally(kind)
+            let old = tally
+            tally = made
+            let (write, schedule) = log.counts.withLock { state -> (Bool, UInt64?) in
+                if let old { Self.close(old, &state) }
+                state.tallies[ObjectIdentifier(made)] = made
+                let write = state.counts.record(kind, now: Monotonic.milliseconds())
+                return (write, Self.tickToSchedule(&state))
+            }
+            if let schedule { log.scheduleTick(at: schedule) }
+            return write
+        }
+
+        /// Takes the last repeats of a tally whose connection let it go.
+        func close(_ tally: HandoutTally) {
+            let schedule = log.counts.withLock { state -> UInt64? in
+                Self.close(tally, &state)
+                return Self.tickToSchedule(&state)
+            }
+            if let schedule { log.scheduleTick(at: schedule) }
+        }
+
+        private static func close(_ tally: HandoutTally, _ state: inout CountState) {
+            guard state.tallies.removeValue(forKey: ObjectIdentifier(tally)) != nil else { return }
+            let repeats = tally.take()
+            // Past `maximumKinds`: counted as the kind's next handout instead.
+            if !state.counts.add(tally.kind, repeats: repeats, now: Monotonic.milliseconds()) {
+                _ = state.counts.record(tally.kind, now: Monotonic.milliseconds())
+            }
+        }
+
+        private static func tickToSchedule(_ state: inout CountState) -> UInt64? {
+            guard !state.tickScheduled, let next = state.counts.nextTick else { return nil }
+            state.tickScheduled = true
+            return next
         }
     }
 
@@ -98,9 +150,14 @@ public final class Logger: Sendable {
     /// the next tick while any kind is tracked.
     private func tick() {
         let (due, next) = counts.withLock { state -> ([(kind: HandoutCounts.Kind, count: Int)], UInt64?) in
-            let due = state.counts.tick(now: Monotonic.milliseconds())
+            let now = Monotonic.milliseconds()
+            let untracked = state.takeTallies(now: now)
+            let due = state.counts.tick(now: now)
+            // A kind without a handout for a whole interval is forgotten: the
+            // next handout of a tally of it goes through `record`, written at once.
+            for tally in state.tallies.values where !state.counts.tracks(tally.kind) { tally.quiet() }
             state.tickScheduled = state.counts.nextTick != nil
-            return (due, state.counts.nextTick)
+            return (untracked + due, state.counts.nextTick)
         }
         for (kind, count) in due { Audit.write(self, kind, count: count) }
         if let next { scheduleTick(at: next) }
@@ -250,7 +307,9 @@ public final class Logger: Sendable {
     /// Returns once every line handed over so far, and every handout counted
     /// and not yet written, is written: at exit.
     public func flush() {
-        let due = counts.withLock { $0.counts.drain() }
+        let due = counts.withLock { state in
+            state.takeTallies(now: Monotonic.milliseconds()) + state.counts.drain()
+        }
         for (kind, count) in due { Audit.write(self, kind, count: count) }
         writeOut([])
         writer.sync {}
@@ -325,3 +384,31 @@ public final class Logger: Sendable {
 
 /// The serving loop logs through vaultd's logger.
 extension Logger: ServerLog {}
+
+/// One connection's count of the repeats of one kind of token handout: its
+/// serving loop adds to it without the audit trail's lock (a cache line
+/// every loop wrote at every handout), and the log's ticks take it.
+public final class HandoutTally: Sendable {
+    /// The kind of handout counted.
+    public let kind: HandoutCounts.Kind
+    private let repeats = Atomic<Int>(0)
+    private let isQuiet = Atomic<Bool>(false)
+
+    /// A tally of `kind`, at zero.
+    public init(_ kind: HandoutCounts.Kind) { self.kind = kind }
+
+    /// Counts one repeat; false (nothing counted) once a tick found the kind
+    /// quiet for a whole interval: the handout goes through
+    /// `Logger.Handouts.record(_:tally:)`, which writes it at once.
+    public func count() -> Bool {
+        guard !isQuiet.load(ordering: .relaxed) else { return false }
+        repeats.wrappingAdd(1, ordering: .relaxed)
+        return true
+    }
+
+    /// The repeats counted since the last take.
+    public func take() -> Int { repeats.exchange(0, ordering: .relaxed) }
+
+    /// The kind was forgotten (see `count()`).
+    public func quiet() { isQuiet.store(true, ordering: .relaxed) }
+}

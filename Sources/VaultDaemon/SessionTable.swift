@@ -1,3 +1,4 @@
+import Synchronization
 import VaultCore
 import VaultProtocol
 import VaultSystem
@@ -116,7 +117,12 @@ public final class SessionTable: Sendable {
     /// Read by every serving loop at every call: a lock that sleeps, not one
     /// that spins (see `SleepingMutex`).
     private let contents = SleepingMutex(Contents())
+    private let changes = Atomic<UInt64>(0)
     private let didChange: @Sendable (SessionTable) -> Void
+
+    /// How many changes were published: what was read of the table after
+    /// this number was loaded holds while it is the same.
+    public var generation: UInt64 { changes.load(ordering: .acquiring) }
 
     /// An empty table; `didChange` runs after every change (e.g. to update STATUS=).
     public init(didChange: @escaping @Sendable (SessionTable) -> Void = { _ in }) {
@@ -181,6 +187,7 @@ public final class SessionTable: Sendable {
     func publish(_ key: SessionKey, _ view: SessionView?) {
         let observer = contents.withLock { contents in
             Self.change(&contents, key, view)
+            changes.wrappingAdd(1, ordering: .releasing)
             return contents.observer
         }
         observer?(key)
@@ -195,6 +202,7 @@ public final class SessionTable: Sendable {
             contents.views.reserveCapacity(contents.views.count + views.count)
             contents.owners.reserveCapacity(contents.owners.count + views.count)
             for (key, view) in views { Self.change(&contents, key, view) }
+            changes.wrappingAdd(1, ordering: .releasing)
             return contents.observer
         }
         if let observer { for (key, _) in views { observer(key) } }

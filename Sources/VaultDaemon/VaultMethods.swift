@@ -17,10 +17,28 @@ public enum VaultMethods {
         let table = manager.table
         let policy = manager.policy
 
-        /// Answers a GetToken call read into `r`. `position` is where the
-        /// session's view sat in the table at the last call (-1: unknown), and
-        /// is set to where it sits now: a prepared call keeps it.
-        @Sendable func getToken(_ r: GetTokenRequest, _ caller: Caller, position: inout Int) -> HandlerOutcome {
+        /// Answers a GetToken call read into `r`, with what the connection's
+        /// earlier calls of it left in `memo` (a prepared call keeps it; the
+        /// first call of a connection starts from an empty one).
+        @Sendable func getToken(_ r: GetTokenRequest, _ caller: Caller, memo: inout GetTokenMemo) -> HandlerOutcome {
+            // Loaded before anything is read: a change published after this
+            // load makes the next call read again.
+            let policyGeneration = policy.generation
+            let tableGeneration = table.generation
+            if let served = memo.served, served.policyGeneration == policyGeneration,
+                served.tableGeneration == tableGeneration
+            {
+                // Neither the access policy nor any session changed since this
+                // connection's last call was served: the same decisions hold,
+                // but for the time (the token may have come close to its expiry).
+                if case .serve = TokenHandout.decide(
+                    served.handout, minValidSeconds: r.minValidSeconds, now: clock.now())
+                {
+                    memo.audit(manager, served.key, caller)
+                    return .encoded(served.reply)
+                }
+            }
+            memo.served = nil
             let account = Account(provider: r.provider, user: r.user)
             let access = policy.policy
             let key: SessionKey
@@ -43,7 +61,7 @@ public enum VaultMethods {
                         "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
                     ))
             }
-            let facts = table.tokenFacts(of: key, at: &position)
+            let facts = table.tokenFacts(of: key, at: &memo.position)
             guard let facts, let record = facts.record else {
                 if facts == nil, manager.isFleetHost, r.waitSeconds == 0 {
                     // Another host may have logged it in a moment ago: the store says.
@@ -106,8 +124,12 @@ public enum VaultMethods {
                     }
                 }
             }
-            manager.audit("GetToken", key, caller: caller, result: "ok")
-            return .encoded(TokenReply(record: record))
+            let reply = ServedToken(record)
+            memo.served = GetTokenMemo.Served(
+                policyGeneration: policyGeneration, tableGeneration: tableGeneration, key: key, handout: handout,
+                reply: reply)
+            memo.audit(manager, key, caller)
+            return .encoded(reply)
         }
 
         /// The handler of each method; the switch makes a method without one a compile error.
@@ -194,8 +216,9 @@ public enum VaultMethods {
             case .getToken:
                 return { call, caller in
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        var position = -1
-                        return getToken(try GetTokenRequest(p), caller, position: &position)
+                        // One call: audited without a tally of its own.
+                        var memo = GetTokenMemo(tallies: false)
+                        return getToken(try GetTokenRequest(p), caller, memo: &memo)
                     }
                 }
 
@@ -345,7 +368,8 @@ public enum VaultMethods {
         service.prepare(VaultMethod.getToken.rawValue) { call in
             do throws(ParameterReader.Invalid) {
                 return .prepared(
-                    PreparedGetToken(try GetTokenRequest(ParameterReader(call.parameters)), answer: getToken))
+                    PreparedGetToken(
+                        try GetTokenRequest(ParameterReader(call.parameters)), log: manager.log, answer: getToken))
             } catch {
                 return .answered(.reply(VarlinkServiceError.invalidParameter(error.parameter)))
             }
@@ -354,24 +378,85 @@ public enum VaultMethods {
     }
 
     /// A GetToken call read once, run for each repeat on its connection (on
-    /// that connection's loop only): it keeps where its session's view sat
-    /// in the table, so that a repeat finds it without hashing the account.
+    /// that connection's loop only), with what its earlier runs left in its
+    /// memo.
     final class PreparedGetToken: PreparedCall {
         let request: GetTokenRequest
-        let answer: @Sendable (GetTokenRequest, Caller, inout Int) -> HandlerOutcome
+        let log: Logger
+        let answer: @Sendable (GetTokenRequest, Caller, inout GetTokenMemo) -> HandlerOutcome
         /// Read and written by its connection's loop alone, never through
         /// overlapping accesses: exempt from the runtime's exclusivity checks.
-        @exclusivity(unchecked) var position = -1
+        @exclusivity(unchecked) var memo = GetTokenMemo()
 
         init(
-            _ request: GetTokenRequest,
-            answer: @escaping @Sendable (GetTokenRequest, Caller, inout Int) -> HandlerOutcome
+            _ request: GetTokenRequest, log: Logger,
+            answer: @escaping @Sendable (GetTokenRequest, Caller, inout GetTokenMemo) -> HandlerOutcome
         ) {
             self.request = request
+            self.log = log
             self.answer = answer
         }
 
-        func run(caller: Caller) -> HandlerOutcome { answer(request, caller, &position) }
+        /// Its connection let it go: the handouts its tally counted go to the audit trail.
+        deinit { memo.close(log) }
+
+        func run(caller: Caller) -> HandlerOutcome { answer(request, caller, &memo) }
+    }
+
+    /// What one connection's GetToken calls of one session keep between
+    /// calls, on that connection's loop alone: where the session's view sat
+    /// in the table (found again without hashing the account), the last
+    /// answer served with the access policy and table generations it was
+    /// decided at (while both are the same, a repeat takes no lock and
+    /// writes no memory another loop reads), and the connection's tally of
+    /// its handouts for the audit trail. Every session's change and every
+    /// reload of the policy makes the next call decide again.
+    struct GetTokenMemo {
+        /// A token served, and what it was decided on.
+        struct Served {
+            let policyGeneration: UInt64
+            let tableGeneration: UInt64
+            let key: SessionKey
+            let handout: TokenHandout.Facts
+            let reply: ServedToken
+        }
+
+        /// Whether the handouts are counted in a tally of the connection's own.
+        let tallies: Bool
+        /// Where the session's view sat in the table (-1: unknown).
+        var position = -1
+        var served: Served?
+        var tally: HandoutTally?
+
+        init(tallies: Bool = true) { self.tallies = tallies }
+
+        /// Audits a handout of `key` to `caller` (result ok).
+        mutating func audit(_ manager: SessionManager, _ key: SessionKey, _ caller: Caller) {
+            if tallies {
+                Audit.handout(manager.log, key, caller: caller, tally: &tally)
+            } else {
+                manager.audit(Audit.handoutAction, key, caller: caller, result: "ok")
+            }
+        }
+
+        /// Hands the tally's last count to the audit trail.
+        mutating func close(_ log: Logger) {
+            if let tally { log.handouts.close(tally) }
+            tally = nil
+        }
+    }
+
+    /// A GetToken reply, encoded once for the repeats of one connection's
+    /// call and zeroed when it is let go (it holds the token).
+    final class ServedToken: VarlinkReplyWriter, @unchecked Sendable {
+        /// Written once, at `init`, then read by one loop (immutable but for `deinit`).
+        private var bytes: [UInt8] = []
+
+        init(_ record: SessionRecord) { writeTokenReply(record, into: &bytes) }
+
+        deinit { bytes.wipe() }
+
+        func write(into out: inout [UInt8]) { out.append(contentsOf: bytes) }
     }
 
     /// The errors the server sends on its own, as vaultd names them.
@@ -392,18 +477,6 @@ public enum VaultMethods {
         stopping: VaultError(.internalError, "vaultd is stopping; retry when it is back").varlinkReply,
         streamStopping: VaultError(.internalError, "vaultd is stopping; subscribe again when it is back").varlinkReply,
         malformedMessage: { problem in VaultError(.invalidParameter, problem).varlinkReply })
-
-    /// The GetToken reply of a session record, written straight into the
-    /// connection's output when it is sent. It holds one reference (the
-    /// record's storage), so it fits in `HandlerOutcome`'s existential
-    /// without a box, and no token set is copied.
-    struct TokenReply: VarlinkReplyWriter {
-        let record: SessionRecord
-
-        func write(into out: inout [UInt8]) {
-            writeTokenReply(record, into: &out)
-        }
-    }
 
     /// Appends the GetToken reply of `record`: the bytes
     /// `VarlinkReply(parameters: tokenReply(record)).encode(into:)` writes,

@@ -265,6 +265,36 @@ struct ServiceManagerTests {
         #expect(try vaultctl(fixture.socketPath, ["logout", "second", user]).status == 0)
     }
 
+    @Test("Should decide a GetToken sent again on one connection anew after a reload changes who may read the token")
+    func repeatedGetTokenAfterReload() throws {
+        let fixture = try DaemonFixture(start: false)
+        let user = uniqueName("reloadrepeat")
+        let declared = { (owner: String) in
+            "[Provider demo]\nType=static\n\n[Account demo \(user)]\nOwner=\(owner)\n"
+        }
+        try declared("root").write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let (notify, daemon) = try startNotified(fixture)
+        defer { daemon.stop() }
+        #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token).status == 0)
+        let asker = try VarlinkClient.raw(fixture.socketPath)
+        let getToken = #"{"method":"io.vaultd.Vault.GetToken","parameters":{"provider":"demo","user":"\#(user)"}}"#
+        for _ in 0..<3 {
+            try asker.send(getToken)
+            #expect(try asker.nextReply()?.parameters["token"]?.stringValue == DaemonTests.token)
+        }
+        // The account now belongs to another user: root's calls address that
+        // user's session, whose token is handed to its owner alone.
+        try declared("nobody").write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        kill(daemon.process.processIdentifier, SIGHUP)
+        #expect(notify.wait(for: "RELOADING=1") != nil)
+        #expect(notify.wait(for: "READY=1") != nil)
+        #expect(daemon.output.wait(for: "configuration reloaded"))
+        try asker.send(getToken)
+        let refused = try #require(try asker.nextReply())
+        #expect(refused.error == "io.vaultd.Vault.AccessDenied", "\(refused.parameters)")
+        #expect(refused.parameters["token"] == nil)
+    }
+
     @Test("Should refuse a broken configuration on SIGHUP and keep the old one")
     func reloadBrokenConfig() throws {
         let fixture = try DaemonFixture(start: false)
