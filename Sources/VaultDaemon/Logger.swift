@@ -105,32 +105,33 @@ public final class Logger: Sendable {
             let made = HandoutTally(kind)
             let old = tally
             tally = made
-            let (write, schedule) = log.counts.withLock { state -> (Bool, UInt64?) in
-                if let old { Self.close(old, &state) }
+            let (write, untracked, schedule) = log.counts.withLock { state -> (Bool, Int, UInt64?) in
+                let untracked = old.map { Self.close($0, &state) } ?? 0
                 state.tallies[ObjectIdentifier(made)] = made
                 let write = state.counts.record(kind, now: Monotonic.milliseconds())
-                return (write, Self.tickToSchedule(&state))
+                return (write, untracked, Self.tickToSchedule(&state))
             }
             if let schedule { log.scheduleTick(at: schedule) }
+            if let old, untracked > 0 { Audit.write(log, old.kind, count: untracked) }
             return write
         }
 
         /// Takes the last repeats of a tally whose connection let it go.
         func close(_ tally: HandoutTally) {
-            let schedule = log.counts.withLock { state -> UInt64? in
-                Self.close(tally, &state)
-                return Self.tickToSchedule(&state)
+            let (untracked, schedule) = log.counts.withLock { state -> (Int, UInt64?) in
+                let untracked = Self.close(tally, &state)
+                return (untracked, Self.tickToSchedule(&state))
             }
             if let schedule { log.scheduleTick(at: schedule) }
+            if untracked > 0 { Audit.write(log, tally.kind, count: untracked) }
         }
 
-        private static func close(_ tally: HandoutTally, _ state: inout CountState) {
-            guard state.tallies.removeValue(forKey: ObjectIdentifier(tally)) != nil else { return }
+        /// Unregisters `tally` and adds its repeats to the counts; the
+        /// repeats the counts cannot track (`maximumKinds`), to be written now.
+        private static func close(_ tally: HandoutTally, _ state: inout CountState) -> Int {
+            guard state.tallies.removeValue(forKey: ObjectIdentifier(tally)) != nil else { return 0 }
             let repeats = tally.take()
-            // Past `maximumKinds`: counted as the kind's next handout instead.
-            if !state.counts.add(tally.kind, repeats: repeats, now: Monotonic.milliseconds()) {
-                _ = state.counts.record(tally.kind, now: Monotonic.milliseconds())
-            }
+            return state.counts.add(tally.kind, repeats: repeats, now: Monotonic.milliseconds()) ? 0 : repeats
         }
 
         private static func tickToSchedule(_ state: inout CountState) -> UInt64? {
@@ -151,11 +152,17 @@ public final class Logger: Sendable {
     private func tick() {
         let (due, next) = counts.withLock { state -> ([(kind: HandoutCounts.Kind, count: Int)], UInt64?) in
             let now = Monotonic.milliseconds()
-            let untracked = state.takeTallies(now: now)
+            var untracked = state.takeTallies(now: now)
             let due = state.counts.tick(now: now)
             // A kind without a handout for a whole interval is forgotten: the
             // next handout of a tally of it goes through `record`, written at once.
-            for tally in state.tallies.values where !state.counts.tracks(tally.kind) { tally.quiet() }
+            for tally in state.tallies.values where !state.counts.tracks(tally.kind) && !tally.quiet() {
+                // A repeat came in meanwhile: counted at the next tick.
+                let repeats = tally.take()
+                if !state.counts.add(tally.kind, repeats: repeats, now: now) {
+                    untracked.append((tally.kind, repeats))
+                }
+            }
             state.tickScheduled = state.counts.nextTick != nil
             return (untracked + due, state.counts.nextTick)
         }
@@ -391,8 +398,11 @@ extension Logger: ServerLog {}
 public final class HandoutTally: Sendable {
     /// The kind of handout counted.
     public let kind: HandoutCounts.Kind
-    private let repeats = Atomic<Int>(0)
-    private let isQuiet = Atomic<Bool>(false)
+    /// The repeats counted and not yet taken, or `quietMark`: one word, so
+    /// that a repeat is either counted before the kind is found quiet or
+    /// refused after it, never counted into a tally found quiet.
+    private let state = Atomic<Int>(0)
+    private static let quietMark = -1
 
     /// A tally of `kind`, at zero.
     public init(_ kind: HandoutCounts.Kind) { self.kind = kind }
@@ -401,14 +411,30 @@ public final class HandoutTally: Sendable {
     /// quiet for a whole interval: the handout goes through
     /// `Logger.Handouts.record(_:tally:)`, which writes it at once.
     public func count() -> Bool {
-        guard !isQuiet.load(ordering: .relaxed) else { return false }
-        repeats.wrappingAdd(1, ordering: .relaxed)
-        return true
+        var seen = state.load(ordering: .relaxed)
+        while seen != Self.quietMark {
+            let (exchanged, now) = state.weakCompareExchange(
+                expected: seen, desired: seen + 1, ordering: .relaxed)
+            if exchanged { return true }
+            seen = now
+        }
+        return false
     }
 
-    /// The repeats counted since the last take.
-    public func take() -> Int { repeats.exchange(0, ordering: .relaxed) }
+    /// The repeats counted since the last take (a quiet tally stays quiet).
+    public func take() -> Int {
+        var seen = state.load(ordering: .relaxed)
+        while seen > 0 {
+            let (exchanged, now) = state.weakCompareExchange(expected: seen, desired: 0, ordering: .relaxed)
+            if exchanged { return seen }
+            seen = now
+        }
+        return 0
+    }
 
-    /// The kind was forgotten (see `count()`).
-    public func quiet() { isQuiet.store(true, ordering: .relaxed) }
+    /// Marks the tally quiet (see `count()`) unless a repeat was counted
+    /// since the last take: false then, and the kind is tracked again.
+    public func quiet() -> Bool {
+        state.compareExchange(expected: 0, desired: Self.quietMark, ordering: .relaxed).exchanged
+    }
 }

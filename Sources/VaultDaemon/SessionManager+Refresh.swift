@@ -212,6 +212,21 @@ extension SessionManager {
         return try await task.value.get()
     }
 
+    /// `refresh` for a caller that needs the new token, not the refresh's
+    /// acknowledgement (GetToken, a client's report of a rejected token):
+    /// tokens refreshed from `record` and not yet in a fleet's shared store
+    /// are served all the same.
+    func refreshForUse(_ key: SessionKey, from record: SessionRecord) async throws(VaultError) -> SessionRecord {
+        do throws(VaultError) {
+            return try await refresh(key, caller: nil, clientAsked: true, respectBackoff: true)
+        } catch {
+            guard error.code == .storeUnavailable || error.code == .storeFailed,
+                let served = entries[key]?.record, served.tokens != record.tokens
+            else { throw error }
+            return served
+        }
+    }
+
     /// The facts `TokenHandout` decides on, for a session's entry.
     func handoutFacts(_ entry: AccountEntry, _ record: SessionRecord) -> TokenHandout.Facts {
         TokenHandout.Facts(
@@ -238,17 +253,7 @@ extension SessionManager {
         case .refuse(let error): throw error
         case .refreshFirst: break
         }
-        let fresh: SessionRecord
-        do throws(VaultError) {
-            fresh = try await refresh(key, caller: nil, clientAsked: true, respectBackoff: true)
-        } catch {
-            // Refreshed, and not yet in a fleet's shared store: the new token is
-            // served all the same (the refresh's acknowledgement waits for the store).
-            guard error.code == .storeUnavailable || error.code == .storeFailed,
-                let served = entries[key]?.record, served.tokens != record.tokens
-            else { throw error }
-            fresh = served
-        }
+        let fresh = try await refreshForUse(key, from: record)
         guard let again = entries[key] else { throw .notLoggedIn(account) }
         switch TokenHandout.decide(handoutFacts(again, fresh), minValidSeconds: minValidSeconds, now: clock.now()) {
         case .serve: return fresh

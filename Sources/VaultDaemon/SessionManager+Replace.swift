@@ -190,7 +190,7 @@ extension SessionManager {
                 guard SHA256.constantTimeEqual(current, tokenHash) else { return done(.alreadyReplaced) }
                 if entry.refresh != nil || client(for: account.provider)?.canRefresh(record) == true {
                     // Joins the refresh in flight, or starts the one all later reporters join.
-                    _ = try await refresh(key, caller: nil, clientAsked: true, respectBackoff: true)
+                    _ = try await refreshForUse(key, from: record)
                     return done(.refreshed)
                 }
                 try await performLogout(

@@ -246,7 +246,7 @@ extension SessionManager {
             await reloadShared()
             for key in entries.keys.sorted() {
                 guard let entry = entries[key], entry.record != nil, entry.login == nil, entry.logout == nil,
-                    entry.timers.status.unsaved || entry.unqueue != nil
+                    entry.replace == nil, entry.refresh == nil, entry.timers.status.unsaved || entry.unqueue != nil
                 else { continue }
                 await persist(key)
             }

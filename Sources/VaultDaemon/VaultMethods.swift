@@ -128,7 +128,7 @@ public enum VaultMethods {
             memo.served = GetTokenMemo.Served(
                 policyGeneration: policyGeneration, tableGeneration: tableGeneration, key: key, handout: handout,
                 reply: reply)
-            memo.audit(manager, key, caller)
+            memo.audit(manager, key, caller, decided: true)
             return .encoded(reply)
         }
 
@@ -412,13 +412,25 @@ public enum VaultMethods {
     /// its handouts for the audit trail. Every session's change and every
     /// reload of the policy makes the next call decide again.
     struct GetTokenMemo {
-        /// A token served, and what it was decided on.
-        struct Served {
+        /// A token served, and what it was decided on. A class: a repeat
+        /// takes one reference to it, not one to each of its strings.
+        final class Served {
             let policyGeneration: UInt64
             let tableGeneration: UInt64
             let key: SessionKey
             let handout: TokenHandout.Facts
             let reply: ServedToken
+
+            init(
+                policyGeneration: UInt64, tableGeneration: UInt64, key: SessionKey, handout: TokenHandout.Facts,
+                reply: ServedToken
+            ) {
+                self.policyGeneration = policyGeneration
+                self.tableGeneration = tableGeneration
+                self.key = key
+                self.handout = handout
+                self.reply = reply
+            }
         }
 
         /// Whether the handouts are counted in a tally of the connection's own.
@@ -430,8 +442,15 @@ public enum VaultMethods {
 
         init(tallies: Bool = true) { self.tallies = tallies }
 
-        /// Audits a handout of `key` to `caller` (result ok).
-        mutating func audit(_ manager: SessionManager, _ key: SessionKey, _ caller: Caller) {
+        /// Audits a handout of `key` to `caller` (result ok). `decided`: the key
+        /// was decided anew (a reload may have given the account another
+        /// owner), so a tally of another session's handouts is let go first.
+        mutating func audit(_ manager: SessionManager, _ key: SessionKey, _ caller: Caller, decided: Bool = false) {
+            if decided, let kept = tally?.kind,
+                kept.owner != key.owner || kept.provider != key.account.provider || kept.user != key.account.user
+            {
+                close(manager.log)
+            }
             if tallies {
                 Audit.handout(manager.log, key, caller: caller, tally: &tally)
             } else {
@@ -452,7 +471,16 @@ public enum VaultMethods {
         /// Written once, at `init`, then read by one loop (immutable but for `deinit`).
         private var bytes: [UInt8] = []
 
-        init(_ record: SessionRecord) { writeTokenReply(record, into: &bytes) }
+        init(_ record: SessionRecord) {
+            // Room for the whole reply first (every string escaped at worst
+            // six bytes a byte): an array that grew would leave the token in
+            // the storage it let go of, unzeroed.
+            let strings =
+                record.accessToken.withUTF8 { $0.count } + (record.instanceURL?.utf8.count ?? 0)
+                + (record.tokenType?.utf8.count ?? 0)
+            bytes.reserveCapacity(128 + 6 * strings)
+            writeTokenReply(record, into: &bytes)
+        }
 
         deinit { bytes.wipe() }
 

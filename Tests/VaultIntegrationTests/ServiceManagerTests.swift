@@ -293,6 +293,30 @@ struct ServiceManagerTests {
         let refused = try #require(try asker.nextReply())
         #expect(refused.error == "io.vaultd.Vault.AccessDenied", "\(refused.parameters)")
         #expect(refused.parameters["token"] == nil)
+
+        // Root may now read the other user's session: the same bytes get that
+        // session's token, and the audit trail counts those handouts under it.
+        try (declared("nobody") + "TokenReadUsers=root\n").write(
+            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        kill(daemon.process.processIdentifier, SIGHUP)
+        #expect(notify.wait(for: "RELOADING=1") != nil)
+        #expect(notify.wait(for: "READY=1") != nil)
+        let other = "tok_reload_other_owner_abcdefgh"
+        let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: other)
+        #expect(login.status == 0, "\(login.stderr)")
+        for _ in 0..<4 {
+            try asker.send(getToken)
+            #expect(try asker.nextReply()?.parameters["token"]?.stringValue == other)
+        }
+        #expect(daemon.stop() == 0)
+        let handouts = AuditLine.all(in: daemon.allOutput).filter {
+            $0.fields["action"] == "GetToken" && $0.fields["user"] == user && $0.fields["result"] == "ok"
+        }
+        func total(owner: String) -> Int {
+            handouts.filter { $0.fields["owner"] == owner }.reduce(0) { $0 + (Int($1.fields["count"] ?? "1") ?? 0) }
+        }
+        #expect(total(owner: "0") == 3, "\(handouts.map(\.text))")
+        #expect(total(owner: "65534") == 4, "\(handouts.map(\.text))")
     }
 
     @Test("Should refuse a broken configuration on SIGHUP and keep the old one")
