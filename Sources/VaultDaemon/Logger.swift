@@ -68,12 +68,17 @@ public final class Logger: Sendable {
         /// Moves what the tallies counted into `counts`; what `counts` cannot
         /// track (`maximumKinds`) is returned, to be written at once.
         mutating func takeTallies(now: UInt64) -> [(kind: HandoutCounts.Kind, count: Int)] {
-            var untracked: [(kind: HandoutCounts.Kind, count: Int)] = []
-            for tally in tallies.values {
-                let repeats = tally.take()
-                if !counts.add(tally.kind, repeats: repeats, now: now) { untracked.append((tally.kind, repeats)) }
+            tallies.values.compactMap { tally in
+                let untracked = take(tally, now: now)
+                return untracked > 0 ? (tally.kind, untracked) : nil
             }
-            return untracked
+        }
+
+        /// Moves what `tally` counted into `counts`; the repeats `counts`
+        /// cannot track (`maximumKinds`), to be written at once (0: none).
+        mutating func take(_ tally: HandoutTally, now: UInt64) -> Int {
+            let repeats = tally.take()
+            return counts.add(tally.kind, repeats: repeats, now: now) ? 0 : repeats
         }
     }
     /// Where the counts are written at each interval's end.
@@ -130,8 +135,7 @@ public final class Logger: Sendable {
         /// repeats the counts cannot track (`maximumKinds`), to be written now.
         private static func close(_ tally: HandoutTally, _ state: inout CountState) -> Int {
             guard state.tallies.removeValue(forKey: ObjectIdentifier(tally)) != nil else { return 0 }
-            let repeats = tally.take()
-            return state.counts.add(tally.kind, repeats: repeats, now: Monotonic.milliseconds()) ? 0 : repeats
+            return state.take(tally, now: Monotonic.milliseconds())
         }
 
         private static func tickToSchedule(_ state: inout CountState) -> UInt64? {
@@ -158,10 +162,8 @@ public final class Logger: Sendable {
             // next handout of a tally of it goes through `record`, written at once.
             for tally in state.tallies.values where !state.counts.tracks(tally.kind) && !tally.quiet() {
                 // A repeat came in meanwhile: counted at the next tick.
-                let repeats = tally.take()
-                if !state.counts.add(tally.kind, repeats: repeats, now: now) {
-                    untracked.append((tally.kind, repeats))
-                }
+                let left = state.take(tally, now: now)
+                if left > 0 { untracked.append((tally.kind, left)) }
             }
             state.tickScheduled = state.counts.nextTick != nil
             return (untracked + due, state.counts.nextTick)

@@ -138,9 +138,8 @@ public final class SessionTable: Sendable {
     /// in place (`view(of:)` copies the whole view): its record (nil while
     /// it is not logged in) and its last refresh; nil when there is no view.
     public func tokenFacts(of key: SessionKey) -> (record: SessionRecord?, lastRefreshAt: UnixTime?)? {
-        contents.withLock { contents in
-            contents.views.read(key) { view in (view.record, view.refresh?.lastRefreshAt) }
-        }
+        var position = -1
+        return tokenFacts(of: key, at: &position)
     }
 
     /// `tokenFacts(of:)` that looks at `position` first, where the view of

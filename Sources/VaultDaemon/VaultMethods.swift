@@ -17,6 +17,24 @@ public enum VaultMethods {
         let table = manager.table
         let policy = manager.policy
 
+        /// A GetToken answered off the serving loop: `token` gets the session's
+        /// record, and its handout (or refusal) is audited.
+        @Sendable func deferredToken(
+            _ key: SessionKey, _ caller: Caller,
+            _ token: @escaping @Sendable () async throws(VaultError) -> SessionRecord
+        ) -> HandlerOutcome {
+            .deferred {
+                do throws(VaultError) {
+                    let record = try await token()
+                    manager.audit("GetToken", key, caller: caller, result: "ok")
+                    return VarlinkReply(parameters: tokenReply(record))
+                } catch {
+                    manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
+                    return error.varlinkReply
+                }
+            }
+        }
+
         /// Answers a GetToken call read into `r`, with what the connection's
         /// earlier calls of it left in `memo` (a prepared call keeps it; the
         /// first call of a connection starts from an empty one).
@@ -65,20 +83,9 @@ public enum VaultMethods {
             guard let facts, let record = facts.record else {
                 if facts == nil, manager.isFleetHost, r.waitSeconds == 0 {
                     // Another host may have logged it in a moment ago: the store says.
-                    // (The three deferred answers of this handler are written out:
-                    // one shared helper cost every GetToken ~40 instructions, 0.35%,
-                    // measured with bench/callgrind.sh.)
-                    return .deferred {
-                        do throws(VaultError) {
-                            try await manager.catchUpShared(key)
-                            let record = try await manager.freshToken(
-                                key, minValidSeconds: r.minValidSeconds, caller: caller)
-                            manager.audit("GetToken", key, caller: caller, result: "ok")
-                            return VarlinkReply(parameters: tokenReply(record))
-                        } catch {
-                            manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                            return error.varlinkReply
-                        }
+                    return deferredToken(key, caller) { () async throws(VaultError) in
+                        try await manager.catchUpShared(key)
+                        return try await manager.freshToken(key, minValidSeconds: r.minValidSeconds, caller: caller)
                     }
                 }
                 guard access.declared[account] != nil, r.waitSeconds > 0 else {
@@ -86,17 +93,9 @@ public enum VaultMethods {
                 }
                 // A declared account may be one vaultd keeps logged in
                 // (AutoLogin=yes): the manager waits for its login.
-                return .deferred {
-                    do throws(VaultError) {
-                        let record = try await manager.autoLoginToken(
-                            key, minValidSeconds: r.minValidSeconds, waitSeconds: r.waitSeconds,
-                            caller: caller)
-                        manager.audit("GetToken", key, caller: caller, result: "ok")
-                        return VarlinkReply(parameters: tokenReply(record))
-                    } catch {
-                        manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                        return error.varlinkReply
-                    }
+                return deferredToken(key, caller) { () async throws(VaultError) in
+                    try await manager.autoLoginToken(
+                        key, minValidSeconds: r.minValidSeconds, waitSeconds: r.waitSeconds, caller: caller)
                 }
             }
             // The rule the manager applies too. Whether the provider can refresh
@@ -112,16 +111,8 @@ public enum VaultMethods {
             case .refuse(let error): return refuse(error)
             case .refreshFirst:
                 // Not valid long enough: wait for the (shared) refresh, where the provider can.
-                return .deferred {
-                    do throws(VaultError) {
-                        let fresh = try await manager.freshToken(
-                            key, minValidSeconds: r.minValidSeconds, caller: caller)
-                        manager.audit("GetToken", key, caller: caller, result: "ok")
-                        return VarlinkReply(parameters: tokenReply(fresh))
-                    } catch {
-                        manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                        return error.varlinkReply
-                    }
+                return deferredToken(key, caller) { () async throws(VaultError) in
+                    try await manager.freshToken(key, minValidSeconds: r.minValidSeconds, caller: caller)
                 }
             }
             let reply = ServedToken(record)
