@@ -265,6 +265,70 @@ struct AccessTests {
         #expect(try vaultctl(d.socketPath, ["logout", "demo", rootUser]).status == 0)
     }
 
+    @Test(
+        "Should refuse another uid's GetToken, sent again on one connection, once a reload takes it off the allow list")
+    func repeatedReadAfterReloadAsOtherUid() throws {
+        let user = uniqueName("rereload")
+        let allowed = AccessTests.open + "\n[Account demo \(user)]\nTokenReadUsers=\(TestUsers.a)\n"
+        let d = try ConfiguredDaemon(config: allowed)
+        try loginAsRoot(d, user)
+        // As vaultd-test-a: the same GetToken bytes twice on one connection, then
+        // (once the test writes to the FIFO, after the reload) once more.
+        let fifo = d.directory.path("go")
+        #expect(mkfifo(fifo, 0o666) == 0)
+        chmod(fifo, 0o666)
+        let script = d.directory.path("repeat.py")
+        try #"""
+        import socket, sys
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(30)
+        s.connect(sys.argv[1])
+        call = b'{"method":"io.vaultd.Vault.GetToken","parameters":{"provider":"demo","user":"%s","ownerUid":0}}\0' % sys.argv[3].encode()
+        def ask():
+            s.sendall(call)
+            buf = b""
+            while not buf.endswith(b"\0"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+            print(buf[:-1].decode(), flush=True)
+        ask()
+        ask()
+        print("asked", flush=True)
+        with open(sys.argv[2]) as go:
+            go.read(1)
+        ask()
+        """#.write(toFile: script, atomically: true, encoding: .utf8)
+        let (reader, lines, errors) = try startInterruptible(
+            "/usr/bin/setpriv",
+            [
+                "--reuid=\(TestUsers.uid(TestUsers.a)!)", "--regid=\(TestUsers.gid(TestUsers.a)!)", "--init-groups",
+                "/usr/bin/python3", script, d.socketPath, fifo, user,
+            ])
+        defer { if reader.isRunning { kill(reader.processIdentifier, SIGKILL) } }
+        #expect(lines.wait(for: "asked"), "\(lines.text) \(errors.text)")
+        #expect(
+            lines.text.components(separatedBy: AccessTests.token).count == 3,
+            "both calls before the reload are answered with the token: \(lines.text)")
+
+        try AccessTests.open.appending("\n[Account demo \(user)]\n").write(
+            toFile: d.configPath, atomically: true, encoding: .utf8)
+        kill(d.daemon.process.processIdentifier, SIGHUP)
+        #expect(d.daemon.output.wait(for: "configuration reloaded"))
+        let go = Glibc.open(fifo, O_WRONLY)
+        #expect(go >= 0)
+        _ = Glibc.write(go, "g", 1)
+        Glibc.close(go)
+        #expect(lines.waitForEnd(seconds: 30), "\(lines.text) \(errors.text)")
+        _ = try reap(reader)
+        let answers = lines.text.split(separator: "\n").filter { $0 != "asked" }
+        #expect(answers.count == 3, "\(lines.text) \(errors.text)")
+        #expect(answers.last?.contains("io.vaultd.Vault.AccessDenied") == true, "\(lines.text)")
+        #expect(answers.last?.contains(AccessTests.token) == false, "\(lines.text)")
+        #expect(try vaultctl(d.socketPath, ["logout", "demo", user]).status == 0)
+    }
+
     @Test("Should grant a token exactly to the users and groups an account's allow list names")
     func allowListGrantsExactlyWhatItNames() throws {
         let byUser = uniqueName("allow")
