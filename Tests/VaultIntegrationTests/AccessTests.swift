@@ -316,8 +316,14 @@ struct AccessTests {
             toFile: d.configPath, atomically: true, encoding: .utf8)
         kill(d.daemon.process.processIdentifier, SIGHUP)
         #expect(d.daemon.output.wait(for: "configuration reloaded"))
-        let go = Glibc.open(fifo, O_WRONLY)
-        #expect(go >= 0)
+        // Non-blocking, and tried a bounded number of times: a reader that
+        // died before opening its end must fail the test, not hang it.
+        var go: Int32 = -1
+        for _ in 0..<200 where go < 0 {
+            go = Glibc.open(fifo, O_WRONLY | O_NONBLOCK)
+            if go < 0 { usleep(50_000) }
+        }
+        #expect(go >= 0, "the reader never opened its end: \(lines.text) \(errors.text)")
         _ = Glibc.write(go, "g", 1)
         Glibc.close(go)
         #expect(lines.waitForEnd(seconds: 30), "\(lines.text) \(errors.text)")
