@@ -17,7 +17,30 @@
 #                       anything changes
 
 chroot_cache=${VAULTD_CHROOT_CACHE:-/var/cache/vaultd-test}
-chroot_mirror=${VAULTD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian mirror: $VAULTD_DEBIAN_MIRROR, else the first bookworm archive
+# (not the security one) that this machine's own apt sources name, in the
+# deb822 form (sources.list.d/*.sources) or the one-line form (sources.list).
+debian_mirror() {
+    if [ -n "${VAULTD_DEBIAN_MIRROR:-}" ]; then
+        printf '%s\n' "$VAULTD_DEBIAN_MIRROR"
+        return
+    fi
+    local file uri
+    for file in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [ -f "$file" ] || continue
+        uri=$(awk '
+            /^[ \t]*#/ { next }
+            /^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }
+            /^deb[ \t]/ { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { if ($i !~ /security/) { print $i; exit } else break } }
+        ' "$file")
+        if [ -n "$uri" ]; then
+            printf '%s\n' "$uri"
+            return
+        fi
+    done
+    echo "scripts/lib/chroot.sh: no Debian mirror in /etc/apt/sources.list*; set VAULTD_DEBIAN_MIRROR" >&2
+    return 1
+}
 
 mount_chroot() {
     local dir=$1
@@ -66,7 +89,9 @@ chroot_base() {
         echo "debootstrap --variant=minbase bookworm (cached in $minbase)" >&2
         rm -rf --one-file-system "$minbase.tmp"
         mkdir -p "$chroot_cache"
-        debootstrap --variant=minbase bookworm "$minbase.tmp" "$chroot_mirror" >"$chroot_cache/debootstrap.log" 2>&1 || {
+        local mirror
+        mirror=$(debian_mirror) || return 1
+        debootstrap --variant=minbase bookworm "$minbase.tmp" "$mirror" >"$chroot_cache/debootstrap.log" 2>&1 || {
             tail -n 20 "$chroot_cache/debootstrap.log" >&2
             return 1
         }
