@@ -26,7 +26,7 @@ final class EtcdFleet {
     }
 
     static let binary = "/usr/bin/etcd"
-    /// Whether etcd is installed (scripts/deps installs it).
+    /// Whether etcd is installed (scripts/deps test installs it).
     static var installed: Bool { FileManager.default.isExecutableFile(atPath: binary) }
     /// Whether this test process runs the etcd suites: `VAULTD_TEST_ETCD=1`,
     /// which scripts/test sets in a step of their own (`--filter
@@ -206,7 +206,7 @@ extension Trait where Self == ConditionTrait {
             if: EtcdFleet.installed && EtcdFleet.selected,
             EtcdFleet.installed
                 ? "etcd suites run in their own step: VAULTD_TEST_ETCD=1 swift test --filter 'VaultIntegrationTests\\.Etcd'"
-                : "etcd is not installed: run scripts/deps")
+                : "etcd is not installed: run scripts/deps test")
     }
 }
 

@@ -45,7 +45,7 @@ struct PythonClientTests {
         let venv = directory.path("venv")
         let python = URL(fileURLWithPath: venv + "/bin/python")
         // Debian's own python3 (Debian 12 is the target), whose python3-setuptools and
-        // python3-wheel (scripts/deps) the venv borrows through --system-site-packages:
+        // python3-wheel (scripts/deps test) the venv borrows through --system-site-packages:
         // the build needs no network (--no-build-isolation --no-index).
         let created = try runCommand(
             URL(fileURLWithPath: "/usr/bin/python3"), ["-m", "venv", "--system-site-packages", venv],
