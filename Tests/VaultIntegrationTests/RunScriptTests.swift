@@ -112,6 +112,15 @@ struct RunScriptTests {
         let run = try Run(server: server, password: nil)
         try await run.waitUntilServing()
         #expect(run.stdout.text.contains("This keyring is TEMPORARY"), "said at start: \(run.stdout.text)")
+        // The generated password is never shown: anyone reading the terminal
+        // or a CI log could unlock the keyring's copy on disk with it.
+        let passwordLines = run.stdout.text.split(separator: "\n").filter { $0.contains("password:") }
+        #expect(
+            passwordLines.map { $0.trimmingCharacters(in: .whitespaces) }
+                == [
+                    "password:      generated for this run and not shown (set VAULTD_KEYRING_PASSWORD to choose one and keep the keyring across runs)"
+                ],
+            "\(passwordLines)")
         let users = [uniqueName("run"), uniqueName("run")]
         var tokens: [String] = []
         for user in users { tokens.append(try await login(run, server, user)) }
