@@ -312,6 +312,42 @@ struct TokenFileTests {
         #expect(hits.isEmpty, "\(hits.count) copies survive: \(hits.map(\.description).joined(separator: "\n"))")
     }
 
+    /// Should refuse, at --check-config, a token file in /dev/shm (sticky and
+    /// world-writable: another user could create the file first, and vaultd's
+    /// rename could not replace it) and one reached through another user's
+    /// symlink (they could point it elsewhere), and accept the same path
+    /// through root's symlink.
+    @Test(.enabled(if: getuid() == 0 && inMemory("/dev/shm"), "needs root, a second user and /dev/shm on tmpfs"))
+    func checkConfigRefusesOthersDirectories() throws {
+        try TestUsers.ensure()
+        let uid = try #require(TestUsers.uid(TestUsers.a))
+        let directory = try TemporaryDirectory()
+        let config = directory.path("vaultd.conf")
+        func check(_ tokenFile: String) throws -> CommandResult {
+            try "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenFile)\n".write(
+                toFile: config, atomically: true, encoding: .utf8)
+            return try runCommand(Binaries.vaultd, ["--config", config, "--check-config"])
+        }
+        let shared = try check("/dev/shm/\(uniqueName("alice")).token")
+        #expect(shared.status == 1, "\(shared.stdout)")
+        #expect(
+            shared.stderr.contains("\(config):5: key 'TokenFile': /dev/shm is writable by others (mode 1777)"),
+            "\(shared.stderr)")
+
+        let tokens = try TokenDirectory()
+        #expect(mkdir(tokens.file("real"), 0o700) == 0)
+        #expect(symlink(tokens.file("real"), tokens.file("via")) == 0)
+        #expect(lchown(tokens.file("via"), uid, TestUsers.gid(TestUsers.a)!) == 0)
+        let theirs = try check(tokens.file("via/alice.token"))
+        #expect(theirs.status == 1, "\(theirs.stdout)")
+        #expect(
+            theirs.stderr.contains("\(tokens.file("via")) is a symlink of uid \(uid), who could point it elsewhere"),
+            "\(theirs.stderr)")
+        #expect(lchown(tokens.file("via"), 0, 0) == 0)
+        let roots = try check(tokens.file("via/alice.token"))
+        #expect(roots.status == 0, "root's symlink is followed: \(roots.stderr)")
+    }
+
     /// Should refuse a token file on a disk file system at --check-config,
     /// naming the file, the line and the key, and accept it with TokenFileOnDisk=yes.
     @Test(.enabled(if: !inMemory(NSTemporaryDirectory()), "the temporary directory is not on a disk file system"))
