@@ -219,7 +219,7 @@ public enum Daemon {
             return restored
         }
         // Token files follow the table from here on, starting with the sessions restored.
-        let tokenFiles = TokenFiles(table: manager.table, log: log)
+        let tokenFiles = TokenFiles(table: manager.table, log: log, events: { event in hub.publish(event) })
         manager.table.observe { key in tokenFiles.changed(key) }
         tokenFiles.update(TokenFiles.targets(tokenFilePlans, policy: policy))
 

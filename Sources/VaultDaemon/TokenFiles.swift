@@ -34,8 +34,11 @@ public struct TokenFilePlan: Sendable, Equatable {
 /// and one job on `BlockingExecutor.files` (a thread of vaultd's own, never
 /// the serving loop or the cooperative pool) brings every dirty account's
 /// file in line with the table, coalescing changes that come while it
-/// works. A login never waits for a file. A failed write or removal is
-/// logged, without the token, and tried again at the account's next change.
+/// works. A login never waits for a file. A failed write or removal is an
+/// error the session's owner sees: logged at error priority (journald), sent
+/// as a `tokenFileFailed` event, and shown in the session's status
+/// (`tokenFileError`) and in STATUS= until a later write succeeds; it is
+/// tried again at the account's next change. None of these holds the token.
 /// The token goes from its `Secret` storage (wiped when released) straight
 /// to write(2); no other copy of it is made.
 public final class TokenFiles: Sendable {
@@ -65,11 +68,14 @@ public final class TokenFiles: Sendable {
     private let state = Mutex(State())
     private let table: SessionTable
     private let log: Logger
+    private let events: @Sendable (VaultEvent) -> Void
 
-    /// Token files for the sessions of `table`, reported to `log`; none until `update(_:)`.
-    public init(table: SessionTable, log: Logger) {
+    /// Token files for the sessions of `table`, reported to `log` and, when
+    /// one fails, to `events` (the subscribers); none until `update(_:)`.
+    public init(table: SessionTable, log: Logger, events: @escaping @Sendable (VaultEvent) -> Void = { _ in }) {
         self.table = table
         self.log = log
+        self.events = events
     }
 
     /// The targets of `plans`: the session of each account's declared owner
@@ -182,32 +188,45 @@ public final class TokenFiles: Sendable {
             do throws(SystemError) {
                 try write(token, target.plan)
                 state.withLock { $0.written[key] = .token(target.plan, token) }
+                table.tokenFileFailed(key, nil)
                 fields["event"] = "tokenFileWritten"
                 log.info("token file written", fields)
             } catch {
                 state.withLock { $0.written[key] = nil }
-                fields["event"] = "tokenFileFailed"
-                fields["error"] = error.description
-                log.warning(
-                    "the token file could not be written; it is tried again at the session's next change", fields)
+                failed(key, "write", error, fields)
             }
         } else {
             if case .absent(path)? = last { return }
             do throws(SystemError) {
                 let removed = try Directory(target.plan.settings.directory).remove(target.plan.settings.name)
                 state.withLock { $0.written[key] = .absent(path: path) }
+                table.tokenFileFailed(key, nil)
                 if removed {
                     fields["event"] = "tokenFileRemoved"
                     log.info("token file removed", fields)
                 }
             } catch {
                 state.withLock { $0.written[key] = nil }
-                fields["event"] = "tokenFileFailed"
-                fields["error"] = error.description
-                log.warning(
-                    "the token file could not be removed; it is tried again at the session's next change", fields)
+                failed(key, "remove", error, fields)
             }
         }
+    }
+
+    /// Tells the owner of `key` that its token file could not be written or
+    /// removed (`action`): the log at error priority, an event, the status.
+    private func failed(_ key: SessionKey, _ action: String, _ error: SystemError, _ fields: [String: String]) {
+        let message = "the token file could not be \(action == "write" ? "written" : "removed"): \(error.description)"
+        var fields = fields
+        fields["event"] = "tokenFileFailed"
+        fields["error"] = error.description
+        log.error(
+            "\(message); it is tried again at the session's next change (vaultctl status \(key.account.provider) \(key.account.user) shows it until then)",
+            fields)
+        table.tokenFileFailed(key, message)
+        events(
+            VaultEvent(
+                kind: .tokenFileFailed, account: key.account, ownerUID: key.owner, time: SystemWallClock().now(),
+                reason: action, message: message))
     }
 
     /// Removes the file of a target the configuration no longer has.
