@@ -92,6 +92,9 @@ public final class TokenFiles: Sendable {
     /// every file in line with the table. The file of an account no longer
     /// configured, or moved to another path, is removed.
     public func update(_ targets: [SessionKey: TokenFilePlan]) {
+        let dropped = state.withLock { state in state.targets.keys.filter { targets[$0] == nil } }
+        // A file no longer configured fails no one: its owner's status stops saying so.
+        for key in dropped { table.tokenFileFailed(key, nil) }
         let schedule = state.withLock { state in
             for (key, old) in state.targets where targets[key] != old.plan {
                 if targets[key]?.settings.path != old.plan.settings.path { state.stale.append(old) }
