@@ -18,12 +18,7 @@ public enum Listener {
     /// Binds and listens on `path`; errors say what to do.
     public static func bind(_ path: String, mode: UInt32 = 0o600) throws(VaultError) -> Int32 {
         let directory = parentDirectory(of: path)
-        if mkdir(directory, mode & 0o066 == 0 ? 0o700 : 0o755) != 0 && errno != EEXIST {
-            throw VaultError(
-                .internalError,
-                "cannot create the socket directory \(directory): \(SystemError("mkdir").description); create it or pass --socket PATH"
-            )
-        }
+        try makeDirectory(directory, mode: mode & 0o066 == 0 ? 0o700 : 0o755)
         try checkDirectory(directory)
         var st = stat()
         if lstat(path, &st) == 0 {
@@ -62,6 +57,32 @@ public enum Listener {
         defer { umask(previousMask) }
         try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
             guard Glibc.bind(fd, address, length) == 0 else { throw SystemError("bind \(path)") }
+        }
+    }
+
+    /// Creates the socket directory when it does not exist, inside its parent
+    /// as opened by a `PathTrust` walk (`.parent`): never through a symlink
+    /// or a directory another user could change, so vaultd makes no
+    /// directory where someone else pointed it.
+    static func makeDirectory(_ directory: String, mode: mode_t) throws(VaultError) {
+        var st = stat()
+        guard lstat(directory, &st) != 0, errno == ENOENT else { return }
+        func fail(_ reason: String) -> VaultError {
+            VaultError(
+                .internalError,
+                "cannot create the socket directory \(directory): \(reason); create it or pass --socket PATH")
+        }
+        let parent = parentDirectory(of: directory)
+        let outcome: PathTrust.Outcome
+        do { outcome = try PathTrust.vaultd.open(parent, leaf: .parent) } catch { throw fail(error.description) }
+        switch outcome {
+        case .missing: throw fail("\(parent) does not exist")
+        case .refused(let problem):
+            throw fail("\(problem), so another user could choose where it is made or replace it")
+        case .opened(let fd):
+            defer { close(fd) }
+            let name = String(directory.split(separator: "/").last ?? "")
+            if mkdirat(fd, name, mode) != 0 && errno != EEXIST { throw fail(SystemError("mkdir").description) }
         }
     }
 

@@ -102,8 +102,13 @@ public struct PathTrust: Sendable, Equatable {
 
     /// What the last component of a path must be.
     public enum Leaf: Sendable {
+        /// A directory files go in: writable by no one else.
         case directory
+        /// A file.
         case file
+        /// A directory the caller makes a new entry in with `mkdirat`: checked
+        /// like a directory above (sticky and world-writable, like /tmp, is fine).
+        case parent
     }
 
     /// Walks `path` as given (relative to the working directory unless
@@ -165,7 +170,8 @@ public struct PathTrust: Sendable, Equatable {
             }
         }
         if leaf == .file { throw SystemError("open \(walk.shown(""))", errno: EISDIR) }
-        if let problem = problem(.leafDirectory, owner: walk.status.st_uid, mode: walk.status.st_mode) {
+        let role: Role = leaf == .parent ? .above : .leafDirectory
+        if let problem = problem(role, owner: walk.status.st_uid, mode: walk.status.st_mode) {
             return .refused("\(walk.shown("")) \(problem)")
         }
         let fd = openat(walk.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)

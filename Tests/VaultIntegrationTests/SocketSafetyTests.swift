@@ -100,6 +100,18 @@ struct SocketSafetyTests {
         try expectRefusal(
             dir.path("via/run"), "\(dir.path("via")) is a symlink of uid \(uid), who could point it elsewhere")
 
+        // A socket directory still to make: not made through their symlink.
+        let made = try RunningDaemon(
+            socketPath: dir.path("via/new/vaultd.sock"), configPath: nil, waitForReady: false,
+            extraArguments: ["--memory-store"])
+        #expect(made.waitForExit() == 1, "\(made.output.text)")
+        #expect(
+            made.output.text.contains(
+                "cannot create the socket directory \(dir.path("via/new")): \(dir.path("via")) is a symlink of uid \(uid)"
+            ),
+            "\(made.output.text)")
+        #expect(!Files.exists(dir.path("real/new")), "no directory made where their symlink points")
+
         // The same symlink given to root: followed, and vaultd listens.
         #expect(lchown(dir.path("via"), 0, 0) == 0)
         let daemon = try RunningDaemon(
