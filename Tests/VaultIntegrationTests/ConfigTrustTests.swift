@@ -115,6 +115,37 @@ struct ConfigTrustTests {
         #expect(roots.stdout.contains("configuration is valid: 2 provider(s)"), "\(roots.stdout)")
     }
 
+    @Test("Should refuse at reload a drop-in another user wrote, keep the old configuration, and serve them no token")
+    func reloadRefusesTheirDropIn() throws {
+        let setup = try Setup()
+        let user = uniqueName("trust")
+        try "[Vault]\nSocketMode=0666\n\n[Provider demo]\nType=static\n\n[Account demo \(user)]\n".write(
+            toFile: setup.config, atomically: true, encoding: .utf8)
+        let socket = setup.directory.path("vaultd.sock")
+        let notify = try NotifyListener(path: setup.directory.path("notify"))
+        let daemon = try RunningDaemon(
+            socketPath: socket, configPath: setup.config, environment: ["NOTIFY_SOCKET": notify.path])
+        defer { daemon.stop() }
+        let token = "tok_trust_\(UUID().uuidString)"
+        #expect(try vaultctl(socket, ["login", "demo", user], input: token).status == 0)
+        #expect(notify.wait(for: "READY=1") != nil)
+
+        #expect(chmod(setup.dropIns, 0o1777) == 0)
+        let grant = "[Account demo \(user)]\nTokenReadUsers=\(TestUsers.a)\n"
+        #expect(try setup.asUser("cat > \(setup.dropIns)/50-mine.conf", input: grant).status == 0)
+        kill(daemon.process.processIdentifier, SIGHUP)
+        let ready = try #require(notify.wait(for: "READY=1"))
+        #expect(ready.contains("last reload failed"), "\(ready)")
+        #expect(daemon.output.wait(for: "reload refused"), "\(daemon.output.text)")
+        #expect(
+            daemon.output.text.contains(
+                "refusing to read the configuration \(setup.dropIns): \(setup.dropIns) is writable"),
+            "\(daemon.output.text)")
+        let theirs = try vaultctl(as: TestUsers.a, socket, ["token", "demo", user])
+        #expect(theirs.status == 1 && theirs.stderr.contains("ERR_ACCESS_DENIED"), "\(theirs.stdout)\(theirs.stderr)")
+        #expect(!theirs.stdout.contains(token))
+    }
+
     @Test("Should read a user instance's own files, owned by the user")
     func userInstanceOwnFiles() throws {
         let setup = try Setup()
