@@ -229,6 +229,7 @@ public struct VaultCtl {
         }
         if let at = session["nextRetryAt"]?.integerValue { lines.append(("Next retry", Format.time(at))) }
         if session["unsaved"]?.boolValue == true { lines.append(("Unsaved", "yes (the store write is retried)")) }
+        if let error = session["tokenFileError"]?.stringValue { lines.append(("Token file", error)) }
         if let name = session["profile"]?["name"]?.stringValue { lines.append(("Name", name)) }
         for client in session["clients"]?.arrayValue ?? [] {
             let pid = client["pid"]?.integerValue.map { String($0) } ?? "?"

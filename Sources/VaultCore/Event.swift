@@ -14,6 +14,10 @@ public enum EventKind: String, Sendable, CaseIterable {
     /// (reason: the new state); sent for every live session, whose changes
     /// cannot be stored meanwhile.
     case storeChanged
+    /// The session's `TokenFile=` could not be written or removed (reason:
+    /// `write` or `remove`; message: the path and the system's error). Tried
+    /// again at the session's next change; `status` shows it until then.
+    case tokenFileFailed
 }
 
 /// One event about one account. Never holds a secret.

@@ -219,7 +219,7 @@ public enum Daemon {
             return restored
         }
         // Token files follow the table from here on, starting with the sessions restored.
-        let tokenFiles = TokenFiles(table: manager.table, log: log)
+        let tokenFiles = TokenFiles(table: manager.table, log: log, events: { event in hub.publish(event) })
         manager.table.observe { key in tokenFiles.changed(key) }
         tokenFiles.update(TokenFiles.targets(tokenFilePlans, policy: policy))
 
@@ -361,11 +361,7 @@ public enum Daemon {
             home: Files.homeDirectory())
         let config = try search.load(
             read: { (path) throws(VaultError) in try readConfigFile(path) },
-            list: { (directory) throws(VaultError) in
-                do { return try Files.list(directory) } catch {
-                    throw VaultError(.invalidConfig, "cannot read the drop-in directory: \(error)")
-                }
-            })
+            list: { (directory) throws(VaultError) in try listDropIns(directory) })
         if config.sources.isEmpty {
             log.warning(
                 "no configuration file found; using the built-in one (provider 'demo'). Create one of the files looked for to configure your providers",
@@ -397,17 +393,16 @@ public enum Daemon {
     }
 
     /// Reads one configuration file, which must be a regular file: a FIFO, a
-    /// device or a directory is an error naming it, never a hang. Opened with
-    /// O_NONBLOCK (opening a FIFO does not wait for a writer) and checked with
-    /// fstat on the open descriptor, so nothing can be swapped in between.
-    /// A file that does not exist is nil (`ConfigSearch` decides whether
-    /// that is an error); any other failure to read it is an error.
+    /// device or a directory is an error naming it, never a hang. Opened
+    /// through `PathTrust.vaultd` (so with O_NONBLOCK: opening a FIFO does
+    /// not wait for a writer) and checked with fstat on the open descriptor,
+    /// so nothing can be swapped in between. A file that does not exist is
+    /// nil (`ConfigSearch` decides whether that is an error); one that
+    /// someone other than root or vaultd's user could change, or reached
+    /// through their symlink, is refused (`trusted(_:leaf:)`); any other
+    /// failure to read it is an error.
     static func readConfigFile(_ path: String) throws(VaultError) -> String? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-        guard fd >= 0 else {
-            if errno == ENOENT || errno == ENOTDIR { return nil }
-            throw VaultError(.invalidConfig, "cannot read the configuration: \(SystemError("open \(path)"))")
-        }
+        guard let fd = try trusted(path, leaf: .file) else { return nil }
         defer { close(fd) }
         var st = stat()
         guard fstat(fd, &st) == 0 else {
@@ -424,6 +419,38 @@ public enum Daemon {
             throw VaultError(.invalidConfig, "cannot read the configuration: \(error)")
         }
         return try ConfigParser.text(of: bytes, file: path)
+    }
+
+    /// The `*.conf` names in the drop-in directory `directory`, which
+    /// `trusted(_:leaf:)` must let through; none when it does not exist.
+    static func listDropIns(_ directory: String) throws(VaultError) -> [String] {
+        guard let fd = try trusted(directory, leaf: .directory) else { return [] }
+        do { return try Files.list(descriptor: fd, name: directory) } catch {
+            throw VaultError(.invalidConfig, "cannot read the drop-in directory: \(error)")
+        }
+    }
+
+    /// `path` opened through `PathTrust.vaultd`, nil when it does not
+    /// exist. Whoever could change a configuration file could grant
+    /// themselves another user's tokens (TokenReadUsers=, AdminGroup=), so a
+    /// file or drop-in directory that anyone but root or vaultd's user owns
+    /// or may write, or that is reached through a directory they could
+    /// change or a symlink of theirs, is an error naming the file and why.
+    static func trusted(_ path: String, leaf: PathTrust.Leaf) throws(VaultError) -> Int32? {
+        let outcome: PathTrust.Outcome
+        do { outcome = try PathTrust.vaultd.open(path, leaf: leaf) } catch {
+            if error.errno == ENOENT || error.errno == ENOTDIR { return nil }
+            throw VaultError(.invalidConfig, "cannot read the configuration: \(error)")
+        }
+        switch outcome {
+        case .opened(let fd): return fd
+        case .missing: return nil
+        case .refused(let problem):
+            throw VaultError(
+                .invalidConfig,
+                "refusing to read the configuration \(path): \(problem); make it and the directories above it owned by root (or vaultd's user) and writable by nobody else (chmod go-w), with no symlink of another user on the way"
+            )
+        }
     }
 
     /// "a FIFO", "a directory", ... for a file's `st_mode`.

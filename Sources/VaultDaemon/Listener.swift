@@ -10,19 +10,15 @@ import VaultSystem
 /// bind one of their own in its place, then receive what clients send, tokens
 /// included. So an existing directory must be a real directory (not a symlink)
 /// owned by vaultd's user or root and writable by no one else, sticky bit or
-/// not; and the socket gets its mode from the umask at bind, never from a chmod
-/// by path, which would follow a symlink planted there. A socket systemd passes
+/// not, reached through directories and symlinks only they could change; and
+/// the socket gets its mode from the umask at bind, never from a chmod by path,
+/// which would follow a symlink planted there. A socket systemd passes
 /// (socket activation) is systemd's to place and is not checked here.
 public enum Listener {
     /// Binds and listens on `path`; errors say what to do.
     public static func bind(_ path: String, mode: UInt32 = 0o600) throws(VaultError) -> Int32 {
         let directory = parentDirectory(of: path)
-        if mkdir(directory, mode & 0o066 == 0 ? 0o700 : 0o755) != 0 && errno != EEXIST {
-            throw VaultError(
-                .internalError,
-                "cannot create the socket directory \(directory): \(SystemError("mkdir").description); create it or pass --socket PATH"
-            )
-        }
+        try makeDirectory(directory, mode: mode & 0o066 == 0 ? 0o700 : 0o755)
         try checkDirectory(directory)
         var st = stat()
         if lstat(path, &st) == 0 {
@@ -64,69 +60,63 @@ public enum Listener {
         }
     }
 
-    /// Refuses a socket directory that someone other than vaultd's user and
-    /// root could change: a symlink, not a directory, owned by another user,
-    /// or writable by group or others.
-    static func checkDirectory(_ directory: String) throws(VaultError) {
+    /// Creates the socket directory when it does not exist, inside its parent
+    /// as opened by a `PathTrust` walk (`.parent`): never through a symlink
+    /// or a directory another user could change, so vaultd makes no
+    /// directory where someone else pointed it.
+    static func makeDirectory(_ directory: String, mode: mode_t) throws(VaultError) {
         var st = stat()
-        guard lstat(directory, &st) == 0 else {
-            throw VaultError(
+        guard lstat(directory, &st) != 0, errno == ENOENT else { return }
+        func fail(_ reason: String) -> VaultError {
+            VaultError(
                 .internalError,
-                "cannot inspect the socket directory \(directory): \(SystemError("lstat").description); create it or pass --socket PATH"
-            )
+                "cannot create the socket directory \(directory): \(reason); create it or pass --socket PATH")
         }
-        let owner = geteuid()
-        let problem: String?
-        if (st.st_mode & S_IFMT) == S_IFLNK {
-            problem = "is a symlink"
-        } else if (st.st_mode & S_IFMT) != S_IFDIR {
-            problem = "is not a directory"
-        } else if st.st_uid != owner && st.st_uid != 0 {
-            problem = "is owned by uid \(st.st_uid), not by root or vaultd's uid \(owner)"
-        } else if st.st_mode & 0o022 != 0 {
-            problem = "has mode \(String(st.st_mode & 0o7777, radix: 8)), writable by group or others"
-        } else {
-            problem = nil
+        let parent = parentDirectory(of: directory)
+        let outcome: PathTrust.Outcome
+        do { outcome = try PathTrust.vaultd.open(parent, leaf: .parent) } catch { throw fail(error.description) }
+        switch outcome {
+        case .missing: throw fail("\(parent) does not exist")
+        case .refused(let problem):
+            throw fail("\(problem), so another user could choose where it is made or replace it")
+        case .opened(let fd):
+            defer { close(fd) }
+            let name = String(directory.split(separator: "/").last ?? "")
+            if mkdirat(fd, name, mode) != 0 && errno != EEXIST { throw fail(SystemError("mkdir").description) }
         }
-        if let problem {
-            throw VaultError(
-                .internalError,
-                "the socket directory \(directory) \(problem), so another user could replace vaultd's socket; use a directory owned by root or uid \(owner) that only its owner may write (chmod go-w), or pass another --socket PATH"
-            )
-        }
-        try checkAncestors(of: directory)
     }
 
-    /// Refuses a socket directory inside one that another user could change:
-    /// whoever may rename an ancestor may put a directory of their own in the
-    /// socket directory's place. Every ancestor (of the path with symlinks
-    /// resolved) must be owned by root or vaultd's user, and writable by group
-    /// or others only when it is sticky and root's (like /tmp).
-    static func checkAncestors(of directory: String) throws(VaultError) {
-        guard let resolved = realpath(directory, nil) else { return }
-        var path = String(cString: resolved)
-        free(resolved)
+    /// Refuses a socket directory that someone other than vaultd's user and
+    /// root could change: a symlink itself (vaultd makes the directory and
+    /// would have made a real one), or, walking the path as given component
+    /// by component (`PathTrust.vaultd`), a directory not owned by root or
+    /// vaultd's user, or writable by group or others (sticky bit or not),
+    /// a directory above it that another user could change, or a symlink on
+    /// the way that another user owns and could point elsewhere.
+    static func checkDirectory(_ directory: String) throws(VaultError) {
         let owner = geteuid()
-        for _ in 0..<256 where path != "/" {
-            path = parentDirectory(of: path)
-            var st = stat()
-            guard lstat(path, &st) == 0 else { return }
-            let sticky = st.st_mode & S_ISVTX != 0
-            let problem: String?
-            if st.st_uid != owner && st.st_uid != 0 {
-                problem = "is owned by uid \(st.st_uid), not by root or vaultd's uid \(owner)"
-            } else if st.st_mode & 0o022 != 0 && !(sticky && st.st_uid == 0) {
-                problem =
-                    "has mode \(String(st.st_mode & 0o7777, radix: 8)), writable by group or others without the sticky bit"
-            } else {
-                problem = nil
-            }
-            if let problem {
-                throw VaultError(
-                    .internalError,
-                    "\(path), above the socket directory \(directory), \(problem), so another user could replace the socket directory; put the socket under directories only root or uid \(owner) may change, or pass another --socket PATH"
-                )
-            }
+        func refuse(_ problem: String) -> VaultError {
+            VaultError(
+                .internalError,
+                "the socket directory \(directory) is not safe: \(problem), so another user could replace vaultd's socket; use a directory owned by root or uid \(owner) that only its owner may write (chmod go-w), below directories only root or uid \(owner) can change, or pass another --socket PATH"
+            )
+        }
+        var st = stat()
+        if lstat(directory, &st) == 0, st.st_mode & S_IFMT == S_IFLNK { throw refuse("\(directory) is a symlink") }
+        let outcome: PathTrust.Outcome
+        do { outcome = try PathTrust.vaultd.open(directory, leaf: .directory) } catch {
+            throw VaultError(
+                .internalError,
+                "cannot inspect the socket directory \(directory): \(error.description); create it or pass --socket PATH"
+            )
+        }
+        switch outcome {
+        case .opened(let fd): close(fd)
+        case .missing:
+            throw VaultError(
+                .internalError,
+                "cannot inspect the socket directory \(directory): it does not exist; create it or pass --socket PATH")
+        case .refused(let problem): throw refuse(problem)
         }
     }
 

@@ -87,7 +87,10 @@ public final class ServiceNotifier: Sendable {
         let (sessions, logging, refreshing, failing) = (
             counts.sessions, counts.loggingIn, counts.refreshing, counts.failing
         )
-        return "\(sessions) session\(sessions == 1 ? "" : "s"), \(logging) logging in, \(refreshing) refreshing, "
+        let line =
+            "\(sessions) session\(sessions == 1 ? "" : "s"), \(logging) logging in, \(refreshing) refreshing, "
             + "\(failing) failing to refresh"
+        let files = table.tokenFilesFailing
+        return files == 0 ? line : line + ", \(files) token file\(files == 1 ? "" : "s") failing"
     }
 }

@@ -18,6 +18,9 @@ public struct SessionView: Sendable {
     public var parked = false
     /// The clients that report their connection to the chat server.
     public var clients: [ClientReport]
+    /// Why the session's token file could not be brought in line, until it is
+    /// (`SessionTable.tokenFileFailed(_:_:)`); nil when it is, or there is none.
+    public var tokenFileError: String?
 
     /// A view.
     public init(
@@ -35,8 +38,9 @@ public struct SessionView: Sendable {
     public func wireJSON() -> JSON? {
         guard let record else { return nil }
         var json = record.wireJSON(state: state, refresh: refresh)
-        if !clients.isEmpty, case .object(var o) = json {
-            o["clients"] = .array(clients.map { $0.json() })
+        if !clients.isEmpty || tokenFileError != nil, case .object(var o) = json {
+            if !clients.isEmpty { o["clients"] = .array(clients.map { $0.json() }) }
+            o["tokenFileError"] = tokenFileError.map(JSON.string)
             json = .object(o)
         }
         return json
@@ -86,6 +90,15 @@ public final class SessionTable: Sendable {
         var perOwner: [UInt32: Int] = [:]
         /// Told the key of each change once it is visible (`observe(_:)`).
         var observer: (@Sendable (SessionKey) -> Void)?
+        /// The token files that could not be brought in line, and why.
+        var tokenFileErrors: [SessionKey: String] = [:]
+
+        /// The view of `key` with its token file's failure, if any.
+        func view(_ key: SessionKey) -> SessionView? {
+            guard var view = views[key] else { return nil }
+            if !tokenFileErrors.isEmpty { view.tokenFileError = tokenFileErrors[key] }
+            return view
+        }
     }
 
     /// The uids holding a session of one account: almost always one, kept
@@ -131,7 +144,7 @@ public final class SessionTable: Sendable {
 
     /// The view of the session `key`, or nil when there is none.
     public func view(of key: SessionKey) -> SessionView? {
-        contents.withLock { $0.views[key] }
+        contents.withLock { $0.view(key) }
     }
 
     /// What serving GetToken from memory needs of the view of `key`, read
@@ -155,7 +168,13 @@ public final class SessionTable: Sendable {
 
     /// Every view, sorted by provider, user and owner.
     public func all() -> [(SessionKey, SessionView)] {
-        contents.withLock { $0.views.sorted { $0.key < $1.key }.map { ($0.key, $0.value) } }
+        contents.withLock { contents in
+            contents.views.sorted { $0.key < $1.key }.map { entry in
+                var view = entry.value
+                if !contents.tokenFileErrors.isEmpty { view.tokenFileError = contents.tokenFileErrors[entry.key] }
+                return (entry.key, view)
+            }
+        }
     }
 
     /// The uids that hold a session (or a login in flight) of `account`, in order.
@@ -173,6 +192,21 @@ public final class SessionTable: Sendable {
 
     /// How many accounts are in each state, without looking at every view.
     public var counts: Counts { contents.withLock { $0.counts } }
+
+    /// Records that the token file of `key` could not be written or removed
+    /// (`error`, which never holds a secret), or that it is in line again
+    /// (nil): the session's status shows it, and STATUS= counts it, until then.
+    public func tokenFileFailed(_ key: SessionKey, _ error: String?) {
+        let changed = contents.withLock { contents in
+            let old = contents.tokenFileErrors[key]
+            contents.tokenFileErrors[key] = error
+            return old != error
+        }
+        if changed { didChange(self) }
+    }
+
+    /// How many token files could not be brought in line.
+    public var tokenFilesFailing: Int { contents.withLock { $0.tokenFileErrors.count } }
 
     /// Calls `observer` with the key of every change from now on, right
     /// after the change is visible to `view(of:)`, on the thread that made it:

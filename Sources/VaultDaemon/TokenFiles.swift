@@ -34,8 +34,11 @@ public struct TokenFilePlan: Sendable, Equatable {
 /// and one job on `BlockingExecutor.files` (a thread of vaultd's own, never
 /// the serving loop or the cooperative pool) brings every dirty account's
 /// file in line with the table, coalescing changes that come while it
-/// works. A login never waits for a file. A failed write or removal is
-/// logged, without the token, and tried again at the account's next change.
+/// works. A login never waits for a file. A failed write or removal is an
+/// error the session's owner sees: logged at error priority (journald), sent
+/// as a `tokenFileFailed` event, and shown in the session's status
+/// (`tokenFileError`) and in STATUS= until a later write succeeds; it is
+/// tried again at the account's next change. None of these holds the token.
 /// The token goes from its `Secret` storage (wiped when released) straight
 /// to write(2); no other copy of it is made.
 public final class TokenFiles: Sendable {
@@ -65,11 +68,14 @@ public final class TokenFiles: Sendable {
     private let state = Mutex(State())
     private let table: SessionTable
     private let log: Logger
+    private let events: @Sendable (VaultEvent) -> Void
 
-    /// Token files for the sessions of `table`, reported to `log`; none until `update(_:)`.
-    public init(table: SessionTable, log: Logger) {
+    /// Token files for the sessions of `table`, reported to `log` and, when
+    /// one fails, to `events` (the subscribers); none until `update(_:)`.
+    public init(table: SessionTable, log: Logger, events: @escaping @Sendable (VaultEvent) -> Void = { _ in }) {
         self.table = table
         self.log = log
+        self.events = events
     }
 
     /// The targets of `plans`: the session of each account's declared owner
@@ -86,6 +92,9 @@ public final class TokenFiles: Sendable {
     /// every file in line with the table. The file of an account no longer
     /// configured, or moved to another path, is removed.
     public func update(_ targets: [SessionKey: TokenFilePlan]) {
+        let dropped = state.withLock { state in state.targets.keys.filter { targets[$0] == nil } }
+        // A file no longer configured fails no one: its owner's status stops saying so.
+        for key in dropped { table.tokenFileFailed(key, nil) }
         let schedule = state.withLock { state in
             for (key, old) in state.targets where targets[key] != old.plan {
                 if targets[key]?.settings.path != old.plan.settings.path { state.stale.append(old) }
@@ -182,32 +191,45 @@ public final class TokenFiles: Sendable {
             do throws(SystemError) {
                 try write(token, target.plan)
                 state.withLock { $0.written[key] = .token(target.plan, token) }
+                table.tokenFileFailed(key, nil)
                 fields["event"] = "tokenFileWritten"
                 log.info("token file written", fields)
             } catch {
                 state.withLock { $0.written[key] = nil }
-                fields["event"] = "tokenFileFailed"
-                fields["error"] = error.description
-                log.warning(
-                    "the token file could not be written; it is tried again at the session's next change", fields)
+                failed(key, "write", error, fields)
             }
         } else {
             if case .absent(path)? = last { return }
             do throws(SystemError) {
                 let removed = try Directory(target.plan.settings.directory).remove(target.plan.settings.name)
                 state.withLock { $0.written[key] = .absent(path: path) }
+                table.tokenFileFailed(key, nil)
                 if removed {
                     fields["event"] = "tokenFileRemoved"
                     log.info("token file removed", fields)
                 }
             } catch {
                 state.withLock { $0.written[key] = nil }
-                fields["event"] = "tokenFileFailed"
-                fields["error"] = error.description
-                log.warning(
-                    "the token file could not be removed; it is tried again at the session's next change", fields)
+                failed(key, "remove", error, fields)
             }
         }
+    }
+
+    /// Tells the owner of `key` that its token file could not be written or
+    /// removed (`action`): the log at error priority, an event, the status.
+    private func failed(_ key: SessionKey, _ action: String, _ error: SystemError, _ fields: [String: String]) {
+        let message = "the token file could not be \(action == "write" ? "written" : "removed"): \(error.description)"
+        var fields = fields
+        fields["event"] = "tokenFileFailed"
+        fields["error"] = error.description
+        log.error(
+            "\(message); it is tried again at the session's next change (vaultctl status \(key.account.provider) \(key.account.user) shows it until then)",
+            fields)
+        table.tokenFileFailed(key, message)
+        events(
+            VaultEvent(
+                kind: .tokenFileFailed, account: key.account, ownerUID: key.owner, time: SystemWallClock().now(),
+                reason: action, message: message))
     }
 
     /// Removes the file of a target the configuration no longer has.
@@ -226,14 +248,17 @@ public final class TokenFiles: Sendable {
         }
     }
 
-    /// Writes `token` as `plan` says, after checking the directory again on
-    /// its open descriptor (a memory file system unless on disk is allowed,
-    /// writable by nobody else), so a directory remounted or changed since
-    /// the configuration was checked gets no token.
+    /// Writes `token` as `plan` says, after checking the directory again,
+    /// on the descriptor the write goes through (see `directory(of:vaultdUID:)`),
+    /// so a directory remounted or changed since the configuration was
+    /// checked gets no token.
     private func write(_ token: Secret, _ plan: TokenFilePlan) throws(SystemError) {
-        let directory = try Directory(plan.settings.directory)
-        if let problem = try TokenFiles.unfit(directory, plan.settings, vaultdUID: getuid()) {
-            throw SystemError("\(directory.path): \(problem)", errno: EPERM)
+        let directory: Directory
+        do { directory = try TokenFiles.directory(of: plan, vaultdUID: getuid()) } catch {
+            switch error {
+            case .cannotOpen(let failure): throw failure
+            case .unfit(let problem): throw SystemError(problem, errno: EPERM)
+            }
         }
         let owner = plan.fileOwner.map { (uid: uid_t($0), gid: gid_t(plan.fileGroup ?? UInt32.max)) }
         // Secret.withUTF8 rethrows untyped errors: the outcome is carried out as a value.
@@ -268,10 +293,12 @@ extension TokenFiles {
     /// - a directory on a disk file system (not tmpfs or ramfs), unless
     ///   `TokenFileOnDisk=yes`: the token would outlive a reboot and end up
     ///   in backups;
-    /// - a directory, or one above it, writable by group or others without
-    ///   the sticky bit, or owned by another user than root or vaultd's:
-    ///   they could replace the token or, for a vaultd running as root,
-    ///   redirect its writes through a symlink;
+    /// - a directory that anyone but root, vaultd's user or the file's owner
+    ///   can write (sticky bit or not), a directory above it that anyone but
+    ///   root or vaultd's user can change, or a symlink on the way that
+    ///   another user owns: they could put their own file in the token's
+    ///   place or, for a vaultd running as root, redirect its writes (see
+    ///   `directory(of:vaultdUID:)`);
     /// - a path that is a directory;
     /// - `TokenFileOwner=` naming an unknown user, or another user than
     ///   vaultd's own when vaultd does not run as root (only root can give a
@@ -319,17 +346,15 @@ extension TokenFiles {
             }
         }
         let directory: Directory
-        do { directory = try Directory(settings.directory) } catch {
-            throw refuse(
-                "cannot open the directory \(settings.directory) (\(error)); create it (for a service, RuntimeDirectory= in its unit) or choose another"
-            )
+        do { directory = try TokenFiles.directory(of: plan, vaultdUID: vaultdUID) } catch {
+            switch error {
+            case .cannotOpen(let failure):
+                throw refuse(
+                    "cannot open the directory \(settings.directory) (\(failure)); create it (for a service, RuntimeDirectory= in its unit) or choose another"
+                )
+            case .unfit(let problem): throw refuse(problem)
+            }
         }
-        let problem: String?
-        do { problem = try unfit(directory, settings, vaultdUID: vaultdUID) } catch {
-            throw refuse("cannot check the directory \(settings.directory) (\(error))")
-        }
-        if let problem { throw refuse(problem) }
-        if let unsafe = unsafeAncestor(of: settings.directory, vaultdUID: vaultdUID) { throw refuse(unsafe) }
         var st = stat()
         if fstatat(directory.fd, settings.name, &st, AT_SYMLINK_NOFOLLOW) == 0, st.st_mode & S_IFMT == S_IFDIR {
             throw refuse("\(settings.path) is a directory; name a file")
@@ -337,52 +362,53 @@ extension TokenFiles {
         return plan
     }
 
-    /// What makes the open `directory` unfit for the token file, or nil:
-    /// checked at configuration time and again before every write.
-    static func unfit(_ directory: Directory, _ settings: TokenFileSettings, vaultdUID: UInt32) throws(SystemError)
-        -> String?
-    {
-        if !settings.onDisk, !(try directory.isInMemory()) {
-            let type = fileSystemName(try directory.fileSystemType())
-            return
-                "\(directory.path) is on a disk file system (\(type)), where the token would outlive a reboot and end up in backups; choose a directory on a memory file system (tmpfs or ramfs: under /run, $XDG_RUNTIME_DIR or /dev/shm), or set TokenFileOnDisk=yes"
-        }
-        return unsafe(try directory.status(), directory.path, vaultdUID: vaultdUID)
+    /// Why the directory of a token file cannot be used.
+    enum DirectoryProblem: Error {
+        /// It cannot be opened (missing, not searchable, ...).
+        case cannotOpen(SystemError)
+        /// Someone else could change it, or it is on a disk: what to say.
+        case unfit(String)
     }
 
-    /// Why the directory `path` with status `st` lets someone else meddle
-    /// with the token file, or nil.
-    static func unsafe(_ st: stat, _ path: String, vaultdUID: UInt32) -> String? {
-        if st.st_uid != 0 && st.st_uid != vaultdUID {
-            return
-                "\(path) belongs to uid \(st.st_uid), who could replace the token file or redirect vaultd's writes; choose a directory of root's or of uid \(vaultdUID) (vaultd's)"
+    /// The directory of `plan`, opened through a `PathTrust` walk of its
+    /// path as given: checked at configuration time and again before every
+    /// write, on the descriptor the write then goes through. Refused: a
+    /// directory that anyone but root, vaultd's user or the file's owner can
+    /// write, sticky bit or not (anyone could create the file's name first
+    /// and keep the token vaultd's rename then cannot put there); a
+    /// directory above it that anyone but root or vaultd's user could
+    /// change; a symlink on the way that another user owns (they could point
+    /// it elsewhere); a disk file system, unless `TokenFileOnDisk=yes`.
+    static func directory(of plan: TokenFilePlan, vaultdUID: UInt32) throws(DirectoryProblem) -> Directory {
+        let settings = plan.settings
+        let trust = PathTrust(owners: [vaultdUID], leafOwners: plan.fileOwner.map { [$0] } ?? [])
+        let outcome: PathTrust.Outcome
+        do { outcome = try trust.open(settings.directory, leaf: .directory) } catch { throw .cannotOpen(error) }
+        let directory: Directory
+        switch outcome {
+        case .opened(let fd): directory = Directory(descriptor: fd, path: settings.directory)
+        case .missing: throw .cannotOpen(SystemError("open \(settings.directory)", errno: ENOENT))
+        case .refused(let problem):
+            throw .unfit(
+                "\(problem); choose a directory that only root, vaultd's user or the file's owner can write, below directories only root or vaultd's user can change (for a service, RuntimeDirectory= in its unit)"
+            )
         }
-        if st.st_mode & 0o022 != 0 && st.st_mode & S_ISVTX == 0 {
-            return
-                "\(path) is writable by \(st.st_mode & 0o002 != 0 ? "others" : "its group") (mode \(String(st.st_mode & 0o7777, radix: 8))) without the sticky bit, so they could replace or remove the token file; choose a directory only its owner can write"
+        if !settings.onDisk {
+            let inMemory: Bool
+            let type: Int
+            do {
+                inMemory = try directory.isInMemory()
+                type = try directory.fileSystemType()
+            } catch {
+                throw .cannotOpen(error)
+            }
+            if !inMemory {
+                throw .unfit(
+                    "\(directory.path) is on a disk file system (\(fileSystemName(type))), where the token would outlive a reboot and end up in backups; choose a directory on a memory file system (tmpfs or ramfs, such as vaultd's RuntimeDirectory= under /run, or $XDG_RUNTIME_DIR), or set TokenFileOnDisk=yes"
+                )
+            }
         }
-        return nil
-    }
-
-    /// The first directory above `path` (after resolving symlinks) that
-    /// `unsafe` refuses, as a message; nil when all are safe.
-    static func unsafeAncestor(of path: String, vaultdUID: UInt32) -> String? {
-        guard let resolved = realpath(path, nil) else { return nil }
-        let real = String(cString: resolved)
-        free(resolved)
-        var prefix = ""
-        var ancestors = ["/"]
-        for component in real.split(separator: "/") {
-            prefix += "/" + component
-            ancestors.append(prefix)
-        }
-        // The directory itself was checked on its descriptor.
-        for ancestor in ancestors.dropLast() {
-            var st = stat()
-            guard stat(ancestor, &st) == 0 else { continue }
-            if let problem = unsafe(st, ancestor, vaultdUID: vaultdUID) { return problem }
-        }
-        return nil
+        return directory
     }
 
     /// A file system's name for a message.

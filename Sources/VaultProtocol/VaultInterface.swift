@@ -82,7 +82,8 @@ public enum VaultInterface {
                 logins: consecutiveFailures, lastError and lastErrorCode, and nextRetryAt, before
                 which no login that asks the provider starts (LoginBackingOff). clients:
                 the clients that report their own connection to the chat server
-                (SetConnectionState), absent when none does.
+                (SetConnectionState), absent when none does. tokenFileError: why the
+                session's TokenFile= could not be written, until a later write succeeds.
                 """,
             .structure([
                 VarlinkField("provider", .string),
@@ -105,6 +106,7 @@ public enum VaultInterface {
                 VarlinkField("connection", .nullable(.string)),
                 VarlinkField("clients", .nullable(.array(.named("ClientConnection")))),
                 VarlinkField("lastErrorCode", .nullable(.string)),
+                VarlinkField("tokenFileError", .nullable(.string)),
             ])),
         VarlinkTypeDeclaration(
             "Event",
@@ -112,9 +114,10 @@ public enum VaultInterface {
                 Something that happened to an account, as the chat SDKs' callbacks report
                 it. kind is one of loginSuccess, loginFailed, logoutSuccess, logoutFailed,
                 tokenRefreshed, tokenExpired, tokenInvalid, kickedOffline, connectionChanged,
-                storeChanged. reason says why (kickedOffline: kicked, revoked, admin,
-                switched, ...; storeChanged: the new StoreState, sent for every live
-                session), code is the error code of a failure. Never holds a secret.
+                storeChanged, tokenFileFailed. reason says why (kickedOffline: kicked, revoked,
+                admin, switched, ...; storeChanged: the new StoreState, sent for every live
+                session; tokenFileFailed: write or remove), code is the error code of a
+                failure. Never holds a secret.
                 """,
             .structure([
                 VarlinkField("kind", .string),

@@ -24,6 +24,13 @@ public final class Directory {
         self.path = path
     }
 
+    /// Takes over `fd`, a directory open for reading (as `PathTrust.open`
+    /// gives one), opened by `path`.
+    public init(descriptor fd: Int32, path: String) {
+        self.fd = fd
+        self.path = path
+    }
+
     deinit { close(fd) }
 
     /// The directory's own status (owner, mode), from the open descriptor.

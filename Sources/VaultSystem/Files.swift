@@ -42,9 +42,21 @@ extension Files {
     /// The names in `directory` (without `.` and `..`), sorted bytewise; empty
     /// when the directory does not exist.
     public static func list(_ directory: String) throws(SystemError) -> [String] {
-        guard let dir = opendir(directory) else {
+        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else {
             if errno == ENOENT || errno == ENOTDIR { return [] }
             throw SystemError("opendir \(directory)")
+        }
+        return try list(descriptor: fd, name: directory)
+    }
+
+    /// The names in the directory open on `fd` (which this takes over and
+    /// closes), sorted bytewise; `name` is for messages.
+    public static func list(descriptor fd: Int32, name directory: String) throws(SystemError) -> [String] {
+        guard let dir = fdopendir(fd) else {
+            let error = SystemError("opendir \(directory)")
+            close(fd)
+            throw error
         }
         defer { closedir(dir) }
         var names: [String] = []

@@ -89,21 +89,57 @@ struct TokenFileCheckTests {
         #expect(directory.contains("\(parent.path)/sub is a directory"), "\(directory)")
     }
 
-    @Test("Should refuse a directory writable by others or its group without the sticky bit, accept one with it")
+    @Test("Should refuse a directory writable by others or its group, sticky bit or not")
     func writableByOthers() throws {
         let parent = memoryParent ?? diskParent!
-        for mode: mode_t in [0o777, 0o770, 0o730] {
+        // Sticky (like /dev/shm): another user could still create the file's name first.
+        for mode: mode_t in [0o777, 0o770, 0o730, 0o1777, 0o1770] {
             let open = try ScratchDirectory(under: parent, mode: mode)
             let message = try refusal(try config("TokenFile=\(open.path)/alice.token", "TokenFileOnDisk=yes"))
-            #expect(message.contains("without the sticky bit"), "\(String(mode, radix: 8)): \(message)")
+            #expect(
+                message.contains("\(open.path) is writable by")
+                    && message.contains("the sticky bit does not stop that"),
+                "\(String(mode, radix: 8)): \(message)")
+            #expect(!message.contains("/dev/shm)"), "/dev/shm is no longer suggested: \(message)")
         }
-        let sticky = try ScratchDirectory(under: parent, mode: 0o1777)
-        #expect(try TokenFiles.check(try config("TokenFile=\(sticky.path)/t", "TokenFileOnDisk=yes"))[alice] != nil)
-        // A directory above the file's that others can write is as bad.
+        // A directory above the file's that others can write, without the sticky bit, is as bad.
         let above = try ScratchDirectory(under: parent, mode: 0o777)
         #expect(mkdir(above.path + "/private", 0o700) == 0)
         let message = try refusal(try config("TokenFile=\(above.path)/private/t", "TokenFileOnDisk=yes"))
-        #expect(message.contains("\(above.path) is writable by others"), "\(message)")
+        #expect(message.contains("\(above.path) is writable by others (mode 777) without the sticky bit"), "\(message)")
+        // With the sticky bit, a directory above (like /tmp) cannot have root's directory renamed away.
+        let sticky = try ScratchDirectory(under: parent, mode: 0o1777)
+        #expect(mkdir(sticky.path + "/private", 0o700) == 0)
+        #expect(
+            try TokenFiles.check(try config("TokenFile=\(sticky.path)/private/t", "TokenFileOnDisk=yes"))[alice] != nil)
+    }
+
+    @Test(
+        "Should refuse a path through another user's symlink, follow root's, accept the file owner's directory",
+        .enabled(if: getuid() == 0, "needs root to give files away"))
+    func symlinksAndTheFileOwner() throws {
+        let parent = try ScratchDirectory(under: memoryParent ?? diskParent!)
+        #expect(mkdir(parent.path + "/real", 0o700) == 0)
+        #expect(Glibc.symlink(parent.path + "/real", parent.path + "/roots") == 0)
+        #expect(Glibc.symlink("real", parent.path + "/theirs") == 0)
+        #expect(lchown(parent.path + "/theirs", 65534, 65534) == 0)
+        #expect(
+            try TokenFiles.check(try config("TokenFile=\(parent.path)/roots/t", "TokenFileOnDisk=yes"))[alice] != nil)
+        let message = try refusal(try config("TokenFile=\(parent.path)/theirs/t", "TokenFileOnDisk=yes"), uid: 0)
+        #expect(
+            message.contains("\(parent.path)/theirs is a symlink of uid 65534, who could point it elsewhere"),
+            "\(message)")
+
+        // The reader's own directory may hold the file given to it, not a directory above.
+        let readers = parent.path + "/reader"
+        #expect(mkdir(readers, 0o700) == 0 && chown(readers, 65534, 65534) == 0)
+        let given = try TokenFiles.check(
+            try config("TokenFile=\(readers)/t", "TokenFileOwner=65534", "TokenFileOnDisk=yes"), vaultdUID: 0)
+        #expect(given[alice]?.fileOwner == 65534)
+        #expect(mkdir(readers + "/sub", 0o700) == 0 && chown(readers + "/sub", 65534, 65534) == 0)
+        let below = try refusal(
+            try config("TokenFile=\(readers)/sub/t", "TokenFileOwner=65534", "TokenFileOnDisk=yes"), uid: 0)
+        #expect(below.contains("\(readers) belongs to uid 65534"), "\(below)")
     }
 
     @Test(

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 import VaultCore
 import VaultDaemon
@@ -64,6 +65,39 @@ struct TokenFileFollowTests {
         for _ in 0..<20 { await h.advance(by: 10) }
         #expect(h.kinds("u").last == .tokenExpired, "\(h.kinds("u"))")
         #expect(settled(files, path) == nil)
+    }
+
+    @Test("Should report a failed write in the session's view, STATUS= counts and an event, until a reload drops it")
+    func failedWriteReported() async throws {
+        let h = try ManagerHarness()
+        let directory = NSTemporaryDirectory() + "/vaultd-follow-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let events = Mutex<[VaultEvent]>([])
+        let files = TokenFiles(
+            table: h.manager.table, log: Logger(level: .debug, target: .discard),
+            events: { event in events.withLock { $0.append(event) } })
+        h.manager.table.observe { key in files.changed(key) }
+        files.update([
+            h.key("u"): TokenFilePlan(settings: TokenFileSettings(path: directory + "/u.token", onDisk: true))
+        ])
+        try await h.login("u")
+        #expect(settled(files, directory + "/u.token") != nil)
+        #expect(chmod(directory, 0o777) == 0)
+        _ = try await h.manager.refresh(h.key("u"), caller: ManagerHarness.alice)
+        files.waitIdle(seconds: 10)
+        let error = h.manager.table.view(of: h.key("u"))?.tokenFileError
+        let shown = URL(fileURLWithPath: directory).standardizedFileURL.path
+        #expect(
+            error?.hasPrefix("the token file could not be written: \(shown) is writable by others") == true,
+            "\(String(describing: error))")
+        #expect(h.manager.table.tokenFilesFailing == 1)
+        #expect(ServiceNotifier.statusLine(h.manager.table).hasSuffix(", 1 token file failing"))
+        let failed = events.withLock { $0 }.filter { $0.kind == .tokenFileFailed }
+        #expect(failed.map(\.reason) == ["write"] && failed.first?.ownerUID == h.key("u").owner, "\(failed)")
+        files.update([:])
+        #expect(h.manager.table.tokenFilesFailing == 0, "a file no longer configured fails no one")
+        #expect(h.manager.table.view(of: h.key("u"))?.tokenFileError == nil)
     }
 
     @Test("Should ignore other sessions and remove the file of a target a reload drops")

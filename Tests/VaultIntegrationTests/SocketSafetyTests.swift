@@ -21,7 +21,7 @@ struct SocketSafetyTests {
             extraArguments: ["--memory-store"])
         #expect(daemon.waitForExit() == 1, "\(daemon.output.text)")
         let text = daemon.output.text
-        #expect(text.contains("the socket directory \(directory) \(problem)"), "\(text)")
+        #expect(text.contains("the socket directory \(directory) is not safe: \(problem)"), "\(text)")
         #expect(text.contains("only its owner may write"), "\(text)")
         #expect(!text.contains("notice: ready"))
         #expect(!Files.exists(directory + "/vaultd.sock"))
@@ -35,7 +35,7 @@ struct SocketSafetyTests {
         let uid = try #require(TestUsers.uid(TestUsers.a))
         #expect(chown(run, uid, TestUsers.gid(TestUsers.a)!) == 0)
         #expect(chmod(run, 0o700) == 0)
-        try expectRefusal(run, "is owned by uid \(uid)")
+        try expectRefusal(run, "\(run) belongs to uid \(uid)")
     }
 
     @Test("Should refuse a world-writable socket directory, sticky bit or not")
@@ -45,7 +45,8 @@ struct SocketSafetyTests {
             let run = dir.path("run")
             try FileManager.default.createDirectory(atPath: run, withIntermediateDirectories: false)
             #expect(chmod(run, mode) == 0)
-            try expectRefusal(run, "has mode \(String(mode, radix: 8)), writable by group or others")
+            let who = mode & 0o002 != 0 ? "others" : "its group"
+            try expectRefusal(run, "\(run) is writable by \(who) (mode \(String(mode, radix: 8)))")
         }
     }
 
@@ -63,7 +64,7 @@ struct SocketSafetyTests {
             extraArguments: ["--memory-store"])
         #expect(daemon.waitForExit() == 1, "\(daemon.output.text)")
         let text = daemon.output.text
-        #expect(text.contains("\(shared), above the socket directory \(run), has mode 775"), "\(text)")
+        #expect(text.contains("\(shared) is writable by its group (mode 775) without the sticky bit"), "\(text)")
         #expect(!Files.exists(run + "/vaultd.sock"))
         // Owned by another user, even 0755: refused too.
         #expect(chmod(shared, 0o755) == 0)
@@ -73,7 +74,7 @@ struct SocketSafetyTests {
             socketPath: run + "/vaultd.sock", configPath: nil, waitForReady: false,
             extraArguments: ["--memory-store"])
         #expect(again.waitForExit() == 1, "\(again.output.text)")
-        #expect(again.output.text.contains("is owned by uid \(uid)"), "\(again.output.text)")
+        #expect(again.output.text.contains("\(shared) belongs to uid \(uid)"), "\(again.output.text)")
     }
 
     @Test("Should refuse a socket directory that is a symlink, even to a good directory")
@@ -82,7 +83,41 @@ struct SocketSafetyTests {
         try FileManager.default.createDirectory(atPath: dir.path("real"), withIntermediateDirectories: false)
         #expect(chmod(dir.path("real"), 0o700) == 0)
         #expect(symlink(dir.path("real"), dir.path("link")) == 0)
-        try expectRefusal(dir.path("link"), "is a symlink")
+        try expectRefusal(dir.path("link"), "\(dir.path("link")) is a symlink")
+    }
+
+    @Test("Should walk the socket path as given: refuse a symlink of another user above the directory, follow root's")
+    func symlinkAboveOfAnotherUser() throws {
+        let dir = try TemporaryDirectory()
+        #expect(chmod(dir.url.path, 0o755) == 0)
+        let run = dir.path("real/run")
+        try FileManager.default.createDirectory(atPath: run, withIntermediateDirectories: true)
+        #expect(chmod(dir.path("real"), 0o755) == 0 && chmod(run, 0o700) == 0)
+        // The resolved path is all root's: only the path as given shows the other user's symlink.
+        #expect(Glibc.symlink(dir.path("real"), dir.path("via")) == 0)
+        let uid = try #require(TestUsers.uid(TestUsers.a))
+        #expect(lchown(dir.path("via"), uid, TestUsers.gid(TestUsers.a)!) == 0)
+        try expectRefusal(
+            dir.path("via/run"), "\(dir.path("via")) is a symlink of uid \(uid), who could point it elsewhere")
+
+        // A socket directory still to make: not made through their symlink.
+        let made = try RunningDaemon(
+            socketPath: dir.path("via/new/vaultd.sock"), configPath: nil, waitForReady: false,
+            extraArguments: ["--memory-store"])
+        #expect(made.waitForExit() == 1, "\(made.output.text)")
+        #expect(
+            made.output.text.contains(
+                "cannot create the socket directory \(dir.path("via/new")): \(dir.path("via")) is a symlink of uid \(uid)"
+            ),
+            "\(made.output.text)")
+        #expect(!Files.exists(dir.path("real/new")), "no directory made where their symlink points")
+
+        // The same symlink given to root: followed, and vaultd listens.
+        #expect(lchown(dir.path("via"), 0, 0) == 0)
+        let daemon = try RunningDaemon(
+            socketPath: dir.path("via/run/vaultd.sock"), configPath: nil, extraArguments: ["--memory-store"])
+        #expect(Files.exists(run + "/vaultd.sock"))
+        #expect(daemon.stop() == 0)
     }
 
     @Test("Should give the socket its configured mode, 0600 or 0666, in a directory vaultd made")

@@ -261,7 +261,7 @@ struct TokenFileTests {
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
         let second = try token(fixture, "oauth", user)
         let output = fixture.daemon!.output
-        #expect(output.wait(for: "the token file could not be written"), "\(output.text)")
+        #expect(output.wait(for: "error: the token file could not be written"), "\(output.text)")
         #expect(content(path) == first, "the failed write left the old file as it was")
         #expect(!output.text.contains(second) && !output.text.contains(first), "no token in the log")
 
@@ -269,6 +269,81 @@ struct TokenFileTests {
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
         let third = try token(fixture, "oauth", user)
         #expect(try await fileBecomes(path, third) == third, "written at the next change")
+    }
+
+    /// Should make a failed write an error the session's owner sees, a second
+    /// real uid here: a tokenFileFailed event on the owner's own `vaultctl
+    /// watch`, the session's `vaultctl status`, systemd's STATUS= and the log
+    /// at error priority, none with the token; the status clears at the next
+    /// write that succeeds.
+    @Test(.enabled(if: memoryParent != nil && getuid() == 0, "needs root, a second user and a tmpfs"))
+    func failedWriteReachesTheOwner() async throws {
+        try TestUsers.ensure()
+        let (uid, gid) = (try #require(TestUsers.uid(TestUsers.a)), try #require(TestUsers.gid(TestUsers.a)))
+        let directory = try TokenDirectory()
+        let user = uniqueName("tokenfile")
+        let path = directory.file("t.token")
+        let fixture = try DaemonFixture(start: false)
+        #expect(chmod(fixture.directory.url.path, 0o755) == 0)
+        try """
+        [Vault]
+        SocketMode=0666
+
+        [Provider demo]
+        Type=static
+
+        [Account demo \(user)]
+        Owner=\(TestUsers.a)
+        TokenFile=\(path)
+        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let notify = try NotifyListener(path: fixture.directory.path("notify"))
+        let daemon = try RunningDaemon(
+            socketPath: fixture.socketPath, configPath: fixture.configPath, environment: ["NOTIFY_SOCKET": notify.path])
+        defer { daemon.stop() }
+        func asOwner(_ arguments: [String], input: String? = nil) throws -> CommandResult {
+            try vaultctl(as: TestUsers.a, fixture.socketPath, arguments, input: input)
+        }
+        let first = "tok_file_first_\(UUID().uuidString)"
+        #expect(try asOwner(["login", "demo", user], input: first).status == 0)
+        #expect(try await fileBecomes(path, first) == first)
+
+        let (watch, lines, errors) = try startInterruptible(
+            "/usr/bin/setpriv",
+            [
+                "--reuid=\(uid)", "--regid=\(gid)", "--init-groups", Binaries.vaultctl.path, "--socket",
+                fixture.socketPath, "--json", "watch", "demo", user,
+            ])
+        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
+        #expect(lines.wait(for: "{\"sessions\":"), "\(lines.text) \(errors.text)")
+
+        // A directory others may write: refused before the write, as at the check.
+        #expect(chmod(directory.path, 0o777) == 0)
+        let second = "tok_file_second_\(UUID().uuidString)"
+        #expect(try asOwner(["login", "--replace", "demo", user], input: second).status == 0)
+        #expect(lines.wait(for: "\"tokenFileFailed\""), "the owner's watch gets the event: \(lines.text)")
+        #expect(
+            lines.text.contains("could not be written")
+                && lines.text.contains("\(directory.path) is writable by others"))
+        #expect(daemon.output.wait(for: "error: the token file could not be written"), "\(daemon.output.text)")
+        let status = try asOwner(["status", "demo", user])
+        #expect(
+            status.stdout.contains("Token file:") && status.stdout.contains("could not be written"), "\(status.stdout)")
+        #expect(notify.wait(for: "1 token file failing") != nil, "STATUS=: \(notify.messages)")
+        #expect(content(path) == first, "the failed write left the old file as it was")
+        for text in [lines.text, daemon.output.text, status.stdout, notify.messages.joined()] {
+            #expect(!text.contains(second) && !text.contains(first), "no token in what the owner sees")
+        }
+
+        #expect(chmod(directory.path, 0o700) == 0)
+        let third = "tok_file_third_\(UUID().uuidString)"
+        #expect(try asOwner(["login", "--replace", "demo", user], input: third).status == 0)
+        #expect(try await fileBecomes(path, third) == third, "written at the next change")
+        let cleared = try await eventually(
+            tries: 100, { try asOwner(["status", "demo", user]).stdout }, until: { !$0.contains("Token file:") })
+        #expect(!cleared.contains("Token file:") && cleared.contains("State:"), "\(cleared)")
+        kill(watch.processIdentifier, SIGINT)
+        #expect(lines.waitForEnd(seconds: 10))
+        _ = try reap(watch)
     }
 
     /// Should give the file to TokenFileOwner= with TokenFileMode= when vaultd runs as root.
@@ -310,6 +385,42 @@ struct TokenFileTests {
         #expect(try await fileBecomes(path, nil) == nil)
         let hits = try ProcessMemory.find(Array(secret.utf8), in: daemon.process.processIdentifier)
         #expect(hits.isEmpty, "\(hits.count) copies survive: \(hits.map(\.description).joined(separator: "\n"))")
+    }
+
+    /// Should refuse, at --check-config, a token file in /dev/shm (sticky and
+    /// world-writable: another user could create the file first, and vaultd's
+    /// rename could not replace it) and one reached through another user's
+    /// symlink (they could point it elsewhere), and accept the same path
+    /// through root's symlink.
+    @Test(.enabled(if: getuid() == 0 && inMemory("/dev/shm"), "needs root, a second user and /dev/shm on tmpfs"))
+    func checkConfigRefusesOthersDirectories() throws {
+        try TestUsers.ensure()
+        let uid = try #require(TestUsers.uid(TestUsers.a))
+        let directory = try TemporaryDirectory()
+        let config = directory.path("vaultd.conf")
+        func check(_ tokenFile: String) throws -> CommandResult {
+            try "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenFile)\n".write(
+                toFile: config, atomically: true, encoding: .utf8)
+            return try runCommand(Binaries.vaultd, ["--config", config, "--check-config"])
+        }
+        let shared = try check("/dev/shm/\(uniqueName("alice")).token")
+        #expect(shared.status == 1, "\(shared.stdout)")
+        #expect(
+            shared.stderr.contains("\(config):5: key 'TokenFile': /dev/shm is writable by others (mode 1777)"),
+            "\(shared.stderr)")
+
+        let tokens = try TokenDirectory()
+        #expect(mkdir(tokens.file("real"), 0o700) == 0)
+        #expect(symlink(tokens.file("real"), tokens.file("via")) == 0)
+        #expect(lchown(tokens.file("via"), uid, TestUsers.gid(TestUsers.a)!) == 0)
+        let theirs = try check(tokens.file("via/alice.token"))
+        #expect(theirs.status == 1, "\(theirs.stdout)")
+        #expect(
+            theirs.stderr.contains("\(tokens.file("via")) is a symlink of uid \(uid), who could point it elsewhere"),
+            "\(theirs.stderr)")
+        #expect(lchown(tokens.file("via"), 0, 0) == 0)
+        let roots = try check(tokens.file("via/alice.token"))
+        #expect(roots.status == 0, "root's symlink is followed: \(roots.stderr)")
     }
 
     /// Should refuse a token file on a disk file system at --check-config,
