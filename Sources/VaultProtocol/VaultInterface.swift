@@ -31,7 +31,8 @@ public enum VaultInterface {
         errors: VaultError.Code.allCases.map { code in
             VarlinkErrorDeclaration(
                 code.varlinkErrorName, doc: code.declaration.doc,
-                parameters: [VarlinkField("code", .string), VarlinkField("message", .string)])
+                parameters: [VarlinkField("code", .string), VarlinkField("message", .string)]
+                    + (code.declaration.retryAt ? [VarlinkField("retryAt", .nullable(.int))] : []))
         })
 
     /// The interface definition text, as `GetInterfaceDescription` returns it
