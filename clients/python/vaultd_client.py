@@ -264,6 +264,21 @@ class LoginBackingOff(VaultdError):
     """A login that asks the provider failed lately; none starts before the backoff ends."""
 
 
+class RefreshBackingOff(VaultdError):
+    """The session's last refresh failed; no refresh a client asks for is sent
+    before the backoff ends (``parameters["retryAt"]``, Unix seconds)."""
+
+
+class TooManyProviderRequests(VaultdError):
+    """The caller's user made as many provider requests as vaultd allows one
+    user; nothing was sent; try again from ``parameters["retryAt"]`` on."""
+
+
+class TooManyRevocations(VaultdError):
+    """The owner's sessions and its revocations the provider has not accepted
+    yet fill MaxSessionsPerUser=: the login is refused."""
+
+
 _ERRORS = {cls.__name__: cls for cls in VaultdError.__subclasses__()}
 
 
