@@ -84,6 +84,7 @@ struct ProviderTrafficTests {
             Array(repeating: ("Refresh", ["provider": "oauth", "user": .string(user)]), count: 300))
         let elapsed = Date().timeIntervalSince1970 - begun
         let sent = try await providerRequests(server).refresh
+        print("ProviderTrafficTests \(mode): 300 Refresh calls in \(elapsed) s sent \(sent) refresh requests")
         #expect(replies.count == 300)
         // Every wait of the backoff is at least 1 s (at least 120 s after a 429
         // asking for 120): one request, then at most one a second.
@@ -118,6 +119,8 @@ struct ProviderTrafficTests {
         let replies = try calls(as: TestUsers.a, d.socketPath, rounds)
         let elapsed = Date().timeIntervalSince1970 - begun
         let (refreshes, revocations) = try await providerRequests(server)
+        print(
+            "ProviderTrafficTests rounds: 100 rounds in \(elapsed) s sent \(refreshes) refreshes, \(revocations) revocations")
         #expect(replies.count == 300)
         // The bucket: 10 at once, then one every 2 s.
         let allowed = 10 + Int64((elapsed / 2).rounded(.up))
@@ -176,6 +179,7 @@ struct ProviderTrafficTests {
         }
         // At most four a second (RevocationQueue.spacingSeconds).
         let allowed = 1 + Int64((elapsed * 4).rounded(.up))
+        print("ProviderTrafficTests cap: \(revoked) revocation requests in \(elapsed) s")
         #expect(revoked >= 1 && revoked <= allowed, "\(revoked) revocation requests in \(elapsed) s")
         try await server.post("/control/mode", json: ["mode": "normal"])
     }
