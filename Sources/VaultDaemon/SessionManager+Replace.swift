@@ -113,7 +113,9 @@ extension SessionManager {
             // A failed logout's revocation kept back because its tokens were served:
             // they are not any more, so it may go ahead.
             entries[key]?.unqueue = nil
-            if let provider { startRevocation(queued, provider: provider, chargedTo: chargedUID(.peer(caller), owner: key.owner)) }
+            if let provider {
+                startRevocation(queued, provider: provider, chargedTo: chargedUID(.peer(caller), owner: key.owner))
+            }
         }
         let now = clock.now()
         await handle(key, .replaced(facts(new, refreshedAt: now), now: now))

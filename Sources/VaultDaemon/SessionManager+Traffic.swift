@@ -1,4 +1,5 @@
 import VaultCore
+import VaultSystem
 
 /// What the session manager keeps to bound the requests it sends a provider:
 /// each user's `ProviderBudget`, and the queued revocations (`RevocationQueue`
@@ -55,9 +56,10 @@ extension SessionManager {
         let owner = revocation.record.ownerUID
         traffic.queued[revocation.id] = ProviderTraffic.Queued(
             revocation: revocation, provider: provider, chargedTo: chargedTo)
-        traffic.queue.add(
-            revocation.id, owner: owner, bytes: revocation.record.storedJSON().serialized().count,
-            now: clock.preciseNow())
+        // Its size as stored; the document holds the tokens, so it is wiped.
+        var document = revocation.record.storedJSON().serialized()
+        traffic.queue.add(revocation.id, owner: owner, bytes: document.count, now: clock.preciseNow())
+        document.wipe()
         if let worker = traffic.worker {
             // Waiting for a later one: start again, so that this one is not held behind it.
             guard traffic.workerWaiting else { return }

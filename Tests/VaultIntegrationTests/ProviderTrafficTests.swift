@@ -31,7 +31,9 @@ struct ProviderTrafficTests {
     /// Sends `calls` over one connection as the user `name`, one after
     /// another, and returns the replies (Tests/python/varlink_calls.py).
     func calls(as name: String, _ socket: String, _ calls: [(String, JSON)]) throws -> [Reply] {
-        guard let uid = TestUsers.uid(name), let gid = TestUsers.gid(name) else { throw HarnessError("no user \(name)") }
+        guard let uid = TestUsers.uid(name), let gid = TestUsers.gid(name) else {
+            throw HarnessError("no user \(name)")
+        }
         let script = Binaries.packageRoot.appendingPathComponent("Tests/python/varlink_calls.py").path
         let input = calls.map { method, parameters in
             JSON.object(["method": .string("io.vaultd.Vault.\(method)"), "parameters": parameters]).text
@@ -77,7 +79,8 @@ struct ProviderTrafficTests {
         try await login(d, server, user)
         try await server.post("/control/reset")
         try await server.post(
-            "/control/mode", json: ["mode": .string(mode), "target": "token", "retry_after": mode == "error429" ? 120 : nil])
+            "/control/mode",
+            json: ["mode": .string(mode), "target": "token", "retry_after": mode == "error429" ? 120 : nil])
         let begun = Date().timeIntervalSince1970
         let replies = try calls(
             as: TestUsers.a, d.socketPath,
@@ -120,7 +123,8 @@ struct ProviderTrafficTests {
         let elapsed = Date().timeIntervalSince1970 - begun
         let (refreshes, revocations) = try await providerRequests(server)
         print(
-            "ProviderTrafficTests rounds: 100 rounds in \(elapsed) s sent \(refreshes) refreshes, \(revocations) revocations")
+            "ProviderTrafficTests rounds: 100 rounds in \(elapsed) s sent \(refreshes) refreshes, \(revocations) revocations"
+        )
         #expect(replies.count == 300)
         // The bucket: 10 at once, then one every 2 s.
         let allowed = 10 + Int64((elapsed / 2).rounded(.up))
