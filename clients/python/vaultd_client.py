@@ -998,7 +998,10 @@ class Client:
     def refresh(self, provider: str, user: str, *, owner_uid: Optional[int] = None) -> Session:
         """Refreshes the session's tokens now (joining a refresh in flight) and
         returns the session afterwards; at most once per MinRefreshInterval=
-        while the token is valid (``RefreshTooSoon``)."""
+        after the last attempt while the token is valid (``RefreshTooSoon``),
+        never during the backoff of a failed one (``RefreshBackingOff``), and
+        within the caller's provider requests (``TooManyProviderRequests``);
+        each refusal's ``parameters["retryAt"]`` says when to try again."""
         return self._session(self._vault("Refresh", provider=provider, user=user, owner_uid=owner_uid), "Refresh")
 
     def set_provider_secret(self, provider: str, *, secret: str) -> None:
