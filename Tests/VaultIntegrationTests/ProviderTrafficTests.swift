@@ -104,6 +104,31 @@ struct ProviderTrafficTests {
         try await server.post("/control/mode", json: ["mode": "normal"])
     }
 
+    @Test("Should count a failed Refresh toward MinRefreshInterval= once its backoff is over")
+    func failedRefreshCountsTowardInterval() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let d = try start(server, vault: "MinRefreshInterval=60\nProviderRequestsPerMinute=0")
+        let user = uniqueName("interval")
+        try await login(d, server, user)
+        try await server.post("/control/reset")
+        // Only the next request fails.
+        try await server.post("/control/mode", json: ["mode": "error500", "target": "token", "count": 1])
+        let failed = try vaultctl(as: TestUsers.a, d.socketPath, ["refresh", "oauth", user])
+        #expect(failed.status != 0)
+        let failedAt = Date().timeIntervalSince1970
+        // Refused without a request: RefreshTooSoon, whose end (60 s) is later
+        // than the backoff's (1-2 s); asked again while a RefreshBackingOff comes.
+        var last = failed
+        for _ in 0..<300 {
+            last = try vaultctl(as: TestUsers.a, d.socketPath, ["refresh", "oauth", user])
+            guard last.stderr.contains("ERR_REFRESH_BACKING_OFF") else { break }
+        }
+        #expect(last.status != 0)
+        #expect(last.stderr.contains("ERR_REFRESH_TOO_SOON"), "\(last.stderr)")
+        #expect(Date().timeIntervalSince1970 - failedAt < 60, "the interval had not passed")
+        #expect(try await providerRequests(server).refresh == 1, "the failed attempt only")
+    }
+
     @Test("Should keep 100 rounds of login, refresh and logout of one user within its provider request budget")
     func roundsStayWithinBudget() async throws {
         let server = try TokenServer(["--lifetime", "600"])
