@@ -105,17 +105,6 @@ extension SessionManager {
                     Audit.log(log, "Login", key, by: .peer(caller), result: refusal.code.seedCode)
                     throw refusal
                 }
-                if Self.mints(request, provider: provider) {
-                    do throws(VaultError) {
-                        try chargeProviderRequest(
-                            chargedUID(.peer(caller), owner: key.owner), "the login of \(account) at the provider")
-                    } catch {
-                        abandonLogin(key)
-                        forget(key)
-                        Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
-                        throw error
-                    }
-                }
                 if key.owner != 0, table.sessionCount(of: key.owner) >= config.limits.sessionsPerUser {
                     abandonLogin(key)
                     forget(key)
@@ -142,6 +131,18 @@ extension SessionManager {
                         // Gone meanwhile: nothing to switch from.
                     }
                     continue
+                }
+                // Charged once the login goes ahead (a switch above passes here twice).
+                if Self.mints(request, provider: provider) {
+                    do throws(VaultError) {
+                        try chargeProviderRequest(
+                            chargedUID(.peer(caller), owner: key.owner), "the login of \(account) at the provider")
+                    } catch {
+                        abandonLogin(key)
+                        forget(key)
+                        Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
+                        throw error
+                    }
                 }
                 table.publish(key, SessionView(state: .logging, record: nil))
                 // The task ends only after the state changed, so that whoever
