@@ -143,6 +143,11 @@ public struct UserLimits: Sendable, Equatable {
     /// Client-asked refreshes of one account are at least this far apart,
     /// unless the token has expired (`MinRefreshInterval=`), in seconds.
     public var minRefreshIntervalSeconds: Int64 = 60
+    /// Provider requests (logins that ask the provider, refreshes a client
+    /// asked for, revocations) one uid may cause: a token bucket of
+    /// `ProviderRequestBurst=` refilled at `ProviderRequestsPerMinute=`
+    /// (0: no limit). Root and the admin group are not limited.
+    public var providerRequests = ProviderBudget.Settings()
 
     /// The defaults.
     public init() {}
@@ -227,6 +232,7 @@ public enum ConfigParser {
     static let vaultKeys =
         [
             "StoreTimeout", "StoreScope", "AdminGroup", "SocketMode", "MaxSessionsPerUser", "MaxSessionSize",
+            "ProviderRequestsPerMinute", "ProviderRequestBurst",
             "MinRefreshInterval", "Store", "Database", "ServingThreads",
         ] + ServingLimits.keys
     static let providerKeys = [
@@ -474,6 +480,8 @@ public enum ConfigParser {
             }
             limits.minRefreshIntervalSeconds = seconds
         }
+        if let value = try count("ProviderRequestsPerMinute", 0...100_000) { limits.providerRequests.perMinute = value }
+        if let value = try count("ProviderRequestBurst", 1...100_000) { limits.providerRequests.burst = value }
     }
 
     /// The longest a timeout may be: one hour.

@@ -54,6 +54,43 @@ public enum RefreshPolicy {
     }
 }
 
+/// Whether a refresh a client asked for (`Refresh`, or `GetToken` wanting a
+/// fresher token) may ask the provider now. One local user must not be able
+/// to make vaultd hammer a token endpoint with its shared client
+/// credentials: a client-asked refresh waits out the backoff of the
+/// session's failures (and the server's `Retry-After`), and starts at most
+/// once per `MinRefreshInterval=` after the last attempt, failed or not,
+/// while the token has not expired.
+public enum ClientRefresh {
+    /// Nil when the refresh may start at `now`; else the refusal, with the
+    /// time it may be tried again (`retryAt`): `refreshBackingOff` while the
+    /// backoff lasts, else `refreshTooSoon`.
+    public static func refusal(
+        _ account: Account, status: RefreshStatus, expired: Bool, minIntervalSeconds: Int64, now: UnixTime
+    ) -> VaultError? {
+        let backoff = status.nextRetryAt.flatMap { $0 > now ? $0 : nil }
+        let interval = status.lastAttemptAt.flatMap { last -> UnixTime? in
+            let next = last.adding(seconds: minIntervalSeconds)
+            return !expired && next > now ? next : nil
+        }
+        if let backoff, backoff >= interval ?? backoff {
+            var error = VaultError(
+                .refreshBackingOff,
+                "refreshing \(account) failed \(status.consecutiveFailures) time(s) (\(status.lastError ?? "unknown error")); no refresh is sent before \(backoff), the end of the backoff; the current token is still served"
+            )
+            error.retryAt = backoff
+            return error
+        }
+        guard let interval, let last = status.lastAttemptAt else { return nil }
+        var error = VaultError(
+            .refreshTooSoon,
+            "the tokens of \(account) were last refreshed (or tried) at \(last), less than \(minIntervalSeconds)s ago (MinRefreshInterval=); they can be refreshed again from \(interval) on"
+        )
+        error.retryAt = interval
+        return error
+    }
+}
+
 /// How a refresh ended, as the provider reports it.
 public enum RefreshOutcome: Sendable, Equatable {
     /// New tokens; `expiresIn` when the server said.
@@ -77,6 +114,9 @@ public enum ConnectionState: String, Sendable {
 public struct RefreshStatus: Sendable, Equatable {
     public var refreshAt: UnixTime?
     public var lastRefreshAt: UnixTime?
+    /// When the last refresh, successful or not, ended (`MinRefreshInterval=`
+    /// counts from it); not shown.
+    public var lastAttemptAt: UnixTime?
     public var consecutiveFailures: Int = 0
     public var lastError: String?
     /// The code of the last failure, where one is known (a failed login's).

@@ -124,7 +124,7 @@ public struct SessionTimers: Sendable, Equatable {
     /// The access token has an expiry (from the last facts). A token without
     /// one is never refreshed on a schedule: no refresh deadline, and no retry
     /// after a failed refresh a client asked for (the token stays valid; the
-    /// client got the error and may ask again).
+    /// client got the error and may ask again once the backoff, `nextRetryAt`, ended).
     public private(set) var expires = true
 
     public static func == (lhs: SessionTimers, rhs: SessionTimers) -> Bool {
@@ -168,6 +168,7 @@ public struct SessionTimers: Sendable, Equatable {
             refreshing = false
             expiredWhileRefreshing = false
             status.lastRefreshAt = now
+            status.lastAttemptAt = now
             status.consecutiveFailures = 0
             status.lastError = nil
             status.nextRetryAt = nil
@@ -181,6 +182,7 @@ public struct SessionTimers: Sendable, Equatable {
         case .refreshFailed(let reason, let retryAfter, let random, let now, let expired):
             refreshing = false
             status.consecutiveFailures += 1
+            status.lastAttemptAt = now
             status.lastError = reason
             status.connection = .connectFailed
             if expired && expiredWhileRefreshing {
@@ -189,13 +191,11 @@ public struct SessionTimers: Sendable, Equatable {
                     .connection(.connectFailed, reason: reason), .end(reason: "tokenExpired", kind: .tokenExpired),
                 ]
             }
-            guard expires else {
-                status.nextRetryAt = nil
-                return [.connection(.connectFailed, reason: reason)]
-            }
             let wait = RefreshPolicy.backoff(
                 attempt: status.consecutiveFailures, random: random, retryAfter: retryAfter)
+            // A client asking again waits this out too (`ClientRefresh`).
             status.nextRetryAt = now.adding(seconds: wait)
+            guard expires else { return [.connection(.connectFailed, reason: reason)] }
             return [.schedule(.refresh, at: now.adding(seconds: wait)), .connection(.connectFailed, reason: reason)]
         case .refreshRefused(_, let reason):
             refreshing = false

@@ -28,6 +28,9 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case tooManyClients
         case helperUnavailable
         case loginBackingOff
+        case refreshBackingOff
+        case tooManyProviderRequests
+        case tooManyRevocations
 
         /// How a kind of failure is named on the wire and by the SDKs, and what
         /// it means: the `io.vaultd.Vault` error's name and doc comment, and
@@ -39,6 +42,15 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
             public var seedCode: String
             /// The error's doc comment in the interface definition.
             public var doc: String
+            /// The error carries `retryAt`, the time the call may be tried again.
+            public var retryAt = false
+
+            init(varlinkName: String, seedCode: String, doc: String, retryAt: Bool = false) {
+                self.varlinkName = varlinkName
+                self.seedCode = seedCode
+                self.doc = doc
+                self.retryAt = retryAt
+            }
         }
 
         /// The one table of names: every code's Varlink name, seed code and doc.
@@ -127,9 +139,11 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                 return Declaration(
                     varlinkName: "RefreshTooSoon", seedCode: "ERR_REFRESH_TOO_SOON",
                     doc: """
-                        The session's tokens were refreshed less than MinRefreshInterval= ago and are
-                        still valid: no refresh was started.
-                        """)
+                        The session's tokens were refreshed (or a refresh was tried) less than
+                        MinRefreshInterval= ago and are still valid: no refresh was started before
+                        retryAt.
+                        """,
+                    retryAt: true)
             case .tooManyConnections:
                 return Declaration(
                     varlinkName: "TooManyConnections", seedCode: "ERR_TOO_MANY_CONNECTIONS",
@@ -174,6 +188,34 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                         nextRetryAt). Every caller, and vaultd's own AutoLogin=, waits out the same
                         backoff.
                         """)
+            case .refreshBackingOff:
+                return Declaration(
+                    varlinkName: "RefreshBackingOff", seedCode: "ERR_REFRESH_BACKING_OFF",
+                    doc: """
+                        The session's last refresh failed, and no refresh a client asks for is sent
+                        before its backoff (or the server's Retry-After) ends at retryAt; the current
+                        token is still served.
+                        """,
+                    retryAt: true)
+            case .tooManyProviderRequests:
+                return Declaration(
+                    varlinkName: "TooManyProviderRequests", seedCode: "ERR_TOO_MANY_PROVIDER_REQUESTS",
+                    doc: """
+                        The caller's user made as many provider requests (logins that ask the provider,
+                        refreshes, revocations) as vaultd allows one user (ProviderRequestsPerMinute=,
+                        ProviderRequestBurst=; root and the admin group are not limited): nothing was
+                        sent; try again from retryAt on.
+                        """,
+                    retryAt: true)
+            case .tooManyRevocations:
+                return Declaration(
+                    varlinkName: "TooManyRevocations", seedCode: "ERR_TOO_MANY_REVOCATIONS",
+                    doc: """
+                        The owner's sessions and the revocations of its ended sessions that the provider
+                        has not accepted yet would be more than MaxSessionsPerUser= (of MaxSessionSize=
+                        bytes each): the login is refused until the provider takes some; a logout is
+                        never refused.
+                        """)
             }
         }
 
@@ -200,6 +242,9 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
     /// report the chat server's own code, and so does vaultd. Nil for
     /// vaultd's own errors.
     public var providerCode: String?
+    /// When the call may be tried again, for the codes that say
+    /// (`Declaration.retryAt`): the reply's `retryAt`, in Unix seconds.
+    public var retryAt: UnixTime?
 
     /// Makes an error of `code` with a human `message`.
     public init(_ code: Code, _ message: String) {

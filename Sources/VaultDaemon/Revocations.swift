@@ -4,40 +4,28 @@ import VaultCore
 /// `revoke`). The revocation is in the store before the first attempt (with
 /// the session's `loggingOut` mark, or queued on its own for tokens a refresh
 /// obtained for a session that had ended), so neither a SIGTERM nor a crash
-/// loses it; it leaves the queue only once the provider accepted it.
+/// loses it; it leaves the queue only once the provider accepted it. When
+/// each attempt goes out is `RevocationQueue`'s decision (see
+/// SessionManager+Traffic.swift).
 enum Revocations {
-    /// How many attempts one run makes (about ten minutes with the backoff)
-    /// before it leaves the revocation queued for the next start.
-    static let attempts = 10
-
-    /// Attempts `revocation` with backoff until the provider accepts it, the
-    /// attempts run out or the task is cancelled (vaultd is stopping); in the
-    /// last two cases it stays queued.
-    static func run(
-        _ revocation: PendingRevocation, provider: any TokenProvider, store: any SessionStore, log: Logger,
-        clock: any WallClock, random: @escaping @Sendable () -> Double
-    ) async {
-        let account = revocation.record.account
-        let fields = ["provider": account.provider, "user": account.user, "owner": String(revocation.record.ownerUID)]
-        for attempt in 1...attempts {
-            if Task.isCancelled { return }
-            let accepted =
-                revocation.replaced
-                ? await provider.revokeReplaced(revocation.record) : await provider.revoke(revocation.record)
-            if accepted {
-                do throws(VaultError) {
-                    try await store.deletePendingRevocation(revocation)
-                } catch {
-                    // Asked again at the next start: revoking twice is harmless (RFC 7009 2.2).
-                    log.warning("a revocation the provider accepted could not be removed from the queue", fields)
-                }
-                return
-            }
-            let wait = RefreshPolicy.backoff(attempt: attempt, random: random())
-            do { try await clock.sleep(until: clock.preciseNow() + Double(wait)) } catch { return }
+    /// One attempt at `revocation`: true when the provider accepted it (it is
+    /// then taken out of the store's queue), false when it is to be tried again.
+    static func attempt(
+        _ revocation: PendingRevocation, provider: any TokenProvider, store: any SessionStore, log: Logger
+    ) async -> Bool {
+        let accepted =
+            revocation.replaced
+            ? await provider.revokeReplaced(revocation.record) : await provider.revoke(revocation.record)
+        guard accepted else { return false }
+        do throws(VaultError) {
+            try await store.deletePendingRevocation(revocation)
+        } catch {
+            // Asked again at the next start: revoking twice is harmless (RFC 7009 2.2).
+            let account = revocation.record.account
+            log.warning(
+                "a revocation the provider accepted could not be removed from the queue",
+                ["provider": account.provider, "user": account.user, "owner": String(revocation.record.ownerUID)])
         }
-        log.warning(
-            "the token could not be revoked at the provider; it stays queued for the next start",
-            fields.merging(["event": "revokeFailed"]) { a, _ in a })
+        return true
     }
 }

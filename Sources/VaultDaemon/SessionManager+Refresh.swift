@@ -156,8 +156,11 @@ extension SessionManager {
 
     /// Refreshes the tokens of the session `key` now, or joins the refresh in
     /// flight. `caller` nil is vaultd's own scheduler; a refresh a client asked
-    /// for (`Refresh`, or `GetToken` through `freshToken`) starts at most once
-    /// per `MinRefreshInterval=` while the token has not expired. On a host
+    /// for (`Refresh`, or `GetToken` through `freshToken`) waits out the
+    /// backoff of failed ones and starts at most once per
+    /// `MinRefreshInterval=` after the last attempt while the token has not
+    /// expired (`ClientRefresh`), and a `Refresh` comes out of the caller's
+    /// `ProviderBudget`. On a host
     /// of a fleet, tokens obtained and not written to the shared store are
     /// served from this host, and the refresh throws the store's error.
     public func refresh(
@@ -189,16 +192,17 @@ extension SessionManager {
                 .invalidCredential,
                 "the provider refused to refresh \(account) and it is being logged out; log in again")
         }
-        let interval = config.limits.minRefreshIntervalSeconds
-        if clientAsked, !record.isExpired(at: now), let last = status.lastRefreshAt,
-            last.adding(seconds: interval) > now
-        {
+        if clientAsked {
             // One local user must not be able to make vaultd hammer the token
             // endpoint (and get a shared client_id rate-limited for everyone).
-            throw VaultError(
-                .refreshTooSoon,
-                "the tokens of \(account) were refreshed at \(last), less than \(interval)s ago (MinRefreshInterval=); they can be refreshed again from \(last.adding(seconds: interval)) on"
-            )
+            if let refusal = ClientRefresh.refusal(
+                account, status: status, expired: record.isExpired(at: now),
+                minIntervalSeconds: config.limits.minRefreshIntervalSeconds, now: now)
+            {
+                throw refusal
+            }
+            try chargeProviderRequest(
+                caller.flatMap { chargedUID(.peer($0), owner: key.owner) }, "the refresh of \(account)")
         }
         await handle(key, .refreshStarted)
         let id = entry.id

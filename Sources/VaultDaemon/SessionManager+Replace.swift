@@ -38,6 +38,18 @@ extension SessionManager {
             Audit.log(log, "Login", key, by: .peer(caller), result: refusal.code.seedCode)
             throw refusal
         }
+        do throws(VaultError) {
+            // The replaced tokens' revocation is queued beside the session.
+            if let refusal = revocationRefusal(owner: key.owner) { throw refusal }
+            if let provider = config.providers[key.account.provider], Self.mints(request, provider: provider) {
+                try chargeProviderRequest(
+                    chargedUID(.peer(caller), owner: key.owner), "the login of \(key.account) at the provider")
+            }
+        } catch {
+            entries[key]?.machine.replaceFinished(nil)
+            Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
+            throw error
+        }
         // The task ends only after the state changed, so whoever awaits it sees the new state.
         let task = Task { () -> Result<SessionRecord, VaultError> in
             await self.performReplace(request, key: key, replacing: old, caller: caller)
@@ -101,7 +113,9 @@ extension SessionManager {
             // A failed logout's revocation kept back because its tokens were served:
             // they are not any more, so it may go ahead.
             entries[key]?.unqueue = nil
-            if let provider { startRevocation(queued, provider: provider) }
+            if let provider {
+                startRevocation(queued, provider: provider, chargedTo: chargedUID(.peer(caller), owner: key.owner))
+            }
         }
         let now = clock.now()
         await handle(key, .replaced(facts(new, refreshedAt: now), now: now))
@@ -111,7 +125,9 @@ extension SessionManager {
                 kind: .tokenRefreshed, account: key.account, ownerUID: key.owner, time: now, reason: "replaced",
                 expiresAt: new.expiresAt))
         Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
-        if let revocation, let provider { startRevocation(revocation, provider: provider) }
+        if let revocation, let provider {
+            startRevocation(revocation, provider: provider, chargedTo: chargedUID(.peer(caller), owner: key.owner))
+        }
         return .success(new)
     }
 

@@ -97,6 +97,14 @@ extension SessionManager {
                     Audit.log(log, "Login", key, by: .peer(caller), result: refusal.code.seedCode)
                     throw refusal
                 }
+                if let refusal = revocationRefusal(owner: key.owner) {
+                    // Each session's tokens are revoked at its end: the owner's
+                    // revocations the provider has not taken yet hold places too.
+                    abandonLogin(key)
+                    forget(key)
+                    Audit.log(log, "Login", key, by: .peer(caller), result: refusal.code.seedCode)
+                    throw refusal
+                }
                 if key.owner != 0, table.sessionCount(of: key.owner) >= config.limits.sessionsPerUser {
                     abandonLogin(key)
                     forget(key)
@@ -123,6 +131,18 @@ extension SessionManager {
                         // Gone meanwhile: nothing to switch from.
                     }
                     continue
+                }
+                // Charged once the login goes ahead (a switch above passes here twice).
+                if Self.mints(request, provider: provider) {
+                    do throws(VaultError) {
+                        try chargeProviderRequest(
+                            chargedUID(.peer(caller), owner: key.owner), "the login of \(account) at the provider")
+                    } catch {
+                        abandonLogin(key)
+                        forget(key)
+                        Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
+                        throw error
+                    }
                 }
                 table.publish(key, SessionView(state: .logging, record: nil))
                 // The task ends only after the state changed, so that whoever
@@ -447,23 +467,14 @@ extension SessionManager {
         forget(key)
         performAutoLogin(again, key)
         rearmTimer()
-        if let revocation, let provider { startRevocation(revocation, provider: provider) }
+        if let revocation, let provider {
+            startRevocation(revocation, provider: provider, chargedTo: chargedUID(principal, owner: key.owner))
+        }
         await revokeReplaced(replaced)
         var logFields = fields(key, event: what.event.rawValue, by: principal)
         logFields["reason"] = reason
         log.info("logged out", logFields)
         Audit.log(log, what.auditAction, key, by: principal, result: "ok")
         return .success(())
-    }
-
-    /// Asks the provider to revoke a queued revocation, in the background.
-    func startRevocation(_ revocation: PendingRevocation, provider: any TokenProvider) {
-        let store = self.store
-        let log = self.log
-        let clock = self.clock
-        let random = self.random
-        spawn {
-            await Revocations.run(revocation, provider: provider, store: store, log: log, clock: clock, random: random)
-        }
     }
 }

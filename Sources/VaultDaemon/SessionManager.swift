@@ -72,6 +72,9 @@ public actor SessionManager {
     /// What a host of a fleet keeps about the shared store; nil on a single
     /// host (see SessionManager+Fleet.swift).
     var fleet: FleetState?
+    /// The provider requests each user may still cause, and the queued
+    /// revocations (see SessionManager+Traffic.swift).
+    var traffic: ProviderTraffic
 
     /// A manager over `store`, reading time from `clock`.
     public init(
@@ -87,6 +90,7 @@ public actor SessionManager {
         self.store = gate
         self.storeDidChange = storeDidChange
         self.config = config
+        self.traffic = ProviderTraffic(budget: ProviderBudget(config.limits.providerRequests))
         self.clock = clock
         self.log = log
         self.policy = PolicyBox(policy)
@@ -130,6 +134,7 @@ public actor SessionManager {
         let old = Set(config.providers.keys)
         let new = Set(newConfig.providers.keys)
         config = newConfig
+        traffic.budget.configure(newConfig.limits.providerRequests)
         clients = [:]
         policy.replace(newPolicy)
         let removed = old.subtracting(new).sorted()

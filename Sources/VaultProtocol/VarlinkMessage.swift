@@ -347,8 +347,9 @@ extension VaultError {
     /// The error as a Varlink reply: its name, the seed-style code (or the
     /// provider's own, `providerCode`) and the message.
     public var varlinkReply: VarlinkReply {
-        VarlinkReply(
-            error: varlinkName, parameters: ["code": .string(replyCode), "message": .string(message)])
+        var parameters: [String: JSON] = ["code": .string(replyCode), "message": .string(message)]
+        if code.declaration.retryAt, let retryAt { parameters["retryAt"] = .int(retryAt.seconds) }
+        return VarlinkReply(error: varlinkName, parameters: parameters)
     }
 
     /// Reads a vaultd error back from a Varlink error reply, when it is one.
@@ -362,5 +363,6 @@ extension VaultError {
         self.init(
             code, reply.parameters["message"]?.stringValue ?? name,
             providerCode: wireCode == code.seedCode ? nil : wireCode)
+        retryAt = reply.parameters["retryAt"]?.integerValue.map(UnixTime.init(seconds:))
     }
 }

@@ -31,7 +31,8 @@ public enum VaultInterface {
         errors: VaultError.Code.allCases.map { code in
             VarlinkErrorDeclaration(
                 code.varlinkErrorName, doc: code.declaration.doc,
-                parameters: [VarlinkField("code", .string), VarlinkField("message", .string)])
+                parameters: [VarlinkField("code", .string), VarlinkField("message", .string)]
+                    + (code.declaration.retryAt ? [VarlinkField("retryAt", .nullable(.int))] : []))
         })
 
     /// The interface definition text, as `GetInterfaceDescription` returns it
@@ -323,8 +324,11 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                 doc: """
                     Refreshes the session's tokens now (for providers that can), joining a
                     refresh already in flight; answers with the session afterwards. A refresh
-                    starts at most once per MinRefreshInterval= while the token is valid
-                    (RefreshTooSoon).
+                    starts at most once per MinRefreshInterval= after the last one, failed or not,
+                    while the token is valid (RefreshTooSoon), waits out the backoff of a failed
+                    one and the server's Retry-After (RefreshBackingOff), and counts against the
+                    caller's provider requests (TooManyProviderRequests); each refusal says in
+                    retryAt when to try again, and sends nothing to the provider.
                     """,
                 parameters: [
                     VarlinkField("provider", .string),

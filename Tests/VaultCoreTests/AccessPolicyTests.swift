@@ -143,6 +143,8 @@ struct ConfigAccessTests {
             ("[Vault]\nMaxSessionsPerUser=0\n", "f:2: key 'MaxSessionsPerUser'"),
             ("[Vault]\nMaxSessionSize=10\n", "f:2: key 'MaxSessionSize'"),
             ("[Vault]\nMinRefreshInterval=soon\n", "f:2: key 'MinRefreshInterval'"),
+            ("[Vault]\nProviderRequestsPerMinute=-1\n", "f:2: key 'ProviderRequestsPerMinute'"),
+            ("[Vault]\nProviderRequestBurst=0\n", "f:2: key 'ProviderRequestBurst'"),
         ] {
             #expect(throws: VaultError.self) { try ConfigParser.parse(text, file: "f") }
             do {
@@ -175,6 +177,11 @@ struct ConfigAccessTests {
         #expect(limits.sessionsPerUser == 3)
         #expect(limits.sessionBytes == 2048)
         #expect(limits.minRefreshIntervalSeconds == 300)
+        #expect(limits.providerRequests == ProviderBudget.Settings(perMinute: 30, burst: 10), "the defaults")
+        let budget = try ConfigParser.parse(
+            "[Vault]\nProviderRequestsPerMinute=0\nProviderRequestBurst=50\n", file: "f"
+        ).limits.providerRequests
+        #expect(budget == ProviderBudget.Settings(perMinute: 0, burst: 50))
         #expect(UserLimits().sessionsPerUser == 256)
         #expect(UserLimits().sessionBytes == 32768)
     }

@@ -126,7 +126,7 @@ struct ProviderFailureTests {
 struct NoExpiryFailureTests {
     let now = UnixTime(seconds: 1_700_000_000)
 
-    @Test("Should not retry on a schedule a failed refresh of a token without an expiry")
+    @Test("Should not retry on a schedule a failed refresh of a token without an expiry, and keep its backoff")
     func failedRefreshWithoutExpiry_noRetry() {
         var timers = SessionTimers()
         _ = timers.handle(.stored(facts(at: now, expiresAt: nil), now: now))
@@ -134,7 +134,8 @@ struct NoExpiryFailureTests {
         let actions = timers.handle(
             .refreshFailed(reason: "ERR_NETWORK_ERROR: down", retryAfter: nil, random: 0.5, now: now, expired: false))
         #expect(actions == [.connection(.connectFailed, reason: "ERR_NETWORK_ERROR: down")])
-        #expect(timers.status.nextRetryAt == nil)
+        // No timer, but a client asking again waits the backoff out (ClientRefresh).
+        #expect(timers.status.nextRetryAt == now.adding(seconds: 1))
         #expect(timers.status.consecutiveFailures == 1)
         #expect(!timers.refreshing)
     }

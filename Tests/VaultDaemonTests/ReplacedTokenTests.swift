@@ -170,6 +170,9 @@ struct ReplacedTokenTests {
         rig.provider.release()
         await refresh.value
         await rig.settle()
+        // The queue sends one revocation per RevocationQueue.spacingSeconds.
+        rig.clock.advance(by: RevocationQueue.spacingSeconds)
+        await rig.settle()
         let state = rig.provider.state.withLock { $0 }
         #expect(state.revokedSessions == [first], "the logout revoked the session's token")
         #expect(state.revokedReplaced == ["mt-2-" + String(repeating: "m", count: 12)], "and the orphan alone")

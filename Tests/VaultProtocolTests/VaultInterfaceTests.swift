@@ -35,7 +35,8 @@ struct VaultInterfaceTests {
     @Test("Should declare every error code with code and message", arguments: VaultError.Code.allCases)
     func declaresError(code: VaultError.Code) {
         let lines = VaultInterface.description.split(separator: "\n").map(String.init)
-        #expect(lines.contains("error \(code.varlinkErrorName) (code: string, message: string)"))
+        let retryAt = code.declaration.retryAt ? ", retryAt: ?int" : ""
+        #expect(lines.contains("error \(code.varlinkErrorName) (code: string, message: string\(retryAt))"))
         #expect(
             VaultInterface.description.contains(
                 "# " + code.declaration.doc.replacingOccurrences(of: "\n", with: "\n# ")))

@@ -264,6 +264,21 @@ class LoginBackingOff(VaultdError):
     """A login that asks the provider failed lately; none starts before the backoff ends."""
 
 
+class RefreshBackingOff(VaultdError):
+    """The session's last refresh failed; no refresh a client asks for is sent
+    before the backoff ends (``parameters["retryAt"]``, Unix seconds)."""
+
+
+class TooManyProviderRequests(VaultdError):
+    """The caller's user made as many provider requests as vaultd allows one
+    user; nothing was sent; try again from ``parameters["retryAt"]`` on."""
+
+
+class TooManyRevocations(VaultdError):
+    """The owner's sessions and its revocations the provider has not accepted
+    yet fill MaxSessionsPerUser=: the login is refused."""
+
+
 _ERRORS = {cls.__name__: cls for cls in VaultdError.__subclasses__()}
 
 
@@ -983,7 +998,10 @@ class Client:
     def refresh(self, provider: str, user: str, *, owner_uid: Optional[int] = None) -> Session:
         """Refreshes the session's tokens now (joining a refresh in flight) and
         returns the session afterwards; at most once per MinRefreshInterval=
-        while the token is valid (``RefreshTooSoon``)."""
+        after the last attempt while the token is valid (``RefreshTooSoon``),
+        never during the backoff of a failed one (``RefreshBackingOff``), and
+        within the caller's provider requests (``TooManyProviderRequests``);
+        each refusal's ``parameters["retryAt"]`` says when to try again."""
         return self._session(self._vault("Refresh", provider=provider, user=user, owner_uid=owner_uid), "Refresh")
 
     def set_provider_secret(self, provider: str, *, secret: str) -> None:
