@@ -81,7 +81,7 @@ struct AuditLine {
 /// Per-uid access to sessions (SO_PEERCRED), the admin group, the per-account
 /// token allow list and the audit trail, with real second and third users.
 @Suite(
-    "Access control between local users", .requiresKeyring, .timeLimit(.minutes(5)), .serialized,
+    "Access control between local users", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "needs root to create users"))
 struct AccessTests {
     static let token = "tok_access_p0o9i8u7y6t5r4e3w2q1"

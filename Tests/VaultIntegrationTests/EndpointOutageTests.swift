@@ -99,7 +99,7 @@ final class TLSTokenServer {
 /// without a storm (the server counts what it saw over a fixed window),
 /// while the still-valid token is served from memory; once the endpoint is
 /// back the session recovers by itself.
-@Suite("Token endpoint outages", .requiresKeyring, .timeLimit(.minutes(5)))
+@Suite("Token endpoint outages", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)))
 struct EndpointOutageTests {
     /// How long each outage lasts.
     static let window = Soak.size(short: 6, long: 30)

@@ -40,7 +40,7 @@ struct HelperDaemon {
 /// on stderr. Each run is killed at its time limit (with all it started), its
 /// output is bounded, secrets are masked, the error says what happened, and
 /// vaultd keeps serving. Real vaultd, real helper processes.
-@Suite("exec helper outages", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("exec helper outages", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct HelperOutageTests {
     /// Marks the helpers' grandchildren in their command lines, to find them in /proc.
     static let marker = "vaultd-outage-grandchild-\(UUID().uuidString.prefix(8))"

@@ -68,4 +68,39 @@ struct ProcessSpawnFixTests {
         }
         #expect(names.isSuperset(of: [".", "..", "0", "1", "2"]))
     }
+
+    @Test("Should keep a test's pipe out of every child it was not handed, and still hand a child its own stdio")
+    func pipesStayWithTheirChild() throws {
+        #expect(vaultd_tests_pipe_is_replaced() == 1)
+        // Another test's pipe, open while a long-lived child starts without
+        // a list of descriptors to close (posix_spawn as PrivateKeyring
+        // does; Process.run() between its listing and its spawn).
+        let pipe = Pipe()
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        for descriptor: Int32 in 0...2 {
+            posix_spawn_file_actions_addopen(&actions, descriptor, "/dev/null", O_RDWR, 0)
+        }
+        let arguments = ["/bin/sleep", "30"]
+        let argv = arguments.map { strdup($0) } + [nil]
+        defer { for pointer in argv { free(pointer) } }
+        var child: pid_t = 0
+        try #require(posix_spawn(&child, arguments[0], &actions, nil, argv, environ) == 0)
+        defer {
+            kill(child, SIGKILL)
+            var status: Int32 = 0
+            _ = waitpid(child, &status, 0)
+        }
+        // The writer is done: the reader sees the end at once, not when the child exits.
+        try pipe.fileHandleForWriting.close()
+        var reader = pollfd(fd: pipe.fileHandleForReading.fileDescriptor, events: Int16(POLLIN), revents: 0)
+        let ready = poll(&reader, 1, 5_000)
+        #expect(ready == 1, "the pipe's end did not come: the child holds its write end")
+        var byte: UInt8 = 0
+        if ready == 1 { #expect(read(reader.fd, &byte, 1) == 0) }
+        // A child handed a pipe as its stdin and stdout still has them.
+        let echoed = try runCommand(URL(fileURLWithPath: "/bin/cat"), [], input: "through the pipes")
+        #expect(echoed.status == 0 && echoed.stdout == "through the pipes")
+    }
 }
