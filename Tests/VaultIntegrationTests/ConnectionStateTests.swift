@@ -181,7 +181,8 @@ struct ConnectionStateTests {
 /// Only the session's owner and root report its connection: an AdminGroup
 /// member, who may kick the session, may not speak for its clients.
 @Suite(
-    "Client connection reports between local users", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized,
+    "Client connection reports between local users", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)),
+    .serialized,
     .enabled(if: getuid() == 0, "needs root to create users"))
 struct ConnectionStateAccessTests {
     init() throws { try TestUsers.ensure() }

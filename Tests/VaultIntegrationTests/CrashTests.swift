@@ -106,7 +106,8 @@ struct Allowed: CustomStringConvertible {
 /// same store each time and checked against what the test was told: on each
 /// engine, in every run (so not again in the SQLite run).
 @Suite(
-    "Crash consistency: SIGKILL of vaultd", .requiresKeyring, .bothEnginesInOrdinaryRun, .ownThreads, .timeLimit(.minutes(5)),
+    "Crash consistency: SIGKILL of vaultd", .requiresKeyring, .bothEnginesInOrdinaryRun, .ownThreads,
+    .timeLimit(.minutes(5)),
     .serialized)
 struct CrashTests {
     enum Operation: String, CaseIterable {

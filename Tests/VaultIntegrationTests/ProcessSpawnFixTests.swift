@@ -7,7 +7,9 @@ import Testing
 /// size of glibc's directory buffer get mappings of their own.
 @Suite("Test process: Foundation Process.run workaround")
 struct ProcessSpawnFixTests {
-    @Test("Should serve a directory-buffer-sized block from a mapping of its own when malloc grows, with room past its end")
+    @Test(
+        "Should serve a directory-buffer-sized block from a mapping of its own when malloc grows, with room past its end"
+    )
     func directoryBufferIsMappedApart() throws {
         // glibc's opendir() allocates its DIR header and a 32 KiB buffer in one block.
         let size = 32 * 1024 + 64
