@@ -13,8 +13,16 @@ enum TestUsers {
     static let b = "vaultd-test-b"
     static let admins = "vaultd-test-admins"
 
+    /// Held while `ensure()` runs: suites beside each other call it at once,
+    /// and a second useradd or usermod while one holds /etc/passwd's lock
+    /// fails ("cannot lock /etc/passwd; try again later") before the first
+    /// one's user exists.
+    private static let creating = NSLock()
+
     /// Creates the users and the group when missing; throws with the output when that fails.
     static func ensure() throws {
+        creating.lock()
+        defer { creating.unlock() }
         func run(_ tool: String, _ arguments: [String]) throws -> CommandResult {
             try runCommand(URL(fileURLWithPath: tool), arguments)
         }

@@ -38,16 +38,18 @@ final class ElasticExecutor: TaskExecutor, @unchecked Sendable {
         // counts as idle: more jobs than idle threads need a new thread.
         if jobs.count - first > idle {
             threads += 1
-            let thread = Thread { [self] in work() }
-            thread.name = "vaultd-test-\(threads)"
-            thread.start()
+            let name = "vaultd-test-\(threads)"
+            Thread { [self] in work(name: name) }.start()
         } else {
             condition.signal()
         }
         condition.unlock()
     }
 
-    private func work() {
+    private func work(name: String) {
+        // The system's name of the thread (a new thread has its creator's):
+        // what ps, a debugger and OwnThreadsTests see.
+        try? name.write(toFile: "/proc/thread-self/comm", atomically: false, encoding: .utf8)
         let executor = asUnownedTaskExecutor()
         condition.lock()
         while true {

@@ -5,7 +5,7 @@ import Testing
 /// The test process's guard against Foundation's `Process.run()` over-read
 /// (see `Tests/Support/CProcessSpawnFix`): it holds only while blocks the
 /// size of glibc's directory buffer get mappings of their own.
-@Suite("Test process: Foundation Process.run workaround")
+@Suite("Test process: Foundation Process.run workaround", .ownThreads)
 struct ProcessSpawnFixTests {
     @Test(
         "Should serve a directory-buffer-sized block from a mapping of its own when malloc grows, with room past its end"
