@@ -918,14 +918,17 @@ final class FailureLog: Sendable {
 
 // 10,000 seeds take about 90 s of CPU on a quiet 2-core machine, and took
 // past 5 minutes beside a build and two busy loops: the bound is for a hang.
+// scripts/test runs 1,000 (about 10 s), scripts/test --soak the 10,000.
 @Suite("Deterministic simulation of the session manager", .timeLimit(.minutes(20)))
 struct SimulationTests {
     /// `VAULTD_SIM_SEED` replays one seed; `VAULTD_SIM_SEEDS` sets how many
-    /// for every engine (default: `count`, the engine's own).
-    static func seeds(default count: Int) -> [UInt64] {
+    /// for every engine (default: the engine's own, `short` in `scripts/test`,
+    /// `long` under `scripts/test --soak`).
+    static func seeds(short: Int, long: Int) -> [UInt64] {
         let environment = ProcessInfo.processInfo.environment
         if let one = environment["VAULTD_SIM_SEED"].flatMap(UInt64.init) { return [one] }
-        let count = environment["VAULTD_SIM_SEEDS"].flatMap(Int.init) ?? count
+        let soak = environment["VAULTD_SOAK"] == "1"
+        let count = environment["VAULTD_SIM_SEEDS"].flatMap(Int.init) ?? (soak ? long : short)
         return (0..<UInt64(count)).map { $0 &* 0x9E37_79B9 &+ 1 }
     }
 
@@ -954,7 +957,7 @@ struct SimulationTests {
 
     @Test("Should keep every invariant over thousands of seeded schedules of operations, faults and crashes")
     func simulate() async throws {
-        let found = await Self.simulate(.memory, seeds: Self.seeds(default: 10_000))
+        let found = await Self.simulate(.memory, seeds: Self.seeds(short: 1_000, long: 10_000))
         #expect(found.isEmpty, "\(found.joined(separator: "\n\n"))")
     }
 
@@ -962,9 +965,10 @@ struct SimulationTests {
     // every write sealed and flushed, every check reading it back): measured
     // beside other builds, 1,000 seeds took 24 s of CPU (36 s) on /dev/shm
     // and 55 s (92-115 s) on /tmp's disk; 10,000 memory seeds took 93 s (207 s).
+    // scripts/test runs 300 (about 8 s of CPU), scripts/test --soak 2,000.
     @Test("Should keep every invariant with the sessions in an SQLite database, reopened at every crash")
     func simulateSQLite() async throws {
-        let found = await Self.simulate(.sqlite, seeds: Self.seeds(default: 2_000))
+        let found = await Self.simulate(.sqlite, seeds: Self.seeds(short: 300, long: 2_000))
         #expect(found.isEmpty, "\(found.joined(separator: "\n\n"))")
     }
 

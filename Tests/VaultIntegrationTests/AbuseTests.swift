@@ -432,7 +432,7 @@ func reportFigures(_ attack: String, _ parts: String...) {
 }
 
 @Suite(
-    "Protocol abuse against the running daemon", .requiresKeyring, .timeLimit(.minutes(5)), .serialized,
+    "Protocol abuse against the running daemon", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "needs root to attack as other uids"))
 struct AbuseTests {
     init() throws { try TestUsers.ensure() }

@@ -13,8 +13,16 @@ enum TestUsers {
     static let b = "vaultd-test-b"
     static let admins = "vaultd-test-admins"
 
+    /// Held while `ensure()` runs: suites beside each other call it at once,
+    /// and a second useradd or usermod while one holds /etc/passwd's lock
+    /// fails ("cannot lock /etc/passwd; try again later") before the first
+    /// one's user exists.
+    private static let creating = NSLock()
+
     /// Creates the users and the group when missing; throws with the output when that fails.
     static func ensure() throws {
+        creating.lock()
+        defer { creating.unlock() }
         func run(_ tool: String, _ arguments: [String]) throws -> CommandResult {
             try runCommand(URL(fileURLWithPath: tool), arguments)
         }
@@ -81,7 +89,7 @@ struct AuditLine {
 /// Per-uid access to sessions (SO_PEERCRED), the admin group, the per-account
 /// token allow list and the audit trail, with real second and third users.
 @Suite(
-    "Access control between local users", .requiresKeyring, .timeLimit(.minutes(5)), .serialized,
+    "Access control between local users", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "needs root to create users"))
 struct AccessTests {
     static let token = "tok_access_p0o9i8u7y6t5r4e3w2q1"

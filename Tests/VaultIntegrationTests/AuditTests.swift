@@ -9,7 +9,7 @@ import VaultProtocol
 /// handout of a kind (uid, pid, account, result) is written at once, its
 /// repeats are counted and written as one line with `count=` at the end of
 /// the interval, and nothing counted is lost when vaultd stops.
-@Suite("Audit trail of token handouts", .requiresKeyring, .timeLimit(.minutes(5)))
+@Suite("Audit trail of token handouts", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)))
 struct AuditTests {
     static let token = "tok_audit_q1w2e3r4t5y6u7i8o9p0"
 

@@ -7,7 +7,7 @@ import VaultProtocol
 /// Accounts vaultd keeps logged in (`[Account PROVIDER USER] AutoLogin=yes`),
 /// against the real vaultd, the real keyring and the token server's client
 /// credentials grant, with its fault injection and request counters.
-@Suite("Automatic login and login backoff", .serialized, .requiresKeyring, .timeLimit(.minutes(5)))
+@Suite("Automatic login and login backoff", .serialized, .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)))
 struct AutoLoginTests {
     /// A fixture whose provider `oauth` logs in at `server` by client
     /// credentials, and whose account `oauth USER` vaultd keeps logged in.

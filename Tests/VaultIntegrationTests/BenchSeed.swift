@@ -39,7 +39,7 @@ enum BenchSeedPlan {
 /// `firstRefresh + spread * (i + 0.5) / count` seconds from now (vaultd's own
 /// `RefreshPolicy.refreshAt` with the account's jitter gives that time back),
 /// so start-up schedules every one and the benchmark knows when they come.
-@Suite("Benchmark seeding", .timeLimit(.minutes(5)), .enabled(if: BenchSeedPlan.path != nil))
+@Suite("Benchmark seeding", .ownThreads, .timeLimit(.minutes(5)), .enabled(if: BenchSeedPlan.path != nil))
 struct BenchSeed {
     /// One database to write.
     struct Seed {

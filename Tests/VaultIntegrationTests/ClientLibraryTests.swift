@@ -8,7 +8,7 @@ import VaultSystem
 
 /// The Swift client library: typed calls and the event stream against a real
 /// vaultd, and the ends of a stream against a scripted server.
-@Suite("Client library", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Client library", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct ClientLibraryTests {
     let fixture: DaemonFixture
 

@@ -155,7 +155,7 @@ enum ConfigMutator {
 /// `vaultd --check-config` (issue 13): it never dies of a signal or hangs,
 /// and it either accepts the file or names the file and line at fault,
 /// never quoting a value.
-@Suite("Config fuzz against vaultd --check-config", .timeLimit(.minutes(5)))
+@Suite("Config fuzz against vaultd --check-config", .ownThreads, .timeLimit(.minutes(5)))
 struct ConfigFuzzTests {
     static let configs = [
         "config/vaultd.conf", "config/examples/cometchat.conf", "config/examples/openim.conf",

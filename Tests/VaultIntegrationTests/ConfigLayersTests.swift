@@ -9,7 +9,7 @@ import Testing
 /// memory here (--memory-store): the other uid cannot reach the test's
 /// private keyring bus, and what is tested is which files are read.
 @Suite(
-    "Configuration layers of a user instance", .timeLimit(.minutes(5)), .serialized,
+    "Configuration layers of a user instance", .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "running vaultd as another uid needs root"))
 struct ConfigLayersTests {
     /// A system directory declaring provider `alpha` with SingleAccount=no,

@@ -6,7 +6,7 @@ import VaultProtocol
 
 /// The daemon against the Varlink specification: every call is checked
 /// against the interface's table before a handler runs.
-@Suite("Varlink conformance", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Varlink conformance", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct ConformanceTests {
     let fixture: DaemonFixture
 

@@ -8,7 +8,7 @@ import VaultProtocol
 /// Clients reporting their own connection to the chat server
 /// (`SetConnectionState`, OpenIM's connection callbacks) to a real vaultd over
 /// its socket, with the session in a real gnome-keyring.
-@Suite("Client connection reports", .requiresKeyring, .timeLimit(.minutes(5)))
+@Suite("Client connection reports", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)))
 struct ConnectionStateTests {
     static let token = "tok_connstate_a1s2d3f4g5h6j7k8"
 
@@ -181,7 +181,8 @@ struct ConnectionStateTests {
 /// Only the session's owner and root report its connection: an AdminGroup
 /// member, who may kick the session, may not speak for its clients.
 @Suite(
-    "Client connection reports between local users", .requiresKeyring, .timeLimit(.minutes(5)), .serialized,
+    "Client connection reports between local users", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)),
+    .serialized,
     .enabled(if: getuid() == 0, "needs root to create users"))
 struct ConnectionStateAccessTests {
     init() throws { try TestUsers.ensure() }

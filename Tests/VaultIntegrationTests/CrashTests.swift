@@ -106,7 +106,8 @@ struct Allowed: CustomStringConvertible {
 /// same store each time and checked against what the test was told: on each
 /// engine, in every run (so not again in the SQLite run).
 @Suite(
-    "Crash consistency: SIGKILL of vaultd", .requiresKeyring, .bothEnginesInOrdinaryRun, .timeLimit(.minutes(5)),
+    "Crash consistency: SIGKILL of vaultd", .requiresKeyring, .bothEnginesInOrdinaryRun, .ownThreads,
+    .timeLimit(.minutes(5)),
     .serialized)
 struct CrashTests {
     enum Operation: String, CaseIterable {
@@ -389,7 +390,7 @@ struct CrashTests {
 /// server, on each engine (the private keyring, or SQLite) in every run.
 @Suite(
     "Crash consistency: the rotation window and overdue refreshes", .requiresKeyring, .bothEnginesInOrdinaryRun,
-    .timeLimit(.minutes(5)), .serialized)
+    .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct CrashWindowTests {
     /// A token response from `server` that vaultd finds overdue for its refresh
     /// once it is restarted: issued 280 s ago, living 300 s.

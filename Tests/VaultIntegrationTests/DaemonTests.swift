@@ -10,7 +10,7 @@ import VaultProtocol
 /// In the SQLite run this suite's database key is the Secret Service item
 /// (`io.vaultd.DataKey` in the fixture's scope), where the other suites use
 /// a credential.
-@Suite("vaultd against the real keyring", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("vaultd against the real keyring", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct DaemonTests {
     static let token = "tok_live_8f3k2m9q7w1e5r4t6y0u"
 

@@ -8,7 +8,7 @@ import VaultCore
 /// gateway's key-value, transaction and lease calls, and failover between
 /// endpoints as members stop and return.
 @Suite(
-    "etcd client", .serialized, .timeLimit(.minutes(5)), .etcdStep)
+    "etcd client", .serialized, .ownThreads, .timeLimit(.minutes(5)), .etcdStep)
 struct EtcdClientTests {
     /// Every byte value, so that base64 both ways is checked on all of them.
     static let binary: [UInt8] = (0...255).map { UInt8($0) } + [0, 0xFF, 0x0A, 0x22, 0x5C]

@@ -287,7 +287,7 @@ private final class FleetStartLine<T>: @unchecked Sendable {
     }
 }
 
-@Suite("vaultd fleet hosts on etcd", .serialized, .timeLimit(.minutes(Soak.enabled ? 30 : 5)), .etcdStep)
+@Suite("vaultd fleet hosts on etcd", .serialized, .ownThreads, .timeLimit(.minutes(Soak.enabled ? 30 : 5)), .etcdStep)
 struct EtcdFleetHostsTests {
     /// Should serve a login made on host A on hosts B and C (status, list,
     /// token), forget on A and C a logout made on B, and tell a subscriber

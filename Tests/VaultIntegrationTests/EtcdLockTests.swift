@@ -9,7 +9,7 @@ import VaultCore
 /// among contenders, hand-over on release, a holder that stops renewing its
 /// lease (as a killed one does) losing the lock, and compare-and-put.
 @Suite(
-    "etcd lock", .serialized, .timeLimit(.minutes(5)), .etcdStep)
+    "etcd lock", .serialized, .ownThreads, .timeLimit(.minutes(5)), .etcdStep)
 struct EtcdLockTests {
     static let callTimeout = 20.0
     static let prefix = Array("/vaultd/locks/".utf8)

@@ -9,7 +9,7 @@ import VaultCore
 /// three-member etcd: conditional writes on `mod_revision`, endings beside
 /// deletes, the refresh lock between two hosts, and the change feed (another
 /// host's writes with their revisions, a compacted revision as `reset`).
-@Suite("etcd as the fleet's shared store", .serialized, .timeLimit(.minutes(5)), .etcdStep)
+@Suite("etcd as the fleet's shared store", .serialized, .ownThreads, .timeLimit(.minutes(5)), .etcdStep)
 struct EtcdSharedStoreTests {
     static let log = Logger(level: .error, target: .discard)
     static let names = OwnerNames(name: { $0 == 1000 ? "alice" : nil }, uid: { $0 == "alice" ? 1000 : nil })

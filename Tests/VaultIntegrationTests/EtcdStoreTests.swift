@@ -55,7 +55,7 @@ func etcdHoldsInClear(_ dump: String, _ secret: String) -> Bool {
 /// EtcdStore against a real three-member etcd fleet on loopback: sealed
 /// values (no token in clear), the fleet's one key, owners by name across
 /// hosts whose uids differ, and availability by quorum.
-@Suite("etcd store", .serialized, .timeLimit(.minutes(5)), .etcdStep)
+@Suite("etcd store", .serialized, .ownThreads, .timeLimit(.minutes(5)), .etcdStep)
 struct EtcdStoreTests {
     static let log = Logger(level: .error, target: .discard)
 
@@ -285,7 +285,7 @@ final class EtcdDaemonFixture {
     deinit { for daemon in daemons { daemon.stop() } }
 }
 
-@Suite("vaultd on etcd", .serialized, .timeLimit(.minutes(5)), .etcdStep)
+@Suite("vaultd on etcd", .serialized, .ownThreads, .timeLimit(.minutes(5)), .etcdStep)
 struct EtcdDaemonTests {
     /// Should restore a login from etcd after a restart and on a second host,
     /// keep no token in clear in etcd, and remove the key at logout.

@@ -32,7 +32,7 @@ final class WatchRecorder: Sendable {
 /// revisions of the changes, resuming on another member after the one
 /// streaming is killed, compaction, and stopping.
 @Suite(
-    "etcd watch", .serialized, .timeLimit(.minutes(5)), .etcdStep)
+    "etcd watch", .serialized, .ownThreads, .timeLimit(.minutes(5)), .etcdStep)
 struct EtcdWatchTests {
     /// A client call's limit where the test waits for an answer rather than asserting a bound.
     static let callTimeout = 20.0

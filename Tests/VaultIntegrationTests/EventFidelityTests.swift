@@ -9,7 +9,7 @@ import VaultProtocol
 /// and token endpoint: `tokenInvalid` and `loginFailed` carry the provider's
 /// code and a message (OpenIM's onUserTokenInvalid(message)), and the owner
 /// sees `logging` while its own login is in flight (OpenIM getLoginStatus).
-@Suite("Event fidelity", .requiresKeyring, .timeLimit(.minutes(5)))
+@Suite("Event fidelity", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)))
 struct EventFidelityTests {
     /// A daemon whose one provider, `oauth`, is an oauth2 provider at `server`.
     func start(_ server: TokenServer) throws -> DaemonFixture {

@@ -206,7 +206,7 @@ func replyError(_ call: () throws -> some Any) -> VaultClientError? {
 
 /// Subscribe, the events it streams, ForceLogout and `vaultctl watch`/`kick`,
 /// against the real daemon and keyring.
-@Suite("Events and forced logout", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Events and forced logout", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct EventsTests {
     static let token = "tok_events_4k2m9q7w1e5r4t6y0u8i"
     static let config = "[Provider demo]\nType=static\n\n[Provider other]\nType=static\n"

@@ -15,7 +15,7 @@ final class ChatStandIns {
 
 /// The exec providers of config/examples, against local stand-ins of the
 /// CometChat and OpenIM server APIs.
-@Suite("exec providers", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("exec providers", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct ExecProviderTests {
     func start(_ standIns: ChatStandIns) throws -> DaemonFixture {
         let fixture = try DaemonFixture(start: false)

@@ -7,7 +7,7 @@ import VaultCore
 /// `vaultctl exec` against the real daemon and token server: the token goes
 /// into the command's environment, a refresh restarts or signals it, the end
 /// of the session stops it, and its own exit status comes back.
-@Suite("vaultctl exec", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("vaultctl exec", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct ExecTests {
     /// A daemon with one oauth2 provider, and a session logged in there.
     func start(_ server: TokenServer) async throws -> (DaemonFixture, String) {

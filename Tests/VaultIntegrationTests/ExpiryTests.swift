@@ -7,7 +7,7 @@ import VaultProtocol
 
 /// A static provider cannot refresh: when the token's expiry passes, vaultd
 /// ends the session itself, once, for every client.
-@Suite("Expiry of static sessions", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Expiry of static sessions", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct ExpiryTests {
     @Test("Should end a session when its token expires and tell subscribers tokenExpired")
     func expiresOnSchedule() async throws {

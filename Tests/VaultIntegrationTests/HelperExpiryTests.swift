@@ -8,7 +8,9 @@ import VaultProtocol
 /// Tokens without an expiry, the tokens an exec helper's refresh replaced,
 /// and the helper's errors, against the real vaultd, the keyring, the
 /// example cometchat-helper and the CometChat stand-in (Tests/servers/chat_standins.py).
-@Suite("exec helpers: expiry, replaced tokens and errors", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite(
+    "exec helpers: expiry, replaced tokens and errors", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)),
+    .serialized)
 struct HelperExpiryTests {
     static let examples = Binaries.packageRoot.appendingPathComponent("config/examples").path
 

@@ -30,6 +30,8 @@ func livingProcesses(marked marker: String) -> [Int32] {
 struct HelperDaemon {
     let fixture: ConfiguredDaemon
     let helpers: TemporaryDirectory
+    /// Marks the grandchildren of this daemon's helpers in their command lines.
+    let marker: String
     var socketPath: String { fixture.socketPath }
     var daemon: RunningDaemon { fixture.daemon }
     func client() throws -> VarlinkClient { try fixture.client() }
@@ -40,10 +42,8 @@ struct HelperDaemon {
 /// on stderr. Each run is killed at its time limit (with all it started), its
 /// output is bounded, secrets are masked, the error says what happened, and
 /// vaultd keeps serving. Real vaultd, real helper processes.
-@Suite("exec helper outages", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("exec helper outages", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct HelperOutageTests {
-    /// Marks the helpers' grandchildren in their command lines, to find them in /proc.
-    static let marker = "vaultd-outage-grandchild-\(UUID().uuidString.prefix(8))"
     /// The helper's time limit (`Timeout=`): a Python helper may take
     /// seconds just to start on a loaded machine.
     static let timeout = 10
@@ -54,6 +54,10 @@ struct HelperOutageTests {
     func start() throws -> HelperDaemon {
         let helpers = try TemporaryDirectory()
         let helper = helpers.path("broken-helper")
+        // The helpers' grandchildren are found in /proc by this mark, one per
+        // test: a grandchild of an earlier test's helper (a hanging one's,
+        // killed at its time limit or with its daemon) is not this test's.
+        let marker = "vaultd-outage-grandchild-\(UUID().uuidString.prefix(8))"
         try """
         #!/usr/bin/python3
         import json, os, signal, subprocess, sys, time
@@ -66,7 +70,7 @@ struct HelperOutageTests {
             sys.exit(code)
         def grandchild():
             # Inherits stdout and stderr: the pipes stay open while it lives.
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "\(HelperOutageTests.marker)"])
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "\(marker)"])
         if request["action"] != "refresh":
             answer("tok_%s_abcdefghijklmnop" % user)
         if mode == "hang":
@@ -100,7 +104,7 @@ struct HelperOutageTests {
                 Command=\(helper)
                 Timeout=\(HelperOutageTests.timeout)s
                 """)
-        return HelperDaemon(fixture: fixture, helpers: helpers)
+        return HelperDaemon(fixture: fixture, helpers: helpers, marker: marker)
     }
 
     /// Logs `user` in through the broken provider, then asks for a refresh;
@@ -113,10 +117,10 @@ struct HelperOutageTests {
         return (refresh, Date().timeIntervalSince(started))
     }
 
-    /// Waits, bounded, until no grandchild of the helpers is alive; returns those still alive.
-    func grandchildrenLeft() async throws -> [Int32] {
+    /// Waits, bounded, until no grandchild of `fixture`'s helpers is alive; returns those still alive.
+    func grandchildrenLeft(_ fixture: HelperDaemon) async throws -> [Int32] {
         try await eventually(
-            tries: 100, interval: .milliseconds(50), { livingProcesses(marked: HelperOutageTests.marker) },
+            tries: 100, interval: .milliseconds(50), { livingProcesses(marked: fixture.marker) },
             until: { $0.isEmpty })
     }
 
@@ -169,7 +173,7 @@ struct HelperOutageTests {
         // Retries after the failure run (and are killed) the same way; after
         // the logout none is left once the last one's time limit passed.
         let left = try await eventually(
-            tries: 200, interval: .milliseconds(50), { livingProcesses(marked: HelperOutageTests.marker) },
+            tries: 200, interval: .milliseconds(50), { livingProcesses(marked: fixture.marker) },
             until: { $0.isEmpty })
         #expect(left.isEmpty, "grandchildren of killed helpers still run: \(left)")
     }
@@ -186,7 +190,7 @@ struct HelperOutageTests {
                 "the answer is taken when the helper exits, not when its child does: \(seconds)s")
             let token = try vaultctl(fixture.socketPath, ["token", "broken", user]).stdout
             #expect(token.hasPrefix("tok_forked_"))
-            let left = try await grandchildrenLeft()
+            let left = try await grandchildrenLeft(fixture)
             #expect(left.isEmpty, "the helper's child still runs: \(left)")
             _ = try vaultctl(fixture.socketPath, ["logout", "broken", user])
         }

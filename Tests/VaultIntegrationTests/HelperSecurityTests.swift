@@ -7,7 +7,7 @@ import VaultCore
 
 /// Issue 10: what exec helpers print never leaks, and helpers of one provider
 /// cannot hold up another's. Real vaultd, real helper programs.
-@Suite("exec helper security", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("exec helper security", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct HelperSecurityTests {
     /// The access token the leaky helper's login hands out (a known secret).
     static let accessToken = "known_access_token_0123456789ABCDEF"

@@ -11,7 +11,7 @@ let journalSocketPath = "/run/systemd/journal/socket"
 /// reads the datagrams sd_journal_sendv writes. Where a real journald owns the
 /// socket the test does not run.
 @Suite(
-    "vaultd logging to the journal", .requiresKeyring, .serialized, .timeLimit(.minutes(5)),
+    "vaultd logging to the journal", .requiresKeyring, .serialized, .ownThreads, .timeLimit(.minutes(5)),
     .enabled(if: !FileManager.default.fileExists(atPath: journalSocketPath)))
 struct JournalTests {
     static let socketPath = journalSocketPath

@@ -34,7 +34,7 @@ struct ProcessFootprint: CustomStringConvertible {
 /// Many clients at once against the real daemon while its sessions refresh
 /// underneath: nothing fails, latency is reported, memory and descriptors
 /// come back to where they were.
-@Suite("Load", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Load", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct LoadTests {
     /// The monotonic clock in nanoseconds.
     static func now() -> UInt64 {

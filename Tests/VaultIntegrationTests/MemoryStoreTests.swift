@@ -7,7 +7,7 @@ import VaultProtocol
 
 /// The in-memory store (`vaultd --memory-store`): what it keeps, that vaultd
 /// runs on it with no D-Bus at all, and that nothing outlives the process.
-@Suite("In-memory store", .timeLimit(.minutes(5)), .serialized)
+@Suite("In-memory store", .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct MemoryStoreTests {
     static let token = "tok_memory_4j8d2k6m1q9w3e7r5t0y"
     static let warning = "will not survive a restart; this mode is meant for benchmarks and tests"

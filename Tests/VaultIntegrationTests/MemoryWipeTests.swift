@@ -87,7 +87,7 @@ enum ProcessMemory {
 
 /// The finding "copies of a token survive logout": after a session is logged
 /// out, none of its tokens is left anywhere in vaultd's memory.
-@Suite("Secrets wiped from memory", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Secrets wiped from memory", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct MemoryWipeTests {
     /// A token of 40 random characters, far past Swift's 15-byte small strings,
     /// so that it lives in heap storage like a real one.

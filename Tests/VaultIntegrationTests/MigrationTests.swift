@@ -195,7 +195,7 @@ func killed(_ status: Int32) -> Bool { status == SIGKILL || status == 128 + SIGK
 /// `vaultd --migrate-store` between the Secret Service and SQLite engines:
 /// real vaultd processes, the suite's private gnome-keyring, a real token
 /// server; crashes are real SIGKILLs, at every named step and at random moments.
-@Suite("Store migration", .requiresKeyring, .bothEnginesInOrdinaryRun, .timeLimit(.minutes(5)))
+@Suite("Store migration", .requiresKeyring, .bothEnginesInOrdinaryRun, .ownThreads, .timeLimit(.minutes(5)))
 struct MigrationTests {
     /// The steps of each direction at which `VAULTD_TEST_KILL_AT` kills the migration.
     static let steps = [

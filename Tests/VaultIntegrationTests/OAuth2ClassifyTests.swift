@@ -4,7 +4,7 @@ import VaultCore
 @testable import VaultDaemon
 
 /// How token endpoint answers are sorted (RFC 6749 sections 5.1 and 5.2).
-@Suite("OAuth2 answers", .timeLimit(.minutes(5)))
+@Suite("OAuth2 answers", .ownThreads, .timeLimit(.minutes(5)))
 struct OAuth2ClassifyTests {
     func body(_ text: String) -> [UInt8] { Array(text.utf8) }
 

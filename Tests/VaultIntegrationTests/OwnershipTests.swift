@@ -7,7 +7,7 @@ import VaultCore
 /// would: real vaultd, real second and third uids (setpriv), the real
 /// CometChat helper against its local stand-in.
 @Suite(
-    "Ownership on a shared host", .requiresKeyring, .timeLimit(.minutes(5)), .serialized,
+    "Ownership on a shared host", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "needs root to create users"))
 struct OwnershipTests {
     static let open = "[Vault]\nSocketMode=0666\n\n[Provider demo]\nType=static\n"

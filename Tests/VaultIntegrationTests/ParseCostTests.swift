@@ -11,7 +11,7 @@ import VaultSystem
 /// GetToken from a p50 of 0.3 ms to a p99 of ~40 ms, each parse holding the
 /// loop). Measured against the real vaultd: GetToken latency without, then
 /// with, the attack, in the same test, on the same machine.
-@Suite("Parse cost of large calls", .requiresKeyring, .timeLimit(.minutes(5)))
+@Suite("Parse cost of large calls", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)))
 struct ParseCostTests {
     /// About 1 MiB (under the 1 MiB cap) of `item`, comma-separated.
     static func filler(_ item: String, bytes: Int = 1_000_000) -> String {

@@ -18,7 +18,7 @@ extension VarlinkClient {
 }
 
 /// The Varlink socket under bad and unusual input.
-@Suite("Varlink protocol", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Varlink protocol", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct ProtocolTests {
     let fixture: DaemonFixture
 

@@ -4,7 +4,7 @@ import Testing
 /// The Python client (clients/python/vaultd_client.py) against the real
 /// daemon and the real token server: its own unittest suite, run with
 /// `python3 -m unittest`, and its package installed by pip into a fresh venv.
-@Suite("Python client", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Python client", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct PythonClientTests {
     static let clientDirectory = Binaries.packageRoot.appendingPathComponent("clients/python")
 

@@ -57,7 +57,7 @@ final class TokenServer {
 
 /// Refresh against a real token endpoint: ahead of expiry, once for all
 /// clients, with backoff on transient failures and logout on permanent ones.
-@Suite("Token refresh", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Token refresh", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct RefreshTests {
     func start(_ server: TokenServer, revocation: Bool = false, extra: String = "") throws -> (
         DaemonFixture, RunningDaemon

@@ -39,7 +39,7 @@ private func currentToken(_ socket: String, _ provider: String, _ user: String) 
 
 /// Replacing a logged-in session's token in place (`vaultctl login --replace`)
 /// against the real daemon, the suite's keyring and the test token server.
-@Suite("Replace a token in place", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Replace a token in place", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct ReplaceTests {
     @Test("Should answer a plain login 'already logged in', and replace the token with --replace: served, stored, told")
     func replaceStatic() async throws {
@@ -138,7 +138,7 @@ struct ReplaceTests {
 }
 
 /// `vaultctl report-rejected` against the real daemon, keyring and token server.
-@Suite("Report a rejected token", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Report a rejected token", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct ReportRejectedTests {
     @Test(
         "Should refresh once for eight clients reporting the current token at once, and answer a stale report at once")

@@ -9,7 +9,7 @@ import VaultProtocol
 /// stops (SIGTERM or SIGKILL) waits in the store and is finished by the next
 /// start: real vaultd, real token server, on each engine (the private
 /// keyring, or SQLite) in every run.
-@Suite("Revocation across restarts", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Revocation across restarts", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct RevocationTests {
     /// A fixture whose one provider, `oauth`, revokes at `server`'s /revoke.
     func start(_ server: TokenServer, engine: StoreEngine) throws -> (DaemonFixture, RunningDaemon) {

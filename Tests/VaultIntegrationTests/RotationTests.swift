@@ -6,7 +6,7 @@ import VaultCore
 /// `vaultd --rotate-key` on the SQLite store: real vaultd processes, the data
 /// key in the suite's private gnome-keyring or in a credential directory,
 /// the database read with the sqlite3 command.
-@Suite("Data key rotation", .requiresKeyring, .bothEnginesInOrdinaryRun, .timeLimit(.minutes(5)))
+@Suite("Data key rotation", .requiresKeyring, .bothEnginesInOrdinaryRun, .ownThreads, .timeLimit(.minutes(5)))
 struct RotationTests {
     /// The key id the database names, and the distinct key ids on its rows.
     func keyIDs(_ fixture: MigrationFixture) throws -> (meta: String, rows: [String]) {

@@ -8,7 +8,7 @@ import VaultCore
 /// temporary, and every session left in it is logged out (revoked at the
 /// real token server) before it is discarded; with VAULTD_KEYRING_PASSWORD
 /// it is kept. The binaries are this build's (VAULTD_BIN_DIR), not a release build.
-@Suite("scripts/run and its private keyring", .timeLimit(.minutes(5)), .serialized)
+@Suite("scripts/run and its private keyring", .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct RunScriptTests {
     /// A run of scripts/run with its own runtime directory, a config whose
     /// provider `oauth` revokes at `server`, and no keyring in reach.

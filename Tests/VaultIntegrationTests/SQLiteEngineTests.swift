@@ -9,7 +9,7 @@ import VaultSystem
 /// the SQLite run): its key from the keyring, a wrong key, a damaged row and
 /// a database file holding nothing in the clear. Real vaultd, real files,
 /// the private keyring for the key item.
-@Suite("The SQLite engine with a real vaultd", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("The SQLite engine with a real vaultd", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct SQLiteEngineTests {
     static let token = "tok_sqlite_q8w7e6r5t4y3u2i1o0p9"
 

@@ -37,7 +37,7 @@ func readBytes(_ path: String) -> [UInt8]? {
 /// token, client secret or helper credential shows up in its output (at debug
 /// level), in any event or error, in `/proc` of vaultd or of a helper, in a
 /// file vaultd writes, or in a core dump (vaultd cannot be dumped).
-@Suite("Secrets never exposed", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Secrets never exposed", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct SecretExposureTests {
     /// Should keep every secret it handled out of every output the test can read.
     @Test func noSecretInAnyOutput() async throws {

@@ -73,7 +73,7 @@ final class NotifyListener: @unchecked Sendable {
 
 /// vaultd under a service manager: sd_notify, socket activation, the watchdog,
 /// SIGTERM and SIGHUP.
-@Suite("vaultd under systemd", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("vaultd under systemd", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct ServiceManagerTests {
     /// The fixture's daemon, started with NOTIFY_SOCKET pointing at a listener the test reads.
     func startNotified(_ fixture: DaemonFixture) throws -> (NotifyListener, RunningDaemon) {

@@ -205,7 +205,7 @@ func holdConnections(
 /// connections per uid and the reserve for root and admins, idle and request
 /// timeouts, the output bound per connection, and ListSessions pages.
 @Suite(
-    "Serving limits per user", .timeLimit(.minutes(5)), .serialized,
+    "Serving limits per user", .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "needs root to switch uids"))
 struct ServingLimitsIntegrationTests {
     static let tooMany = "io.vaultd.Vault.TooManyConnections"

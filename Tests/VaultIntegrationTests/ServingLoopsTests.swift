@@ -6,7 +6,7 @@ import VaultCore
 /// vaultd's serving loops (`ServingThreads=`), against the running daemon:
 /// connections spread over the loops are each answered, and an event
 /// reaches every subscriber once, whichever loop serves it.
-@Suite("Serving loops of the running daemon", .timeLimit(.minutes(5)))
+@Suite("Serving loops of the running daemon", .ownThreads, .timeLimit(.minutes(5)))
 struct ServingLoopsTests {
     static let token = "tok_loops_abcdefghijklmnop"
 

@@ -4,7 +4,7 @@ import VaultCore
 @testable import VaultDaemon
 
 /// The session table's running counts, which STATUS= reads after every change.
-@Suite("Session table", .timeLimit(.minutes(5)))
+@Suite("Session table", .ownThreads, .timeLimit(.minutes(5)))
 struct SessionTableTests {
     /// A view in `state`, with a refresh `connection` when given.
     static func view(_ state: LoginState, _ connection: ConnectionState? = nil) -> SessionView {

@@ -9,7 +9,7 @@ import VaultSystem
 /// without a chmod by path, and vaultctl sends nothing to a socket served by
 /// another uid. Real vaultd, real sockets, a real second uid.
 @Suite(
-    "The socket on a shared host", .timeLimit(.minutes(5)), .serialized,
+    "The socket on a shared host", .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "needs root to create users"))
 struct SocketSafetyTests {
     init() throws { try TestUsers.ensure() }

@@ -7,7 +7,7 @@ import VaultSystem
 
 /// vaultd never hangs at start-up or reload on a configuration "file" that is
 /// not one, and stops promptly on SIGTERM or SIGINT while it is still starting.
-@Suite("vaultd start-up robustness", .timeLimit(.minutes(5)), .serialized)
+@Suite("vaultd start-up robustness", .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct StartupRobustnessTests {
     /// Runs `vaultd --check-config --config path`, bounded: a hang is killed
     /// and shows as a status other than 1.

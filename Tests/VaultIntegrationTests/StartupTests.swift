@@ -8,7 +8,7 @@ import VaultSystem
 /// How vaultd starts, and how it refuses to. In the SQLite run the tests of
 /// an unreachable or locked keyring take the database's key from the keyring,
 /// so they check that the SQLite engine refuses to start without its key.
-@Suite("vaultd start-up", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("vaultd start-up", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct StartupTests {
     @Test("Should refuse to start, in one line, when no Secret Service is reachable")
     func noSecretService() throws {

@@ -12,7 +12,7 @@ private let staticVaultctl: URL? = ProcessInfo.processInfo.environment["VAULTD_S
 /// builds it and names it in `VAULTD_STATIC_VAULTCTL`; without that variable
 /// the suite is skipped.
 @Suite(
-    "Static vaultctl", .timeLimit(.minutes(5)), .requiresKeyring,
+    "Static vaultctl", .ownThreads, .timeLimit(.minutes(5)), .requiresKeyring,
     .enabled(
         if: staticVaultctl != nil,
         "VAULTD_STATIC_VAULTCTL is not set: scripts/test --soak builds the static vaultctl and sets it"))

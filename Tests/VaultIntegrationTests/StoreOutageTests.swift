@@ -83,7 +83,7 @@ final class OutageFixture {
 /// only: it kills and locks the keyring that holds the sessions, which the
 /// SQLite engine reads once, at start, for its key at most.
 @Suite(
-    "Secret store outages", .timeLimit(.minutes(5)), .serialized, .secretServiceOnly,
+    "Secret store outages", .ownThreads, .timeLimit(.minutes(5)), .serialized, .secretServiceOnly,
     .enabled(
         if: FileManager.default.isExecutableFile(atPath: "/usr/bin/gnome-keyring-daemon")
             && FileManager.default.isExecutableFile(atPath: "/usr/bin/dbus-daemon"),

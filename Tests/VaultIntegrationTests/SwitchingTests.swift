@@ -6,7 +6,7 @@ import VaultProtocol
 
 /// OpenIM's account switching: a provider with SingleAccount=yes keeps one
 /// logged-in user, and a login of another waits for the old logout.
-@Suite("Account switching", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Account switching", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct SwitchingTests {
     @Test("Should log the old account out, then the new one in, with SingleAccount=yes")
     func singleAccountSwitches() async throws {

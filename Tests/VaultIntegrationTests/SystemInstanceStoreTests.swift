@@ -6,7 +6,7 @@ import Testing
 /// data key the credential `data-key` in CREDENTIALS_DIRECTORY (decrypted by
 /// systemd-creds from an encrypted credential, as LoadCredentialEncrypted=
 /// does), and no D-Bus session bus at all.
-@Suite(.serialized, .timeLimit(.minutes(5)))
+@Suite(.serialized, .ownThreads, .timeLimit(.minutes(5)))
 struct SystemInstanceStoreTests {
     @Test("Should leave every session in sessions.db alone after a clean stop, so a copy of that one file is a backup")
     func cleanStopLeavesOneFile() throws {

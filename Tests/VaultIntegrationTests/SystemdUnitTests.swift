@@ -7,7 +7,7 @@ import VaultProtocol
 /// The systemd units (systemd/), scripts/install, the system instance's data
 /// key (a systemd credential) and its older private keyring
 /// (scripts/vaultd-system-keyring, the drop-in systemd/system/system-keyring.conf).
-@Suite(.serialized, .timeLimit(.minutes(5)))
+@Suite(.serialized, .ownThreads, .timeLimit(.minutes(5)))
 struct SystemdUnitTests {
     private static let analyze = URL(fileURLWithPath: "/usr/bin/systemd-analyze")
     private static let root = Binaries.packageRoot

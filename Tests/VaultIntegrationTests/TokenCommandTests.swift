@@ -3,7 +3,7 @@ import Testing
 
 /// `vaultctl token` against the real daemon: the short path (plain tokens)
 /// and the general one it hands every other reply to print the same.
-@Suite("vaultctl token", .requiresKeyring, .timeLimit(.minutes(5)))
+@Suite("vaultctl token", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)))
 struct TokenCommandTests {
     @Test("Should print each token exactly, escaped in the reply or not, the same as --json carries it")
     func printsEveryToken() throws {

@@ -94,7 +94,7 @@ private final class PollingReader: @unchecked Sendable {
 /// token server: the file follows the session (login, refresh, logout,
 /// kick, a refused refresh, expiry, restart, reload), is replaced
 /// atomically, and the configuration check refuses a disk path.
-@Suite("Token files", .requiresKeyring, .timeLimit(.minutes(5)), .serialized)
+@Suite("Token files", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
 struct TokenFileTests {
     /// A daemon with the oauth2 provider `oauth` at `server`, the static
     /// provider `demo`, and `accounts` (account header → extra lines).

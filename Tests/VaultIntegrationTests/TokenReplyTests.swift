@@ -6,7 +6,7 @@ import VaultProtocol
 
 /// The GetToken reply is written by hand on the hot path; it must be the
 /// bytes the generic encoder writes.
-@Suite("GetToken reply", .timeLimit(.minutes(5)))
+@Suite("GetToken reply", .ownThreads, .timeLimit(.minutes(5)))
 struct TokenReplyTests {
     static func record(
         expiresAt: Int64?, tokenType: String?, instanceURL: String?,

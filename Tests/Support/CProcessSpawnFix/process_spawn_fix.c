@@ -20,12 +20,24 @@
  *   grow (not when it can split its top chunk, which is why the first layer
  *   exists: a CI run crashed with this one alone).
  * vaultd and vaultctl never use Foundation's Process.
+ *
+ * And a third, for every child of the test process: pipe() makes its two
+ * descriptors close-on-exec (pipe2 with O_CLOEXEC), Foundation's Pipe()
+ * included. Process.run() lists /proc/self/fd to close what the child must
+ * not keep, but a pipe made by another test between that listing and the
+ * spawn was inherited, and a long-lived child (a vaultd, a token server, a
+ * keyring; posix_spawn without a list inherits every descriptor) then held
+ * the other test's pipe open: a `vaultctl login` reading its token from
+ * stdin waited for an end of file that never came, and a child's output
+ * never ended. The child's own stdin, stdout and stderr are dup2()'d into
+ * place by the spawn, which clears the flag on the copies.
  */
 #define _GNU_SOURCE
 #include "process_spawn_fix.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <stdint.h>
 #include <string.h>
@@ -83,3 +95,7 @@ int vaultd_tests_whole_entry_for(const void *record, size_t record_length, const
     *returned = whole(entry);
     return *returned != record;
 }
+
+int pipe(int descriptors[2]) { return pipe2(descriptors, O_CLOEXEC); }
+
+int vaultd_tests_pipe_is_replaced(void) { return dlsym(RTLD_DEFAULT, "pipe") == (void *)pipe; }

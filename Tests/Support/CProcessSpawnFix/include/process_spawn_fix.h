@@ -18,4 +18,8 @@ int vaultd_tests_whole_entry_copies(void);
  * that is a whole copy instead of the record. */
 int vaultd_tests_whole_entry_for(const void *record, size_t record_length, const void **returned);
 
+/* 1 when pipe() resolves to this test process's, which makes both
+ * descriptors close-on-exec. */
+int vaultd_tests_pipe_is_replaced(void);
+
 #endif
