@@ -313,7 +313,9 @@ public enum VaultMethods {
                                 filter.kinds.insert(kind)
                             }
                         }
-                        let sessions = visibleSessions(table, policy.policy, caller) { filter.matches($0.account) }
+                        let sessions = visibleSessions(table, policy.policy, caller, readable: true) {
+                            filter.matches($0.account)
+                        }
                         let subscriptionFilter = filter
                         return hub.subscribe(
                             caller,
@@ -322,7 +324,8 @@ public enum VaultMethods {
                             ]),
                             filter: { event in
                                 subscriptionFilter.matches(event)
-                                    && policy.policy.maySee(caller, ownerUID: event.ownerUID)
+                                    && policy.policy.mayWatch(
+                                        caller, SessionKey(owner: event.ownerUID, account: event.account))
                             })
                     }
                 }
@@ -536,13 +539,16 @@ public enum VaultMethods {
         return out
     }
 
-    /// The sessions `caller` may see (and `including` lets through), as clients see them.
+    /// The sessions `caller` may see (with `readable`, those whose token it
+    /// may read too: a subscription's), and `including` lets through, as
+    /// clients see them.
     static func visibleSessions(
-        _ table: SessionTable, _ policy: AccessPolicy, _ caller: Caller,
+        _ table: SessionTable, _ policy: AccessPolicy, _ caller: Caller, readable: Bool = false,
         including: (SessionKey) -> Bool = { _ in true }
     ) -> [JSON] {
         table.all().compactMap { (key, view) -> JSON? in
-            guard policy.maySee(caller, ownerUID: key.owner), including(key) else { return nil }
+            let visible = readable ? policy.mayWatch(caller, key) : policy.maySee(caller, ownerUID: key.owner)
+            guard visible, including(key) else { return nil }
             return view.wireJSON() ?? pendingSessionJSON(key, state: view.state, refresh: view.refresh)
         }
     }
