@@ -539,8 +539,9 @@ final class ServingLoop: @unchecked Sendable {
                 continue
             }
             do throws(VarlinkCall.DecodingFailure) {
-                let (call, _) = try VarlinkCall.read(message, methods: service.methodNames)
-                dispatch(call, size: message.count, on: connection)
+                dispatch(
+                    try VarlinkCall(message: message, methods: service.methodNames), size: message.count,
+                    on: connection)
             } catch {
                 refuse(error, on: connection)
             }
