@@ -60,9 +60,6 @@ final class Connection {
     /// The events epoll watches for; nil once the descriptor is no longer
     /// registered (the peer hung up while a call was in flight).
     @exclusivity(unchecked) var interest: UInt32? = 0
-    /// The last call of a repeatable method parsed on this connection, with
-    /// the bytes it was read from (`VarlinkService.CheckedCall`).
-    @exclusivity(unchecked) var lastCall: RememberedCall?
     /// Room made in `output` before a reply is written, so that a reply of up
     /// to this size (the hot replies are about 150 bytes) never makes Array
     /// grow it and free the old storage, secret and all, unzeroed.
@@ -101,36 +98,4 @@ final class Connection {
     }
     /// More input is useful: the peer has not closed, and no call is held back.
     var wantsInput: Bool { !peerClosedInput && !busy }
-}
-
-/// A call a connection keeps with the message it was read from, so that the
-/// same bytes again are answered without a parse. Only calls of methods the
-/// service declares repeatable (no secret among their parameters) are kept.
-final class RememberedCall {
-    /// The largest message kept: the hot calls are about 100 bytes.
-    static let maximumSize = 512
-
-    /// Touched by its connection's loop alone: exempt from the runtime's exclusivity checks.
-    @exclusivity(unchecked) private(set) var bytes: [UInt8]
-    let checked: VarlinkService.CheckedCall
-    /// What the method's preparer made of the call, run for each repeat.
-    let prepared: (any PreparedCall)?
-
-    init(bytes: ArraySlice<UInt8>, checked: VarlinkService.CheckedCall, prepared: (any PreparedCall)?) {
-        self.bytes = Array(bytes)
-        self.checked = checked
-        self.prepared = prepared
-    }
-
-    /// The bytes are zeroed when the call is let go, as every buffer a
-    /// message passed through is.
-    deinit { bytes.wipe() }
-
-    /// Whether `message` is byte for byte the message this call was read from.
-    func matches(_ message: ArraySlice<UInt8>) -> Bool {
-        guard message.count == bytes.count, !bytes.isEmpty else { return false }
-        return message.withUnsafeBytes { new in
-            bytes.withUnsafeBytes { old in memcmp(new.baseAddress!, old.baseAddress!, old.count) == 0 }
-        }
-    }
 }

@@ -538,15 +538,10 @@ final class ServingLoop: @unchecked Sendable {
                 parseLarge(message, on: connection)
                 continue
             }
-            if let last = connection.lastCall, last.matches(message) {
-                answerRepeat(last, on: connection)
-                continue
-            }
             do throws(VarlinkCall.DecodingFailure) {
-                // Only a message of the common shape is kept for its repeat:
-                // another may carry members the call does not, a secret among them.
-                let (call, common) = try VarlinkCall.read(message, methods: service.methodNames)
-                dispatch(call, size: message.count, on: connection, bytes: common ? message : nil)
+                dispatch(
+                    try VarlinkCall(message: message, methods: service.methodNames), size: message.count,
+                    on: connection)
             } catch {
                 refuse(error, on: connection)
             }
@@ -632,12 +627,8 @@ final class ServingLoop: @unchecked Sendable {
     }
 
     /// Answers one call read from a message of `size` bytes: queues its
-    /// reply, starts its stream or its deferred work. A call of a repeatable
-    /// method read from `bytes` (a small message parsed on this loop) is
-    /// kept on the connection for its next repeat.
-    private func dispatch(
-        _ call: VarlinkCall, size: Int, on connection: Connection, bytes: ArraySlice<UInt8>? = nil
-    ) {
+    /// reply, starts its stream or its deferred work.
+    private func dispatch(_ call: VarlinkCall, size: Int, on connection: Connection) {
         if stopping {
             if !call.oneway { queue(errors.stopping, on: connection) }
             return
@@ -655,37 +646,8 @@ final class ServingLoop: @unchecked Sendable {
         case .refused(let outcome):
             perform(outcome, of: call, on: connection)
         case .passed(let checked):
-            guard checked.repeatable, let bytes, bytes.count <= RememberedCall.maximumSize else {
-                perform(service.run(checked, caller: connection.caller), of: call, on: connection)
-                return
-            }
-            guard let preparer = service.preparer(of: checked) else {
-                connection.lastCall = RememberedCall(bytes: bytes, checked: checked, prepared: nil)
-                perform(service.run(checked, caller: connection.caller), of: call, on: connection)
-                return
-            }
-            switch preparer(call) {
-            case .answered(let outcome):
-                perform(outcome, of: call, on: connection)
-            case .prepared(let prepared):
-                connection.lastCall = RememberedCall(bytes: bytes, checked: checked, prepared: prepared)
-                perform(prepared.run(caller: connection.caller), of: call, on: connection)
-            }
+            perform(service.run(checked, caller: connection.caller), of: call, on: connection)
         }
-    }
-
-    /// Answers a byte-identical repeat of the connection's last call: the
-    /// same parse, the same checks passed, so only the handler (or the
-    /// prepared call) runs.
-    private func answerRepeat(_ last: RememberedCall, on connection: Connection) {
-        let call = last.checked.call
-        if stopping {
-            if !call.oneway { queue(errors.stopping, on: connection) }
-            return
-        }
-        let outcome =
-            last.prepared?.run(caller: connection.caller) ?? service.run(last.checked, caller: connection.caller)
-        perform(outcome, of: call, on: connection)
     }
 
     /// Carries out a handler's (or the service's refusal's) outcome for `call`.
@@ -1005,7 +967,6 @@ final class ServingLoop: @unchecked Sendable {
         if connection.scheduledAt != nil { deadlines.cancel(.connection(connection.id)) }
         connection.output.wipe(0..<connection.output.count)
         connection.decoder.wipe()
-        connection.lastCall = nil
         if connection.interest != nil { _ = vaultd_epoll_del(epollFD, connection.fd) }
         Glibc.close(connection.fd)
         connections[connection.id] = nil

@@ -25,27 +25,6 @@ public protocol VarlinkReplyWriter: Sendable {
 /// A method handler: the call and who made it in, an outcome out.
 public typealias MethodHandler = @Sendable (VarlinkCall, Caller) -> HandlerOutcome
 
-/// A call of a repeatable method read once into what its handler needs. The
-/// connection that sent it keeps it with the call's bytes and runs it again
-/// for each byte-identical repeat, so the parameters are read once; it may
-/// remember what it learnt in one run for the next (where its session sits
-/// in a table, say). Touched only by the loop serving that connection.
-public protocol PreparedCall: AnyObject {
-    /// Answers the call for `caller`, as the method's handler would.
-    func run(caller: Caller) -> HandlerOutcome
-}
-
-/// What a method's preparer makes of a call that passed its checks.
-public enum Preparation {
-    /// Ready to run, now and for each repeat.
-    case prepared(any PreparedCall)
-    /// Answered without running (its parameters were refused, say); not kept.
-    case answered(HandlerOutcome)
-}
-
-/// Reads a checked call of one method into a `PreparedCall`.
-public typealias CallPreparer = @Sendable (VarlinkCall) -> Preparation
-
 /// A Varlink service as data: the interfaces it implements, declared as
 /// tables, with a handler bound to each method. Every call is checked against
 /// its method's declaration before the handler runs: unknown interface or
@@ -61,24 +40,12 @@ public struct VarlinkService: Sendable {
         var handler: MethodHandler?
         /// The largest message a call of this method may be.
         var callSizeLimit: Int
-        /// A connection may keep a call of this method to answer the same
-        /// bytes again without parsing them (see `CheckedCall`).
-        var repeatable: Bool
-        /// Reads a call into a `PreparedCall` kept for repeats (nil: the
-        /// handler is run with the call each time).
-        var preparer: CallPreparer?
     }
 
     /// A call that passed its method's checks, and where its binding is.
-    /// A connection keeps its last such call of a repeatable method with the
-    /// bytes it was read from: a client that sends the same bytes again (a
-    /// GetToken loop does) is answered without a parse or a check, which are
-    /// pure functions of those bytes and the service's fixed tables.
     struct CheckedCall {
         let call: VarlinkCall
         let binding: Int
-        /// Whether a connection may keep the call for its next repeat.
-        let repeatable: Bool
     }
 
     /// The largest call of a method that declares no limit of its own: the
@@ -123,31 +90,25 @@ public struct VarlinkService: Sendable {
 
     /// Adds `interface`, binding each of its methods to the handler `handler`
     /// gives for it; `callSizeLimit` gives the largest message a call of each
-    /// method may be (`defaultCallSizeLimit` unless it says otherwise);
-    /// `repeatable` names the methods whose calls carry no secret, so that a
-    /// connection may keep its last call of one (its bytes and what they
-    /// parsed to) to answer a byte-identical repeat without parsing it again.
+    /// method may be (`defaultCallSizeLimit` unless it says otherwise).
     public mutating func add(
         _ interface: VarlinkInterfaceDeclaration,
         callSizeLimit: (VarlinkMethodDeclaration) -> Int = { _ in VarlinkService.defaultCallSizeLimit },
-        repeatable: (VarlinkMethodDeclaration) -> Bool = { _ in false },
         handler: (VarlinkMethodDeclaration) -> MethodHandler
     ) {
-        bind(interface, callSizeLimit: callSizeLimit, repeatable: repeatable, handler: handler)
+        bind(interface, callSizeLimit: callSizeLimit, handler: handler)
     }
 
     private mutating func bind(
         _ interface: VarlinkInterfaceDeclaration,
         callSizeLimit: (VarlinkMethodDeclaration) -> Int = { _ in VarlinkService.defaultCallSizeLimit },
-        repeatable: (VarlinkMethodDeclaration) -> Bool = { _ in false },
         handler: (VarlinkMethodDeclaration) -> MethodHandler?
     ) {
         interfaces[interface.name] = interface
         for method in interface.methods {
             guard let signature = interface.signature(of: method.name) else { continue }
             let binding = Binding(
-                signature: signature, handler: handler(method), callSizeLimit: callSizeLimit(method),
-                repeatable: repeatable(method), preparer: nil)
+                signature: signature, handler: handler(method), callSizeLimit: callSizeLimit(method))
             if let index = methodNames.index(of: signature.method) {
                 bindings[index] = binding
             } else {
@@ -156,21 +117,6 @@ public struct VarlinkService: Sendable {
             }
         }
     }
-
-    /// Gives the repeatable `method` (a full name) a preparer: a connection
-    /// then keeps what it makes of a call and runs that for each repeat,
-    /// instead of the handler with the call. The preparer answers as the
-    /// handler would; the handler stays for calls answered once.
-    public mutating func prepare(_ method: String, with preparer: @escaping CallPreparer) {
-        guard let index = methodNames.index(of: method) else {
-            preconditionFailure("no method \(method) to prepare")
-        }
-        precondition(bindings[index].repeatable, "\(method) is not repeatable: a prepared call is kept for repeats")
-        bindings[index].preparer = preparer
-    }
-
-    /// The preparer of the method `checked` calls, if it has one.
-    func preparer(of checked: CheckedCall) -> CallPreparer? { bindings[checked.binding].preparer }
 
     /// The largest message a call of `method` may be: its own limit, or the
     /// default for a method the service does not have (which is answered
@@ -215,7 +161,7 @@ public struct VarlinkService: Sendable {
         if let parameter = binding.signature.invalidParameter(in: call.parameters) {
             return .refused(.reply(VarlinkServiceError.invalidParameter(parameter)))
         }
-        return .passed(CheckedCall(call: call, binding: index, repeatable: binding.repeatable))
+        return .passed(CheckedCall(call: call, binding: index))
     }
 
     /// Answers a call that passed `check`: its handler's outcome.

@@ -121,6 +121,14 @@ public struct AccessPolicy: Sendable, Equatable {
         caller.uid == ownerUID || isAdmin(caller)
     }
 
+    /// May be told of the session `key`'s changes (its events, its place in
+    /// a subscription's snapshot): whoever may see it, and whoever may read
+    /// its token, so that a reader's program learns that the token it holds
+    /// was replaced or withdrawn.
+    public func mayWatch(_ caller: Caller, _ key: SessionKey) -> Bool {
+        maySee(caller, ownerUID: key.owner) || mayReadToken(caller, key)
+    }
+
     /// May log in, log out or refresh the session of `key`: its owner, root
     /// and admins.
     public func mayManage(_ caller: Caller, _ key: SessionKey) -> Bool {

@@ -52,20 +52,6 @@ public struct DenseTable<Key: Hashable, Value> {
         return slots.withUnsafeBufferPointer { slots in body(slots[position].unsafelyUnwrapped) }
     }
 
-    /// `read(_:_:)` that looks at `position` first, where an earlier read
-    /// found `key`: while the key is still there, nothing is hashed.
-    /// `position` is set to where `key` is now (-1: nowhere).
-    @inlinable public func read<R>(_ key: Key, at position: inout Int, _ body: (borrowing Value) -> R) -> R? {
-        if position < 0 || position >= storedKeys.count || storedKeys[position] != key {
-            guard let found = positions[key] else {
-                position = -1
-                return nil
-            }
-            position = found
-        }
-        return slots.withUnsafeBufferPointer { slots in body(slots[position].unsafelyUnwrapped) }
-    }
-
     /// The value of `key`, or nil; setting nil removes the entry.
     @inlinable public subscript(key: Key) -> Value? {
         get {

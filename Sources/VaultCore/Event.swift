@@ -24,7 +24,8 @@ public enum EventKind: String, Sendable, CaseIterable {
 public struct VaultEvent: Sendable, Equatable {
     public var kind: EventKind
     public var account: Account
-    /// The uid that owns the session: who may see the event besides admins.
+    /// The uid that owns the session: who may see the event besides admins
+    /// and, for a declared account, its token's readers.
     public var ownerUID: UInt32
     public var time: UnixTime
     /// Why it happened (kickedOffline: kicked, revoked, admin, switched, ...).

@@ -7,6 +7,10 @@ public struct ServingLimits: Sendable, Equatable {
     /// Connections kept for root and `AdminGroup` members: the others together
     /// may hold `maxConnections - reservedConnections`.
     public var reservedConnections: Int = 64
+    /// The last of those kept for root alone: admins together with everyone
+    /// else may hold `maxConnections - rootReservedConnections`, so that no
+    /// admin can take root's last way in.
+    public var rootReservedConnections: Int = 16
     /// Open connections per uid other than root (`MaxConnectionsPerUser=`).
     public var maxConnectionsPerUser: Int = 128
     /// A connection with nothing in flight, no unfinished message and nothing
@@ -47,16 +51,22 @@ public struct ServingLimits: Sendable, Equatable {
         case sharedLimit
         /// `maxConnections` are open.
         case full
+        /// All but root's own reserve are open, and the caller is not root.
+        case keptForRoot
     }
 
     /// Decides on a new connection of a caller who is root (`isRoot`), in the
     /// admin group or root (`privileged`), or neither, given what is open: in
-    /// all, by callers neither root nor admin, and by the caller's uid.
+    /// all, by callers neither root nor admin, and by the caller's uid. Root
+    /// is refused only when every connection is open; an admin also when
+    /// only root's own reserve is left.
     public func admission(
         isRoot: Bool, privileged: Bool, open: Int, openUnprivileged: Int, openForUser: Int
     ) -> Admission {
         if open >= maxConnections { return .full }
-        if !isRoot && openForUser >= maxConnectionsPerUser { return .perUserLimit }
+        if isRoot { return .admit }
+        if openForUser >= maxConnectionsPerUser { return .perUserLimit }
+        if open >= maxConnections - rootReservedConnections { return .keptForRoot }
         if !privileged && openUnprivileged >= maxConnections - reservedConnections { return .sharedLimit }
         return .admit
     }
@@ -73,6 +83,11 @@ public struct ServingLimits: Sendable, Equatable {
             return VaultError(
                 .tooManyConnections,
                 "users other than root and the admin group hold every connection vaultd gives them (\(maxConnections - reservedConnections)); try again later, or ask the administrator to raise MaxConnections="
+            )
+        case .keptForRoot:
+            return VaultError(
+                .tooManyConnections,
+                "vaultd has \(maxConnections - rootReservedConnections) connections open, all but the \(rootReservedConnections) it keeps for root; try again later, or ask the administrator to raise MaxConnections="
             )
         case .full, .admit:
             return VaultError(

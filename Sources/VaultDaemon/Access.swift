@@ -1,5 +1,4 @@
 import Glibc
-import Synchronization
 import VaultCore
 import VaultSystem
 
@@ -8,7 +7,6 @@ import VaultSystem
 public final class PolicyBox: Sendable {
     /// Read by every serving loop at every call (see `SleepingMutex`).
     private let current: SleepingMutex<AccessPolicy>
-    private let replacements = Atomic<UInt64>(0)
 
     /// Holds `policy`.
     public init(_ policy: AccessPolicy) { current = SleepingMutex(policy) }
@@ -16,16 +14,9 @@ public final class PolicyBox: Sendable {
     /// The policy in force.
     public var policy: AccessPolicy { current.withLock { $0 } }
 
-    /// How many times the policy was replaced: a decision made under the
-    /// policy read after this number was loaded holds while it is the same.
-    public var generation: UInt64 { replacements.load(ordering: .acquiring) }
-
     /// Puts `policy` in force.
     public func replace(_ policy: AccessPolicy) {
-        current.withLock {
-            $0 = policy
-            replacements.wrappingAdd(1, ordering: .releasing)
-        }
+        current.withLock { $0 = policy }
     }
 }
 

@@ -36,20 +36,6 @@ public enum Audit {
         }
     }
 
-    /// Audits a token handed out (result ok) for a call whose repeats on
-    /// one connection keep `tally`: a repeat is counted in it, without the
-    /// audit trail's lock; the first handout (and the first after an
-    /// interval without one) is written at once. `tally` is only ever given
-    /// handouts of one `key` to one `caller`.
-    public static func handout(_ log: Logger, _ key: SessionKey, caller: Caller, tally: inout HandoutTally?) {
-        guard log.writes(.notice) else { return }
-        if let tally, tally.count() { return }
-        let kind = HandoutCounts.Kind(handoutAction, key, caller: caller, result: "ok")
-        if log.handouts.record(kind, tally: &tally) {
-            write(log, action: handoutAction, key, caller: caller, result: "ok", count: nil)
-        }
-    }
-
     /// The action whose repeats are counted rather than written one by one.
     static let handoutAction = "GetToken"
 
@@ -172,22 +158,6 @@ public struct HandoutCounts: Sendable {
         if nextTick == nil { nextTick = now() + HandoutCounts.interval }
         return true
     }
-
-    /// Adds `repeats` counted elsewhere (a connection's `HandoutTally`) to
-    /// `kind`, which is tracked from now on if it was not; false when it
-    /// could not be (`maximumKinds`): the caller writes them at once.
-    public mutating func add(_ kind: Kind, repeats: Int, now: UInt64) -> Bool {
-        guard repeats > 0 else { return true }
-        if pending[kind] == nil {
-            guard pending.count < HandoutCounts.maximumKinds else { return false }
-            if nextTick == nil { nextTick = now + HandoutCounts.interval }
-        }
-        pending[kind, default: 0] += repeats
-        return true
-    }
-
-    /// Whether `kind` is tracked: a handout of it since the last tick but one.
-    public func tracks(_ kind: Kind) -> Bool { pending[kind] != nil }
 
     /// At a tick: the kinds with repeats and their counts (reset to zero);
     /// kinds without any since the last tick are forgotten.

@@ -62,24 +62,6 @@ public final class Logger: Sendable {
     private struct CountState {
         var counts = HandoutCounts()
         var tickScheduled = false
-        /// The connections' own counts, taken at each tick.
-        var tallies: [ObjectIdentifier: HandoutTally] = [:]
-
-        /// Moves what the tallies counted into `counts`; what `counts` cannot
-        /// track (`maximumKinds`) is returned, to be written at once.
-        mutating func takeTallies(now: UInt64) -> [(kind: HandoutCounts.Kind, count: Int)] {
-            tallies.values.compactMap { tally in
-                let untracked = take(tally, now: now)
-                return untracked > 0 ? (tally.kind, untracked) : nil
-            }
-        }
-
-        /// Moves what `tally` counted into `counts`; the repeats `counts`
-        /// cannot track (`maximumKinds`), to be written at once (0: none).
-        mutating func take(_ tally: HandoutTally, now: UInt64) -> Int {
-            let repeats = tally.take()
-            return counts.add(tally.kind, repeats: repeats, now: now) ? 0 : repeats
-        }
     }
     /// Where the counts are written at each interval's end.
     private let ticks = DispatchQueue(label: "vaultd.audit-ticks")
@@ -103,41 +85,6 @@ public final class Logger: Sendable {
             return write
         }
 
-        /// Counts a handout of `kind` as `record` does, and gives the
-        /// connection a tally of its own for the repeats to come, which the
-        /// ticks take; true when the handout's line is to be written now.
-        func record(_ kind: HandoutCounts.Kind, tally: inout HandoutTally?) -> Bool {
-            let made = HandoutTally(kind)
-            let old = tally
-            tally = made
-            let (write, untracked, schedule) = log.counts.withLock { state -> (Bool, Int, UInt64?) in
-                let untracked = old.map { Self.close($0, &state) } ?? 0
-                state.tallies[ObjectIdentifier(made)] = made
-                let write = state.counts.record(kind, now: Monotonic.milliseconds())
-                return (write, untracked, Self.tickToSchedule(&state))
-            }
-            if let schedule { log.scheduleTick(at: schedule) }
-            if let old, untracked > 0 { Audit.write(log, old.kind, count: untracked) }
-            return write
-        }
-
-        /// Takes the last repeats of a tally whose connection let it go.
-        func close(_ tally: HandoutTally) {
-            let (untracked, schedule) = log.counts.withLock { state -> (Int, UInt64?) in
-                let untracked = Self.close(tally, &state)
-                return (untracked, Self.tickToSchedule(&state))
-            }
-            if let schedule { log.scheduleTick(at: schedule) }
-            if untracked > 0 { Audit.write(log, tally.kind, count: untracked) }
-        }
-
-        /// Unregisters `tally` and adds its repeats to the counts; the
-        /// repeats the counts cannot track (`maximumKinds`), to be written now.
-        private static func close(_ tally: HandoutTally, _ state: inout CountState) -> Int {
-            guard state.tallies.removeValue(forKey: ObjectIdentifier(tally)) != nil else { return 0 }
-            return state.take(tally, now: Monotonic.milliseconds())
-        }
-
         private static func tickToSchedule(_ state: inout CountState) -> UInt64? {
             guard !state.tickScheduled, let next = state.counts.nextTick else { return nil }
             state.tickScheduled = true
@@ -155,18 +102,9 @@ public final class Logger: Sendable {
     /// the next tick while any kind is tracked.
     private func tick() {
         let (due, next) = counts.withLock { state -> ([(kind: HandoutCounts.Kind, count: Int)], UInt64?) in
-            let now = Monotonic.milliseconds()
-            var untracked = state.takeTallies(now: now)
-            let due = state.counts.tick(now: now)
-            // A kind without a handout for a whole interval is forgotten: the
-            // next handout of a tally of it goes through `record`, written at once.
-            for tally in state.tallies.values where !state.counts.tracks(tally.kind) && !tally.quiet() {
-                // A repeat came in meanwhile: counted at the next tick.
-                let left = state.take(tally, now: now)
-                if left > 0 { untracked.append((tally.kind, left)) }
-            }
+            let due = state.counts.tick(now: Monotonic.milliseconds())
             state.tickScheduled = state.counts.nextTick != nil
-            return (untracked + due, state.counts.nextTick)
+            return (due, state.counts.nextTick)
         }
         for (kind, count) in due { Audit.write(self, kind, count: count) }
         if let next { scheduleTick(at: next) }
@@ -316,9 +254,7 @@ public final class Logger: Sendable {
     /// Returns once every line handed over so far, and every handout counted
     /// and not yet written, is written: at exit.
     public func flush() {
-        let due = counts.withLock { state in
-            state.takeTallies(now: Monotonic.milliseconds()) + state.counts.drain()
-        }
+        let due = counts.withLock { $0.counts.drain() }
         for (kind, count) in due { Audit.write(self, kind, count: count) }
         writeOut([])
         writer.sync {}
@@ -393,50 +329,3 @@ public final class Logger: Sendable {
 
 /// The serving loop logs through vaultd's logger.
 extension Logger: ServerLog {}
-
-/// One connection's count of the repeats of one kind of token handout: its
-/// serving loop adds to it without the audit trail's lock (a cache line
-/// every loop wrote at every handout), and the log's ticks take it.
-public final class HandoutTally: Sendable {
-    /// The kind of handout counted.
-    public let kind: HandoutCounts.Kind
-    /// The repeats counted and not yet taken, or `quietMark`: one word, so
-    /// that a repeat is either counted before the kind is found quiet or
-    /// refused after it, never counted into a tally found quiet.
-    private let state = Atomic<Int>(0)
-    private static let quietMark = -1
-
-    /// A tally of `kind`, at zero.
-    public init(_ kind: HandoutCounts.Kind) { self.kind = kind }
-
-    /// Counts one repeat; false (nothing counted) once a tick found the kind
-    /// quiet for a whole interval: the handout goes through
-    /// `Logger.Handouts.record(_:tally:)`, which writes it at once.
-    public func count() -> Bool {
-        var seen = state.load(ordering: .relaxed)
-        while seen != Self.quietMark {
-            let (exchanged, now) = state.weakCompareExchange(
-                expected: seen, desired: seen + 1, ordering: .relaxed)
-            if exchanged { return true }
-            seen = now
-        }
-        return false
-    }
-
-    /// The repeats counted since the last take (a quiet tally stays quiet).
-    public func take() -> Int {
-        var seen = state.load(ordering: .relaxed)
-        while seen > 0 {
-            let (exchanged, now) = state.weakCompareExchange(expected: seen, desired: 0, ordering: .relaxed)
-            if exchanged { return seen }
-            seen = now
-        }
-        return 0
-    }
-
-    /// Marks the tally quiet (see `count()`) unless a repeat was counted
-    /// since the last take: false then, and the kind is tracked again.
-    public func quiet() -> Bool {
-        state.compareExchange(expected: 0, desired: Self.quietMark, ordering: .relaxed).exchanged
-    }
-}

@@ -1,4 +1,3 @@
-import Synchronization
 import VaultCore
 import VaultProtocol
 import VaultSystem
@@ -130,12 +129,7 @@ public final class SessionTable: Sendable {
     /// Read by every serving loop at every call: a lock that sleeps, not one
     /// that spins (see `SleepingMutex`).
     private let contents = SleepingMutex(Contents())
-    private let changes = Atomic<UInt64>(0)
     private let didChange: @Sendable (SessionTable) -> Void
-
-    /// How many changes were published: what was read of the table after
-    /// this number was loaded holds while it is the same.
-    public var generation: UInt64 { changes.load(ordering: .acquiring) }
 
     /// An empty table; `didChange` runs after every change (e.g. to update STATUS=).
     public init(didChange: @escaping @Sendable (SessionTable) -> Void = { _ in }) {
@@ -151,18 +145,8 @@ public final class SessionTable: Sendable {
     /// in place (`view(of:)` copies the whole view): its record (nil while
     /// it is not logged in) and its last refresh; nil when there is no view.
     public func tokenFacts(of key: SessionKey) -> (record: SessionRecord?, lastRefreshAt: UnixTime?)? {
-        var position = -1
-        return tokenFacts(of: key, at: &position)
-    }
-
-    /// `tokenFacts(of:)` that looks at `position` first, where the view of
-    /// `key` was found before (a caller's hint: -1 for none); `position` is
-    /// set to where it is now.
-    public func tokenFacts(of key: SessionKey, at position: inout Int) -> (
-        record: SessionRecord?, lastRefreshAt: UnixTime?
-    )? {
         contents.withLock { contents in
-            contents.views.read(key, at: &position) { view in (view.record, view.refresh?.lastRefreshAt) }
+            contents.views.read(key) { view in (view.record, view.refresh?.lastRefreshAt) }
         }
     }
 
@@ -220,7 +204,6 @@ public final class SessionTable: Sendable {
     func publish(_ key: SessionKey, _ view: SessionView?) {
         let observer = contents.withLock { contents in
             Self.change(&contents, key, view)
-            changes.wrappingAdd(1, ordering: .releasing)
             return contents.observer
         }
         observer?(key)
@@ -235,7 +218,6 @@ public final class SessionTable: Sendable {
             contents.views.reserveCapacity(contents.views.count + views.count)
             contents.owners.reserveCapacity(contents.owners.count + views.count)
             for (key, view) in views { Self.change(&contents, key, view) }
-            changes.wrappingAdd(1, ordering: .releasing)
             return contents.observer
         }
         if let observer { for (key, _) in views { observer(key) } }

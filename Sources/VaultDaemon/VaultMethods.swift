@@ -35,28 +35,10 @@ public enum VaultMethods {
             }
         }
 
-        /// Answers a GetToken call read into `r`, with what the connection's
-        /// earlier calls of it left in `memo` (a prepared call keeps it; the
-        /// first call of a connection starts from an empty one).
-        @Sendable func getToken(_ r: GetTokenRequest, _ caller: Caller, memo: inout GetTokenMemo) -> HandlerOutcome {
-            // Loaded before anything is read: a change published after this
-            // load makes the next call read again.
-            let policyGeneration = policy.generation
-            let tableGeneration = table.generation
-            if let served = memo.served, served.policyGeneration == policyGeneration,
-                served.tableGeneration == tableGeneration
-            {
-                // Neither the access policy nor any session changed since this
-                // connection's last call was served: the same decisions hold,
-                // but for the time (the token may have come close to its expiry).
-                if case .serve = TokenHandout.decide(
-                    served.handout, minValidSeconds: r.minValidSeconds, now: clock.now())
-                {
-                    memo.audit(manager, served.key, caller)
-                    return .encoded(served.reply)
-                }
-            }
-            memo.served = nil
+        /// Answers a GetToken call read into `r`: looks the session up, decides
+        /// (`TokenHandout`), and writes the token, or waits for what the manager
+        /// must do first. Nothing of the answer is kept for the next call.
+        @Sendable func getToken(_ r: GetTokenRequest, _ caller: Caller) -> HandlerOutcome {
             let account = Account(provider: r.provider, user: r.user)
             let access = policy.policy
             let key: SessionKey
@@ -79,7 +61,7 @@ public enum VaultMethods {
                         "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
                     ))
             }
-            let facts = table.tokenFacts(of: key, at: &memo.position)
+            let facts = table.tokenFacts(of: key)
             guard let facts, let record = facts.record else {
                 if facts == nil, manager.isFleetHost, r.waitSeconds == 0 {
                     // Another host may have logged it in a moment ago: the store says.
@@ -115,12 +97,8 @@ public enum VaultMethods {
                     try await manager.freshToken(key, minValidSeconds: r.minValidSeconds, caller: caller)
                 }
             }
-            let reply = ServedToken(record)
-            memo.served = GetTokenMemo.Served(
-                policyGeneration: policyGeneration, tableGeneration: tableGeneration, key: key, handout: handout,
-                reply: reply)
-            memo.audit(manager, key, caller, decided: true)
-            return .encoded(reply)
+            manager.audit(Audit.handoutAction, key, caller: caller, result: "ok")
+            return .encoded(TokenReply(record: record))
         }
 
         /// The handler of each method; the switch makes a method without one a compile error.
@@ -207,9 +185,7 @@ public enum VaultMethods {
             case .getToken:
                 return { call, caller in
                     parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        // One call: audited without a tally of its own.
-                        var memo = GetTokenMemo(tallies: false)
-                        return getToken(try GetTokenRequest(p), caller, memo: &memo)
+                        getToken(try GetTokenRequest(p), caller)
                     }
                 }
 
@@ -313,7 +289,9 @@ public enum VaultMethods {
                                 filter.kinds.insert(kind)
                             }
                         }
-                        let sessions = visibleSessions(table, policy.policy, caller) { filter.matches($0.account) }
+                        let sessions = visibleSessions(table, policy.policy, caller, readable: true) {
+                            filter.matches($0.account)
+                        }
                         let subscriptionFilter = filter
                         return hub.subscribe(
                             caller,
@@ -322,7 +300,8 @@ public enum VaultMethods {
                             ]),
                             filter: { event in
                                 subscriptionFilter.matches(event)
-                                    && policy.policy.maySee(caller, ownerUID: event.ownerUID)
+                                    && policy.policy.mayWatch(
+                                        caller, SessionKey(owner: event.ownerUID, account: event.account))
                             })
                     }
                 }
@@ -341,141 +320,22 @@ public enum VaultMethods {
             guard let connection = caller.connection, let keys = manager.reporting.closed(connection) else { return }
             Task { await manager.clientGone(connection, from: keys) }
         }
-        // The reads clients repeat in loops, whose parameters hold no secret: a
-        // connection keeps its last one to answer the same bytes unparsed.
-        let repeatableMethods: Set<VaultMethod> = [.getToken, .getSession, .listSessions]
-        let repeatable: (VarlinkMethodDeclaration) -> Bool = { declaration in
-            VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)").map(repeatableMethods.contains) ?? false
-        }
-        service.add(VaultInterface.declaration, callSizeLimit: callSizeLimit, repeatable: repeatable) { declaration in
+        service.add(VaultInterface.declaration, callSizeLimit: callSizeLimit) { declaration in
             guard let method = VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)") else {
                 preconditionFailure("io.vaultd.Vault declares \(declaration.name), which is no VaultMethod")
             }
             return handler(method)
         }
-        // A client that reads a token in a loop sends the same call again and
-        // again: its parameters are read once and its session's place in the
-        // table is remembered between calls.
-        service.prepare(VaultMethod.getToken.rawValue) { call in
-            do throws(ParameterReader.Invalid) {
-                return .prepared(
-                    PreparedGetToken(
-                        try GetTokenRequest(ParameterReader(call.parameters)), log: manager.log, answer: getToken))
-            } catch {
-                return .answered(.reply(VarlinkServiceError.invalidParameter(error.parameter)))
-            }
-        }
         return service
     }
 
-    /// A GetToken call read once, run for each repeat on its connection (on
-    /// that connection's loop only), with what its earlier runs left in its
-    /// memo.
-    final class PreparedGetToken: PreparedCall {
-        let request: GetTokenRequest
-        let log: Logger
-        let answer: @Sendable (GetTokenRequest, Caller, inout GetTokenMemo) -> HandlerOutcome
-        /// Read and written by its connection's loop alone, never through
-        /// overlapping accesses: exempt from the runtime's exclusivity checks.
-        @exclusivity(unchecked) var memo = GetTokenMemo()
+    /// A GetToken reply, written from the session's record straight into the
+    /// connection's output (whose bytes are zeroed once sent): no copy of the
+    /// token outlives the call.
+    struct TokenReply: VarlinkReplyWriter {
+        let record: SessionRecord
 
-        init(
-            _ request: GetTokenRequest, log: Logger,
-            answer: @escaping @Sendable (GetTokenRequest, Caller, inout GetTokenMemo) -> HandlerOutcome
-        ) {
-            self.request = request
-            self.log = log
-            self.answer = answer
-        }
-
-        /// Its connection let it go: the handouts its tally counted go to the audit trail.
-        deinit { memo.close(log) }
-
-        func run(caller: Caller) -> HandlerOutcome { answer(request, caller, &memo) }
-    }
-
-    /// What one connection's GetToken calls of one session keep between
-    /// calls, on that connection's loop alone: where the session's view sat
-    /// in the table (found again without hashing the account), the last
-    /// answer served with the access policy and table generations it was
-    /// decided at (while both are the same, a repeat takes no lock and
-    /// writes no memory another loop reads), and the connection's tally of
-    /// its handouts for the audit trail. Every session's change and every
-    /// reload of the policy makes the next call decide again.
-    struct GetTokenMemo {
-        /// A token served, and what it was decided on. A class: a repeat
-        /// takes one reference to it, not one to each of its strings.
-        final class Served {
-            let policyGeneration: UInt64
-            let tableGeneration: UInt64
-            let key: SessionKey
-            let handout: TokenHandout.Facts
-            let reply: ServedToken
-
-            init(
-                policyGeneration: UInt64, tableGeneration: UInt64, key: SessionKey, handout: TokenHandout.Facts,
-                reply: ServedToken
-            ) {
-                self.policyGeneration = policyGeneration
-                self.tableGeneration = tableGeneration
-                self.key = key
-                self.handout = handout
-                self.reply = reply
-            }
-        }
-
-        /// Whether the handouts are counted in a tally of the connection's own.
-        let tallies: Bool
-        /// Where the session's view sat in the table (-1: unknown).
-        var position = -1
-        var served: Served?
-        var tally: HandoutTally?
-
-        init(tallies: Bool = true) { self.tallies = tallies }
-
-        /// Audits a handout of `key` to `caller` (result ok). `decided`: the key
-        /// was decided anew (a reload may have given the account another
-        /// owner), so a tally of another session's handouts is let go first.
-        mutating func audit(_ manager: SessionManager, _ key: SessionKey, _ caller: Caller, decided: Bool = false) {
-            if decided, let kept = tally?.kind,
-                kept.owner != key.owner || kept.provider != key.account.provider || kept.user != key.account.user
-            {
-                close(manager.log)
-            }
-            if tallies {
-                Audit.handout(manager.log, key, caller: caller, tally: &tally)
-            } else {
-                manager.audit(Audit.handoutAction, key, caller: caller, result: "ok")
-            }
-        }
-
-        /// Hands the tally's last count to the audit trail.
-        mutating func close(_ log: Logger) {
-            if let tally { log.handouts.close(tally) }
-            tally = nil
-        }
-    }
-
-    /// A GetToken reply, encoded once for the repeats of one connection's
-    /// call and zeroed when it is let go (it holds the token).
-    final class ServedToken: VarlinkReplyWriter, @unchecked Sendable {
-        /// Written once, at `init`, then read by one loop (immutable but for `deinit`).
-        private var bytes: [UInt8] = []
-
-        init(_ record: SessionRecord) {
-            // Room for the whole reply first (every string escaped at worst
-            // six bytes a byte): an array that grew would leave the token in
-            // the storage it let go of, unzeroed.
-            let strings =
-                record.accessToken.withUTF8 { $0.count } + (record.instanceURL?.utf8.count ?? 0)
-                + (record.tokenType?.utf8.count ?? 0)
-            bytes.reserveCapacity(128 + 6 * strings)
-            writeTokenReply(record, into: &bytes)
-        }
-
-        deinit { bytes.wipe() }
-
-        func write(into out: inout [UInt8]) { out.append(contentsOf: bytes) }
+        func write(into out: inout [UInt8]) { writeTokenReply(record, into: &out) }
     }
 
     /// The errors the server sends on its own, as vaultd names them.
@@ -536,13 +396,16 @@ public enum VaultMethods {
         return out
     }
 
-    /// The sessions `caller` may see (and `including` lets through), as clients see them.
+    /// The sessions `caller` may see (with `readable`, those whose token it
+    /// may read too: a subscription's), and `including` lets through, as
+    /// clients see them.
     static func visibleSessions(
-        _ table: SessionTable, _ policy: AccessPolicy, _ caller: Caller,
+        _ table: SessionTable, _ policy: AccessPolicy, _ caller: Caller, readable: Bool = false,
         including: (SessionKey) -> Bool = { _ in true }
     ) -> [JSON] {
         table.all().compactMap { (key, view) -> JSON? in
-            guard policy.maySee(caller, ownerUID: key.owner), including(key) else { return nil }
+            let visible = readable ? policy.mayWatch(caller, key) : policy.maySee(caller, ownerUID: key.owner)
+            guard visible, including(key) else { return nil }
             return view.wireJSON() ?? pendingSessionJSON(key, state: view.state, refresh: view.refresh)
         }
     }

@@ -72,22 +72,14 @@ public struct VarlinkCall: Sendable, Equatable {
     /// names the reader knows: a call naming one gets that very string (no
     /// copy is made of it).
     public init(message: ArraySlice<UInt8>, methods: VarlinkMethodNames? = nil) throws(DecodingFailure) {
-        self = try VarlinkCall.read(message, methods: methods).call
-    }
-
-    /// Reads a call as `init(message:methods:)` does, and says whether the
-    /// message had the common shape: nothing but the members a call may have
-    /// (`method`, `parameters`, `more`, `oneway`, `upgrade`), with plain
-    /// strings and scalars. Only such a message holds no byte the call does
-    /// not: the generic parser passes over unknown members.
-    public static func read(
-        _ message: ArraySlice<UInt8>, methods: VarlinkMethodNames? = nil
-    ) throws(DecodingFailure) -> (call: VarlinkCall, common: Bool) {
         // The common shape (plain names and scalar parameters) is read in one
         // pass without building dictionaries; anything else goes through the
         // generic parser, which decides what is valid JSON.
-        if let call = VarlinkCallScanner.scan(message, methods: methods) { return (call, true) }
-        return (try VarlinkCall(parsing: message, methods: methods), false)
+        if let call = VarlinkCallScanner.scan(message, methods: methods) {
+            self = call
+        } else {
+            try self.init(parsing: message, methods: methods)
+        }
     }
 
     /// Reads a call with the generic JSON parser.

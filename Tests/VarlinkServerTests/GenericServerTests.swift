@@ -119,8 +119,7 @@ struct GenericServerTests {
         #expect(harness.stop() == SIGTERM)
     }
 
-    @Test(
-        "Should run the handler for every repeat of a remembered call, and parse and check any call whose bytes differ")
+    @Test("Should run the handler for every call, the same bytes again included, each parsed and checked")
     func repeatedCalls() throws {
         let harness = try Harness()
         let client = try harness.connect()
@@ -145,43 +144,10 @@ struct GenericServerTests {
             try client.read()
                 == #"{"error":"org.varlink.service.InvalidParameter","parameters":{"parameter":"upgrade"}}"#)
         #expect(try client.read() == #"{"parameters":{"count":10}}"#)
-        // A second connection keeps its own last call; the count is the service's.
+        // A second connection's calls count on the service's count.
         let other = try harness.connect()
         #expect(try other.call(tick) == #"{"parameters":{"count":11}}"#)
         #expect(try client.call(tick) == #"{"parameters":{"count":12}}"#)
-        #expect(harness.stop() == SIGTERM)
-    }
-
-    @Test(
-        "Should prepare a call once per distinct message on a connection and run the prepared call for each repeat")
-    func preparedCalls() throws {
-        let harness = try Harness()
-        let client = try harness.connect()
-        let alice = #"{"method":"org.example.Echo.Tally","parameters":{"name":"alice"}}"#
-        let bob = #"{"method":"org.example.Echo.Tally","parameters":{"name":"bob"}}"#
-        // runs: how often this prepared call ran; prepared: preparations so far.
-        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":1,"runs":1}}"#)
-        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":1,"runs":2}}"#)
-        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":1,"runs":3}}"#)
-        #expect(try client.call(bob) == #"{"parameters":{"name":"bob","prepared":2,"runs":1}}"#)
-        // Only the last call is kept: alice again is prepared afresh.
-        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":3,"runs":1}}"#)
-        // A call the preparer answers itself is not kept: each is prepared again.
-        let empty = #"{"method":"org.example.Echo.Tally","parameters":{"name":""}}"#
-        let refused = #"{"error":"org.varlink.service.InvalidParameter","parameters":{"parameter":"name"}}"#
-        #expect(try client.call(empty) == refused)
-        #expect(try client.call(empty) == refused)
-        #expect(harness.streams.preparations.withLock { $0 } == 5)
-        // Another connection prepares its own.
-        let other = try harness.connect()
-        #expect(try other.call(alice) == #"{"parameters":{"name":"alice","prepared":6,"runs":1}}"#)
-        // A message with a member no call has (a secret sent by mistake, say)
-        // is answered by the handler and never kept: its bytes are not held.
-        let extra = #"{"method":"org.example.Echo.Tally","parameters":{"name":"carol"},"token":"s3cret"}"#
-        #expect(try client.call(extra) == #"{"parameters":{"name":"carol","prepared":6,"runs":1}}"#)
-        #expect(try client.call(extra) == #"{"parameters":{"name":"carol","prepared":6,"runs":1}}"#)
-        // Neither those nor the refused ones above let go of the call kept before them.
-        #expect(try client.call(alice) == #"{"parameters":{"name":"alice","prepared":6,"runs":2}}"#)
         #expect(harness.stop() == SIGTERM)
     }
 
@@ -321,19 +287,8 @@ private final class Harness: Sendable {
         let closed = self.closed
         let slowStarted = self.slowStarted
         let slowGate = self.slowGate
-        let repeatable: (VarlinkMethodDeclaration) -> Bool = { $0.name == "Tick" || $0.name == "Tally" }
-        service.add(Harness.interface, callSizeLimit: limit, repeatable: repeatable) { method in
+        service.add(Harness.interface, callSizeLimit: limit) { method in
             switch method.name {
-            case "Tally":
-                // A call that is not kept (not of the common shape, say) is
-                // answered here, as a prepared call's first run, unprepared.
-                return { call, _ in
-                    .reply(
-                        VarlinkReply(parameters: [
-                            "name": call.parameters["name"] ?? .string(""), "runs": .int(1),
-                            "prepared": .int(streams.preparations.withLock { $0 }),
-                        ]))
-                }
             case "Tick":
                 return { call, _ in
                     let step = call.parameters["step"]?.integerValue ?? 0
@@ -373,15 +328,6 @@ private final class Harness: Sendable {
                             closed: { id in streams.closed.withLock { $0.append(id) } }))
                 }
             }
-        }
-        service.prepare("org.example.Echo.Tally") { call in
-            let name = call.parameters["name"]?.stringValue ?? ""
-            let preparations = streams.preparations.withLock { (count: inout Int64) -> Int64 in
-                count += 1
-                return count
-            }
-            guard !name.isEmpty else { return .answered(.reply(VarlinkServiceError.invalidParameter("name"))) }
-            return .prepared(TallyCall(name: name, preparations: streams))
         }
         service.connectionClosed = { caller in
             streams.closedConnections.withLock { $0.append(caller.connection ?? 0) }
@@ -426,12 +372,6 @@ private final class Harness: Sendable {
             VarlinkMethodDeclaration(
                 "Tick", doc: "Adds step to a count kept by the service and answers the count.",
                 parameters: [VarlinkField("step", .int)], output: [VarlinkField("count", .int)]),
-            VarlinkMethodDeclaration(
-                "Tally", doc: "Answers how often this prepared call ran and how many were prepared.",
-                parameters: [VarlinkField("name", .string)],
-                output: [
-                    VarlinkField("name", .string), VarlinkField("prepared", .int), VarlinkField("runs", .int),
-                ]),
         ],
         errors: [])
 
@@ -498,29 +438,6 @@ private final class Record: Sendable {
     let workFinishedBeforeClose = Mutex<Bool?>(nil)
     /// What Tick calls added up to.
     let ticks = Mutex<Int64>(0)
-    /// How many Tally calls were prepared.
-    let preparations = Mutex<Int64>(0)
-}
-
-/// A prepared Tally call: counts its own runs, on its connection's loop.
-private final class TallyCall: PreparedCall {
-    let name: String
-    let record: Record
-    var runs: Int64 = 0
-
-    init(name: String, preparations record: Record) {
-        self.name = name
-        self.record = record
-    }
-
-    func run(caller: Caller) -> HandlerOutcome {
-        runs += 1
-        return .reply(
-            VarlinkReply(parameters: [
-                "name": .string(name), "runs": .int(runs),
-                "prepared": .int(record.preparations.withLock { $0 }),
-            ]))
-    }
 }
 
 /// A blocking client that writes a message and reads one back.

@@ -13,6 +13,7 @@ struct ServingLimitsTests {
         #expect(limits == ServingLimits())
         #expect(limits.maxConnections == 8192)
         #expect(limits.reservedConnections == 64)
+        #expect(limits.rootReservedConnections == 16)
         #expect(limits.maxConnectionsPerUser == 128)
         #expect(limits.idleTimeoutSeconds == 300)
         #expect(limits.requestTimeoutSeconds == 30)
@@ -82,7 +83,7 @@ struct ServingLimitsTests {
         #expect(ByteSizeParser.bytes("99999999999999999999G") == nil)
     }
 
-    @Test("Should admit up to the per-user limit, keep the reserve for root and admins, and refuse all at the cap")
+    @Test("Should admit up to the per-user limit, keep a reserve for root and admins and one for root alone")
     func admission() {
         var limits = ServingLimits()
         limits.maxConnections = 100
@@ -103,13 +104,19 @@ struct ServingLimitsTests {
         #expect(decide(admin: true, open: 36, shared: 36, mine: 0) == .admit)
         #expect(decide(root: true, open: 99, shared: 36, mine: 63) == .admit)
         #expect(decide(root: true, open: 100, shared: 36, mine: 64) == .full)
-        for admission in [ServingLimits.Admission.perUserLimit, .sharedLimit, .full] {
+        // The last 16 are root's alone: an admin who finds only those left is refused, root is not.
+        #expect(decide(admin: true, open: 83, shared: 36, mine: 9) == .admit)
+        #expect(decide(admin: true, open: 84, shared: 36, mine: 9) == .keptForRoot)
+        #expect(decide(open: 84, shared: 20, mine: 0) == .keptForRoot)
+        #expect(decide(root: true, open: 84, shared: 36, mine: 0) == .admit)
+        for admission in [ServingLimits.Admission.perUserLimit, .sharedLimit, .full, .keptForRoot] {
             let error = limits.refusal(admission, uid: 1234)
             #expect(error.code == .tooManyConnections)
             #expect(error.code.seedCode == "ERR_TOO_MANY_CONNECTIONS")
             #expect(error.code.varlinkErrorName == "TooManyConnections")
         }
         #expect(limits.refusal(.perUserLimit, uid: 1234).message.contains("uid 1234"))
+        #expect(limits.refusal(.keptForRoot, uid: 1234).message.contains("keeps for root"))
     }
 
     @Test("Should time out an idle connection, an unfinished message sooner, never a subscription or a call in flight")

@@ -35,46 +35,6 @@ struct DenseTableTests {
 
     /// Should modify a value where it is stored: an array inside it keeps its
     /// buffer (a copy of the value would make the append copy the array).
-    /// Should find a key's value through a position remembered from an
-    /// earlier read, however stale (the key moved by a removal, removed,
-    /// another key in its place, a position past the end), as a Dictionary
-    /// would, and set the position to where the key is now.
-    @Test func readsAtRememberedPosition() {
-        var generator = SplitMix64(state: 0xfeed)
-        for _ in 0..<50 {
-            var table = DenseTable<Int, [Int]>()
-            var model: [Int: [Int]] = [:]
-            // A remembered position per key, kept across changes as a client's is.
-            var remembered = [Int](repeating: -1, count: 40)
-            var hits = 0
-            for _ in 0..<400 {
-                let key = Int(generator.next() % 40)
-                switch generator.next() % 4 {
-                case 0:
-                    table[key] = [key, Int(generator.next() % 100)]
-                    model[key] = table[key]
-                case 1:
-                    table[key] = nil
-                    model[key] = nil
-                case 2:
-                    // A position of any other key, or out of range.
-                    remembered[key] = Int(generator.next() % 50) - 5
-                default:
-                    let before = remembered[key]
-                    let value = table.read(key, at: &remembered[key]) { $0 }
-                    #expect(value == model[key])
-                    if value == nil {
-                        #expect(remembered[key] == -1)
-                    } else {
-                        #expect(table.keys[remembered[key]] == key)
-                        if before == remembered[key] { hits += 1 }
-                    }
-                }
-            }
-            #expect(hits > 0, "some reads found their key where they remembered it")
-        }
-    }
-
     @Test func modifiesInPlace() {
         var table = DenseTable<String, [Int]>()
         var values = [Int]()

@@ -30,45 +30,6 @@ struct HandoutCountsTests {
         #expect(due(&counts, at: HandoutCounts.interval) == ["alice 42 99"])
     }
 
-    @Test("Should add repeats a connection counted to their kind, tracking it again if it was forgotten")
-    func repeatsAdded() {
-        var counts = HandoutCounts()
-        let kind = HandoutCounts.Kind(
-            "GetToken", HandoutCountsTests.demo, caller: HandoutCountsTests.alice, result: "ok")
-        #expect(!counts.tracks(kind))
-        var added = counts.add(kind, repeats: 0, now: 0)
-        #expect(added)
-        #expect(!counts.tracks(kind) && counts.nextTick == nil, "nothing added, nothing tracked")
-        added = counts.add(kind, repeats: 7, now: 5)
-        #expect(added)
-        #expect(counts.tracks(kind))
-        #expect(counts.nextTick == 5 + HandoutCounts.interval)
-        #expect(!record(&counts, at: 6), "a handout of a tracked kind is counted")
-        added = counts.add(kind, repeats: 2, now: 7)
-        #expect(added)
-        #expect(due(&counts, at: counts.nextTick!) == ["alice 42 10"])
-        // A quiet interval forgets it.
-        #expect(due(&counts, at: 5 + 2 * HandoutCounts.interval) == [])
-        #expect(!counts.tracks(kind))
-    }
-
-    @Test("Should count a connection's repeats in its tally until the kind is found quiet")
-    func tallyCountsUntilQuiet() {
-        let tally = HandoutTally(
-            HandoutCounts.Kind("GetToken", HandoutCountsTests.demo, caller: HandoutCountsTests.alice, result: "ok"))
-        for _ in 0..<5 { #expect(tally.count()) }
-        #expect(tally.take() == 5)
-        #expect(tally.take() == 0)
-        #expect(tally.count())
-        #expect(!tally.quiet(), "a repeat counted since the last take keeps the tally counting")
-        #expect(tally.count())
-        #expect(tally.take() == 2)
-        #expect(tally.quiet())
-        #expect(!tally.count(), "a quiet tally hands the handout to the audit trail's lock")
-        #expect(tally.take() == 0)
-        #expect(!tally.count(), "and stays quiet")
-    }
-
     @Test("Should give a different pid, uid, account or result a line of its own")
     func kindsApart() {
         var counts = HandoutCounts()

@@ -77,20 +77,24 @@ struct Identity {
     }
 }
 
-/// What `holdConnections` saw: each held connection's answer, and each probe's.
+/// What `holdConnections` saw: each held connection's answer (the first
+/// holder's, then each further holder's), and each probe's.
 struct HoldReport {
     var held: [String]
+    var moreHeld: [[String]]
     var probes: [String: String]
 }
 
 /// Forks a helper that becomes `holder`, opens `count` connections and asks
 /// GetInfo on each (or, with `pipelined`, sends that many calls on each
-/// without reading), keeps them open while each probe identity connects once
-/// and asks GetInfo, then, after `whileHeld` ran, closes them. Every answer
-/// is "ok", a Varlink error name, or "closed".
+/// without reading), then does the same for each of `more` in turn, keeps
+/// them all open while each probe identity connects once and asks GetInfo,
+/// then, after `whileHeld` ran, closes them. Every answer is "ok", a Varlink
+/// error name, or "closed".
 func holdConnections(
-    _ socket: String, directory: TemporaryDirectory, holder: Identity, count: Int, probes: [Identity],
-    pipelined: Int = 0, whileHeld: () throws -> Void = {}
+    _ socket: String, directory: TemporaryDirectory, holder: Identity, count: Int,
+    more: [(holder: Identity, count: Int)] = [], probes: [Identity], pipelined: Int = 0,
+    whileHeld: () throws -> Void = {}
 ) throws -> HoldReport {
     let script = directory.path("hold.py")
     try #"""
@@ -164,20 +168,22 @@ func holdConnections(
             data += chunk
         return pid, release_w, json.loads(data)
 
-    holder = spec["holder"]
-    pid, release, held = run_as(holder, spec["count"], spec["pipelined"], True)
+    holders = [(spec["holder"], spec["count"])] + [(h["holder"], h["count"]) for h in spec["more"]]
+    runs = [run_as(who, count, spec["pipelined"], True) for who, count in holders]
     probes = {}
     for probe in spec["probes"]:
         probe_pid, _, answers = run_as(probe, 1, 0, False)
         os.waitpid(probe_pid, 0)
         probes[probe["name"]] = answers[0]
-    print(json.dumps({"held": held, "probes": probes}), flush=True)
+    print(json.dumps({"held": [held for _, _, held in runs], "probes": probes}), flush=True)
     sys.stdin.readline()
-    os.close(release)
-    os.waitpid(pid, 0)
+    for pid, release, _ in runs:
+        os.close(release)
+        os.waitpid(pid, 0)
     """#.write(toFile: script, atomically: true, encoding: .utf8)
     let spec = JSON.object([
         "holder": holder.json, "count": .int(Int64(count)), "pipelined": .int(Int64(pipelined)),
+        "more": .array(more.map { .object(["holder": $0.holder.json, "count": .int(Int64($0.count))]) }),
         "probes": .array(probes.map(\.json)),
     ])
     let process = Process()
@@ -196,8 +202,9 @@ func holdConnections(
     guard collector.wait(for: "\n", seconds: 60) else { throw HarnessError("hold.py: \(collector.text)") }
     let report = try JSON.parse(collector.text.trimmingCharacters(in: .whitespacesAndNewlines))
     try whileHeld()
+    let held = (report["held"]?.arrayValue ?? []).map { $0.arrayValue?.compactMap(\.stringValue) ?? [] }
     return HoldReport(
-        held: report["held"]?.arrayValue?.compactMap(\.stringValue) ?? [],
+        held: held.first ?? [], moreHeld: Array(held.dropFirst()),
         probes: report["probes"]?.objectValue?.compactMapValues(\.stringValue) ?? [:])
 }
 
@@ -251,6 +258,26 @@ struct ServingLimitsIntegrationTests {
         #expect(report.probes["root"] == "ok")
         #expect(report.probes[TestUsers.b] == "ok", "an admin uses the reserve")
         #expect(report.probes["nobody"] == Self.tooMany, "the share of the others is used up")
+    }
+
+    @Test("Should keep root's own reserve when an admin holds every connection the others leave")
+    func reserveForRootAlone() throws {
+        // 128 in all, 64 kept from the users outside root and the admin group,
+        // 16 of them for root alone: a (no admin) holds the others' share of
+        // 64, b (an admin, 64 a user) asks for the rest.
+        let d = try LimitedDaemon(
+            "MaxConnections=128\nMaxConnectionsPerUser=64\nAdminGroup=\(TestUsers.admins)\n")
+        let admin = Identity.testUser(TestUsers.b, groups: [TestUsers.admins])
+        let report = try holdConnections(
+            d.socketPath, directory: d.directory, holder: .testUser(TestUsers.a), count: 64,
+            more: [(admin, 64)], probes: [.root, admin])
+        #expect(report.held.count == 64 && report.held.allSatisfy { $0 == "ok" }, "\(report.held)")
+        let adminHeld = report.moreHeld.first ?? []
+        #expect(adminHeld.prefix(48).allSatisfy { $0 == "ok" } && adminHeld.count == 64, "\(adminHeld)")
+        #expect(
+            adminHeld.dropFirst(48).allSatisfy { $0 == Self.tooMany }, "root's 16 are not the admin's: \(adminHeld)")
+        #expect(report.probes["root"] == "ok", "root connects while the admin holds every other place")
+        #expect(report.probes[TestUsers.b] == Self.tooMany)
     }
 
     @Test("Should close an idle connection and a half-sent one after their timeouts, and keep a subscription")
