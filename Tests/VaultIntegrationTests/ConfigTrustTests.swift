@@ -8,7 +8,7 @@ import Testing
 /// them another user's tokens (`TokenReadUsers=`). The real `vaultd
 /// --check-config`, as root, with a real second uid (setpriv) as the attacker.
 @Suite(
-    "Configuration files no one else can change", .timeLimit(.minutes(5)), .serialized,
+    "Configuration files no one else can change", .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "needs root and a second user"))
 struct ConfigTrustTests {
     /// `vaultd.conf` and `vaultd.conf.d/` in a private directory of root's.

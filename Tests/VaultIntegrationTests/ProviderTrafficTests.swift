@@ -8,7 +8,7 @@ import VaultProtocol
 /// provider with its shared client credentials. Real vaultd, the real token
 /// server on loopback, and a second real uid (setpriv) making the calls.
 @Suite(
-    "Provider traffic per user", .requiresKeyring, .timeLimit(.minutes(5)), .serialized,
+    "Provider traffic per user", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "needs root to create users"))
 struct ProviderTrafficTests {
     init() throws { try TestUsers.ensure() }

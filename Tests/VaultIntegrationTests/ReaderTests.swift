@@ -56,7 +56,7 @@ final class ReaderDaemon {
 /// nothing of sessions it may not read; and no connection keeps a copy of a
 /// token past its session's end. Real vaultd, real second uids (setpriv).
 @Suite(
-    "Readers of a declared account", .timeLimit(.minutes(5)), .serialized,
+    "Readers of a declared account", .ownThreads, .timeLimit(.minutes(5)), .serialized,
     .enabled(if: getuid() == 0, "needs root to switch uids"))
 struct ReaderTests {
     init() throws { try TestUsers.ensure() }
