@@ -180,13 +180,17 @@ public final class SessionTable: Sendable {
     /// Records that the token file of `key` could not be written or removed
     /// (`error`, which never holds a secret), or that it is in line again
     /// (nil): the session's status shows it, and STATUS= counts it, until then.
-    public func tokenFileFailed(_ key: SessionKey, _ error: String?) {
+    /// Returns true when this changes what was recorded (a new failure, not
+    /// the same one again).
+    @discardableResult
+    public func tokenFileFailed(_ key: SessionKey, _ error: String?) -> Bool {
         let changed = contents.withLock { contents in
             let old = contents.tokenFileErrors[key]
             contents.tokenFileErrors[key] = error
             return old != error
         }
         if changed { didChange(self) }
+        return changed
     }
 
     /// How many token files could not be brought in line.

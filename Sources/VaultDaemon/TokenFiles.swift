@@ -216,7 +216,9 @@ public final class TokenFiles: Sendable {
     }
 
     /// Tells the owner of `key` that its token file could not be written or
-    /// removed (`action`): the log at error priority, an event, the status.
+    /// removed (`action`): the log at error priority and the status at each
+    /// attempt, an event when the failure is new (a refresh that changes the
+    /// session twice while the directory stays unfit is one failure, not two).
     private func failed(_ key: SessionKey, _ action: String, _ error: SystemError, _ fields: [String: String]) {
         let message = "the token file could not be \(action == "write" ? "written" : "removed"): \(error.description)"
         var fields = fields
@@ -225,7 +227,7 @@ public final class TokenFiles: Sendable {
         log.error(
             "\(message); it is tried again at the session's next change (vaultctl status \(key.account.provider) \(key.account.user) shows it until then)",
             fields)
-        table.tokenFileFailed(key, message)
+        guard table.tokenFileFailed(key, message) else { return }
         events(
             VaultEvent(
                 kind: .tokenFileFailed, account: key.account, ownerUID: key.owner, time: SystemWallClock().now(),

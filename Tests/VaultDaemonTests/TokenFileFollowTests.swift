@@ -95,6 +95,12 @@ struct TokenFileFollowTests {
         #expect(ServiceNotifier.statusLine(h.manager.table).hasSuffix(", 1 token file failing"))
         let failed = events.withLock { $0 }.filter { $0.kind == .tokenFileFailed }
         #expect(failed.map(\.reason) == ["write"] && failed.first?.ownerUID == h.key("u").owner, "\(failed)")
+        // The same failure at the next change is still one failure: no second event.
+        _ = try await h.manager.refresh(h.key("u"), caller: nil)
+        files.waitIdle(seconds: 10)
+        #expect(h.manager.table.tokenFilesFailing == 1)
+        let again = events.withLock { $0 }.filter { $0.kind == .tokenFileFailed }
+        #expect(again.count == 1, "\(again)")
         files.update([:])
         #expect(h.manager.table.tokenFilesFailing == 0, "a file no longer configured fails no one")
         #expect(h.manager.table.view(of: h.key("u"))?.tokenFileError == nil)
