@@ -87,6 +87,7 @@ EVENT_KINDS = (
     "kickedOffline",
     "connectionChanged",
     "storeChanged",
+    "tokenFileFailed",
 )
 
 #: The largest message this client reads (as the Swift client).
@@ -460,6 +461,7 @@ class Session:
     connection: Optional[str] = None
     clients: List[ClientConnection] = field(default_factory=list)
     last_error_code: Optional[str] = None
+    token_file_error: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False, metadata={"wire": None})
 
     @classmethod
@@ -490,6 +492,7 @@ class Session:
             connection=r.opt_string("connection"),
             clients=[ClientConnection.from_json(c) for c in (r.opt_list("clients") or [])],
             last_error_code=r.opt_string("lastErrorCode"),
+            token_file_error=r.opt_string("tokenFileError"),
             raw=dict(obj),
         )
 
