@@ -100,6 +100,11 @@ func holdConnections(
     try #"""
     import json, os, socket, sys
     path, spec = sys.argv[1], json.loads(sys.argv[2])
+    # A group of its own, so that the test can end the holders with it.
+    os.setpgid(0, 0)
+    # The write ends that release earlier holders: a holder forked later must
+    # not keep one, or that earlier holder would never see its release.
+    releases = []
 
     def read_reply(s):
         buf = b""
@@ -150,6 +155,8 @@ func holdConnections(
         if pid == 0:
             os.close(report_r)
             os.close(release_w)
+            for earlier in releases:
+                os.close(earlier)
             os.setgroups(who["groups"])
             os.setresgid(who["gid"], who["gid"], who["gid"])
             os.setresuid(who["uid"], who["uid"], who["uid"])
@@ -160,6 +167,7 @@ func holdConnections(
             os._exit(0)
         os.close(report_w)
         os.close(release_r)
+        releases.append(release_w)
         data = b""
         while not data.endswith(b"\n"):
             chunk = os.read(report_r, 1 << 20)
@@ -177,8 +185,9 @@ func holdConnections(
         probes[probe["name"]] = answers[0]
     print(json.dumps({"held": [held for _, _, held in runs], "probes": probes}), flush=True)
     sys.stdin.readline()
-    for pid, release, _ in runs:
+    for _, release, _ in runs:
         os.close(release)
+    for pid, _, _ in runs:
         os.waitpid(pid, 0)
     """#.write(toFile: script, atomically: true, encoding: .utf8)
     let spec = JSON.object([
@@ -191,15 +200,27 @@ func holdConnections(
     process.arguments = [script, socket, spec.text]
     let input = Pipe()
     let output = Pipe()
+    let errors = Pipe()
     process.standardInput = input
     process.standardOutput = output
+    // Not the test process's stderr: a holder left behind would keep swift
+    // test from ever seeing that stream's end.
+    process.standardError = errors
     let collector = OutputCollector(output)
+    let errorText = OutputCollector(errors)
     try process.run()
     defer {
         try? input.fileHandleForWriting.close()
-        _ = try? reap(process)
+        if (try? reap(process)) == nil {
+            // Whatever still holds on (hold.py and its holders) goes with its group.
+            kill(-process.processIdentifier, SIGKILL)
+            _ = try? reap(process)
+            Issue.record("hold.py did not finish once released: \(errorText.text)")
+        }
     }
-    guard collector.wait(for: "\n", seconds: 60) else { throw HarnessError("hold.py: \(collector.text)") }
+    guard collector.wait(for: "\n", seconds: 60) else {
+        throw HarnessError("hold.py: \(collector.text) \(errorText.text)")
+    }
     let report = try JSON.parse(collector.text.trimmingCharacters(in: .whitespacesAndNewlines))
     try whileHeld()
     let held = (report["held"]?.arrayValue ?? []).map { $0.arrayValue?.compactMap(\.stringValue) ?? [] }
