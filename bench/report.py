@@ -346,7 +346,7 @@ process from `/proc/PID/stat` over the timed run, divided by the requests it
 served (10 ms tick resolution). vaultd's stderr is a pipe that a reader
 drains (as journald's stream would be). Its audit trail writes the first
 GetToken of a kind (uid, pid, account, result) at once and counts the
-repeats, written as one `count=` line per 10 s (see the README), so a load
+repeats, written as one `count=` line per 10 s (see [SECURITY.md](SECURITY.md), "Audit lines"), so a load
 row writes a few lines, not one per call. (Under systemd, with
 `JOURNAL_STREAM` set, each audit line is one datagram to journald instead;
 that path is not measured here.) The floor is `bench/echo_server` (C,
