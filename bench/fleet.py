@@ -899,28 +899,9 @@ def cell(s):
     return f"{s['median']:.1f} / {s['p95']:.1f} / {s['max']:.1f}{miss}"
 
 
-# What the runs of 2026-12-01 showed about the faults (hand-written, not regenerated).
-NOTES = """**Notes (2026-12-01; hand-written, not regenerated).**
-
-1. **Two faults this step found at a81a5e3, fixed since (f64a1aa).** The host
-that refreshed could take its own write, delivered by its watch ahead of
-etcd's answer, for another host's refresh, then revoke the tokens it had just
-stored (every caller joined to it got `ERR_NOT_LOGGED_IN`; with
-`RevocationURL=` the grant was lost): 3-6 rounds of 10 in each of five runs.
-A host's own conditional write in flight is now recognised as its own
-(`FleetState.writing`; `FleetOwnWriteTests` reproduces the order). And a
-refresh that found the lock held could miss the holder's put, which came
-while it asked, and wait out the lease (commands returning after 1.4-11.1 s
-in four of five runs): a change applied meanwhile now sends it round at once
-(`FleetState.wakeups`), and a released or lapsed lock wakes the waiters
-(`SharedChange.unlocked`). The rows above are a run after both fixes.
-
-2. **Failover over its target once, before the fixes.** In one run at
-a81a5e3, rounds 2-5 took 5.2 s each (target 4 s), with the same TTL left at
-the kill; B then waited for the lease's time left plus a second, twice more
-than usual, which fits etcd ending the lease late on a loaded machine. B now
-also hears the lock's key go through its watch.
-"""
+# Hand-written notes to print under the figures (none: the history of the
+# faults the runs found is in git).
+NOTES = ""
 
 
 def section(rd):

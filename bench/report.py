@@ -300,43 +300,6 @@ its median is taken. Read the ratios, not the last digit.
 
 {target_table}
 
-## What changed since the first run
-
-The first run of this benchmark (commit c72506b, one round) missed most
-targets. Each miss was profiled (`perf record -g`, `perf record --call-graph
-dwarf`, valgrind massif on a copy stripped of debug info, glibc
-`malloc_stats`) and fixed where the cost was vaultd's own:
-
-| Figure | First run | Now (median) | What was done |
-|---|---:|---:|---|
-| GetToken req/s at 32 conns vs floor | 0.36× | {f(tput, 2, '×')} | Audit lines of one serving round written in one `write` before the round's replies (was one `write` per GetToken); replies encoded straight into the connection's buffer; the call's JSON parsed in place (no copy) with an ASCII fast path that skips the generic UTF-8 validation (a runtime metadata lookup per string) |
-| Server CPU per GetToken vs floor | 2.66× | {f(cpu, 2, '×')} | the same |
-| GetToken p99 at 32 conns | 2.15 ms | {f(p99 and p99/1000, 2, ' ms')} | the same; the rest is the 32 client threads sharing 2 CPUs with the server (the floor's own p99 is in the table) |
-| `vaultctl token` | 6.20 ms (0.36× secret-tool) | {f(med.get('vaultctl token'), 2, ' ms')} ({f(vt_st, 2, '×')} secret-tool) | Release builds link the Swift runtime statically (`scripts/lib/build.sh`): no dynamic loading of libswiftCore and friends at every start |
-| Fan-out, last of 1,000 subscribers | p50 181 ms | p50 {f(fan_p50, 1, ' ms')} | Subscribers are told when the token is withdrawn; the store's two writes (gnome-keyring rewrites its file each time) follow, and the `ForceLogout` reply waits for them |
-| Idle RSS | 30.2 MB | {f(rss0 and rss0/1024, 1, ' MB')} | vaultd no longer links Foundation: helpers start with `posix_spawn`, HTTP goes through libcurl, loaded with `dlopen` only when an oauth2 provider is configured; static Swift runtime |
-| RSS per session (keyring) | 11.8 KB | {f(per_sess and per_sess/1024, 2, ' KB')} | The Secret Service is read by D-Bus path (no proxy object per item, which left megabytes of scattered heap after start-up); `SessionRecord` is copy-on-write, so the table, the manager and the store share one copy |
-| Start-up with {nsess:,} sessions | 3,317 ms | {f(stmed(str(nsess), 'ready_ms'), 0, ' ms')} | the same D-Bus path reads; `STATUS=` kept as running counts instead of a sorted scan after every change |
-| Idle CPU, 100,000 scheduled sessions | not measured | {idle_measured.split(' (')[0]} | `vaultd --memory-store` exists for this figure |
-
-A finding on the way: vaultd wrote its log on the serving thread, so
-whatever slowed the reader of its stderr stalled serving. With stderr in a file
-on this machine's disk, page-cache writeback of the gigabyte of audit lines a
-run writes did; through a pipe, a full pipe whose reader was not scheduled
-did (a scheduler tick, 4 ms, often enough to be the p99 at 32 connections:
-2-4 ms). vaultd now hands its log lines to a writer thread (in order, at most
-16 MiB queued), and the load rows send stderr through a drained pipe.
-
-What is left of the p99 at 32 connections: `perf` puts about 60% of vaultd's
-CPU per GetToken in the kernel's `recv`/`send` path, the same work, in
-microseconds, as the floor's; the rest (about 5 µs: JSON parse, access check,
-audit line, reply) is vaultd's own. The floor answers each connection on a
-thread of its own and so uses both CPUs; vaultd serves every connection from
-one epoll thread, so at 32 connections a request that arrives while a round
-of 32 is being answered waits for that round. Lowering this further means
-either less work per request or a second serving thread (connections split
-between two epoll loops); neither is done yet.
-
 ## Request/response over the Unix socket
 
 vaultd holds {nsess:,} logged-in sessions (demo provider, static tokens). Each

@@ -21,43 +21,10 @@ TARGETS = (
     "100,000 sessions refreshing hourly < 5% of a core (issue 16, SQLite)",
 )
 
-# What the profile showed when the section was added (not regenerated).
-ANALYSIS = """**Start-up with 100,000 sessions misses its target; where the time goes**
-(callgrind, 2026-12-01, `bench/callgrind_startup.sh` on the seeded 10,000-session
-database, 10,050 sessions restored): 1,686 M user-space instructions from exec
-to stop, against about 42 M for an empty start-up: **about 164,000 instructions
-per restored session**; start-up grows about linearly with the sessions (the
-table above), so 100,000 sessions are about 16.4 G instructions: seconds on this
-machine, however quiet. No one place
-holds it; per restored session:
-
-| Where | instructions | |
-|---|---:|---|
-| `SQLiteStore.loadAll` (the store's thread) | 77,700 | |
-| · `JSON.parse` of the record | 37,700 | a dictionary tree per record |
-| · `SessionRecord(storedJSON:)` | 20,000 | member lookups by hashed key, `UserProfile(json:)` |
-| · `Sealing.open` (XChaCha20-Poly1305) + associated data | 14,300 | libsodium itself ~9,100 |
-| · SQLite stepping, the rest | ~5,700 | |
-| `SessionManager.restore` loop (`handle(.stored)`) | 76,300 | |
-| · `DeadlineHeap.schedule` | 24,700 | each insert sifts up, and every swap rewrites the key's position in a `Dictionary` (hashing `TimedWork`) |
-| · `DenseTable` setter (entries) | 20,800 | append, and growth of its index `Dictionary` by rehashing (no capacity reserved) |
-| · `publishView` → `SessionTable.publish` | 15,600 | the serving table's view of each session |
-| · `rearmTimer` | 8,800 | a new timer `Task` for every restored session, each cancelled by the next (`restore` arms it once more at the end) |
-| runtime generic-metadata lookups (inside the above) | 14,400 | `_swift_getGenericMetadata`: VaultCore's generic `DenseTable` and `DeadlineHeap` called unspecialised from VaultDaemon |
-
-Reaching 2 s needs about 3-4× less per session. Contained steps, each worth a
-few to ~15% (for whoever takes them; not done here, outside this brief's files):
-`SessionManager.restore` (Sources/VaultDaemon/SessionManager.swift) not
-re-arming the timer per session (a flag that `rearmTimer` honours, like
-`runningDueWork`); reserving capacity in `DenseTable`
-(Sources/VaultCore/DenseTable.swift) and the heap's position index before the
-loop; building `DeadlineHeap` (Sources/VaultCore/DeadlineQueue.swift) in one
-heapify pass for a batch; making those generic types `@inlinable` so that
-VaultDaemon's uses are specialised. The two larger ones: reading stored records
-with a scanner straight into `SessionRecord` instead of a `JSON` tree (half of
-`loadAll`), and overlapping `loadAll` with the restore loop (today the manager
-waits for every record to be read and opened before the first is restored; on 2
-CPUs the two halves could run side by side).
+# What the figures mean (not regenerated).
+ANALYSIS = """**Start-up**: the 100,000-session figure above is this run's; start-up
+was reworked after it, and the later measurements are in "Start-up with
+100,000 sessions" below.
 
 **Login does not grow with the store**: the write is one row into a B-tree
 (`INSERT ... ON CONFLICT`) and its fsync, and the manager's per-session work
@@ -68,17 +35,13 @@ answer, seal, write, fsync, the new deadline) was measured with 100,000
 sessions stored; at 27.8 a second it is a few percent of a core, and the backlog run shows the
 headroom: in the runs of 2026-12-01 a backlog asking 800 a second was kept up
 with (787 and 871 a second, no warning), except once, under a load spike from
-other work, when the run stopped at 8,326 refreshes with 1,519 warnings whose
-kind it did not then record (it does now). Asked for more than it can write, vaultd stays up and loses no
+other work, when the run stopped at 8,326 refreshes with 1,519 warnings.
+Asked for more than it can write, vaultd stays up and loses no
 refresh, but writes late: in a run with 30,000 overdue (1,000 a second asked,
 load average ~8) the store's queue outgrew its 30 s timeout and 4,602 refreshed
 records were kept in memory and written a little later (`refreshed tokens could
 not be stored; kept in memory and retried`, then `wrote through to the secret
-store what it lacked ... written=4602`). Such a backlog also found a crash,
-fixed on this branch: a token request admitted to the HTTP lane just before its deadline
-and started just after it made `HTTPClient.postForm` convert a wrapped `UInt64`
-to `Int`, which traps (SIGILL, no message in a release build); vaultd died twice
-within a minute of such a backlog before the fix, and refreshed all 30,000 after it.
+store what it lacked ... written=4602`).
 """
 
 
