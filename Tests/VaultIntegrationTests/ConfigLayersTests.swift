@@ -65,19 +65,19 @@ struct ConfigLayersTests {
             URL(fileURLWithPath: "/usr/bin/setpriv"), layers.asUser + [Binaries.vaultd.path, "--check-config"],
             environment: layers.environment)
         #expect(check.status == 0, "\(check.stderr)")
-        #expect(
-            check.stdout.split(separator: "\n").map(String.init) == [
-                "read: \(layers.systemFile)", "read: \(layers.userFile)", "store: secret-service (scope default)",
-                "configuration is valid: 2 provider(s)",
-            ], "\(check.stdout)")
+        let userLines: [String] = [
+            "read: \(layers.systemFile)", "read: \(layers.userFile)", "store: secret-service (scope default)",
+            "configuration is valid: 2 provider(s)",
+        ]
+        #expect(check.stdout.split(separator: "\n").map(String.init) == userLines, "\(check.stdout)")
 
         let asRoot = try runCommand(Binaries.vaultd, ["--check-config"], environment: layers.environment)
         #expect(asRoot.status == 0, "\(asRoot.stderr)")
-        #expect(
-            asRoot.stdout.split(separator: "\n").map(String.init) == [
-                "read: \(layers.systemFile)", "store: secret-service (scope default)",
-                "configuration is valid: 1 provider(s)",
-            ], "\(asRoot.stdout)")
+        let rootLines: [String] = [
+            "read: \(layers.systemFile)", "store: secret-service (scope default)",
+            "configuration is valid: 1 provider(s)",
+        ]
+        #expect(asRoot.stdout.split(separator: "\n").map(String.init) == rootLines, "\(asRoot.stdout)")
     }
 
     @Test("Should apply the user's override and provider, and name both files when a provider is missing")

@@ -62,6 +62,8 @@ struct ExecTests {
 
         #expect(try vaultctl(fixture.socketPath, ["kick", "oauth", user]).status == 0)
         #expect(stdout.waitForEnd(seconds: 20), "vaultctl exec ends with the session")
+        // Both streams to their end: stderr's reader may still hold the last line.
+        #expect(stderr.waitForEnd(seconds: 20), "\(stderr.text)")
         #expect(try reap(process) == 75, "\(stderr.text)")
         #expect(stderr.text.contains("kickedOffline"), "\(stderr.text)")
         let left = try await eventually({ processes("sleep \(marker)") }, until: { $0.isEmpty })

@@ -91,6 +91,8 @@ struct ReaderTests {
 
         #expect(try d.asOwner(["logout", "demo", d.shared]).status == 0)
         #expect(stdout.waitForEnd(seconds: 20), "the reader's vaultctl exec ends with the session: \(stderr.text)")
+        // Both streams to their end: stderr's reader may still hold the last line.
+        #expect(stderr.waitForEnd(seconds: 20), "\(stderr.text)")
         #expect(try reap(process) == 75, "\(stderr.text)")
         #expect(stderr.text.contains("logoutSuccess"), "\(stderr.text)")
     }
