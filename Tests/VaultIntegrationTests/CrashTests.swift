@@ -390,7 +390,7 @@ struct CrashTests {
 /// server, on each engine (the private keyring, or SQLite) in every run.
 @Suite(
     "Crash consistency: the rotation window and overdue refreshes", .requiresKeyring, .bothEnginesInOrdinaryRun,
-    .ownThreads, .timeLimit(.minutes(5)), .serialized)
+    .ownThreads, .timeLimit(.minutes(5)))
 struct CrashWindowTests {
     /// A token response from `server` that vaultd finds overdue for its refresh
     /// once it is restarted: issued 280 s ago, living 300 s.
