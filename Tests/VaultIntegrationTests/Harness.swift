@@ -346,6 +346,21 @@ func reap(_ process: Process, seconds: Double = 20) throws -> Int32 {
     throw HarnessError("process \(pid) did not exit within \(seconds)s")
 }
 
+/// The Python of the test servers: the system's own, started directly. The
+/// test servers need only its standard library, and a `python3` found on
+/// PATH may be a version manager's shim (pyenv's took 0.9 s and a chain of
+/// shells to start one, where the interpreter takes 0.05 s).
+enum Python {
+    static let interpreter: URL = {
+        let system = "/usr/bin/python3"
+        return URL(fileURLWithPath: FileManager.default.isExecutableFile(atPath: system) ? system : "/usr/bin/env")
+    }()
+    /// The arguments that run `script`: through env when there is no system Python.
+    static func arguments(_ script: String, _ rest: [String]) -> [String] {
+        (interpreter.path == "/usr/bin/env" ? ["python3", script] : [script]) + rest
+    }
+}
+
 /// A test server written in Python (Tests/servers/), started on a free
 /// loopback port; it prints `LISTENING http://127.0.0.1:PORT` when it serves.
 final class PythonServer {
@@ -355,16 +370,21 @@ final class PythonServer {
 
     init(_ script: String, _ arguments: [String]) throws {
         let path = Binaries.packageRoot.appendingPathComponent("Tests/servers/\(script)").path
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", path, "--port", "0"] + arguments
+        process.executableURL = Python.interpreter
+        process.arguments = Python.arguments(path, ["--port", "0"] + arguments)
         let out = Pipe()
+        let err = Pipe()
         process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
+        process.standardError = err
         output = OutputCollector(out)
+        let errors = OutputCollector(err)
         try process.run()
         guard output.wait(for: "LISTENING http://127.0.0.1:", seconds: 20),
             let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("LISTENING ") })
-        else { throw HarnessError("\(script) did not start: \(output.text)") }
+        else {
+            throw HarnessError(
+                "\(script) did not start in 20 s (running: \(process.isRunning)): \(output.text) \(errors.text)")
+        }
         url = String(line.dropFirst("LISTENING ".count))
     }
 
