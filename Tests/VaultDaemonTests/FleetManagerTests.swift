@@ -82,6 +82,21 @@ struct FleetManagerTests {
         }
     }
 
+    @Test("Should log out on host b a session logged in on host a before b's feed brings it, read from the store")
+    func logoutMissReadsTheStore() async throws {
+        let pair = try FleetPair()
+        try await pair.loginOnA()
+        #expect(pair.b.table.view(of: pair.key) == nil)
+        try await pair.b.logout(pair.key, caller: pair.caller)
+        #expect(pair.store.records[pair.key] == nil)
+        #expect(pair.b.table.view(of: pair.key)?.record == nil)
+        // A session no host logged in is still not logged in.
+        let other = SessionKey(owner: 1000, account: Account(provider: "oauth", user: "nobody"))
+        await #expect(throws: VaultError(.notLoggedIn, "")) {
+            try await pair.b.logout(other, caller: pair.caller)
+        }
+    }
+
     @Test("Should answer a miss on a host cut off from the store with the store's error, not 'not logged in'")
     func missWithoutTheStoreSaysSo() async throws {
         let pair = try FleetPair()

@@ -595,6 +595,11 @@ enum FleetAccountFate: Equatable {
     /// A refresh of a session logged in as far as the client knows was
     /// refused (ERR_NOT_LOGGED_IN, the provider's invalid_grant): never right.
     case refreshRefused
+    /// A logout of a session logged in as far as the client knows was
+    /// answered ERR_NOT_LOGGED_IN: never right either (a host that does not
+    /// know the session yet reads it from etcd first). Any other refusal
+    /// leaves the logout uncertain.
+    case logoutRefused
 }
 
 /// The chaos test's shared book: each account's fate, the hosts up now, and
@@ -718,11 +723,11 @@ extension EtcdFleetHostsTests {
                 #expect(try await group.server.accepts(token), "\(user)'s token is not live at the server")
             }
         }
-        let refused = fates.filter { $0.value == .refreshRefused }.map(\.key).sorted()
+        let refused = fates.filter { $0.value == .refreshRefused || $0.value == .logoutRefused }.map(\.key).sorted()
         let notes = ledger.notes
         #expect(
             refused.isEmpty,
-            "refreshes of logged-in sessions refused: \(refused.prefix(10).map { "\($0) \(notes[$0] ?? "")" })\n\(refused.prefix(2).map { group.story(of: $0) }.joined(separator: "\n--\n"))"
+            "refreshes or logouts of logged-in sessions refused: \(refused.prefix(10).map { "\($0) \(notes[$0] ?? "")" })\n\(refused.prefix(2).map { group.story(of: $0) }.joined(separator: "\n--\n"))"
         )
         let cut = fates.values.filter { $0 == .refreshCut }.count
         var unanswered: [String: Int] = [:]
@@ -800,6 +805,8 @@ struct FleetChaosWorker {
                 do throws(VaultClientError) {
                     try connection.logout(provider: "oauth", user: user)
                     ledger.record(user, .loggedOut)
+                } catch  where error.code == "ERR_NOT_LOGGED_IN" {
+                    ledger.record(user, .logoutRefused, note: "Logout: ERR_NOT_LOGGED_IN")
                 } catch {
                     ledger.record(user, .uncertain, note: error.code ?? "no answer")
                     backOff()

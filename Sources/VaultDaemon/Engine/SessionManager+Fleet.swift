@@ -252,7 +252,8 @@ extension SessionManager {
         return true
     }
 
-    /// A session this host does not know of, asked for by a client: another
+    /// A session this host does not know of, asked for by a client (GetToken,
+    /// GetSession, Refresh, Logout): another
     /// host may have logged it in a moment ago, ahead of the feed (a watch
     /// resuming after a member died). Read from the store once, so that a
     /// client that logged in on one host is served on the next; the same

@@ -370,6 +370,16 @@ extension SessionManager {
             Audit.log(log, action, key, by: principal, result: VaultError.Code.accessDenied.seedCode)
             throw AccessPolicy.notYours(key)
         }
+        if entries[key] == nil {
+            // A fleet's host: another host may have logged it in a moment ago,
+            // ahead of this host's feed (as for Refresh and GetToken).
+            do throws(VaultError) {
+                try await catchUpShared(key)
+            } catch {
+                Audit.log(log, action, key, by: principal, result: error.code.seedCode)
+                throw error
+            }
+        }
         for _ in 0..<64 {
             if let refusal = gate.health.refusal, let entry = entries[key], entry.record != nil, entry.logout == nil {
                 // Refused before the token is withdrawn: a logout the store cannot
