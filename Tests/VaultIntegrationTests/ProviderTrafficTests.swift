@@ -126,7 +126,21 @@ struct ProviderTrafficTests {
         #expect(last.status != 0)
         #expect(last.stderr.contains("ERR_REFRESH_TOO_SOON"), "\(last.stderr)")
         #expect(Date().timeIntervalSince1970 - failedAt < 60, "the interval had not passed")
-        #expect(try await providerRequests(server).refresh == 1, "the failed attempt only")
+        // vaultd's own retry of the failed refresh, due when the backoff ends,
+        // is not limited (vaultd.conf(5)) and succeeds (the server failed once):
+        // it may run at any moment now. The count is read between two looks
+        // at whether it ran; the clients' calls above added nothing either way.
+        func retriedByItself() throws -> Int64 {
+            let status = try vaultctl(as: TestUsers.a, d.socketPath, ["--json", "status", "oauth", user])
+            let session = (try? JSON.parse(Array(status.stdout.utf8)))?["session"]
+            return session?["consecutiveFailures"]?.integerValue == 0 ? 1 : 0
+        }
+        let before = try retriedByItself()
+        let requests = try await providerRequests(server).refresh
+        let after = try retriedByItself()
+        #expect(
+            (1 + before)...(1 + after) ~= requests,
+            "the failed attempt and vaultd's own retry only: \(requests) requests, retried \(before)...\(after)")
     }
 
     @Test("Should keep 100 rounds of login, refresh and logout of one user within its provider request budget")
