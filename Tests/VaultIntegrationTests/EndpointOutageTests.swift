@@ -68,8 +68,8 @@ final class TLSTokenServer {
             ])
         guard made.status == 0 else { throw HarnessError("openssl req failed: \(made.stderr)") }
         let script = Binaries.packageRoot.appendingPathComponent("Tests/servers/token_server.py").path
-        process.executableURL = Python.interpreter
-        process.arguments = Python.arguments(script, ["--port", "0", "--tls-cert", cert, "--tls-key", key])
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = [script, "--port", "0", "--tls-cert", cert, "--tls-key", key]
         let out = Pipe()
         process.standardOutput = out
         process.standardError = FileHandle.nullDevice

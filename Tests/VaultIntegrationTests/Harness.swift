@@ -346,21 +346,6 @@ func reap(_ process: Process, seconds: Double = 20) throws -> Int32 {
     throw HarnessError("process \(pid) did not exit within \(seconds)s")
 }
 
-/// The Python of the test servers: the system's own, started directly. The
-/// test servers need only its standard library, and a `python3` found on
-/// PATH may be a version manager's shim (pyenv's took 0.9 s and a chain of
-/// shells to start one, where the interpreter takes 0.05 s).
-enum Python {
-    static let interpreter: URL = {
-        let system = "/usr/bin/python3"
-        return URL(fileURLWithPath: FileManager.default.isExecutableFile(atPath: system) ? system : "/usr/bin/env")
-    }()
-    /// The arguments that run `script`: through env when there is no system Python.
-    static func arguments(_ script: String, _ rest: [String]) -> [String] {
-        (interpreter.path == "/usr/bin/env" ? ["python3", script] : [script]) + rest
-    }
-}
-
 /// A test server written in Python (Tests/servers/), started on a free
 /// loopback port; it prints `LISTENING http://127.0.0.1:PORT` when it serves.
 final class PythonServer {
@@ -370,8 +355,11 @@ final class PythonServer {
 
     init(_ script: String, _ arguments: [String]) throws {
         let path = Binaries.packageRoot.appendingPathComponent("Tests/servers/\(script)").path
-        process.executableURL = Python.interpreter
-        process.arguments = Python.arguments(path, ["--port", "0"] + arguments)
+        // Debian's python3 (scripts/deps test), as the other tests' scripts: a
+        // `python3` on PATH may be a version manager's shim (pyenv's took 0.9 s
+        // and a chain of shells per start, the interpreter 0.05 s).
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = [path, "--port", "0"] + arguments
         let out = Pipe()
         let err = Pipe()
         process.standardOutput = out
