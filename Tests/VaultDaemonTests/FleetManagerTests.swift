@@ -167,6 +167,42 @@ struct FleetManagerTests {
         #expect(pair.eventsB.all.map(\.kind).contains(.tokenRefreshed))
     }
 
+    @Test("Should answer a refresh whose session got newer tokens from the feed meanwhile with those tokens")
+    func refreshSupersededByTheFeed() async throws {
+        let pair = try FleetPair()
+        let record = try await pair.loginOnA()
+        await pair.deliver(to: pair.b, "b")
+        await pair.deliver(to: pair.a, "a")
+        pair.provider.holdAfterRotation.withLock { $0 = true }
+        let b = pair.b
+        let key = pair.key
+        let caller = pair.caller
+        let refreshing = Task { try await b.refresh(key, caller: caller, clientAsked: true) }
+        for _ in 0..<20_000 where pair.provider.held == 0 { await Task.yield() }
+        #expect(pair.provider.held == 1)
+        // Host a writes newer tokens while b's provider answers (b stalled past its lease).
+        let viewA = pair.store.view(host: "a", alive: Liveness())
+        guard let stored = try await viewA.load(key) else {
+            Issue.record("the store lost the session")
+            return
+        }
+        var rotated = stored.record
+        var tokens = TokenSet(accessToken: Secret("at-a-refreshed-" + String(repeating: "a", count: 16)))
+        tokens.refreshToken = Secret("rt-a-refreshed-" + String(repeating: "r", count: 16))
+        rotated.tokens = tokens
+        #expect(try await viewA.save(rotated, ifRevision: stored.revision) != .conflict(current: nil, revision: 0))
+        await pair.deliver(to: b, "b")
+        pair.provider.releaseHeld()
+        let answered = try await refreshing.value
+        #expect(answered.tokens == tokens)
+        #expect(answered.tokens != record.tokens)
+        #expect(b.table.view(of: key)?.record?.tokens == tokens)
+        #expect(pair.store.records[key]?.record.tokens == tokens)
+        // The tokens b obtained may share the stored tokens' grant: not revoked.
+        #expect(try await viewA.loadPendingRevocations().isEmpty)
+        #expect(pair.provider.state.withLock { $0.revokeCalls } == 0)
+    }
+
     @Test("Should refresh once across two hosts: the second takes the lock after the first and serves its tokens")
     func oneRefreshAcrossHosts() async throws {
         let pair = try FleetPair()

@@ -293,9 +293,7 @@ extension SessionManager {
             return current
         }
         guard let current = stillCurrent() else {
-            if case .refreshed(let tokens, _) = outcome { await revokeOrphaned(tokens, of: snapshot) }
-            if entries[key]?.id == entryID { await handle(key, .refreshAbandoned) }
-            return .failure(.notLoggedIn(account))
+            return await refreshSuperseded(key, entryID: entryID, outcome: outcome, snapshot: snapshot)
         }
         let now = clock.now()
         switch outcome {
@@ -418,6 +416,27 @@ extension SessionManager {
     /// exec helper's, `revokesReplaced`): that one alone, as a replaced token,
     /// so that a session of the account that began meanwhile is not signed
     /// out with it. Queued in the store before it is attempted.
+    /// The refresh's session changed while the provider answered. Ended (or
+    /// logged in anew): the refresh is over and its tokens are revoked. Still
+    /// the same session with newer tokens (a replace here, or another host's
+    /// refresh that the fleet's feed brought): those tokens answer the
+    /// refresh, which asked for tokens fresher than its snapshot; the ones
+    /// obtained here are dropped. In a fleet they are not revoked: they may
+    /// belong to the grant the served tokens belong to, and revoking one
+    /// token may revoke its whole grant (RFC 7009 2.1).
+    private func refreshSuperseded(
+        _ key: SessionKey, entryID: UInt64, outcome: RefreshOutcome, snapshot: SessionRecord
+    ) async -> Result<SessionRecord, VaultError> {
+        let sameSession = entries[key]?.id == entryID
+        let newer = sameSession ? entries[key]?.record : nil
+        if case .refreshed(let tokens, _) = outcome, newer == nil || fleet == nil {
+            await revokeOrphaned(tokens, of: snapshot)
+        }
+        if sameSession { await handle(key, .refreshAbandoned) }
+        if let newer { return .success(newer) }
+        return .failure(.notLoggedIn(key.account))
+    }
+
     func revokeOrphaned(_ issued: TokenSet, of snapshot: SessionRecord) async {
         guard let provider = client(for: snapshot.account.provider) else { return }
         var orphan = snapshot
