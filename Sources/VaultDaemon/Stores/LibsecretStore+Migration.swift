@@ -50,7 +50,7 @@ extension LibsecretStore {
         var error: UnsafeMutablePointer<GError>? = nil
         let item = secret_item_new_for_dbus_path_sync(
             try servicePointer(), path, SECRET_ITEM_NONE, cancellable.pointer, &error)
-        if let message = GLibError.take(&error) {
+        if let message = GLibFailure.take(&error)?.message {
             throw VaultError(.storeFailed, "reading the item \(path) in the Secret Service failed: \(message)")
         }
         guard let item else { return nil }
