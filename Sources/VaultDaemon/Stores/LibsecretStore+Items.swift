@@ -47,12 +47,29 @@ extension LibsecretStore {
         // would answer "deleted" and the session come back once it is unlocked.
         let items = try search(schema, attributes, cancellable, what, secrets: false)
         if items.isEmpty || items.contains(where: \.locked) { try requireUnlocked(cancellable, what) }
-        for item in items {
-            var error: UnsafeMutablePointer<GError>? = nil
-            _ = secret_service_delete_item_dbus_path_sync(
-                try servicePointer(), item.path, cancellable.pointer, &error)
-            if let failure = GLibFailure.take(&error) { throw self.failure(what, failure) }
-        }
+        for item in items { try deleteItem(at: item.path, cancellable, what) }
+    }
+
+    /// Deletes the item at `path`.
+    func deleteItem(at path: String, _ cancellable: Cancellable, _ what: String) throws(VaultError) {
+        var error: UnsafeMutablePointer<GError>? = nil
+        _ = secret_service_delete_item_dbus_path_sync(try servicePointer(), path, cancellable.pointer, &error)
+        if let failure = GLibFailure.take(&error) { throw self.failure(what, failure) }
+    }
+
+    /// Runs `body` on every item with `attributes`, with copies of their
+    /// secrets, which are wiped once it returns. A search that finds nothing
+    /// is trusted only once the collection is known to be unlocked: a locked
+    /// collection finds nothing, like an empty one.
+    func withItems<T>(
+        _ schema: UnsafeMutablePointer<SecretSchema>, _ attributes: GHashTableBox, _ cancellable: Cancellable,
+        _ what: String, _ body: ([FoundItem]) throws(VaultError) -> T
+    ) throws(VaultError) -> T {
+        // Wiped in place, through the array that holds the only copies.
+        var items = try search(schema, attributes, cancellable, what)
+        defer { for index in items.indices { items[index].wipe() } }
+        if items.isEmpty { try requireUnlocked(cancellable, what) }
+        return try body(items)
     }
 
     /// Every item with `attributes`, with a copy of its secret. Reads paths

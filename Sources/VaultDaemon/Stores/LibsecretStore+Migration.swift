@@ -11,21 +11,21 @@ extension LibsecretStore {
     public func loadProviderSecrets() async throws(VaultError) -> [String: Secret] {
         let what = "listing client secrets"
         return try await perform(what) { cancellable throws(VaultError) -> [String: Secret] in
-            var items = try self.search(self.providerSecretSchema, self.scopeAttributes(), cancellable, what)
-            defer { for index in items.indices { items[index].wipe() } }
-            if items.isEmpty { try self.requireUnlocked(cancellable, what) }
-            var secrets: [String: Secret] = [:]
-            for item in items {
-                guard let secret = item.secret, let provider = try self.providerAttribute(item.path, cancellable)
-                else {
-                    throw VaultError(
-                        .storeFailed,
-                        "the client secret item \(item.path) in the Secret Service (\(self.location)) cannot be read; remove it, or store the secret again with vaultctl provider-secret"
-                    )
+            try self.withItems(self.providerSecretSchema, self.scopeAttributes(), cancellable, what) {
+                (items) throws(VaultError) -> [String: Secret] in
+                var secrets: [String: Secret] = [:]
+                for item in items {
+                    guard let secret = item.secret, let provider = try self.providerAttribute(item.path, cancellable)
+                    else {
+                        throw VaultError(
+                            .storeFailed,
+                            "the client secret item \(item.path) in the Secret Service (\(self.location)) cannot be read; remove it, or store the secret again with vaultctl provider-secret"
+                        )
+                    }
+                    secrets[provider] = Secret(String(decoding: secret, as: UTF8.self))
                 }
-                secrets[provider] = Secret(String(decoding: secret, as: UTF8.self))
+                return secrets
             }
-            return secrets
         }
     }
 

@@ -20,22 +20,20 @@ extension LibsecretStore {
 
     private func loadAllOnce() async throws(VaultError) -> StoreContents {
         try await perform("reading sessions") { cancellable throws(VaultError) in
-            var contents = StoreContents(records: [], unreadable: [])
-            // Wiped in place, through the array that holds the only copies.
-            var items = try self.search(self.schema, self.scopeAttributes(), cancellable, "reading sessions")
-            defer { for index in items.indices { items[index].wipe() } }
-            // A locked collection finds nothing, like an empty one: never trust that miss.
-            if items.isEmpty { try self.requireUnlocked(cancellable, "reading sessions") }
-            for item in items {
-                guard let secret = item.secret, let json = try? JSON.parse(secret),
-                    let record = try? SessionRecord(storedJSON: json)
-                else {
-                    contents.unreadable.append(self.label(of: item.path, cancellable))
-                    continue
+            try self.withItems(self.schema, self.scopeAttributes(), cancellable, "reading sessions") {
+                (items) throws(VaultError) -> StoreContents in
+                var contents = StoreContents(records: [], unreadable: [])
+                for item in items {
+                    guard let secret = item.secret, let json = try? JSON.parse(secret),
+                        let record = try? SessionRecord(storedJSON: json)
+                    else {
+                        contents.unreadable.append(self.label(of: item.path, cancellable))
+                        continue
+                    }
+                    contents.records.append(record)
                 }
-                contents.records.append(record)
+                return contents
             }
-            return contents
         }
     }
 
@@ -70,11 +68,10 @@ extension LibsecretStore {
     public func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
         let what = "reading the client secret of \(provider)"
         return try await perform(what) { cancellable throws(VaultError) -> Secret? in
-            var items = try self.search(
-                self.providerSecretSchema, self.scopeAttributes(provider: provider), cancellable, what)
-            defer { for index in items.indices { items[index].wipe() } }
-            if items.isEmpty { try self.requireUnlocked(cancellable, what) }
-            return items.first?.secret.map { Secret(String(decoding: $0, as: UTF8.self)) }
+            try self.withItems(self.providerSecretSchema, self.scopeAttributes(provider: provider), cancellable, what) {
+                (items) throws(VaultError) -> Secret? in
+                items.first?.secret.map { Secret(String(decoding: $0, as: UTF8.self)) }
+            }
         }
     }
 
@@ -107,30 +104,27 @@ extension LibsecretStore {
 
     public func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
         try await perform("reading queued revocations") { cancellable throws(VaultError) -> [PendingRevocation] in
-            var revocations: [PendingRevocation] = []
-            var items = try self.search(
-                self.pendingRevocationSchema, self.scopeAttributes(), cancellable, "reading queued revocations")
-            defer { for index in items.indices { items[index].wipe() } }
-            if items.isEmpty { try self.requireUnlocked(cancellable, "reading queued revocations") }
-            for item in items {
-                guard let secret = item.secret, let json = try? JSON.parse(secret),
-                    let record = try? SessionRecord(storedJSON: json)
-                else { continue }
-                if let revocation = PendingRevocation(storedJSON: json, record: record) {
+            let what = "reading queued revocations"
+            return try self.withItems(self.pendingRevocationSchema, self.scopeAttributes(), cancellable, what) {
+                (items) throws(VaultError) -> [PendingRevocation] in
+                var revocations: [PendingRevocation] = []
+                for item in items {
+                    guard let secret = item.secret, let json = try? JSON.parse(secret),
+                        let record = try? SessionRecord(storedJSON: json)
+                    else { continue }
+                    if let revocation = PendingRevocation(storedJSON: json, record: record) {
+                        revocations.append(revocation)
+                        continue
+                    }
+                    // Queued before revocations had ids: queued again under one, and the
+                    // old item removed by its path (its attributes would match them all).
+                    let revocation = PendingRevocation(queueing: record)
+                    try self.storeRevocation(revocation, cancellable)
+                    try self.deleteItem(at: item.path, cancellable, what)
                     revocations.append(revocation)
-                    continue
                 }
-                // Queued before revocations had ids: queued again under one, and the
-                // old item removed by its path (its attributes would match them all).
-                let revocation = PendingRevocation(queueing: record)
-                try self.storeRevocation(revocation, cancellable)
-                var error: UnsafeMutablePointer<GError>? = nil
-                _ = secret_service_delete_item_dbus_path_sync(
-                    try self.servicePointer(), item.path, cancellable.pointer, &error)
-                if let failure = GLibFailure.take(&error) { throw self.failure("reading queued revocations", failure) }
-                revocations.append(revocation)
+                return revocations
             }
-            return revocations
         }
     }
 
