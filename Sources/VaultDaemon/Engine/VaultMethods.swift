@@ -14,300 +14,8 @@ public enum VaultMethods {
     public static func service(manager: SessionManager, clock: any WallClock, hub: SubscriptionHub) -> VarlinkService {
         var service = VarlinkService(
             vendor: "vaultd", product: "vaultd", version: version, url: "https://github.com/vaultd/vaultd")
-        let table = manager.table
-        let policy = manager.policy
-
-        /// A GetToken answered off the serving loop: `token` gets the session's
-        /// record, and its handout (or refusal) is audited.
-        @Sendable func deferredToken(
-            _ key: SessionKey, _ caller: Caller,
-            _ token: @escaping @Sendable () async throws(VaultError) -> SessionRecord
-        ) -> HandlerOutcome {
-            .deferred {
-                do throws(VaultError) {
-                    let record = try await token()
-                    manager.audit("GetToken", key, caller: caller, result: "ok")
-                    return VarlinkReply(parameters: tokenReply(record))
-                } catch {
-                    manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                    return error.varlinkReply
-                }
-            }
-        }
-
-        /// Answers a GetToken call read into `r`: looks the session up, decides
-        /// (`TokenHandout`), and writes the token, or waits for what the manager
-        /// must do first. Nothing of the answer is kept for the next call.
-        @Sendable func getToken(_ r: GetTokenRequest, _ caller: Caller) -> HandlerOutcome {
-            let account = Account(provider: r.provider, user: r.user)
-            let access = policy.policy
-            let key: SessionKey
-            do throws(VaultError) {
-                key = SessionKey(
-                    owner: try access.owner(of: account, for: caller, requested: r.ownerUID),
-                    account: account)
-            } catch {
-                return .reply(error.varlinkReply)
-            }
-            func refuse(_ error: VaultError) -> HandlerOutcome {
-                manager.audit("GetToken", key, caller: caller, result: error.code.seedCode)
-                return .reply(error.varlinkReply)
-            }
-            // Asked before the table: whether another user holds a session is theirs to know.
-            guard access.mayReadToken(caller, key) else {
-                return refuse(
-                    VaultError(
-                        .accessDenied,
-                        "the token of \(account) is handed only to its owner and to whom [Account \(account.provider) \(account.user)] names"
-                    ))
-            }
-            let facts = table.tokenFacts(of: key)
-            guard let facts, let record = facts.record else {
-                if facts == nil, manager.isFleetHost, r.waitSeconds == 0 {
-                    // Another host may have logged it in a moment ago: the store says.
-                    return deferredToken(key, caller) { () async throws(VaultError) in
-                        try await manager.catchUpShared(key)
-                        return try await manager.freshToken(key, minValidSeconds: r.minValidSeconds, caller: caller)
-                    }
-                }
-                guard access.declared[account] != nil, r.waitSeconds > 0 else {
-                    return refuse(.notLoggedIn(account))
-                }
-                // A declared account may be one vaultd keeps logged in
-                // (AutoLogin=yes): the manager waits for its login.
-                return deferredToken(key, caller) { () async throws(VaultError) in
-                    try await manager.autoLoginToken(
-                        key, minValidSeconds: r.minValidSeconds, waitSeconds: r.waitSeconds, caller: caller)
-                }
-            }
-            // The rule the manager applies too. Whether the provider can refresh
-            // and the configured MinRefreshInterval= are the manager's to know:
-            // "maybe" (can, no interval) leaves those refusals to it.
-            let handout = TokenHandout.Facts(
-                account: account, expiresAt: record.expiresAt,
-                issuedAt: record.tokensIssuedAt ?? record.createdAt,
-                lastRefreshAt: facts.lastRefreshAt,
-                canRefresh: true, minRefreshIntervalSeconds: 0)
-            switch TokenHandout.decide(handout, minValidSeconds: r.minValidSeconds, now: clock.now()) {
-            case .serve: break
-            case .refuse(let error): return refuse(error)
-            case .refreshFirst:
-                // Not valid long enough: wait for the (shared) refresh, where the provider can.
-                return deferredToken(key, caller) { () async throws(VaultError) in
-                    try await manager.freshToken(key, minValidSeconds: r.minValidSeconds, caller: caller)
-                }
-            }
-            manager.audit(Audit.handoutAction, key, caller: caller, result: "ok")
-            return .encoded(TokenReply(record: record))
-        }
-
-        /// The handler of each method; the switch makes a method without one a compile error.
-        func handler(_ method: VaultMethod) -> MethodHandler {
-            switch method {
-            case .login:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let input = try LoginRequest(p)
-                        return answered { () async throws(VaultError) -> VarlinkReply in
-                            let (record, outcome) = try await manager.loginOrReplace(input, caller: caller)
-                            var parameters: [String: JSON] = [
-                                "session": record.wireJSON(state: .logged), "created": .bool(outcome != .existing),
-                            ]
-                            if input.replace { parameters["replaced"] = .bool(outcome == .replaced) }
-                            return VarlinkReply(parameters: parameters)
-                        }
-                    }
-                }
-
-            case .logout:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let (account, requested) = try addressed(p)
-                        return answered { () async throws(VaultError) -> VarlinkReply in
-                            let key = try sessionKey(account, requested, caller, policy.policy, table)
-                            try await manager.logout(key, caller: caller)
-                            return VarlinkReply()
-                        }
-                    }
-                }
-
-            case .getSession:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let (account, requested) = try addressed(p)
-                        let access = policy.policy
-                        let key: SessionKey
-                        do throws(VaultError) { key = try sessionKey(account, requested, caller, access, table) } catch
-                        {
-                            return .reply(error.varlinkReply)
-                        }
-                        guard access.maySee(caller, ownerUID: key.owner) else {
-                            return .reply(AccessPolicy.notYours(key).varlinkReply)
-                        }
-                        @Sendable func reply(_ view: SessionView?) -> VarlinkReply {
-                            guard let view else { return VaultError.notLoggedIn(account).varlinkReply }
-                            guard let record = view.record else {
-                                // A login or logout in flight.
-                                return VarlinkReply(parameters: [
-                                    "session": pendingSessionJSON(key, state: view.state, refresh: view.refresh)
-                                ])
-                            }
-                            return VarlinkReply(parameters: [
-                                "session": view.wireJSON() ?? record.wireJSON(state: view.state, refresh: view.refresh)
-                            ])
-                        }
-                        let view = table.view(of: key)
-                        if view == nil, manager.isFleetHost {
-                            // Another host may have logged it in a moment ago: the store says.
-                            return .deferred {
-                                do throws(VaultError) {
-                                    try await manager.catchUpShared(key)
-                                } catch {
-                                    return error.varlinkReply
-                                }
-                                return reply(table.view(of: key))
-                            }
-                        }
-                        return .reply(reply(view))
-                    }
-                }
-
-            case .listSessions:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let page = try SessionPage(visibleSessions(table, policy.policy, caller), parameters: p)
-                        var parameters = page.parameters
-                        parameters["store"] = .string(manager.storeState.rawValue)
-                        return .reply(VarlinkReply(parameters: parameters))
-                    }
-                }
-
-            case .getToken:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        getToken(try GetTokenRequest(p), caller)
-                    }
-                }
-
-            case .refresh:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let (account, requested) = try addressed(p)
-                        return answered { () async throws(VaultError) -> VarlinkReply in
-                            let key = try sessionKey(account, requested, caller, policy.policy, table)
-                            _ = try await manager.refresh(key, caller: caller, clientAsked: true)
-                            guard let view = table.view(of: key), let session = view.wireJSON() else {
-                                return VaultError.notLoggedIn(account).varlinkReply
-                            }
-                            return VarlinkReply(parameters: ["session": session])
-                        }
-                    }
-                }
-
-            case .setProviderSecret:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let provider = try p.string("provider")
-                        let secret = Secret(try p.string("secret"))
-                        return answered { () async throws(VaultError) -> VarlinkReply in
-                            try await manager.setProviderSecret(provider, secret, caller: caller)
-                            return VarlinkReply()
-                        }
-                    }
-                }
-
-            case .reportRejected:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let (account, requested) = try addressed(p)
-                        guard let hash = SHA256.digest(hex: try p.string("tokenHash")) else {
-                            throw ParameterReader.Invalid(parameter: "tokenHash")
-                        }
-                        return answered { () async throws(VaultError) -> VarlinkReply in
-                            let key = try sessionKey(account, requested, caller, policy.policy, table)
-                            let outcome = try await manager.reportRejected(key, tokenHash: hash, caller: caller)
-                            return VarlinkReply(parameters: ["outcome": .string(outcome.rawValue)])
-                        }
-                    }
-                }
-
-            case .forceLogout:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let (account, requested) = try addressed(p)
-                        let reason = try p.optionalString("reason") ?? "kicked"
-                        // The reason goes into every subscriber's event and the log: keep it short and plain.
-                        guard reason.utf8.count <= 64, !reason.isEmpty,
-                            reason.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F })
-                        else { throw ParameterReader.Invalid(parameter: "reason") }
-                        return answered { () async throws(VaultError) -> VarlinkReply in
-                            let key = try sessionKey(account, requested, caller, policy.policy, table)
-                            try await manager.logout(key, caller: caller, reason: reason)
-                            return VarlinkReply()
-                        }
-                    }
-                }
-
-            case .setConnectionState:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        let (account, requested) = try addressed(p)
-                        guard let state = ClientConnectionState(rawValue: try p.string("state")) else {
-                            throw ParameterReader.Invalid(parameter: "state")
-                        }
-                        let named = try p.optionalString("client") ?? defaultClientName(caller)
-                        let client: String
-                        do throws(VaultError) {
-                            client = try ClientConnections.validate(name: named)
-                        } catch {
-                            return .reply(error.varlinkReply)
-                        }
-                        // Marked now, on the serving thread: the server tells of the
-                        // connection's close on this thread too, never before this.
-                        if let connection = caller.connection { manager.reporting.opened(connection) }
-                        return answered { () async throws(VaultError) -> VarlinkReply in
-                            let key = try sessionKey(account, requested, caller, policy.policy, table)
-                            try await manager.setConnectionState(key, state: state, client: client, caller: caller)
-                            return VarlinkReply()
-                        }
-                    }
-                }
-
-            case .subscribe:
-                return { call, caller in
-                    parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in
-                        var filter = EventFilter(
-                            provider: try p.optionalString("provider"), user: try p.optionalString("user"))
-                        if let kinds = p.parameters["kinds"], kinds != .null {
-                            guard let names = kinds.arrayValue else {
-                                throw ParameterReader.Invalid(parameter: "kinds")
-                            }
-                            for name in names {
-                                guard let kind = name.stringValue.flatMap(EventKind.init(rawValue:)) else {
-                                    throw ParameterReader.Invalid(parameter: "kinds")
-                                }
-                                filter.kinds.insert(kind)
-                            }
-                        }
-                        let sessions = visibleSessions(table, policy.policy, caller, readable: true) {
-                            filter.matches($0.account)
-                        }
-                        let subscriptionFilter = filter
-                        return hub.subscribe(
-                            caller,
-                            snapshot: VarlinkReply(parameters: [
-                                "sessions": .array(sessions), "store": .string(manager.storeState.rawValue),
-                            ]),
-                            filter: { event in
-                                subscriptionFilter.matches(event)
-                                    && policy.policy.mayWatch(
-                                        caller, SessionKey(owner: event.ownerUID, account: event.account))
-                            })
-                    }
-                }
-            }
-        }
-
+        let handlers = Handlers(
+            manager: manager, table: manager.table, policy: manager.policy, clock: clock, hub: hub)
         // Only a Login carries much (tokens, a token response, a profile: up to
         // MaxSessionSize=, at most 1 MiB); every other call is refused unparsed
         // past the default limit.
@@ -324,9 +32,30 @@ public enum VaultMethods {
             guard let method = VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)") else {
                 preconditionFailure("io.vaultd.Vault declares \(declaration.name), which is no VaultMethod")
             }
-            return handler(method)
+            return handler(method, handlers)
         }
         return service
+    }
+
+    /// The handler of each method; the switch makes a method without one a compile error.
+    static func handler(_ method: VaultMethod, _ handlers: Handlers) -> MethodHandler {
+        let body: @Sendable (ParameterReader, Caller) throws(ParameterReader.Invalid) -> HandlerOutcome
+        switch method {
+        case .login: body = handlers.login
+        case .logout: body = handlers.logout
+        case .getSession: body = handlers.getSession
+        case .listSessions: body = handlers.listSessions
+        case .getToken: body = handlers.getToken
+        case .refresh: body = handlers.refresh
+        case .setProviderSecret: body = handlers.setProviderSecret
+        case .reportRejected: body = handlers.reportRejected
+        case .forceLogout: body = handlers.forceLogout
+        case .setConnectionState: body = handlers.setConnectionState
+        case .subscribe: body = handlers.subscribe
+        }
+        return { call, caller in
+            parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in try body(p, caller) }
+        }
     }
 
     /// A GetToken reply, written from the session's record straight into the

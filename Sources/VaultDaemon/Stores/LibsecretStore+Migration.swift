@@ -11,21 +11,21 @@ extension LibsecretStore {
     public func loadProviderSecrets() async throws(VaultError) -> [String: Secret] {
         let what = "listing client secrets"
         return try await perform(what) { cancellable throws(VaultError) -> [String: Secret] in
-            var items = try self.search(self.providerSecretSchema, self.scopeAttributes(), cancellable, what)
-            defer { for index in items.indices { items[index].wipe() } }
-            if items.isEmpty { try self.requireUnlocked(cancellable, what) }
-            var secrets: [String: Secret] = [:]
-            for item in items {
-                guard let secret = item.secret, let provider = try self.providerAttribute(item.path, cancellable)
-                else {
-                    throw VaultError(
-                        .storeFailed,
-                        "the client secret item \(item.path) in the Secret Service (\(self.location)) cannot be read; remove it, or store the secret again with vaultctl provider-secret"
-                    )
+            try self.withItems(self.providerSecretSchema, self.scopeAttributes(), cancellable, what) {
+                (items) throws(VaultError) -> [String: Secret] in
+                var secrets: [String: Secret] = [:]
+                for item in items {
+                    guard let secret = item.secret, let provider = try self.providerAttribute(item.path, cancellable)
+                    else {
+                        throw VaultError(
+                            .storeFailed,
+                            "the client secret item \(item.path) in the Secret Service (\(self.location)) cannot be read; remove it, or store the secret again with vaultctl provider-secret"
+                        )
+                    }
+                    secrets[provider] = Secret(String(decoding: secret, as: UTF8.self))
                 }
-                secrets[provider] = Secret(String(decoding: secret, as: UTF8.self))
+                return secrets
             }
-            return secrets
         }
     }
 
@@ -50,7 +50,7 @@ extension LibsecretStore {
         var error: UnsafeMutablePointer<GError>? = nil
         let item = secret_item_new_for_dbus_path_sync(
             try servicePointer(), path, SECRET_ITEM_NONE, cancellable.pointer, &error)
-        if let message = GLibError.take(&error) {
+        if let message = GLibFailure.take(&error)?.message {
             throw VaultError(.storeFailed, "reading the item \(path) in the Secret Service failed: \(message)")
         }
         guard let item else { return nil }
