@@ -5,6 +5,21 @@ import VaultCore
 import VaultDaemon
 import VaultSystem
 
+/// Yields until `condition` holds or `seconds` of real time pass, and says
+/// whether it holds. Bounded by time, not by a count of yields: on a loaded
+/// machine the task that makes it hold may not run for a while, and 20,000
+/// yields passed in milliseconds (the fleet simulation's "did not end at
+/// shutdown", three times in five at load 20).
+@discardableResult
+func yieldUntil(seconds: Double = 60, _ condition: () async -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now + .seconds(seconds)
+    while !(await condition()) {
+        guard ContinuousClock.now < deadline else { return false }
+        await Task.yield()
+    }
+    return true
+}
+
 /// A clock moved by hand. Sleepers wake when it is moved past their deadline
 /// (or when their task is cancelled).
 final class ManualClock: WallClock, Sendable {

@@ -147,7 +147,7 @@ struct FleetManagerTests {
         let key = pair.key
         let caller = pair.caller
         let waiting = Task { try await b.refresh(key, caller: caller, clientAsked: true) }
-        for _ in 0..<20_000 where await b.waitingForOtherHosts.isEmpty { await Task.yield() }
+        await yieldUntil { await !b.waitingForOtherHosts.isEmpty }
         #expect(await b.waitingForOtherHosts == [key])
         // Host a's refresh lands in the store.
         guard let stored = try await viewA.load(key) else {
@@ -178,7 +178,7 @@ struct FleetManagerTests {
         let key = pair.key
         let caller = pair.caller
         let refreshing = Task { try await b.refresh(key, caller: caller, clientAsked: true) }
-        for _ in 0..<20_000 where pair.provider.held == 0 { await Task.yield() }
+        await yieldUntil { pair.provider.held > 0 }
         #expect(pair.provider.held == 1)
         // Host a writes newer tokens while b's provider answers (b stalled past its lease).
         let viewA = pair.store.view(host: "a", alive: Liveness())
@@ -243,7 +243,7 @@ struct FleetManagerTests {
         await pair.deliver(to: pair.b, "b")
         // Host b found the store gone: it reloads when its probe (on the clock) finds it back.
         pair.clock.advance(by: 2 * StoreHealth.longestProbeSeconds)
-        for _ in 0..<20_000 where pair.b.table.view(of: pair.key)?.record != nil { await Task.yield() }
+        await yieldUntil { pair.b.table.view(of: pair.key)?.record == nil }
         #expect(pair.b.storeState == .available)
         #expect(pair.b.table.view(of: pair.key)?.record == nil)
         #expect(pair.eventsB.all.last?.kind == .logoutSuccess)

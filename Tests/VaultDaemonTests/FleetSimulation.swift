@@ -207,7 +207,7 @@ final class FleetSimulation {
             await host.manager.shutdown(graceSeconds: 0)
         }
         // Calls still out end with their hosts (a refresh waiting for another host wakes at shutdown).
-        for _ in 0..<20_000 where operations.contains(where: { $0.finished == nil }) { await Task.yield() }
+        await yieldUntil { operations.allSatisfy { $0.finished != nil } }
         if let stuck = operations.first(where: { $0.finished == nil }) {
             throw Violation(
                 description: "seed \(seed): a \(stuck.kind) of \(stuck.key) on \(stuck.host) did not end at shutdown")
@@ -387,6 +387,8 @@ final class FleetSimulation {
             _ = try await manager.refresh(key, caller: caller, clientAsked: true)
             return "ok"
         }
+        // The refresh may not reach the endpoint (a partition, another
+        // host's lock): a count of yields, not `yieldUntil`'s minute.
         for _ in 0..<20_000 where host.provider.held == 0 { await Task.yield() }
         let held = host.provider.held > 0
         trace.append("\(host.name): crash holding the lock of \(key)\(held ? "" : " (its refresh did not start)")")

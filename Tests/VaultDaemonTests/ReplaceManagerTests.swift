@@ -79,7 +79,7 @@ struct ReplaceManagerTests {
         h.store.holdRevocationDeletes()
         h.clock.advance(by: Double(SessionTimers.saveRetrySeconds))
         await h.manager.runDueWork()
-        for _ in 0..<10_000 where h.store.heldRevocationDeletes == 0 { await Task.yield() }
+        await yieldUntil { h.store.heldRevocationDeletes > 0 }
         try #require(h.store.heldRevocationDeletes == 1, "the retry is waiting in the removal")
 
         // Meanwhile the session is refreshed: the newer tokens are stored and served.

@@ -164,7 +164,7 @@ struct ReplacedTokenTests {
         let manager = rig.manager
         let key = rig.key
         let refresh = Task { _ = try? await manager.refresh(key, caller: MintingHarness.alice, clientAsked: true) }
-        for _ in 0..<10_000 where rig.provider.heldCount == 0 { await Task.yield() }
+        await yieldUntil { rig.provider.heldCount > 0 }
         #expect(rig.provider.heldCount == 1)
         try await rig.manager.logout(rig.key, caller: MintingHarness.alice)
         rig.provider.release()

@@ -604,7 +604,7 @@ final class Simulation {
     /// The end of a schedule: the process stops, so that reads still waiting end.
     func finish() async {
         await manager.shutdown(graceSeconds: 0)
-        for _ in 0..<20_000 where botReads.contains(where: { !$0.finished }) { await Task.yield() }
+        await yieldUntil { botReads.allSatisfy(\.finished) }
         if botReads.contains(where: { !$0.finished }) {
             trace.append("BROKEN: a GetToken waiting for the automatic login did not end at shutdown")
         }
@@ -624,6 +624,8 @@ final class Simulation {
         let manager = self.manager
         let owner = caller(key.owner)
         let refresh = Task { _ = try? await manager.refresh(key, caller: owner, clientAsked: true) }
+        // A refresh may fail before it rotates (a fault, a reuse): then this
+        // never holds, so the wait is a count of yields, not `yieldUntil`'s minute.
         for _ in 0..<10_000 where provider.held == 0 { await Task.yield() }
         provider.holdAfterRotation.withLock { $0 = false }
         guard provider.held > 0 else {
