@@ -2,7 +2,7 @@ import CShim
 import Dispatch
 import Glibc
 import Synchronization
-import VaultProtocol
+import Varlink
 
 /// Parses the large messages of the serving loop (over
 /// `VarlinkServer.inlineParseLimit` bytes) on a thread of its own at the

@@ -1,8 +1,7 @@
 import CShim
 import Glibc
 import Synchronization
-import VaultCore
-import VaultProtocol
+import Varlink
 import VaultSystem
 
 /// One epoll loop of a `VarlinkServer`, on a thread of its own: it serves

@@ -1,8 +1,7 @@
 import CShim
 import Glibc
 import Synchronization
-import VaultCore
-import VaultProtocol
+import Varlink
 import VaultSystem
 
 /// Serves a `VarlinkService` on a listening Unix socket from one or more

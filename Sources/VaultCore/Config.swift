@@ -1,3 +1,5 @@
+import Varlink
+
 /// How a provider keeps its tokens fresh.
 public enum ProviderType: String, Sendable, CaseIterable {
     /// The token is used as given; the session ends when it expires.
