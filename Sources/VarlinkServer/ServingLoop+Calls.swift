@@ -39,10 +39,7 @@ extension ServingLoop {
                 )
                 return
             }
-            if message.count > VarlinkServer.inlineParseLimit {
-                parseLarge(message, on: connection)
-                continue
-            }
+            if message.count > VarlinkServer.inlineParseLimit, refusedUnparsed(message, on: connection) { continue }
             do throws(VarlinkCall.DecodingFailure) {
                 dispatch(
                     try VarlinkCall(message: message, methods: service.methodNames), size: message.count,
@@ -86,8 +83,8 @@ extension ServingLoop {
             if !call.oneway { queue(errors.stopping, on: connection) }
             return
         }
-        // A large call of a method that takes small parameters, read off the
-        // loop because its method was not named first: refused as if it had been.
+        // A large call of a method that takes small parameters, parsed because
+        // its method was not named first: refused as if it had been.
         if size > VarlinkServer.inlineParseLimit {
             let limit = service.callSizeLimit(of: call.method)
             if size > limit {
@@ -133,11 +130,10 @@ extension ServingLoop {
         }
     }
 
-    /// A message over `inlineParseLimit` bytes: refused at once when it names
-    /// first a method whose calls may not be that large (no parse at all),
-    /// else parsed on the parse thread, off this loop, while the connection
-    /// waits; `drainCompletions` answers it.
-    private func parseLarge(_ message: ArraySlice<UInt8>, on connection: Connection) {
+    /// Refuses a message over `inlineParseLimit` bytes at once, without a
+    /// parse, when it names first a method whose calls may not be that large;
+    /// false when it does not (it is then parsed as any other).
+    private func refusedUnparsed(_ message: ArraySlice<UInt8>, on connection: Connection) -> Bool {
         if let method = VarlinkCall.leadingMethod(of: message, methods: service.methodNames) {
             let limit = service.callSizeLimit(of: method)
             if message.count > limit {
@@ -152,10 +148,9 @@ extension ServingLoop {
                         ])
                     nextCallTooLargeLog = now + 10_000
                 }
-                return
+                return true
             }
         }
-        connection.state = .waiting
-        parser.parse(message, for: connection.id, methods: service.methodNames)
+        return false
     }
 }

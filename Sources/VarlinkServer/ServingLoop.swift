@@ -53,17 +53,9 @@ final class ServingLoop: @unchecked Sendable {
     @exclusivity(unchecked) var now: UInt64 = Monotonic.milliseconds()
     /// The drain's time is up.
     var drainOver = false
-    /// What worker tasks and the parse thread hand back to the loop thread.
-    enum Completion: Sendable {
-        /// The reply of a deferred call (nil: none is sent, the call was oneway).
-        case reply(VarlinkReply?)
-        /// A large message read off the loop: the call, or why it is none, and its size.
-        case parsed(Result<VarlinkCall, VarlinkCall.DecodingFailure>, size: Int)
-    }
-    /// Replies of deferred calls and large calls parsed, handed to the loop thread.
-    private let completions = Mutex<[(UInt64, Completion)]>([])
-    /// Reads large messages off the loop.
-    lazy var parser = ParseThread(loop: self)
+    /// Replies of deferred calls (nil: none is sent, the call was oneway),
+    /// handed to the loop thread by worker tasks.
+    private let completions = Mutex<[(UInt64, VarlinkReply?)]>([])
     var nextCallTooLargeLog: UInt64 = 0
     /// Work handed to the loop thread (writing to streams), in order.
     private let jobs = Mutex<[@Sendable (VarlinkServer.Streams) -> Void]>([])
@@ -244,12 +236,7 @@ final class ServingLoop: @unchecked Sendable {
 
     /// Hands the reply of a deferred call back to the loop. Thread-safe.
     func complete(_ id: UInt64, _ reply: VarlinkReply?) {
-        complete(id, .reply(reply))
-    }
-
-    /// Hands what a worker did for connection `id` back to the loop. Thread-safe.
-    func complete(_ id: UInt64, _ completion: Completion) {
-        completions.withLock { $0.append((id, completion)) }
+        completions.withLock { $0.append((id, reply)) }
         wake()
     }
 
@@ -327,13 +314,13 @@ final class ServingLoop: @unchecked Sendable {
     }
 
     /// Takes what other threads handed to the loop (connections, replies of
-    /// deferred calls, large calls parsed, stream jobs, reloaded limits, a
-    /// secondary's stop) and acts on it.
+    /// deferred calls, stream jobs, reloaded limits, a secondary's stop) and
+    /// acts on it.
     private func drainCompletions(drainSeconds: Int) {
         var counter: UInt64 = 0
         _ = read(wakeFD, &counter, 8)
         for handover in takeHandovers() { serve(handover) }
-        let done: [(UInt64, Completion)] = completions.withLock { list in
+        let done: [(UInt64, VarlinkReply?)] = completions.withLock { list in
             let taken = list
             list.removeAll(keepingCapacity: true)
             return taken
@@ -352,7 +339,7 @@ final class ServingLoop: @unchecked Sendable {
             outputHighWater = reloaded.outputHighWater
             log.info("serving limits reloaded", ["maxConnectionsPerUser": String(reloaded.maxConnectionsPerUser)])
         }
-        for (id, completion) in done {
+        for (id, reply) in done {
             if id == ServingLoop.watchdogProbeID {
                 watchdogProbeInFlight = false
                 hooks.watchdog()
@@ -360,11 +347,7 @@ final class ServingLoop: @unchecked Sendable {
             }
             guard let connection = connections[id], case .waiting = connection.state else { continue }
             connection.state = .open
-            switch completion {
-            case .reply(let reply): if let reply { queue(reply, on: connection) }
-            case .parsed(.success(let call), let size): dispatch(call, size: size, on: connection)
-            case .parsed(.failure(let failure), _): refuse(failure, on: connection)
-            }
+            if let reply { queue(reply, on: connection) }
             if !connection.isClosed { process(connection) }
         }
         if let drainSeconds = stopAsked.withLock({ $0.take() }), !stopping {
