@@ -42,25 +42,31 @@ let package = Package(
         // A free() that zeroes every heap block it releases; vaultd's executable only.
         .target(name: "CWipeOnFree"),
 
+        // Varlink itself, of no service in particular: JSON, NUL framing, calls,
+        // replies and org.varlink.service errors, interfaces as data, the peer's
+        // credentials, serving limits and a deadline heap. No C, no vault.
+        .target(name: "Varlink"),
         // The domain: accounts, sessions, states, errors, config. No C, no I/O.
-        .target(name: "VaultCore"),
-        // Varlink: framing, messages, the interface text, error names. No C.
-        .target(name: "VaultProtocol", dependencies: ["VaultCore"]),
+        .target(name: "VaultCore", dependencies: ["Varlink"]),
+        // io.vaultd.Vault on Varlink: its interface as data, its messages, its
+        // error replies, the socket path. No C.
+        .target(name: "VaultProtocol", dependencies: ["Varlink", "VaultCore"]),
         // Typed system-call helpers shared by the client and the daemon.
         .target(name: "VaultSystem", dependencies: ["CShim"]),
         // A generic Varlink server: framing, connections, a method table, streams,
         // limits, peer credentials, drain; it knows nothing of what it serves.
-        .target(name: "VarlinkServer", dependencies: ["VaultCore", "VaultProtocol", "VaultSystem", "CShim"]),
+        .target(name: "VarlinkServer", dependencies: ["Varlink", "VaultSystem", "CShim"]),
         // A blocking Varlink client over a Unix socket with typed calls of
         // io.vaultd.Vault (vaultctl, tests, and Swift programs through the library product).
-        .target(name: "VaultClient", dependencies: ["VaultProtocol", "VaultSystem"]),
+        .target(name: "VaultClient", dependencies: ["Varlink", "VaultProtocol", "VaultSystem"]),
         // vaultctl's commands, as a library so tests can drive them.
         .target(name: "VaultCLI", dependencies: ["VaultClient"]),
         // The I/O edges: secret store, socket server, config files, wiring.
         .target(
             name: "VaultDaemon",
             dependencies: [
-                "VaultCore", "VaultProtocol", "VaultSystem", "VarlinkServer", "CSecret", "CSystemd", "CShim", "CHTTP",
+                "Varlink", "VaultCore", "VaultProtocol", "VaultSystem", "VarlinkServer", "CSecret", "CSystemd", "CShim",
+                "CHTTP",
                 "CSQLite", "CSodium",
             ]),
 
@@ -70,18 +76,18 @@ let package = Package(
         // Test process only: keeps Foundation's Process.run() from faulting (see its source).
         .target(name: "CProcessSpawnFix", path: "Tests/Support/CProcessSpawnFix"),
 
-        .testTarget(name: "VaultCoreTests", dependencies: ["VaultCore"]),
-        .testTarget(name: "VaultProtocolTests", dependencies: ["VaultProtocol"]),
+        .testTarget(name: "VaultCoreTests", dependencies: ["Varlink", "VaultCore"]),
+        .testTarget(name: "VaultProtocolTests", dependencies: ["Varlink", "VaultProtocol"]),
         // The transport alone, serving a toy interface: no vault, no processes.
         .testTarget(
-            name: "VarlinkServerTests", dependencies: ["VarlinkServer", "VaultCore", "VaultProtocol", "VaultSystem"]),
+            name: "VarlinkServerTests", dependencies: ["VarlinkServer", "Varlink", "VaultSystem"]),
         // vaultctl in-process: parsing, help, usage errors, completion scripts; no daemon.
-        .testTarget(name: "VaultCLITests", dependencies: ["VaultCLI", "CProcessSpawnFix"]),
+        .testTarget(name: "VaultCLITests", dependencies: ["VaultCLI", "Varlink", "CProcessSpawnFix"]),
         // The session manager without processes: fakes, a manual clock, the simulation.
-        .testTarget(name: "VaultDaemonTests", dependencies: ["VaultDaemon", "VaultCore"]),
+        .testTarget(name: "VaultDaemonTests", dependencies: ["VaultDaemon", "Varlink", "VaultCore"]),
         .testTarget(
             name: "VaultIntegrationTests",
-            dependencies: ["VaultClient", "VaultProtocol", "VaultSystem", "VaultDaemon", "CProcessSpawnFix"]
+            dependencies: ["VaultClient", "Varlink", "VaultProtocol", "VaultSystem", "VaultDaemon", "CProcessSpawnFix"]
         ),
     ],
     swiftLanguageModes: [.v6]

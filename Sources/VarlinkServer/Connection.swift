@@ -1,6 +1,5 @@
 import Glibc
-import VaultCore
-import VaultProtocol
+import Varlink
 import VaultSystem
 
 /// One client connection; touched only by the thread of the loop serving it.

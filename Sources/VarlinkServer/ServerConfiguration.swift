@@ -1,5 +1,4 @@
-import VaultCore
-import VaultProtocol
+import Varlink
 
 /// What the serving loop tells the rest of the program, and asks of it.
 public struct ServerHooks: Sendable {

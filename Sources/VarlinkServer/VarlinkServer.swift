@@ -1,8 +1,7 @@
 import CShim
 import Glibc
 import Synchronization
-import VaultCore
-import VaultProtocol
+import Varlink
 import VaultSystem
 
 /// Serves a `VarlinkService` on a listening Unix socket from one or more
@@ -20,12 +19,10 @@ import VaultSystem
 public final class VarlinkServer: @unchecked Sendable {
     /// The largest message accepted from a client.
     public static let maximumMessageSize = 1 << 20
-    /// The largest message parsed on a serving loop. A larger one is
-    /// refused unparsed when it names first a method whose calls may not be
-    /// that large (`VarlinkService.callSizeLimit(of:)`), else parsed on a
-    /// thread of low priority: a parse of up to this many bytes (tens of
-    /// microseconds of numbers or nested objects) is all one call can take
-    /// from the loop, and so from the other clients' latency.
+    /// The largest message parsed without a look at its method first. A
+    /// larger one is refused unparsed when it names first a method whose
+    /// calls may not be that large (`VarlinkService.callSizeLimit(of:)`),
+    /// and parsed on the loop like any other when it does not.
     public static let inlineParseLimit = 4096
     /// How long a connection that sent a malformed message is read (and what
     /// it sends dropped) after its error reply, before it is closed anyway.

@@ -1,5 +1,4 @@
-import VaultCore
-import VaultProtocol
+import Varlink
 
 /// What a method handler produces: a reply now (answered on the serving
 /// thread), or work to await off it (the reply is sent when it finishes).

@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// What a word on vaultctl's command line stands for: how a shell completes

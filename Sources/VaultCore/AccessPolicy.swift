@@ -1,3 +1,5 @@
+import Varlink
+
 /// The key of a session: whose it is and which account. Two local users may
 /// each hold a session of `alice @ demo`; neither sees the other's.
 public struct SessionKey: Sendable, Hashable, Comparable, CustomStringConvertible {

@@ -1,3 +1,5 @@
+import Varlink
+
 /// A client's own connection to the chat server, as it reports it
 /// (`SetConnectionState`): OpenIM's connection callbacks (onConnecting,
 /// onConnectSuccess, onConnectFailed, onKickedOffline).

@@ -1,3 +1,5 @@
+import Varlink
+
 /// How much one local user may hold, so that none can starve the others.
 /// Root is held to none of these: it owns the machine.
 public struct UserLimits: Sendable, Equatable {

@@ -1,3 +1,5 @@
+import Varlink
+
 /// What a client hands over to log in: a ready token, or an OAuth 2.0 token
 /// response as a token endpoint (or Salesforce) returns it.
 public struct LoginCredential: Sendable, Equatable {

@@ -1,3 +1,5 @@
+import Varlink
+
 /// What happened to an account, as the chat SDKs' callbacks report it
 /// (CometChat's login delegate, OpenIM's onKickedOffline and friends).
 public enum EventKind: String, Sendable, CaseIterable {

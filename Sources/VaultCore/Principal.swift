@@ -1,3 +1,5 @@
+import Varlink
+
 /// Who acts on a session: a local peer on the socket, or vaultd itself on
 /// its own schedule (an expiry, a refresh, a refused grant). vaultd is a
 /// principal of its own, not a stand-in uid 0: its audit lines say

@@ -1,3 +1,5 @@
+import Varlink
+
 /// The stored form of a session record: a versioned JSON document.
 extension SessionRecord {
     /// The format version written into every record.

@@ -1,3 +1,5 @@
+import Varlink
+
 /// When to refresh and how long to wait after a failure: pure arithmetic, so
 /// that the schedule can be tested with a hand-moved clock.
 public enum RefreshPolicy {

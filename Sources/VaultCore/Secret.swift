@@ -1,3 +1,5 @@
+import Varlink
+
 /// A secret value (a token). Printing it, interpolating it or dumping it shows
 /// only the masked form, so a secret cannot slip into a log line or an error.
 ///

@@ -1,3 +1,5 @@
+import Varlink
+
 /// An account: one user at one provider. The key of every session.
 public struct Account: Sendable, Hashable, Comparable, CustomStringConvertible {
     /// The provider's name, a section of the config file.

@@ -1,3 +1,5 @@
+import Varlink
+
 /// A point in wall-clock time, in whole seconds since the Unix epoch. Token
 /// lifetimes (JWT `exp`, OAuth `expires_in`) are whole seconds, so is this.
 public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible {
@@ -69,6 +71,10 @@ public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible 
         return "\(paddedYear)-\(two(month))-\(two(day))T\(two(hour)):\(two(minute)):\(two(second))Z"
     }
 }
+
+/// Deadlines in wall-clock seconds, at most one per key: the session
+/// manager's timers.
+public typealias DeadlineQueue<Key: Hashable & Sendable> = DeadlineHeap<Key, UnixTime>
 
 /// The source of "now" for the domain. Injected so that tests can move time by hand.
 public protocol WallClock: Sendable {

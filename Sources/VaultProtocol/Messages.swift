@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// Reads typed parameters out of a call, answering `InvalidParameter` with the
@@ -83,12 +84,6 @@ public struct ParameterReader {
     public func account() throws(Invalid) -> (provider: String, user: String) {
         (try string("provider"), try string("user"))
     }
-}
-
-/// The methods of `org.varlink.service`.
-public enum ServiceMethod: String, Sendable, CaseIterable {
-    case getInfo = "org.varlink.service.GetInfo"
-    case getInterfaceDescription = "org.varlink.service.GetInterfaceDescription"
 }
 
 extension LoginRequest {

@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// One page of `ListSessions`: a pure function of the sorted sessions, the

@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// The interface `io.vaultd.Vault`, declared once as data: its types, its

@@ -2,9 +2,8 @@ import Dispatch
 import Glibc
 import Synchronization
 import Testing
+import Varlink
 import VarlinkServer
-import VaultCore
-import VaultProtocol
 import VaultSystem
 
 /// The generic server with a toy interface: proof that it serves any Varlink

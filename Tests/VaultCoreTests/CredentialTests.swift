@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import Varlink
 import VaultCore
 
 /// Encodes bytes as unpadded base64url (RFC 4648 section 5), as JWTs carry them.

@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// Shared fixtures for the VaultCore specifications.

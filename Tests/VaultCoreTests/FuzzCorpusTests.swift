@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import Varlink
 import VaultCore
 
 /// The committed seed corpus of a fuzz target (Fuzz/corpus/TARGET), each file's name and bytes.

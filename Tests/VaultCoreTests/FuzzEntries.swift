@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 // This file is compiled twice: into VaultCoreTests, where the corpus replay

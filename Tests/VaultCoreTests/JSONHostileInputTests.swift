@@ -1,4 +1,5 @@
 import Testing
+import Varlink
 import VaultCore
 
 /// Expects `bytes` to be refused with exactly `reason` at byte `offset`.

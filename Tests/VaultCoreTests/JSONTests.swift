@@ -1,4 +1,5 @@
 import Testing
+import Varlink
 import VaultCore
 
 /// Expects `parse` to fail with exactly `reason` at byte `offset`.

@@ -1,4 +1,5 @@
 import Testing
+import Varlink
 import VaultCore
 
 @Suite("SessionRecord stored JSON", .timeLimit(.minutes(5)))

@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Synchronization
+import Varlink
 import VaultCore
 import VaultDaemon
 import VaultSystem

@@ -1,5 +1,6 @@
 import Synchronization
 import Testing
+import Varlink
 import VaultCore
 import VaultDaemon
 

@@ -1,5 +1,6 @@
 import Glibc
 import Testing
+import Varlink
 import VaultCore
 import VaultDaemon
 import VaultSystem

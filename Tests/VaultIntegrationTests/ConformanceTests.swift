@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import Varlink
 import VaultClient
 import VaultCore
 import VaultProtocol

@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import Synchronization
 import Testing
+import Varlink
 import VaultClient
 import VaultCore
 import VaultDaemon

@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Synchronization
 import Testing
+import Varlink
 import VaultCore
 
 @testable import VaultDaemon

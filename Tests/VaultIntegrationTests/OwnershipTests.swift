@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Testing
+import Varlink
 import VaultCore
 
 /// The ownership model of issue "Safe on a shared host", tried as local users

@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Testing
+import Varlink
 import VaultCore
 
 /// scripts/run as a developer runs it, with no Secret Service reachable, so

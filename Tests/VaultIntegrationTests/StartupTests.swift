@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Testing
+import Varlink
 import VaultClient
 import VaultProtocol
 import VaultSystem

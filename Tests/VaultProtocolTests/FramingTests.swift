@@ -1,4 +1,5 @@
 import Testing
+import Varlink
 import VaultProtocol
 
 private func bytes(_ text: String) -> [UInt8] { Array(text.utf8) }

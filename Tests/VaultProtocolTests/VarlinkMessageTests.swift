@@ -1,4 +1,5 @@
 import Testing
+import Varlink
 import VaultCore
 import VaultProtocol
 

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import Varlink
 import VaultCore
 import VaultProtocol
 

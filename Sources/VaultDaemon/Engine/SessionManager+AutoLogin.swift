@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// A `GetToken` waiting for the automatic login of its account: resumed when

@@ -1,4 +1,5 @@
 import Synchronization
+import Varlink
 import VaultCore
 
 /// The connections to vaultd whose clients reported their connection state

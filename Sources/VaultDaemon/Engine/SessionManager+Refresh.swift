@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// The timed life of sessions: the one timer, the actions of `SessionTimers`,

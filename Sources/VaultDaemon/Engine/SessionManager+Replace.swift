@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// What a `Login` did.

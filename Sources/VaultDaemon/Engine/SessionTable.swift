@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 import VaultProtocol
 import VaultSystem

@@ -1,3 +1,4 @@
+import Varlink
 import VarlinkServer
 import VaultCore
 import VaultProtocol

@@ -1,5 +1,6 @@
 import CHTTP
 import Synchronization
+import Varlink
 import VaultCore
 import VaultSystem
 

@@ -1,5 +1,6 @@
 import Glibc
 import Synchronization
+import Varlink
 import VaultCore
 import VaultSystem
 

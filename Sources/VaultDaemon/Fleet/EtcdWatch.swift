@@ -2,6 +2,7 @@ import CHTTP
 import Dispatch
 import Glibc
 import Synchronization
+import Varlink
 import VaultCore
 import VaultSystem
 

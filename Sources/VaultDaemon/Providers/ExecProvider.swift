@@ -1,5 +1,6 @@
 import Dispatch
 import Glibc
+import Varlink
 import VaultCore
 import VaultSystem
 

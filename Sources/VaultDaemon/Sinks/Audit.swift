@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// The audit trail: one structured line per token handout, login, logout and

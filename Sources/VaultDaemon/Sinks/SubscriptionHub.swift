@@ -1,4 +1,5 @@
 import Synchronization
+import Varlink
 import VarlinkServer
 import VaultCore
 import VaultProtocol

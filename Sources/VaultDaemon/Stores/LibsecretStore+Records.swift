@@ -1,4 +1,5 @@
 import CSecret
+import Varlink
 import VaultCore
 import VaultSystem
 

@@ -3,6 +3,7 @@ import CShim
 import Dispatch
 import Glibc
 import Synchronization
+import Varlink
 import VaultCore
 import VaultSystem
 

@@ -1,6 +1,7 @@
 import Dispatch
 import Glibc
 import Synchronization
+import Varlink
 import VaultCore
 import VaultSystem
 

@@ -1,3 +1,4 @@
+import Varlink
 import VaultCore
 
 /// What start-up finds in the store.

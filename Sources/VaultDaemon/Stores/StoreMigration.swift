@@ -1,4 +1,5 @@
 import Glibc
+import Varlink
 import VaultCore
 import VaultSystem
 

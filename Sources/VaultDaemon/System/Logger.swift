@@ -2,6 +2,7 @@ import CSystemd
 import Dispatch
 import Glibc
 import Synchronization
+import Varlink
 import VarlinkServer
 import VaultCore
 import VaultSystem

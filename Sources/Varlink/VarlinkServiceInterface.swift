@@ -58,3 +58,9 @@ public enum VarlinkServiceInterface {
     /// The interface definition text.
     public static let description = declaration.idl
 }
+
+/// The methods of `org.varlink.service`.
+public enum ServiceMethod: String, Sendable, CaseIterable {
+    case getInfo = "org.varlink.service.GetInfo"
+    case getInterfaceDescription = "org.varlink.service.GetInterfaceDescription"
+}

@@ -1,5 +1,3 @@
-import VaultCore
-
 /// A type of Varlink's interface definition language, as a parameter, an
 /// output member or a field of a named type declares it.
 public indirect enum VarlinkType: Sendable, Equatable {

@@ -1,12 +1,8 @@
-/// Deadlines in wall-clock seconds, at most one per key: the session
-/// manager's timers.
-public typealias DeadlineQueue<Key: Hashable & Sendable> = DeadlineHeap<Key, UnixTime>
-
 /// Deadlines, at most one per key, ordered by time: an indexed binary heap, so
 /// that adding, moving or removing a key costs O(log n) and the nearest
 /// deadline is known in O(1). The daemon sleeps until `next` instead of
 /// scanning its sessions (as ssh-agent's reaper returns its next deadline).
-/// `Time` is whatever the owner counts in: wall-clock `UnixTime` for sessions,
+/// `Time` is whatever the owner counts in: wall-clock seconds for sessions,
 /// monotonic milliseconds for the serving loop's connections.
 public struct DeadlineHeap<Key: Hashable & Sendable, Time: Comparable & Sendable>: Sendable {
     // Inlinable: specialized where it is used (see DenseTable).

@@ -72,6 +72,12 @@ public struct JSONParseError: Error, Equatable, Sendable, CustomStringConvertibl
     public var offset: Int
 
     public var description: String { "invalid JSON at byte \(offset): \(reason)" }
+
+    /// The error `reason` at byte `offset`.
+    public init(reason: String, offset: Int) {
+        self.reason = reason
+        self.offset = offset
+    }
 }
 
 extension JSON {
@@ -113,16 +119,19 @@ extension JSON {
 /// may name a member once (a repeated name is an error, never "the last
 /// wins"), a number must fit a Double, and strings must be valid UTF-8 with
 /// paired surrogates. Every refusal is a `JSONParseError` with its byte offset.
-struct JSONParser {
-    let bytes: UnsafeBufferPointer<UInt8>
-    var index = 0
+public struct JSONParser {
+    /// The text being parsed.
+    public let bytes: UnsafeBufferPointer<UInt8>
+    /// Where the parser is in `bytes`.
+    public internal(set) var index = 0
     var depth = 0
     static let maximumDepth = 64
     /// Values the text may still hold.
     var valuesLeft: Int
     let maximumValues: Int
 
-    init(bytes: UnsafeBufferPointer<UInt8>, maximumValues: Int = .max) {
+    /// A parser at the start of `bytes`, which may hold at most `maximumValues` values.
+    public init(bytes: UnsafeBufferPointer<UInt8>, maximumValues: Int = .max) {
         self.bytes = bytes
         self.maximumValues = maximumValues
         self.valuesLeft = maximumValues
@@ -136,9 +145,11 @@ struct JSONParser {
         return value
     }
 
-    func fail(_ reason: String) -> JSONParseError { JSONParseError(reason: reason, offset: index) }
+    /// The error `reason`, at the parser's offset.
+    public func fail(_ reason: String) -> JSONParseError { JSONParseError(reason: reason, offset: index) }
 
-    mutating func skipWhitespace() {
+    /// Moves past the whitespace at `index`.
+    public mutating func skipWhitespace() {
         while index < bytes.count {
             switch bytes[index] {
             case 0x20, 0x09, 0x0A, 0x0D: index += 1
@@ -147,7 +158,8 @@ struct JSONParser {
         }
     }
 
-    mutating func parseValue() throws(JSONParseError) -> JSON {
+    /// Reads the value at `index`, whole.
+    public mutating func parseValue() throws(JSONParseError) -> JSON {
         guard index < bytes.count else { throw fail("unexpected end of input") }
         valuesLeft -= 1
         if valuesLeft < 0 { throw fail("more than \(maximumValues) values") }
@@ -200,7 +212,7 @@ struct JSONParser {
     /// must read whole (`parseValue()`, or `parseMembers` for an object).
     /// Callers that know their members read them straight into their fields,
     /// without building the object's dictionary; each refuses a repeated name.
-    mutating func parseMembers(
+    public mutating func parseMembers(
         _ member: (String, Int, inout JSONParser) throws(JSONParseError) -> Void
     ) throws(JSONParseError) {
         guard index < bytes.count, bytes[index] == UInt8(ascii: "{") else { throw fail("expected an object") }

@@ -1,5 +1,4 @@
 import Glibc
-import VaultCore
 
 /// Reads the common shape of a call in one pass, without building the
 /// dictionaries of a generic parse: a top-level object whose members are

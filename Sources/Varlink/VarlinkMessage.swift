@@ -1,5 +1,4 @@
 import Glibc
-import VaultCore
 
 /// A method call as a Varlink client sends it.
 public struct VarlinkCall: Sendable, Equatable {
@@ -146,8 +145,8 @@ public struct VarlinkParameters: Sendable, Equatable, ExpressibleByDictionaryLit
     }
 
     /// The position of member `name` in `members`, nil when there is none.
-    @inline(__always)
-    func index(of name: String) -> Int? {
+    @inlinable @inline(__always)
+    public func index(of name: String) -> Int? {
         // Lengths first: comparing two strings of different lengths is
         // otherwise the slow path of String's ==.
         let length = name.utf8.count
@@ -329,32 +328,5 @@ public enum VarlinkServiceError {
     /// A streaming method was called without `more`.
     public static func expectedMore() -> VarlinkReply {
         VarlinkReply(error: "org.varlink.service.ExpectedMore")
-    }
-}
-
-extension VaultError {
-    /// The full Varlink error name of this error's code.
-    public var varlinkName: String { "\(VaultInterface.name).\(code.varlinkErrorName)" }
-
-    /// The error as a Varlink reply: its name, the seed-style code (or the
-    /// provider's own, `providerCode`) and the message.
-    public var varlinkReply: VarlinkReply {
-        var parameters: [String: JSON] = ["code": .string(replyCode), "message": .string(message)]
-        if code.declaration.retryAt, let retryAt { parameters["retryAt"] = .int(retryAt.seconds) }
-        return VarlinkReply(error: varlinkName, parameters: parameters)
-    }
-
-    /// Reads a vaultd error back from a Varlink error reply, when it is one.
-    public init?(reply: VarlinkReply) {
-        guard let name = reply.error, name.hasPrefix(VaultInterface.name + "."),
-            let code = VaultError.Code.allCases.first(where: {
-                "\(VaultInterface.name).\($0.varlinkErrorName)" == name
-            })
-        else { return nil }
-        let wireCode = reply.parameters["code"]?.stringValue
-        self.init(
-            code, reply.parameters["message"]?.stringValue ?? name,
-            providerCode: wireCode == code.seedCode ? nil : wireCode)
-        retryAt = reply.parameters["retryAt"]?.integerValue.map(UnixTime.init(seconds:))
     }
 }

@@ -1,5 +1,3 @@
-import VaultCore
-
 /// Writes JSON values straight into a byte buffer, for replies built by hand
 /// on the serving path: the same bytes as `JSON.write(into:)`, with the
 /// common cases (a string that needs no escape, a whole number) copied or
