@@ -38,7 +38,12 @@ reply's raw bytes taken from the client (whose receive buffer is no longer
 zeroed on each read) and a plain success read in place, with no command
 table, JSON values or dictionaries; every other reply
 (errors, escapes, unknown shapes) is decoded and reported by the general code,
-so output and exit codes do not change. That made 0.9 M into 0.17 M. On the
+so output and exit codes do not change. That made 0.9 M into 0.17 M, and the
+target above needs it: a vaultctl built without it (2026-12-03, this step's
+method, 5 rounds of 300 runs) took 1.13× git's median time (1.11–1.64 per
+round; minimums 1.06×) and ran 728,628 instructions against git's 374,129;
+whole processes side by side, it took 1.17× the time and 1.15× the CPU of the
+vaultctl with it (medians of 40 pairs). On the
 server side each `vaultctl token` is a new process, so vaultd writes one audit
 line per call (the first GetToken of each pid); git's daemon logs nothing.
 """

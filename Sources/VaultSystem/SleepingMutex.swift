@@ -7,6 +7,9 @@ import Glibc
 /// is often preempted, and `Synchronization.Mutex`, which spins before it
 /// sleeps on a priority-inheriting futex, then burns the waiter's CPU
 /// (measured: 8 loops on 2 CPUs spent 70% of vaultd's CPU spinning).
+/// GetToken's targets at 32 connections need it: with `Mutex` in its place
+/// vaultd answered 0.14x the C floor's req/s at 5.5x its CPU per call, p99
+/// 7.5 ms (docs/BENCHMARKS.md, "GetToken at 32 connections").
 ///
 /// The value is reached only through `withLock`; its storage never moves.
 public final class SleepingMutex<Value>: @unchecked Sendable {

@@ -135,103 +135,32 @@ public final class Logger: Sendable {
             enqueue(size: size) { self.sendToJournal(severity, message, fields) }
             return
         }
-        func format(into line: inout [UInt8]) {
-            line.append(contentsOf: "vaultd: ".utf8)
-            line.append(contentsOf: severity.name.utf8)
-            line.append(contentsOf: ": ".utf8)
-            line.append(contentsOf: message.utf8)
-            for (key, value) in fields {
-                line.append(UInt8(ascii: " "))
-                line.append(contentsOf: key.utf8)
-                line.append(UInt8(ascii: "="))
-                Logger.appendQuoted(value, to: &line)
-            }
-            line.append(UInt8(ascii: "\n"))
-        }
-        // While held (a serving round), the line is formatted straight into the
-        // held bytes: the audit line of every token read comes this way.
-        let held = heldLines.withLock { held -> Bool in
-            guard holders.load(ordering: .sequentiallyConsistent) > 0, held.bytes.count < Logger.heldLimit else {
-                return false
-            }
-            format(into: &held.bytes)
-            linesHeld.store(true, ordering: .sequentiallyConsistent)
-            // The last holder may have released between the look above and
-            // the store (its look at `linesHeld` saw none held): then nobody
-            // would hand these lines on. Either that release sees the store,
-            // or this look sees its release (both sequentially consistent).
-            if holders.load(ordering: .sequentiallyConsistent) == 0 {
-                handOver(held.take())
-                linesHeld.store(false, ordering: .sequentiallyConsistent)
-            }
-            return true
-        }
-        if held { return }
         var line: [UInt8] = []
         line.reserveCapacity(192)
-        format(into: &line)
-        writeOut(line)
-    }
-
-    /// Lines logged while held wait here, in order, for `release()`.
-    private struct HeldLines {
-        var bytes: [UInt8] = []
-
-        /// The held bytes, leaving none. Nothing is copied or allocated when
-        /// none are held (most serving rounds, now that token handouts are
-        /// counted rather than each written).
-        mutating func take() -> [UInt8] {
-            guard !bytes.isEmpty else { return [] }
-            var taken: [UInt8] = []
-            swap(&taken, &bytes)
-            return taken
+        line.append(contentsOf: "vaultd: ".utf8)
+        line.append(contentsOf: severity.name.utf8)
+        line.append(contentsOf: ": ".utf8)
+        line.append(contentsOf: message.utf8)
+        for (key, value) in fields {
+            line.append(UInt8(ascii: " "))
+            line.append(contentsOf: key.utf8)
+            line.append(UInt8(ascii: "="))
+            Logger.appendQuoted(value, to: &line)
         }
-    }
-    private let heldLines = Mutex(HeldLines())
-    /// Serving loops in a round now (`hold()` without its `release()`). An
-    /// atomic, as is `linesHeld`: every loop asks at every call, and one lock
-    /// taken that often by several loops cost more than the serving (at 8
-    /// loops, 70% of vaultd's CPU spun in it).
-    private let holders = Atomic<Int>(0)
-    /// Whether `heldLines` holds bytes: set under its lock after a line is
-    /// held, cleared under it once they are with the writer.
-    private let linesHeld = Atomic<Bool>(false)
-    /// Held bytes past which a line is written at once (after those held).
-    static let heldLimit = 64 * 1024
-
-    /// Keeps stderr lines in memory until `release()`, so that a burst of lines
-    /// (the audit lines of one serving round) costs one write. Journal entries
-    /// are handed to the writer one by one regardless. Each serving loop
-    /// holds for its round; lines are held while any loop does.
-    public func hold() {
-        holders.wrappingAdd(1, ordering: .sequentiallyConsistent)
+        line.append(UInt8(ascii: "\n"))
+        enqueue(size: line.count) { [line] in Logger.writeAll(line) }
     }
 
-    /// True when lines written since `hold()` wait for a `release()`: a loop
-    /// that sees none held knows its round's lines are with the writer.
-    public var holdsLines: Bool { linesHeld.load(ordering: .acquiring) }
+    /// Lines are handed to the writer as they are logged: nothing is held
+    /// for a serving round (since repeated token handouts are counted, a
+    /// round rarely logs anything).
+    public func hold() {}
 
-    /// Ends one `hold()`, handing every line held so far to the writer
-    /// (another loop's too: a line only ever goes out sooner).
-    public func release() {
-        holders.wrappingSubtract(1, ordering: .sequentiallyConsistent)
-        if linesHeld.load(ordering: .sequentiallyConsistent) { writeOut([]) }
-    }
+    /// Nothing is held (see `hold()`).
+    public func release() {}
 
-    /// Hands `bytes` to the writer, after whatever is still held: under the
-    /// lock, so that lines reach the writer in the order they were taken and
-    /// none a loop saw taken is still on its way.
-    private func writeOut(_ bytes: [UInt8]) {
-        heldLines.withLock { held in
-            handOver(held.take())
-            linesHeld.store(false, ordering: .sequentiallyConsistent)
-            handOver(bytes)
-        }
-    }
-
-    private func handOver(_ bytes: [UInt8]) {
-        if !bytes.isEmpty { enqueue(size: bytes.count) { Logger.writeAll(bytes) } }
-    }
+    /// Never: every line is with the writer once `log` returns.
+    public var holdsLines: Bool { false }
 
     /// Lines go out on this queue, in the order they were handed over, so that
     /// a slow reader of stderr or of the journal blocks it and not the thread
@@ -257,7 +186,6 @@ public final class Logger: Sendable {
     public func flush() {
         let due = counts.withLock { $0.counts.drain() }
         for (kind, count) in due { Audit.write(self, kind, count: count) }
-        writeOut([])
         writer.sync {}
     }
 
