@@ -42,8 +42,6 @@ final class Connection {
     @exclusivity(unchecked) var outputOffset = 0
     /// The peer sent end-of-file: it sends nothing more (it may still read).
     @exclusivity(unchecked) var peerClosedInput = false
-    /// Replies were queued in the current round and wait for its end.
-    @exclusivity(unchecked) var answeredThisRound = false
     /// The caller is root or privileged: it may use the reserved connections.
     @exclusivity(unchecked) var privileged = false
     /// When bytes last went either way (monotonic milliseconds).

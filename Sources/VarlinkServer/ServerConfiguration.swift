@@ -73,15 +73,8 @@ public struct TransportErrors: Sendable {
     }
 }
 
-/// Where the server writes its log lines. Lines written between `hold()` and
-/// `release()` (one loop round) may be handed on together.
+/// Where the server writes its log lines.
 public protocol ServerLog: Sendable {
-    /// Starts holding lines back.
-    func hold()
-    /// Hands on the lines held since `hold()`.
-    func release()
-    /// True when lines written since `hold()` wait for `release()`.
-    var holdsLines: Bool { get }
     /// Something failed.
     func error(_ message: String, _ fields: [String: String])
     /// Something was refused or went wrong for one peer.

@@ -7,17 +7,8 @@ extension ServingLoop {
     /// until a deferred call or a full output queue holds it back.
     func process(_ connection: Connection) {
         answer(connection)
-        // A log line written for this round's calls (an audit line) goes to
-        // the log writer before any reply of the round is sent; without one,
-        // the reply goes now: sent right after its call was read, it reaches
-        // a client still waking from that read (one wakeup, not two).
-        if inRound && log.holdsLines {
-            if !connection.answeredThisRound {
-                connection.answeredThisRound = true
-                answered.append(connection)
-            }
-            return
-        }
+        // Sent right after its call was read, the reply reaches a client
+        // still waking from that read (one wakeup, not two).
         sendAndSettle(connection)
     }
 

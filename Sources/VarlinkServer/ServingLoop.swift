@@ -133,10 +133,7 @@ final class ServingLoop: @unchecked Sendable {
                 break
             }
             now = Monotonic.milliseconds()
-            // One round: answer every ready connection, then hand the round's log
-            // (audit) lines to the log writer in one piece, then send the replies.
             var signalReady = false
-            beginRound()
             for i in 0..<Int(count) {
                 let event = events[i]
                 switch event.data {
@@ -148,7 +145,6 @@ final class ServingLoop: @unchecked Sendable {
                     serve(connection, events: event.events)
                 }
             }
-            endRound()
             if signalReady {
                 let signal = vaultd_signalfd_read(signalFD)
                 if (signal == SIGTERM || signal == SIGINT) && !stopping {
@@ -238,31 +234,6 @@ final class ServingLoop: @unchecked Sendable {
     func complete(_ id: UInt64, _ reply: VarlinkReply?) {
         completions.withLock { $0.append((id, reply)) }
         wake()
-    }
-
-    // MARK: Rounds
-
-    /// Connections answered in this round whose replies wait for `endRound()`.
-    @exclusivity(unchecked) var answered: [Connection] = []
-    @exclusivity(unchecked) var inRound = false
-
-    /// Starts a round: log lines are held and replies queued until its end.
-    private func beginRound() {
-        inRound = true
-        log.hold()
-    }
-
-    /// Ends a round: the held log lines go to the log writer first (one write
-    /// for the round, done off this thread, in order), then the replies are sent.
-    private func endRound() {
-        inRound = false
-        log.release()
-        let round = answered
-        answered.removeAll(keepingCapacity: true)
-        for connection in round {
-            connection.answeredThisRound = false
-            if !connection.isClosed { sendAndSettle(connection) }
-        }
     }
 
     // MARK: Watchdog

@@ -481,9 +481,6 @@ extension String {
 
 /// Logs nothing.
 private struct SilentLog: ServerLog {
-    func hold() {}
-    func release() {}
-    var holdsLines: Bool { false }
     func error(_ message: String, _ fields: [String: String]) {}
     func warning(_ message: String, _ fields: [String: String]) {}
     func notice(_ message: String, _ fields: [String: String]) {}

@@ -151,17 +151,6 @@ public final class Logger: Sendable {
         enqueue(size: line.count) { [line] in Logger.writeAll(line) }
     }
 
-    /// Lines are handed to the writer as they are logged: nothing is held
-    /// for a serving round (since repeated token handouts are counted, a
-    /// round rarely logs anything).
-    public func hold() {}
-
-    /// Nothing is held (see `hold()`).
-    public func release() {}
-
-    /// Never: every line is with the writer once `log` returns.
-    public var holdsLines: Bool { false }
-
     /// Lines go out on this queue, in the order they were handed over, so that
     /// a slow reader of stderr or of the journal blocks it and not the thread
     /// that logged (the serving loop above all).
