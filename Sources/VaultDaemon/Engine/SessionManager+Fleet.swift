@@ -53,6 +53,10 @@ final class FleetWaiter: Sendable {
         }
     }
 
+    /// Whether `wake()` was called: the waiting refresh is under way again,
+    /// though its task may not have resumed yet.
+    var isWoken: Bool { state.withLock { $0.woken } }
+
     /// Ends the wait; later calls do nothing.
     func wake() {
         let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
@@ -126,11 +130,19 @@ extension SessionManager {
     public nonisolated var isFleetHost: Bool { gate.shared != nil }
 
     /// The sessions whose refresh waits for another host's tokens now (tests wait for them).
-    public var waitingForOtherHosts: Set<SessionKey> { Set(fleet?.waiters.keys ?? [:].keys) }
+    public var waitingForOtherHosts: Set<SessionKey> {
+        Set((fleet?.waiters ?? [:]).filter { $0.value.contains { !$0.isWoken } }.keys)
+    }
 
     /// Refreshes under way on this host that do not wait for another host
-    /// (the simulation moves its clock only when there are none).
-    public var fleetRefreshesUnderWay: Int { fleet?.refreshing ?? 0 }
+    /// (the simulation moves its clock only when there are none). A refresh
+    /// counts from when it is decided, and again from when its wait is ended
+    /// (before its task resumes): a clock moved in either gap could end a
+    /// lease with a refresh about to present the token.
+    public var fleetRefreshesUnderWay: Int {
+        guard let fleet else { return 0 }
+        return fleet.refreshing + fleet.waiters.values.reduce(0) { $0 + $1.count { $0.isWoken } }
+    }
 
     /// Follows the shared store's change feed in the background until
     /// shutdown. Call once, after `restore()`; does nothing on a single host.
@@ -358,7 +370,7 @@ extension SessionManager {
         async -> Result<SessionRecord, VaultError>
     {
         let account = key.account
-        fleet?.refreshing += 1
+        // Counted by `refresh`, which decided it.
         defer { fleet?.refreshing -= 1 }
         // Bounded: each pass waits at most one lease.
         for _ in 0..<16 {

@@ -208,6 +208,7 @@ extension SessionManager {
         await handle(key, .refreshStarted)
         let id = entry.id
         let shared = fleet != nil
+        if shared { fleet?.refreshing += 1 }
         let task = Task { () -> Result<SessionRecord, VaultError> in
             shared
                 ? await self.performFleetRefresh(key, entryID: id, provider: provider, snapshot: record)
