@@ -13,20 +13,31 @@ final class GHashTableBox {
 }
 
 /// A GCancellable that cancels itself after a timeout, so no store call can
-/// block the store's queue for ever.
+/// block the store's queue for ever. Its end stops the timer: nothing wakes
+/// for a call that is over.
 final class Cancellable: @unchecked Sendable {
     let pointer: UnsafeMutablePointer<GCancellable>
+    private let timer: any DispatchSourceTimer
 
     init(timeoutSeconds: Int64) {
-        pointer = g_cancellable_new()
-        let box = Unmanaged.passRetained(self)
-        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(Int(timeoutSeconds))) {
-            let cancellable = box.takeRetainedValue()
-            withExtendedLifetime(cancellable) { g_cancellable_cancel(cancellable.pointer) }
-        }
+        let pointer = g_cancellable_new()!
+        self.pointer = pointer
+        // The cancellable's own reference, for the timer, until it is cancelled.
+        g_object_ref(UnsafeMutableRawPointer(pointer))
+        timer = DispatchSource.makeTimerSource(queue: .global())
+        timer.schedule(deadline: .now() + .seconds(Int(timeoutSeconds)))
+        timer.setEventHandler { g_cancellable_cancel(pointer) }
+        timer.setCancelHandler { g_object_unref(UnsafeMutableRawPointer(pointer)) }
+        timer.resume()
     }
 
-    deinit { g_object_unref(UnsafeMutableRawPointer(pointer)) }
+    /// Whether the timeout passed (the call in progress was cancelled).
+    var isCancelled: Bool { g_cancellable_is_cancelled(pointer) != 0 }
+
+    deinit {
+        timer.cancel()
+        g_object_unref(UnsafeMutableRawPointer(pointer))
+    }
 }
 
 /// A GError, read once at the boundary: its message, domain and code, and
