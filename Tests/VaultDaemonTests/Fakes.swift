@@ -538,8 +538,6 @@ final class FakeProvider: TokenProvider, Sendable {
         }) { continuation.resume() }
     }
 
-    var exchangesCredentials: Bool { false }
-
     /// A new grant: the token response a client would bring to `Login`;
     /// `lifetime` nil: its tokens have no expiry, now and after every refresh.
     func grant(lifetime: Int64?) -> (grant: Int, response: JSON) {
@@ -563,7 +561,7 @@ final class FakeProvider: TokenProvider, Sendable {
     /// A client-credentials login, answered as `loginMode` says: a new grant
     /// without a refresh token (the session ends when it expires), a
     /// transient failure, a 429 with Retry-After: 60, or a refusal.
-    func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
+    func login(_ account: Account) async -> RefreshOutcome {
         let at = clock?.preciseNow() ?? 0
         let mode = state.withLock { state -> LoginMode in
             state.loginsInFlight[account, default: 0] += 1

@@ -36,9 +36,7 @@ final class MintingProvider: TokenProvider, Sendable {
         }
     }
 
-    var exchangesCredentials: Bool { true }
-
-    func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
+    func login(_ account: Account) async -> RefreshOutcome {
         .refreshed(mint(), expiresIn: nil)
     }
 
@@ -115,6 +113,17 @@ struct MintingHarness {
 
 @Suite("Tokens a refresh replaced", .timeLimit(.minutes(5)))
 struct ReplacedTokenTests {
+    @Test("Should keep a token the client brings to an exec provider instead of minting one")
+    func heldTokenKept() async throws {
+        let rig = try MintingHarness()
+        let held = "cc-held-" + String(repeating: "h", count: 16)
+        let request = LoginRequest(provider: "mint", user: "alice", token: held)
+        let record = try await rig.manager.login(request, caller: MintingHarness.alice).0
+        #expect(record.tokens.accessToken.revealed == held)
+        #expect(rig.current == held)
+        #expect(rig.provider.state.withLock { $0.minted } == 0, "the helper was asked for a token")
+    }
+
     @Test("Should queue the replaced token's revocation in the store before the attempt, and revoke it alone")
     func replacedToken_queuedThenRevoked() async throws {
         let rig = try MintingHarness()

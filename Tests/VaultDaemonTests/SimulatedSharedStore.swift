@@ -349,9 +349,8 @@ final class HostProvider: TokenProvider, Sendable {
         for continuation in held { continuation.resume(returning: false) }
     }
 
-    var exchangesCredentials: Bool { false }
-    func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
-        await inner.login(account, credential: credential)
+    func login(_ account: Account) async -> RefreshOutcome {
+        await inner.login(account)
     }
     func refresh(_ record: SessionRecord) async -> RefreshOutcome {
         let send = await withCheckedContinuation { continuation in

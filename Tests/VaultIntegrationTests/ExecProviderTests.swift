@@ -182,4 +182,21 @@ struct ExecProviderTests {
         if alive { kill(pid, SIGKILL) }
         #expect(!alive, "the helper's child is left running")
     }
+
+    @Test("Should store the token a client brings to an exec provider, and have the helper mint only when asked")
+    func heldTokenKept() throws {
+        let (fixture, minted) = try loginThroughHelper("held") { _ in
+            """
+            #!/bin/sh
+            cat >/dev/null
+            echo '{"access_token":"minted_token_abcdefghijklmnop"}'
+            """
+        }
+        #expect(minted == "minted_token_abcdefghijklmnop", "--from-provider has the helper mint")
+        let held = "held_token_" + uniqueName("cc")
+        let login = try vaultctl(fixture.socketPath, ["login", "held", "bob"], input: held)
+        #expect(login.status == 0, "\(login.stderr)")
+        let token = try vaultctl(fixture.socketPath, ["token", "held", "bob"]).stdout
+        #expect(token.trimmingCharacters(in: .whitespacesAndNewlines) == held, "the held token was replaced")
+    }
 }

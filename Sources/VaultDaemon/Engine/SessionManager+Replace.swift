@@ -42,7 +42,7 @@ extension SessionManager {
         do throws(VaultError) {
             // The replaced tokens' revocation is queued beside the session.
             if let refusal = revocationRefusal(owner: key.owner) { throw refusal }
-            if let provider = config.providers[key.account.provider], Self.mints(request, provider: provider) {
+            if let provider = config.providers[key.account.provider], Self.asksProvider(request, provider: provider) {
                 try chargeProviderRequest(
                     chargedUID(.peer(caller), owner: key.owner), "the login of \(key.account) at the provider")
             }
@@ -147,10 +147,9 @@ extension SessionManager {
     /// obtained from the provider as a login would (`credentialFromProvider`).
     func replacementRecord(_ request: LoginRequest, key: SessionKey) async throws(VaultError) -> SessionRecord {
         let account = key.account
-        var request = request
         let obtained: LoginCredential?
         switch await credentialFromProvider(
-            &request, account: account, failure: "replacing the tokens of \(account) failed")
+            request, account: account, failure: "replacing the tokens of \(account) failed")
         {
         case .success(let credential): obtained = credential
         case .failure(let refusal): throw refusal.error

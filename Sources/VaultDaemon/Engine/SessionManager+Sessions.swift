@@ -59,7 +59,7 @@ extension SessionManager {
                 request.replace
                 ? entry.machine.replaceRequested()
                 : entry.machine.loginRequested(
-                    asksProvider: Self.mints(request, provider: provider), now: clock.now())
+                    asksProvider: Self.asksProvider(request, provider: provider), now: clock.now())
             entries[key] = entry
             switch action {
             case .backingOff(let backoff):
@@ -134,7 +134,7 @@ extension SessionManager {
                     continue
                 }
                 // Charged once the login goes ahead (a switch above passes here twice).
-                if Self.mints(request, provider: provider) {
+                if Self.asksProvider(request, provider: provider) {
                     do throws(VaultError) {
                         try chargeProviderRequest(
                             chargedUID(.peer(caller), owner: key.owner), "the login of \(account) at the provider")
@@ -160,13 +160,17 @@ extension SessionManager {
 
     /// True when `request` has the provider issue tokens with its own
     /// credential: a login without a token, or any login through an exec
-    /// helper (which acts with the provider's credential, and refreshes with it).
+    /// helper (which refreshes with the provider's credential, even a
+    /// session that began with the client's token).
     static func mints(_ request: LoginRequest, provider: ProviderConfig) -> Bool {
-        switch provider.type {
-        case .static: return false
-        case .exec: return true
-        case .oauth2: return request.token == nil && request.tokenResponse == nil
-        }
+        provider.type == .exec || asksProvider(request, provider: provider)
+    }
+
+    /// True when the login itself asks the provider for tokens: the client
+    /// brought none. A token the client brings is the session's, whatever
+    /// the provider (CometChat's `login(authToken)`).
+    static func asksProvider(_ request: LoginRequest, provider: ProviderConfig) -> Bool {
+        provider.type != .static && request.token == nil && request.tokenResponse == nil
     }
 
     /// Why the provider gave no tokens for a login or a replace: the error for
@@ -178,19 +182,16 @@ extension SessionManager {
     }
 
     /// The tokens a login (or a replace) gets from the provider, when the
-    /// provider mints them (the client brought none, or brought a credential
-    /// the provider exchanges, which is then taken out of `request`); nil when
-    /// the client's own tokens are used. `failure` begins the message of a
-    /// transient failure ("logging alice @ demo in failed").
-    func credentialFromProvider(_ request: inout LoginRequest, account: Account, failure: String) async
+    /// client brought none; nil when the client's own tokens are used.
+    /// `failure` begins the message of a transient failure ("logging alice @
+    /// demo in failed").
+    func credentialFromProvider(_ request: LoginRequest, account: Account, failure: String) async
         -> Result<LoginCredential?, ProviderRefusal>
     {
-        guard let provider = client(for: account.provider) else { return .success(nil) }
-        let exchange = provider.exchangesCredentials && request.tokenResponse == nil
-        guard exchange || (request.token == nil && request.tokenResponse == nil) else { return .success(nil) }
-        let credential = exchange ? request.token.map(Secret.init) : nil
-        request.token = nil
-        switch await provider.login(account, credential: credential) {
+        guard request.token == nil, request.tokenResponse == nil, let provider = client(for: account.provider) else {
+            return .success(nil)
+        }
+        switch await provider.login(account) {
         case .refreshed(let tokens, let expiresIn):
             return .success(LoginCredential(tokens: tokens, expiresIn: expiresIn))
         case .transient(let reason, let retryAfter, let code):
@@ -216,9 +217,8 @@ extension SessionManager {
         SessionRecord, VaultError
     > {
         let account = key.account
-        var request = request
         let obtained: LoginCredential?
-        switch await credentialFromProvider(&request, account: account, failure: "logging \(account) in failed") {
+        switch await credentialFromProvider(request, account: account, failure: "logging \(account) in failed") {
         case .success(let credential): obtained = credential
         case .failure(let refusal):
             return failLogin(

@@ -31,17 +31,9 @@ public struct ExecProvider: TokenProvider {
         "AUTH_ERR_AUTH_TOKEN_NOT_FOUND", "ERR_UID_NOT_FOUND", "ERR_USER_DEACTIVATED", "AUTH_ERR_APIKEY_NOT_FOUND",
     ]
 
-    public func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
-        var input: [String: JSON] = [
-            "action": "login", "provider": .string(account.provider), "user": .string(account.user),
-        ]
-        input["credential"] = credential.map { .string($0.revealed) }
-        return await run(input, credential.map { [$0.revealed] } ?? [])
+    public func login(_ account: Account) async -> RefreshOutcome {
+        await run(["action": "login", "provider": .string(account.provider), "user": .string(account.user)], [])
     }
-
-    /// A token given at login goes to the helper as `credential` (CometChat's
-    /// UID + auth key login); the helper answers with the session's token.
-    public var exchangesCredentials: Bool { true }
 
     public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
         await run(input("refresh", record), secrets(record))

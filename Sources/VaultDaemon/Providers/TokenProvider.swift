@@ -5,12 +5,9 @@ import VaultSystem
 
 /// Where fresh tokens come from for a provider that can log in or refresh.
 public protocol TokenProvider: Sendable {
-    /// Obtains tokens for `account` (client credentials, an exec helper's
-    /// login), with the credential the client gave, if any.
-    func login(_ account: Account, credential: Secret?) async -> RefreshOutcome
-    /// True when a token the client gives is a credential for `login` (an auth
-    /// key for the helper) rather than the session's token itself.
-    var exchangesCredentials: Bool { get }
+    /// Obtains tokens for `account` with the provider's own credential
+    /// (client credentials, an exec helper's login).
+    func login(_ account: Account) async -> RefreshOutcome
     /// New tokens for the session of `record`.
     func refresh(_ record: SessionRecord) async -> RefreshOutcome
     /// True when `refresh` can work for this record.
@@ -38,9 +35,7 @@ extension TokenProvider {
 }
 
 extension OAuth2Client: TokenProvider {
-    public func login(_ account: Account, credential: Secret?) async -> RefreshOutcome { await clientCredentials() }
-
-    public var exchangesCredentials: Bool { false }
+    public func login(_ account: Account) async -> RefreshOutcome { await clientCredentials() }
 
     public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
         guard let refreshToken = record.tokens.refreshToken else {
