@@ -50,6 +50,9 @@ final class FleetSimulation {
         let grant: Int?
         let cutOffAtStart: Bool
         let outcome = Mutex<String?>(nil)
+        /// A login, logout or kick of the same session ran on another host at
+        /// the same time: either may have taken effect last.
+        let contested = Mutex(false)
         init(host: String, key: SessionKey, kind: String, grant: Int?, cutOffAtStart: Bool) {
             self.host = host
             self.key = key
@@ -58,6 +61,7 @@ final class FleetSimulation {
             self.cutOffAtStart = cutOffAtStart
         }
         var finished: String? { outcome.withLock { $0 } }
+        var changesSession: Bool { ["login", "logout", "kick"].contains(kind) }
     }
 
     static let hostNames = ["a", "b", "c"]
@@ -159,6 +163,13 @@ final class FleetSimulation {
     ) -> Operation {
         let operation = Operation(
             host: host.name, key: key, kind: kind, grant: grant, cutOffAtStart: store.isPartitioned(host.name))
+        if operation.changesSession {
+            for other in operations
+            where other.key == key && other.host != host.name && other.changesSession && other.finished == nil {
+                other.contested.withLock { $0 = true }
+                operation.contested.withLock { $0 = true }
+            }
+        }
         operations.append(operation)
         let manager = host.manager
         Task {
@@ -434,6 +445,11 @@ final class FleetSimulation {
                 throw Violation(description: "host \(operation.host) handed out a token the shared store never held")
             }
             trace.append("  \(operation.host): \(operation.kind) \(operation.key) -> \(outcome)")
+            if operation.contested.withLock({ $0 }) {
+                // Its order against the other host's call is not known.
+                uncertain.insert(operation.key)
+                continue
+            }
             switch (operation.kind, outcome) {
             case ("login", "created"):
                 acknowledged[operation.key] = true
