@@ -11,7 +11,7 @@ enum Help {
             "Commands:",
         ]
         let names = CommandTable.commands.map { spec in
-            ([spec.name] + spec.argumentSynopsis).joined(separator: " ")
+            ([spec.name] + spec.positionalSynopsis + (spec.trailing.map { ["-- " + $0] } ?? [])).joined(separator: " ")
         }
         let width = (names.map(\.count).max() ?? 0) + 3
         for (name, spec) in zip(names, CommandTable.commands) {
