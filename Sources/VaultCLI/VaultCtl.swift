@@ -70,11 +70,11 @@ public struct VaultCtl {
             return .ok
         }
         guard let command = invocation.command else {
-            output.out(Help.tool)
+            output.out(Help.tool(width: output.columns()))
             return .ok
         }
         if invocation.wantsHelp {
-            output.out(Help.command(command.spec))
+            output.out(Help.command(command.spec, width: output.columns()))
             return .ok
         }
         json = invocation.globalFlags.contains("--json")
@@ -309,11 +309,11 @@ public struct VaultCtl {
     /// Prints vaultctl's help, or one command's.
     mutating func help(_ command: ParsedCommand) -> ExitCode {
         guard let name = command.arguments.first else {
-            output.out(Help.tool)
+            output.out(Help.tool(width: output.columns()))
             return .ok
         }
         guard let spec = CommandTable.command(name) else { return usage("unknown command '\(name)'") }
-        output.out(Help.command(spec))
+        output.out(Help.command(spec, width: output.columns()))
         return .ok
     }
 
@@ -479,15 +479,30 @@ public struct VaultCtl {
 public struct Output: Sendable {
     let out: @Sendable (String) -> Void
     let err: @Sendable (String) -> Void
+    /// How wide the help texts may be.
+    let columns: @Sendable () -> Int
 
-    /// Writes lines through the given functions.
-    public init(out: @escaping @Sendable (String) -> Void, err: @escaping @Sendable (String) -> Void) {
+    /// Writes lines through the given functions; help is `columns` wide.
+    public init(
+        out: @escaping @Sendable (String) -> Void, err: @escaping @Sendable (String) -> Void,
+        columns: @escaping @Sendable () -> Int = { 80 }
+    ) {
         self.out = out
         self.err = err
+        self.columns = columns
     }
 
-    /// The process's stdout and stderr.
-    public static let standard = Output(out: { write(1, $0 + "\n") }, err: { write(2, $0 + "\n") })
+    /// The process's stdout and stderr; help as wide as the terminal.
+    public static let standard = Output(
+        out: { write(1, $0 + "\n") }, err: { write(2, $0 + "\n") }, columns: { terminalColumns(1) })
+
+    /// The width of the terminal `fd` is, or 80 when it is none (a pipe, a
+    /// file) or says 0 columns. At least 40, so the help stays readable.
+    static func terminalColumns(_ fd: Int32) -> Int {
+        var size = winsize()
+        guard isatty(fd) != 0, ioctl(fd, UInt(TIOCGWINSZ), &size) == 0, size.ws_col > 0 else { return 80 }
+        return max(40, Int(size.ws_col))
+    }
 
     private static func write(_ fd: Int32, _ text: String) {
         var bytes = Array(text.utf8)
