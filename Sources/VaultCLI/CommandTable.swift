@@ -200,7 +200,10 @@ public enum CommandTable {
         CommandSpec(
             name: "list", required: [], optional: [], options: [],
             summary: "every session you may see",
-            details: "Lists every session you may see: provider, user, state, expiry, owner.",
+            details: """
+                Lists every session you may see: provider, user, state, expiry, owner
+                (the user's name, or the uid when no user has it).
+                """,
             examples: [("vaultctl --json list", "the same, as JSON")],
             handler: { ctl, _ in ctl.list() }),
         CommandSpec(

@@ -213,7 +213,7 @@ public struct VaultCtl {
             ("State", session["state"]?.stringValue ?? "-"),
             ("Expires", Format.time(session["expiresAt"]?.integerValue)),
             ("Created", Format.time(session["createdAt"]?.integerValue)),
-            ("Owner uid", session["ownerUid"]?.integerValue.map { String($0) } ?? "-"),
+            ("Owner", session["ownerUid"]?.integerValue.map { ownerName(UInt32(truncatingIfNeeded: $0)) } ?? "-"),
             ("Token", session["token"]?.stringValue ?? "-"),
             ("Refresh token", (session["hasRefreshToken"]?.boolValue ?? false) ? "yes" : "no"),
         ]
@@ -265,11 +265,13 @@ public struct VaultCtl {
             output.out("no sessions")
             return .ok
         }
+        var owners: [UInt32: String] = [:]
+        for uid in Set(sessions.compactMap(\.ownerUID)) { owners[uid] = ownerName(uid) }
         var rows = [["PROVIDER", "USER", "STATE", "EXPIRES", "OWNER"]]
         for s in sessions {
             rows.append([
                 s.account.provider, s.account.user, s.state.rawValue, Format.time(s.expiresAt?.seconds),
-                s.ownerUID.map { String($0) } ?? "-",
+                s.ownerUID.flatMap { owners[$0] } ?? "-",
             ])
         }
         for line in Format.table(rows) { output.out(line) }
@@ -349,16 +351,27 @@ public struct VaultCtl {
             while let event = try stream.next() {
                 output.out(json ? JSON.object(["event": event.json()]).text : describeEvent(event.json()))
             }
-            if case .error(let reply) = stream.end { return report(.reply(reply)) }
-            return .ok
+            switch stream.end {
+            case .error(let reply): return report(.reply(reply))
+            case .closed:
+                output.err("vaultctl: vaultd closed the connection (it stopped or restarted); run watch again")
+                return .unreachable
+            case .finished, nil: return .ok
+            }
         } catch {
             return report(error)
         }
     }
 
+    /// The width of `watch`'s kind column: the longest kind and two spaces.
+    static let kindColumn = (EventKind.allCases.map(\.rawValue.count).max() ?? 0) + 2
+
+    /// One event as `watch` prints it: time, kind and account in columns,
+    /// then what else the event carries.
     func describeEvent(_ event: JSON) -> String {
         var line =
-            "\(Format.time(event["time"]?.integerValue))  \(Format.pad(event["kind"]?.stringValue ?? "?", 17))"
+            "\(Format.time(event["time"]?.integerValue))  "
+            + Format.pad(event["kind"]?.stringValue ?? "?", Self.kindColumn)
             + "\(event["user"]?.stringValue ?? "?") @ \(event["provider"]?.stringValue ?? "?")"
         if let reason = event["reason"]?.stringValue { line += "  reason=\(reason)" }
         if let code = event["code"]?.stringValue { line += "  code=\(code)" }
@@ -426,6 +439,13 @@ public struct VaultCtl {
             output.err("vaultctl: \(error)")
         }
         return .unreachable
+    }
+
+    /// An owner as `list` and `status` show it: the user's name, or the uid
+    /// when no user has it. Looked up as `--owner` is (`UserLookup`), not with
+    /// getpwuid_r: the static vaultctl has no NSS.
+    func ownerName(_ uid: UInt32) -> String {
+        UserLookup.name(uid: uid) ?? String(uid)
     }
 
     func describe(_ session: Session) -> String {
