@@ -12,6 +12,29 @@ struct VaultctlOutputTests {
         return String(cString: entry.pointee.pw_name)
     }
 
+    @Test(
+        "Should wrap help at the width of the terminal it writes to, and at 80 columns into a pipe",
+        .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/script"), "needs script(1) for a terminal"))
+    func helpWidth() throws {
+        // script(1) gives vaultctl a terminal; stty sets its width first.
+        let wide = try runCommand(
+            URL(fileURLWithPath: "/usr/bin/script"),
+            ["-qec", "stty cols 150; \(Binaries.vaultctl.path) help exec", "/dev/null"])
+        #expect(wide.status == 0, "\(wide.stderr)")
+        // The prose between the usage and the examples, which are not broken.
+        let prose = wide.stdout.replacingOccurrences(of: "\r", with: "").components(separatedBy: "\n\n").dropFirst()
+            .joined(separator: "\n\n").components(separatedBy: "\nExamples:\n")[0]
+        let wideLines = prose.split(separator: "\n")
+        // The description's first line fills the terminal's width.
+        #expect((wideLines.first?.count ?? 0) > 120, "\(wide.stdout)")
+        #expect(wideLines.allSatisfy { $0.count <= 150 }, "\(wide.stdout)")
+
+        let piped = try vaultctl("/nonexistent/socket", ["help", "exec"])
+        // Examples are command lines to copy: they are not broken.
+        let pipedLines = piped.stdout.components(separatedBy: "\nExamples:\n")[0].split(separator: "\n")
+        #expect(pipedLines.allSatisfy { $0.count <= 80 } && pipedLines.contains { $0.count > 72 }, "\(piped.stdout)")
+    }
+
     @Test("Should show the owner's user name in list and status")
     func ownerByName() throws {
         let d = try ConfiguredDaemon(config: EventsTests.config)
