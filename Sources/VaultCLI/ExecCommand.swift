@@ -59,6 +59,10 @@ extension VaultCtl {
                 "exec: --on-refresh takes restart, none or signal:NAME (signal:HUP), not '\(actionText)'",
                 command: "exec")
         }
+        let signalGroup = command.has("--signal-group")
+        guard !signalGroup || actionText.hasPrefix("signal:") else {
+            return usage("exec: --signal-group goes with --on-refresh signal:NAME", command: "exec")
+        }
         var grace = 10
         if let text = command.value("--grace") {
             guard let seconds = Int(text), seconds >= 0, seconds <= 3600 else {
@@ -68,7 +72,7 @@ extension VaultCtl {
         }
         var session = ExecSession(
             ctl: self, provider: provider, user: user, variable: variable, action: action,
-            signalGroup: command.has("--signal-group"), graceSeconds: grace, argv: command.trailing)
+            signalGroup: signalGroup, graceSeconds: grace, argv: command.trailing)
         return session.run()
     }
 
