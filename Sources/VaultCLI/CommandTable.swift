@@ -256,7 +256,9 @@ public enum CommandTable {
                 Prints events as they happen, one line each, until interrupted: login,
                 logout, kicks and (with refreshing providers) token changes, for the
                 sessions you may see. --json prints one JSON object per line: first
-                {"sessions":[...]}, then one {"event":{...}} per event. Kinds:
+                {"sessions":[...]}, then one {"event":{...}} per event. When vaultd stops,
+                watch ends with vaultd's error and code (status 1); when the connection
+                just closes (vaultd was killed), it says so and exits 3. Kinds:
                 \(EventKind.allCases.map(\.rawValue).joined(separator: ", ")).
                 """,
             examples: [
