@@ -101,17 +101,19 @@ public struct CommandSpec: Sendable {
     /// Runs the parsed command.
     let handler: @Sendable (inout VaultCtl, ParsedCommand) -> VaultCtl.ExitCode
 
-    /// The arguments and options as the help texts show them:
-    /// `PROVIDER USER [--token-file FILE] [--from-provider]`.
+    /// The arguments and options as the help texts show them, what follows
+    /// `--` last, as it must be typed:
+    /// `PROVIDER USER [--env NAME] -- COMMAND [ARGS...]`.
     public var synopsis: String {
-        (argumentSynopsis + options.map { "[\($0.synopsis)]" }).joined(separator: " ")
+        var parts = positionalSynopsis + options.map { "[\($0.synopsis)]" }
+        if let trailing { parts.append("-- " + trailing) }
+        return parts.joined(separator: " ")
     }
 
     /// The positional part of the synopsis: `PROVIDER USER`, `[COMMAND]`.
-    var argumentSynopsis: [String] {
+    var positionalSynopsis: [String] {
         var parts = required.map(\.name)
         if !optional.isEmpty { parts.append("[" + optional.map(\.name).joined(separator: " ") + "]") }
-        if let trailing { parts.append("-- " + trailing) }
         return parts
     }
 
@@ -198,7 +200,10 @@ public enum CommandTable {
         CommandSpec(
             name: "list", required: [], optional: [], options: [],
             summary: "every session you may see",
-            details: "Lists every session you may see: provider, user, state, expiry, owner.",
+            details: """
+                Lists every session you may see: provider, user, state, expiry, owner
+                (the user's name, or the uid when no user has it).
+                """,
             examples: [("vaultctl --json list", "the same, as JSON")],
             handler: { ctl, _ in ctl.list() }),
         CommandSpec(
@@ -251,7 +256,9 @@ public enum CommandTable {
                 Prints events as they happen, one line each, until interrupted: login,
                 logout, kicks and (with refreshing providers) token changes, for the
                 sessions you may see. --json prints one JSON object per line: first
-                {"sessions":[...]}, then one {"event":{...}} per event. Kinds:
+                {"sessions":[...]}, then one {"event":{...}} per event. When vaultd stops,
+                watch ends with vaultd's error and code (status 1); when the connection
+                just closes (vaultd was killed), it says so and exits 3. Kinds:
                 \(EventKind.allCases.map(\.rawValue).joined(separator: ", ")).
                 """,
             examples: [
@@ -267,6 +274,7 @@ public enum CommandTable {
                 .value(
                     "--on-refresh", "ACTION", .suggest(["restart", "none", "signal:HUP", "signal:USR1"]),
                     "on a new token: restart the command (default), send it signal:NAME, or none"),
+                .flag("--signal-group", "send the signal:NAME of --on-refresh to COMMAND's whole process group"),
                 .value("--grace", "SECONDS", .text, "how long a stopped command may take before SIGKILL (default 10)"),
             ],
             summary: "run a command with the token in its environment, kept in step with the session",
@@ -276,7 +284,9 @@ public enum CommandTable {
                 stays subscribed to the session. When the token is refreshed, it
                 restarts COMMAND with the new one (SIGTERM, then SIGKILL after the grace
                 time), sends it a signal (signal:HUP; the command then reads the token
-                with `vaultctl token`), or leaves it alone (none). When the session
+                with `vaultctl token`), or leaves it alone (none). The signal goes to
+                COMMAND's process only, not to the programs it started, unless
+                --signal-group sends it to COMMAND's whole process group. When the session
                 ends (logout, kick, an invalid or expired token) it stops COMMAND and
                 exits with status 75. SIGINT, SIGTERM and SIGHUP are passed on to
                 COMMAND; otherwise vaultctl exits with COMMAND's own status. If vaultd

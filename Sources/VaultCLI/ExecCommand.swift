@@ -59,6 +59,10 @@ extension VaultCtl {
                 "exec: --on-refresh takes restart, none or signal:NAME (signal:HUP), not '\(actionText)'",
                 command: "exec")
         }
+        let signalGroup = command.has("--signal-group")
+        guard !signalGroup || actionText.hasPrefix("signal:") else {
+            return usage("exec: --signal-group goes with --on-refresh signal:NAME", command: "exec")
+        }
         var grace = 10
         if let text = command.value("--grace") {
             guard let seconds = Int(text), seconds >= 0, seconds <= 3600 else {
@@ -67,8 +71,8 @@ extension VaultCtl {
             grace = seconds
         }
         var session = ExecSession(
-            ctl: self, provider: provider, user: user, variable: variable, action: action, graceSeconds: grace,
-            argv: command.trailing)
+            ctl: self, provider: provider, user: user, variable: variable, action: action,
+            signalGroup: signalGroup, graceSeconds: grace, argv: command.trailing)
         return session.run()
     }
 
@@ -92,6 +96,10 @@ struct ExecSession {
     let user: String
     let variable: String
     let action: RefreshAction
+    /// Whether `signal:NAME` goes to the command's whole process group, not
+    /// to the command alone: its own children may die of a signal they do not
+    /// expect (SIGHUP's default is to end a process).
+    let signalGroup: Bool
     let graceSeconds: Int
     let argv: [String]
 
@@ -101,14 +109,15 @@ struct ExecSession {
     private var signalRead: Int32 = -1
 
     init(
-        ctl: VaultCtl, provider: String, user: String, variable: String, action: RefreshAction, graceSeconds: Int,
-        argv: [String]
+        ctl: VaultCtl, provider: String, user: String, variable: String, action: RefreshAction, signalGroup: Bool,
+        graceSeconds: Int, argv: [String]
     ) {
         self.ctl = ctl
         self.provider = provider
         self.user = user
         self.variable = variable
         self.action = action
+        self.signalGroup = signalGroup
         self.graceSeconds = graceSeconds
         self.argv = argv
     }
@@ -188,7 +197,7 @@ struct ExecSession {
                         }
                         if let outcome = tokenMayHaveChanged() { return outcome }
                     case .ended(let why):
-                        ctl.output.err("vaultctl: lost the connection to vaultd (\(why)); reconnecting")
+                        ctl.output.err("vaultctl: lost the connection to vaultd: \(why); reconnecting")
                         pump = nil
                         reconnectDelay = 1
                         reconnectAt = Self.nowMilliseconds() + 1000
@@ -235,7 +244,7 @@ struct ExecSession {
         case .none:
             return nil
         case .signal(let number):
-            kill(-child, number)
+            kill(signalGroup ? -child : child, number)
             return nil
         case .restart:
             guard let token else { return nil }
@@ -406,12 +415,12 @@ final class EventPump: @unchecked Sendable {
             let item: Item
             do throws(VaultClientError) {
                 guard let event = try stream.next() else {
-                    push(.ended(stream.end.map { "\($0)" } ?? "closed"))
+                    push(.ended(stream.end?.description ?? "vaultd closed the connection"))
                     return
                 }
                 item = .event(event)
             } catch {
-                push(.ended(error.message))
+                push(.ended(error.description))
                 return
             }
             push(item)

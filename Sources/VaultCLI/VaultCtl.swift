@@ -70,11 +70,11 @@ public struct VaultCtl {
             return .ok
         }
         guard let command = invocation.command else {
-            output.out(Help.tool)
+            output.out(Help.tool(width: output.columns()))
             return .ok
         }
         if invocation.wantsHelp {
-            output.out(Help.command(command.spec))
+            output.out(Help.command(command.spec, width: output.columns()))
             return .ok
         }
         json = invocation.globalFlags.contains("--json")
@@ -213,7 +213,7 @@ public struct VaultCtl {
             ("State", session["state"]?.stringValue ?? "-"),
             ("Expires", Format.time(session["expiresAt"]?.integerValue)),
             ("Created", Format.time(session["createdAt"]?.integerValue)),
-            ("Owner uid", session["ownerUid"]?.integerValue.map { String($0) } ?? "-"),
+            ("Owner", session["ownerUid"]?.integerValue.map { ownerName(UInt32(truncatingIfNeeded: $0)) } ?? "-"),
             ("Token", session["token"]?.stringValue ?? "-"),
             ("Refresh token", (session["hasRefreshToken"]?.boolValue ?? false) ? "yes" : "no"),
         ]
@@ -265,11 +265,13 @@ public struct VaultCtl {
             output.out("no sessions")
             return .ok
         }
+        var owners: [UInt32: String] = [:]
+        for uid in Set(sessions.compactMap(\.ownerUID)) { owners[uid] = ownerName(uid) }
         var rows = [["PROVIDER", "USER", "STATE", "EXPIRES", "OWNER"]]
         for s in sessions {
             rows.append([
                 s.account.provider, s.account.user, s.state.rawValue, Format.time(s.expiresAt?.seconds),
-                s.ownerUID.map { String($0) } ?? "-",
+                s.ownerUID.flatMap { owners[$0] } ?? "-",
             ])
         }
         for line in Format.table(rows) { output.out(line) }
@@ -309,11 +311,11 @@ public struct VaultCtl {
     /// Prints vaultctl's help, or one command's.
     mutating func help(_ command: ParsedCommand) -> ExitCode {
         guard let name = command.arguments.first else {
-            output.out(Help.tool)
+            output.out(Help.tool(width: output.columns()))
             return .ok
         }
         guard let spec = CommandTable.command(name) else { return usage("unknown command '\(name)'") }
-        output.out(Help.command(spec))
+        output.out(Help.command(spec, width: output.columns()))
         return .ok
     }
 
@@ -349,16 +351,27 @@ public struct VaultCtl {
             while let event = try stream.next() {
                 output.out(json ? JSON.object(["event": event.json()]).text : describeEvent(event.json()))
             }
-            if case .error(let reply) = stream.end { return report(.reply(reply)) }
-            return .ok
+            switch stream.end {
+            case .error(let reply): return report(.reply(reply))
+            case .closed:
+                output.err("vaultctl: vaultd closed the connection (it stopped or restarted); run watch again")
+                return .unreachable
+            case .finished, nil: return .ok
+            }
         } catch {
             return report(error)
         }
     }
 
+    /// The width of `watch`'s kind column: the longest kind and two spaces.
+    static let kindColumn = (EventKind.allCases.map(\.rawValue.count).max() ?? 0) + 2
+
+    /// One event as `watch` prints it: time, kind and account in columns,
+    /// then what else the event carries.
     func describeEvent(_ event: JSON) -> String {
         var line =
-            "\(Format.time(event["time"]?.integerValue))  \(Format.pad(event["kind"]?.stringValue ?? "?", 17))"
+            "\(Format.time(event["time"]?.integerValue))  "
+            + Format.pad(event["kind"]?.stringValue ?? "?", Self.kindColumn)
             + "\(event["user"]?.stringValue ?? "?") @ \(event["provider"]?.stringValue ?? "?")"
         if let reason = event["reason"]?.stringValue { line += "  reason=\(reason)" }
         if let code = event["code"]?.stringValue { line += "  code=\(code)" }
@@ -428,6 +441,13 @@ public struct VaultCtl {
         return .unreachable
     }
 
+    /// An owner as `list` and `status` show it: the user's name, or the uid
+    /// when no user has it. Looked up as `--owner` is (`UserLookup`), not with
+    /// getpwuid_r: the static vaultctl has no NSS.
+    func ownerName(_ uid: UInt32) -> String {
+        UserLookup.name(uid: uid) ?? String(uid)
+    }
+
     func describe(_ session: Session) -> String {
         let expires = session.expiresAt.map { ", expires \(Format.time($0.seconds))" } ?? ""
         return "\(session.account.user) @ \(session.account.provider)\(expires)"
@@ -479,15 +499,30 @@ public struct VaultCtl {
 public struct Output: Sendable {
     let out: @Sendable (String) -> Void
     let err: @Sendable (String) -> Void
+    /// How wide the help texts may be.
+    let columns: @Sendable () -> Int
 
-    /// Writes lines through the given functions.
-    public init(out: @escaping @Sendable (String) -> Void, err: @escaping @Sendable (String) -> Void) {
+    /// Writes lines through the given functions; help is `columns` wide.
+    public init(
+        out: @escaping @Sendable (String) -> Void, err: @escaping @Sendable (String) -> Void,
+        columns: @escaping @Sendable () -> Int = { 80 }
+    ) {
         self.out = out
         self.err = err
+        self.columns = columns
     }
 
-    /// The process's stdout and stderr.
-    public static let standard = Output(out: { write(1, $0 + "\n") }, err: { write(2, $0 + "\n") })
+    /// The process's stdout and stderr; help as wide as the terminal.
+    public static let standard = Output(
+        out: { write(1, $0 + "\n") }, err: { write(2, $0 + "\n") }, columns: { terminalColumns(1) })
+
+    /// The width of the terminal `fd` is, or 80 when it is none (a pipe, a
+    /// file) or says 0 columns. At least 40, so the help stays readable.
+    static func terminalColumns(_ fd: Int32) -> Int {
+        var size = winsize()
+        guard isatty(fd) != 0, ioctl(fd, UInt(TIOCGWINSZ), &size) == 0, size.ws_col > 0 else { return 80 }
+        return max(40, Int(size.ws_col))
+    }
 
     private static func write(_ fd: Int32, _ text: String) {
         var bytes = Array(text.utf8)

@@ -1,4 +1,5 @@
 import Glibc
+import Varlink
 import VaultCore
 import VaultProtocol
 import VaultSystem
@@ -38,6 +39,31 @@ public enum UserLookup {
         return uidFromUserDatabase(named: name, directory: userDatabase, timeoutSeconds: timeoutSeconds)
     }
 
+    /// The name of the user with `uid`, or nil when neither the password file
+    /// nor the user database knows one; looked up as `uid(named:)` is.
+    public static func name(
+        uid: uid_t, passwd: String = passwdPath, userDatabase: String = userDatabaseDirectory,
+        timeoutSeconds: Int = 5
+    ) -> String? {
+        if let bytes = try? Files.read(passwd, limit: 64 << 20),
+            let name = name(uid: uid, inPasswd: String(decoding: bytes, as: UTF8.self))
+        {
+            return name
+        }
+        return askUserDatabase(
+            ["uid": .int(Int64(uid))], directory: userDatabase, timeoutSeconds: timeoutSeconds
+        )?.userName
+    }
+
+    /// The name on the first line of a password file's text whose uid is `uid`.
+    static func name(uid: uid_t, inPasswd text: String) -> String? {
+        for line in text.split(separator: "\n") {
+            let fields = line.split(separator: ":", maxSplits: 3, omittingEmptySubsequences: false)
+            if fields.count >= 3, !fields[0].isEmpty, UInt32(fields[2]) == uid { return String(fields[0]) }
+        }
+        return nil
+    }
+
     /// The uid on the line of `name` in a password file's text
     /// (`name:password:uid:gid:gecos:home:shell`).
     static func uid(named name: String, inPasswd text: String) -> uid_t? {
@@ -48,10 +74,18 @@ public enum UserLookup {
         return nil
     }
 
-    /// Asks systemd's user-record services in `directory` for `name`:
-    /// the multiplexer alone when it runs, else each service in turn (at most
-    /// 16), as nss-systemd does. Only services served by root are asked.
+    /// Asks systemd's user-record services in `directory` for `name`'s uid.
     static func uidFromUserDatabase(named name: String, directory: String, timeoutSeconds: Int) -> uid_t? {
+        askUserDatabase(["userName": .string(name)], directory: directory, timeoutSeconds: timeoutSeconds)?.uid
+    }
+
+    /// Asks systemd's user-record services in `directory` for the record that
+    /// `query` names (`userName` or `uid`): the multiplexer alone when it runs,
+    /// else each service in turn (at most 16), as nss-systemd does. Only
+    /// services served by root are asked.
+    static func askUserDatabase(_ query: [String: JSON], directory: String, timeoutSeconds: Int)
+        -> (userName: String, uid: uid_t)?
+    {
         let services: [String]
         if Files.exists(directory + "/" + multiplexer) {
             services = [multiplexer]
@@ -59,19 +93,20 @@ public enum UserLookup {
             services = Array(((try? Files.list(directory)) ?? []).prefix(16))
         }
         for service in services {
-            if let uid = askUserDatabase(
-                service: service, path: directory + "/" + service, name: name, timeoutSeconds: timeoutSeconds)
+            if let record = askUserDatabase(
+                service: service, path: directory + "/" + service, query: query, timeoutSeconds: timeoutSeconds)
             {
-                return uid
+                return record
             }
         }
         return nil
     }
 
     /// One `io.systemd.UserDatabase.GetUserRecord` call; nil on any error
-    /// (`NoRecordFound`, a service that is not running, a record without a uid).
-    private static func askUserDatabase(service: String, path: String, name: String, timeoutSeconds: Int)
-        -> uid_t?
+    /// (`NoRecordFound`, a service that is not running, a record without a
+    /// uid, or one that does not match the query).
+    private static func askUserDatabase(service: String, path: String, query: [String: JSON], timeoutSeconds: Int)
+        -> (userName: String, uid: uid_t)?
     {
         // Trusted: root (PID 1, systemd-userdbd, systemd-homed) or this user.
         guard
@@ -79,11 +114,12 @@ public enum UserLookup {
                 path: path, timeoutSeconds: timeoutSeconds, connectTimeoutSeconds: timeoutSeconds,
                 serviceUID: { nil }),
             let reply = try? client.call(
-                "io.systemd.UserDatabase.GetUserRecord", ["userName": .string(name), "service": .string(service)]),
+                "io.systemd.UserDatabase.GetUserRecord", query.merging(["service": .string(service)]) { $1 }),
             reply.error == nil,
-            let record = reply.parameters["record"], record["userName"]?.stringValue == name,
+            let record = reply.parameters["record"], let userName = record["userName"]?.stringValue,
             let uid = record["uid"]?.integerValue, uid >= 0, uid < Int64(UInt32.max)
         else { return nil }
-        return uid_t(uid)
+        for (key, value) in query where record[key] != value { return nil }
+        return (userName, uid_t(uid))
     }
 }

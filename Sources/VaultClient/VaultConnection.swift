@@ -480,7 +480,7 @@ public final class VaultConnection {
 /// connection's receive timeout, if it has one.
 public final class VaultEventStream {
     /// Why a stream ended.
-    public enum End: Sendable, Equatable {
+    public enum End: Sendable, Equatable, CustomStringConvertible {
         /// vaultd closed the connection (it stopped, or dropped the subscriber).
         case closed
         /// vaultd ended the stream with this error: `SubscriberTooSlow`, or
@@ -488,6 +488,15 @@ public final class VaultEventStream {
         case error(VarlinkErrorReply)
         /// vaultd sent a last reply that does not continue the stream.
         case finished
+
+        /// Why, as a sentence: an error's message and code.
+        public var description: String {
+            switch self {
+            case .closed: return "vaultd closed the connection"
+            case .error(let reply): return reply.description
+            case .finished: return "vaultd ended the stream"
+            }
+        }
     }
 
     /// The connection the stream holds.

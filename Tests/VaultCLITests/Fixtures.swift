@@ -15,20 +15,21 @@ private final class Capture: Sendable {
     let out = Mutex<[String]>([])
     let err = Mutex<[String]>([])
 
-    var output: Output {
+    func output(columns: Int) -> Output {
         Output(
             out: { line in self.out.withLock { $0.append(line) } },
-            err: { line in self.err.withLock { $0.append(line) } })
+            err: { line in self.err.withLock { $0.append(line) } }, columns: { columns })
     }
 }
 
 /// A socket path nothing listens on, so no test reaches a real vaultd.
 let noSocket = "/nonexistent/vaultctl-tests/socket"
 
-/// Runs vaultctl in this process with `arguments`, its output captured.
-func ctl(_ arguments: [String]) -> CtlResult {
+/// Runs vaultctl in this process with `arguments`, its output captured, as
+/// on a terminal `columns` wide.
+func ctl(_ arguments: [String], columns: Int = 80) -> CtlResult {
     let capture = Capture()
-    var vaultctl = VaultCtl(output: capture.output)
+    var vaultctl = VaultCtl(output: capture.output(columns: columns))
     let status = vaultctl.run(arguments)
     return CtlResult(
         status: status,

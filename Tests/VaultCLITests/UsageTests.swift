@@ -119,7 +119,9 @@ struct UsageTests {
         #expect(late.stderr.contains(noSocket))
     }
 
-    @Test("Should refuse an exec without a command after --, or with a bad --env, --on-refresh or --grace")
+    @Test(
+        "Should refuse an exec without a command after --, with a bad --env, --on-refresh or --grace, or a lone --signal-group"
+    )
     func execUsage() {
         expectUsage(["exec", "demo", "alice"], "exec needs -- COMMAND [ARGS...] at the end", help: "exec")
         expectUsage(["exec", "demo", "alice", "--"], "exec needs -- COMMAND [ARGS...] at the end", help: "exec")
@@ -130,6 +132,9 @@ struct UsageTests {
         ] {
             expectUsage(["exec", option, value, "demo", "alice", "--", "true"], "exec: \(option)", help: "exec")
         }
+        expectUsage(
+            ["exec", "--signal-group", "demo", "alice", "--", "true"],
+            "exec: --signal-group goes with --on-refresh signal:NAME", help: "exec")
         // Options after -- belong to the command, not to vaultctl.
         let result = ctl(["--socket", noSocket, "exec", "demo", "alice", "--", "env", "--no-such-option", "-h"])
         #expect(result.status == .unreachable, "\(result.stderr)")

@@ -64,6 +64,23 @@ struct UserLookupTests {
         }
     }
 
+    @Test("Should name a uid from the password file, else from systemd's user database (a DynamicUser)")
+    func nameOfUID() throws {
+        try Self.withDirectory { dir in
+            try Self.passwd.write(toFile: dir + "/passwd", atomically: true, encoding: .utf8)
+            let userdb = dir + "/userdb"
+            try FileManager.default.createDirectory(atPath: userdb, withIntermediateDirectories: true)
+            let server = try FakeUserDatabase(
+                path: userdb + "/io.systemd.DynamicUser", records: ["vaultd": 61234], connections: 2)
+            #expect(UserLookup.name(uid: 1000, passwd: dir + "/passwd", userDatabase: userdb) == "alice")
+            #expect(UserLookup.name(uid: 61234, passwd: dir + "/passwd", userDatabase: userdb) == "vaultd")
+            #expect(UserLookup.name(uid: 4321, passwd: dir + "/passwd", userDatabase: userdb) == nil)
+            let calls = server.finish()
+            #expect(calls.count == 2, "the password file answered for 1000: \(calls)")
+            #expect(calls.first?.contains("\"uid\":61234") == true, "\(calls)")
+        }
+    }
+
     @Test("Should ask only the multiplexer when systemd-userdbd runs")
     func multiplexerFirst() throws {
         try Self.withDirectory { dir in
@@ -107,7 +124,9 @@ final class FakeUserDatabase: @unchecked Sendable {
                 let text = String(decoding: message, as: UTF8.self)
                 lock.withLock { calls.append(text) }
                 let reply: String
-                if let (name, uid) = records.first(where: { text.contains("\"userName\":\"\($0.key)\"") }) {
+                if let (name, uid) = records.first(where: {
+                    text.contains("\"userName\":\"\($0.key)\"") || text.contains("\"uid\":\($0.value)")
+                }) {
                     reply =
                         "{\"parameters\":{\"record\":{\"userName\":\"\(name)\",\"uid\":\(uid),\"gid\":\(uid)},\"incomplete\":false}}"
                 } else {

@@ -97,6 +97,69 @@ struct ExecTests {
         #expect(try reap(process) == 128 + SIGTERM, "the command's own status: killed by SIGTERM")
     }
 
+    /// Runs `exec --on-refresh signal:HUP` (and `extra`) with a command that
+    /// traps SIGHUP and starts a grandchild that traps SIGUSR1 (and, with
+    /// `grandchildTrapsHUP`, SIGHUP), refreshes once, and returns the log's
+    /// lines once the command logged `hup`, the grandchild's pid, and the
+    /// running vaultctl.
+    func refreshSignalsFamily(_ extra: [String], grandchildTrapsHUP: Bool) async throws -> (
+        log: String, lines: [String], grandchild: pid_t, stop: () throws -> Int32
+    ) {
+        // Tokens that live an hour: only the test's own refreshes happen.
+        let server = try TokenServer(["--lifetime", "3600"])
+        let (fixture, user) = try await start(server)
+        let out = fixture.directory.path("log")
+        let grandchildHUP = grandchildTrapsHUP ? "trap \"echo grandchild-hup >> \(out)\" HUP; " : ""
+        let grandchild =
+            "/bin/sh -c '\(grandchildHUP)trap \"echo usr1 >> \(out)\" USR1; echo \"grandchild $$\" >> \(out); "
+            + "while :; do sleep 1 & wait $!; done' &"
+        let (process, _, stderr) = try startInterruptible(
+            Binaries.vaultctl.path,
+            ["--socket", fixture.socketPath, "exec", "--on-refresh", "signal:HUP"] + extra + [
+                "oauth", user, "--", "/bin/sh", "-c",
+                "trap 'echo hup >> \(out)' HUP; \(grandchild) echo \"start $VAULTD_TOKEN\" >> \(out); "
+                    + "while :; do sleep 1 & wait $!; done",
+            ])
+        let started = try await eventually({ lines(out) }, until: { $0.count == 2 })
+        let pid = started.compactMap { $0.hasPrefix("grandchild ") ? pid_t($0.dropFirst(11)) : nil }.first
+        guard let pid else {
+            kill(process.processIdentifier, SIGKILL)
+            throw HarnessError("the grandchild did not start: \(started) \(stderr.text)")
+        }
+        #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
+        let after = try await eventually({ lines(out) }, until: { $0.contains("hup") })
+        #expect(after.contains("hup"), "the command got SIGHUP: \(after) \(stderr.text)")
+        return (
+            out, after, pid,
+            {
+                // SIGTERM goes on to the command's group; vaultctl ends with the command.
+                kill(process.processIdentifier, SIGTERM)
+                withExtendedLifetime(fixture) {}
+                return try reap(process)
+            }
+        )
+    }
+
+    /// Should send the --on-refresh signal to the command alone: a
+    /// grandchild that does not expect SIGHUP (whose default ends a process)
+    /// lives on and still answers.
+    @Test func signalsTheCommandAlone() async throws {
+        let run = try await refreshSignalsFamily([], grandchildTrapsHUP: false)
+        #expect(kill(run.grandchild, SIGUSR1) == 0, "the grandchild is there")
+        let answered = try await eventually({ lines(run.log) }, until: { $0.contains("usr1") })
+        #expect(answered.contains("usr1"), "the grandchild lived through the refresh: \(answered)")
+        #expect(try run.stop() == 128 + SIGTERM)
+    }
+
+    /// Should send the --on-refresh signal to the command's whole process
+    /// group with --signal-group.
+    @Test func signalsTheGroupWithSignalGroup() async throws {
+        let run = try await refreshSignalsFamily(["--signal-group"], grandchildTrapsHUP: true)
+        let both = try await eventually({ lines(run.log) }, until: { $0.contains("grandchild-hup") })
+        #expect(both.contains("grandchild-hup"), "the grandchild got SIGHUP too: \(both)")
+        #expect(try run.stop() == 128 + SIGTERM)
+    }
+
     /// Should exit with the command's own status when it ends by itself.
     @Test func passesTheCommandsStatus() async throws {
         // Tokens that live an hour: only the test's own refreshes happen.
