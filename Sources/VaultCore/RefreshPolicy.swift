@@ -56,6 +56,35 @@ public enum RefreshPolicy {
     }
 }
 
+/// How a session's tokens are renewed ahead of their expiry, at the point
+/// `SessionTimers` schedules a refresh, through the same single flight.
+public enum Renewal: Sendable, Equatable {
+    /// The provider refreshes the session (a refresh token, an exec helper).
+    case refresh
+    /// The session holds nothing to refresh with, but vaultd keeps the
+    /// account logged in on its own (`AutoLogin=yes`): the provider mints
+    /// the next token as at a login (client credentials), ahead of expiry,
+    /// so that readers see `tokenRefreshed` and never a gap.
+    case mint
+    /// Neither: the session ends when its token expires.
+    case none
+
+    /// How the session is renewed. `refreshes`: the provider can refresh it;
+    /// `mints`: the provider issues tokens with its own credential (oauth2,
+    /// exec); `keptAlive`: the account is `AutoLogin=yes` and the session is
+    /// the one vaultd logs in for it (its `Owner=`'s, or vaultd's own).
+    /// A session a client logged in with a token of its own and no refresh
+    /// token is not minted for unless vaultd keeps its account alive: at its
+    /// expiry vaultd would log that account in itself anyway.
+    public static func of(refreshes: Bool, mints: Bool, keptAlive: Bool) -> Renewal {
+        if refreshes { return .refresh }
+        return mints && keptAlive ? .mint : .none
+    }
+
+    /// True when the session is renewed at all: its timers schedule a refresh.
+    public var renews: Bool { self != .none }
+}
+
 /// Whether a refresh a client asked for (`Refresh`, or `GetToken` wanting a
 /// fresher token) may ask the provider now. One local user must not be able
 /// to make vaultd hammer a token endpoint with its shared client

@@ -3,6 +3,7 @@
 
 Run:  python3 token_server.py --port 0 [--lifetime 5] [--client-id ID]
           [--client-secret S] [--omit-expires-in] [--salesforce] [--no-rotate]
+          [--no-client-refresh-token]
           [--tls-cert CERT.pem --tls-key KEY.pem]
 Binds 127.0.0.1 only, prints one line `LISTENING http://127.0.0.1:PORT` to
 stdout (`LISTENING https://...` with --tls-cert: TLS with that certificate), then serves until SIGTERM/SIGINT (exit status 0). One log line per
@@ -10,7 +11,8 @@ request goes to stderr; tokens are only ever shown as their first 6 chars + "…
 
 Endpoints
   POST /token     RFC 6749, form-encoded. grant_type=client_credentials
-                  (client_id, client_secret) or grant_type=refresh_token
+                  (client_id, client_secret; no refresh token with
+                  --no-client-refresh-token) or grant_type=refresh_token
                   (refresh_token, client_id). Client auth may also be HTTP Basic.
                   Refresh rotates the refresh token; presenting a rotated-away
                   one gives 400 invalid_grant "refresh token reused" and revokes
@@ -136,13 +138,13 @@ class State:
         return mode
 
     # --- tokens (call with the lock held) ---
-    def issue(self, grant, rotate=True):
+    def issue(self, grant, rotate=True, refresh_token=True):
         lifetime = self.config.lifetime
         at = "at_" + secrets.token_urlsafe(24)
         self.access[at] = {"grant": grant, "expires": time.monotonic() + lifetime, "revoked": False}
         grant.current_access = at
         new_rt = None
-        if rotate or grant.current_refresh is None:
+        if refresh_token and (rotate or grant.current_refresh is None):
             if grant.current_refresh is not None:
                 self.refresh[grant.current_refresh]["state"] = "used"
             new_rt = "rt_" + secrets.token_urlsafe(24)
@@ -461,7 +463,7 @@ class Handler(BaseHTTPRequestHandler):
             with st.lock:
                 grant = Grant(secrets.token_hex(8), client_id, form.get("scope"))
                 st.grants[grant.grant_id] = grant
-                body = st.issue(grant)
+                body = st.issue(grant, refresh_token=not cfg.no_client_refresh_token)
         elif grant_type == "refresh_token":
             rt = form.get("refresh_token")
             if not rt:
@@ -616,6 +618,8 @@ def main():
     parser.add_argument("--salesforce", action="store_true", help="add issued_at (ms, string), instance_url and id")
     parser.add_argument("--no-rotate", action="store_true",
                         help="refresh responses carry no refresh_token; the old one stays valid")
+    parser.add_argument("--no-client-refresh-token", action="store_true",
+                        help="client credentials responses carry no refresh_token (RFC 6749 4.4.3)")
     parser.add_argument("--tls-cert", default=None, help="serve TLS with this PEM certificate")
     parser.add_argument("--tls-key", default=None, help="the private key of --tls-cert (PEM)")
     config = parser.parse_args()

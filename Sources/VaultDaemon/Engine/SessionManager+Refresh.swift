@@ -181,11 +181,11 @@ extension SessionManager {
                 .networkError,
                 "refreshing \(account) failed (\(status.lastError ?? "unknown error")); the next try is at \(retryAt)")
         }
-        guard let provider = client(for: account.provider) else {
+        guard client(for: account.provider) != nil else {
             throw VaultError(
                 .tokenExpired, "provider '\(account.provider)' cannot refresh tokens; log \(account) in again")
         }
-        guard provider.canRefresh(record) else {
+        guard let provider = renewer(for: record) else {
             throw VaultError(.tokenExpired, "\(account) has no refresh token; log in again")
         }
         guard !entry.timers.refused else {
@@ -218,6 +218,24 @@ extension SessionManager {
         return try await task.value.get()
     }
 
+    /// The token source that renews the session of `record` ahead of its
+    /// expiry (`Renewal`): the provider, when it can refresh the session; the
+    /// provider minting anew (`MintingRenewal`), for the session of an
+    /// account vaultd keeps logged in itself (`AutoLogin=yes`) that holds
+    /// nothing to refresh with; else nil, and the session ends at its expiry.
+    func renewer(for record: SessionRecord) -> (any TokenProvider)? {
+        // Every provider with a token source issues tokens with its own
+        // credential (client credentials, an exec helper); a static one has none.
+        guard let provider = client(for: record.account.provider) else { return nil }
+        let account = record.account
+        let keptAlive = config.accounts[account]?.autoLogin == true && autoLoginKey(account) == record.key
+        switch Renewal.of(refreshes: provider.canRefresh(record), mints: true, keptAlive: keptAlive) {
+        case .refresh: return provider
+        case .mint: return MintingRenewal(provider)
+        case .none: return nil
+        }
+    }
+
     /// `refresh` for a caller that needs the new token, not the refresh's
     /// acknowledgement (GetToken, a client's report of a rejected token):
     /// tokens refreshed from `record` and not yet in a fleet's shared store
@@ -238,7 +256,7 @@ extension SessionManager {
         TokenHandout.Facts(
             account: record.account, expiresAt: record.expiresAt,
             issuedAt: record.tokens.issuedAt ?? record.createdAt, lastRefreshAt: entry.timers.status.lastRefreshAt,
-            canRefresh: client(for: record.account.provider)?.canRefresh(record) ?? false,
+            canRefresh: renewer(for: record) != nil,
             minRefreshIntervalSeconds: config.limits.minRefreshIntervalSeconds)
     }
 

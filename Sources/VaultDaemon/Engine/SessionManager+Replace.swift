@@ -204,7 +204,7 @@ extension SessionManager {
                 }
                 let current = record.tokens.accessToken.withUTF8 { SHA256.hash($0) }
                 guard SHA256.constantTimeEqual(current, tokenHash) else { return done(.alreadyReplaced) }
-                if entry.refresh != nil || client(for: account.provider)?.canRefresh(record) == true {
+                if entry.refresh != nil || renewer(for: record) != nil {
                     // Joins the refresh in flight, or starts the one all later reporters join.
                     _ = try await refreshForUse(key, from: record)
                     return done(.refreshed)

@@ -373,7 +373,7 @@ public actor SessionManager {
         let source = client(for: record.account.provider)
         return SessionTimers.Facts(
             expiresAt: record.expiresAt, refreshedAt: refreshedAt, createdAt: record.createdAt,
-            canRefresh: source?.canRefresh(record) ?? false,
+            canRefresh: renewer(for: record) != nil,
             maxLifetimeSeconds: source == nil ? nil : provider?.oauth2?.maxSessionLifetime,
             jitter: RefreshPolicy.jitter(for: record.account))
     }

@@ -55,3 +55,41 @@ extension OAuth2Client: TokenProvider {
         record.tokens.refreshToken != nil && settings.revocationURL != nil
     }
 }
+
+/// The token source of a session vaultd keeps alive by minting (`Renewal.mint`):
+/// its refresh logs the account in anew through the provider (client
+/// credentials) when the session holds nothing to refresh with, so that the
+/// next token comes ahead of expiry through the refresh's single flight,
+/// write-before-serve and `tokenRefreshed`, not after a `tokenExpired` and a
+/// gap. Everything else is the provider's own.
+public struct MintingRenewal: TokenProvider {
+    /// The provider that mints.
+    public let provider: any TokenProvider
+
+    /// Renews through `provider`.
+    public init(_ provider: any TokenProvider) { self.provider = provider }
+
+    public func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
+        await provider.login(account, credential: credential)
+    }
+
+    public var exchangesCredentials: Bool { provider.exchangesCredentials }
+
+    /// The provider's refresh where it can; else a login with the provider's own credential.
+    public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
+        guard !provider.canRefresh(record) else { return await provider.refresh(record) }
+        return await provider.login(record.account, credential: nil)
+    }
+
+    public func canRefresh(_ record: SessionRecord) -> Bool { true }
+
+    public func revoke(_ record: SessionRecord) async -> Bool { await provider.revoke(record) }
+
+    public func revokes(_ record: SessionRecord) -> Bool { provider.revokes(record) }
+
+    public func revokesReplaced(_ old: SessionRecord, by new: TokenSet) -> Bool {
+        provider.revokesReplaced(old, by: new)
+    }
+
+    public func revokeReplaced(_ old: SessionRecord) async -> Bool { await provider.revokeReplaced(old) }
+}
