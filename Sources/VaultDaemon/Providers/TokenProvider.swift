@@ -69,16 +69,12 @@ public struct MintingRenewal: TokenProvider {
     /// Renews through `provider`.
     public init(_ provider: any TokenProvider) { self.provider = provider }
 
-    public func login(_ account: Account, credential: Secret?) async -> RefreshOutcome {
-        await provider.login(account, credential: credential)
-    }
-
-    public var exchangesCredentials: Bool { provider.exchangesCredentials }
+    public func login(_ account: Account) async -> RefreshOutcome { await provider.login(account) }
 
     /// The provider's refresh where it can; else a login with the provider's own credential.
     public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
         guard !provider.canRefresh(record) else { return await provider.refresh(record) }
-        return await provider.login(record.account, credential: nil)
+        return await provider.login(record.account)
     }
 
     public func canRefresh(_ record: SessionRecord) -> Bool { true }
