@@ -103,10 +103,24 @@ final class TemporaryDirectory {
 
     /// Writes `text` to `name` in the directory, executable when asked, and returns its path.
     @discardableResult
+    /// Not through Foundation, whose writes open files without O_CLOEXEC: a
+    /// child another test spawns meanwhile would hold the file open for
+    /// writing, and running it would fail with ETXTBSY while that child lives.
     func write(_ name: String, _ text: String, executable: Bool = false) throws -> String {
         let path = url.appendingPathComponent(name).path
-        try text.write(toFile: path, atomically: true, encoding: .utf8)
-        if executable { try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: path) }
+        let mode: mode_t = executable ? 0o755 : 0o644
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
+        guard fd >= 0 else { throw SystemError("open \(path)") }
+        defer { close(fd) }
+        let bytes = Array(text.utf8)
+        var written = 0
+        while written < bytes.count {
+            let n = bytes[written...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else { throw SystemError("write \(path)") }
+            written += n
+        }
+        guard fchmod(fd, mode) == 0 else { throw SystemError("chmod \(path)") }
         return path
     }
 

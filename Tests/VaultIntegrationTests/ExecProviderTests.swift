@@ -97,8 +97,7 @@ struct ExecProviderTests {
     ) throws -> (DaemonFixture, String) {
         let fixture = try DaemonFixture(start: false)
         let helper = fixture.directory.path("\(name)-helper")
-        try script(fixture).write(toFile: helper, atomically: true, encoding: .utf8)
-        chmod(helper, 0o755)
+        try writeExecutable(script(fixture), to: helper)
         try "[Provider \(name)]\nType=exec\nCommand=\(helper)\n\(extraConfig)".write(
             toFile: fixture.configPath, atomically: true, encoding: .utf8)
         try fixture.start()

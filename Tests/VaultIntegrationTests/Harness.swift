@@ -320,6 +320,25 @@ final class DaemonFixture {
     deinit { daemon?.stop() }
 }
 
+/// Writes `text` to `path` as an executable (0755). Not through
+/// Foundation, whose writes open files without O_CLOEXEC: a child another
+/// test spawns meanwhile would keep the file open for writing for as long
+/// as it lives, and every exec of it would fail with ETXTBSY.
+func writeExecutable(_ text: String, to path: String) throws {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o755)
+    guard fd >= 0 else { throw HarnessError("cannot create \(path): errno \(errno)") }
+    defer { close(fd) }
+    let bytes = Array(text.utf8)
+    var written = 0
+    while written < bytes.count {
+        let n = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        if n < 0, errno == EINTR { continue }
+        guard n > 0 else { throw HarnessError("cannot write \(path): errno \(errno)") }
+        written += n
+    }
+    guard fchmod(fd, 0o755) == 0 else { throw HarnessError("cannot chmod \(path): errno \(errno)") }
+}
+
 /// A unique name per test run, so tests never see each other's sessions.
 func uniqueName(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8).lowercased())" }
 

@@ -109,17 +109,17 @@ struct HelperExpiryTests {
         let block = dir.path("revocations-fail")
         // The example helper, except that a revoke of a replaced token fails while `block` exists.
         let wrapper = dir.path("wrapper")
-        try """
-        #!/bin/sh
-        input=$(cat)
-        case "$input" in
-        *'"replaced":true'*) if [ -e \(block) ]; then
-            echo 'revocations blocked by the test' >&2
-            echo '{"error":"ERR_NETWORK_ERROR","message":"blocked"}'; exit 1; fi ;;
-        esac
-        printf '%s' "$input" | exec \(Self.examples)/cometchat-helper "$@"
-        """.write(toFile: wrapper, atomically: true, encoding: .utf8)
-        chmod(wrapper, 0o755)
+        try writeExecutable(
+            """
+            #!/bin/sh
+            input=$(cat)
+            case "$input" in
+            *'"replaced":true'*) if [ -e \(block) ]; then
+                echo 'revocations blocked by the test' >&2
+                echo '{"error":"ERR_NETWORK_ERROR","message":"blocked"}'; exit 1; fi ;;
+            esac
+            printf '%s' "$input" | exec \(Self.examples)/cometchat-helper "$@"
+            """, to: wrapper)
         FileManager.default.createFile(atPath: block, contents: Data())
         let fixture = try fixture(standIns, command: wrapper)
         let daemon = try fixture.start()
@@ -151,13 +151,13 @@ struct HelperExpiryTests {
 
         let dir = try TemporaryDirectory()
         let helper = dir.path("invalid-key-helper")
-        try """
-        #!/bin/sh
-        cat >/dev/null
-        echo '{"error":"ERR_INVALID_API_KEY","message":"the API key is not valid for this app"}'
-        exit 1
-        """.write(toFile: helper, atomically: true, encoding: .utf8)
-        chmod(helper, 0o755)
+        try writeExecutable(
+            """
+            #!/bin/sh
+            cat >/dev/null
+            echo '{"error":"ERR_INVALID_API_KEY","message":"the API key is not valid for this app"}'
+            exit 1
+            """, to: helper)
         let custom = try fixture(standIns, command: helper)
         try custom.start()
         let failed = try vaultctl(custom.socketPath, ["--json", "login", "cometchat", "alice", "--from-provider"])
@@ -206,8 +206,7 @@ struct HelperExpiryTests {
         let standIns = try ChatStandIns()
         let dir = try TemporaryDirectory()
         let helper = dir.path("helper")
-        try FileManager.default.copyItem(atPath: "\(Self.examples)/cometchat-helper", toPath: helper)
-        chmod(helper, 0o755)
+        try writeExecutable(String(contentsOfFile: "\(Self.examples)/cometchat-helper", encoding: .utf8), to: helper)
         let fixture = try fixture(standIns, command: helper)
         try fixture.start()
         try FileManager.default.removeItem(atPath: helper)

@@ -58,42 +58,42 @@ struct HelperOutageTests {
         // test: a grandchild of an earlier test's helper (a hanging one's,
         // killed at its time limit or with its daemon) is not this test's.
         let marker = "vaultd-outage-grandchild-\(UUID().uuidString.prefix(8))"
-        try """
-        #!/usr/bin/python3
-        import json, os, signal, subprocess, sys, time
-        request = json.load(sys.stdin)
-        user = request["user"]
-        mode = user.split("-")[0]
-        def answer(token, code=0):
-            sys.stdout.write(json.dumps({"access_token": token, "expires_in": 3600}))
-            sys.stdout.flush()
-            sys.exit(code)
-        def grandchild():
-            # Inherits stdout and stderr: the pipes stay open while it lives.
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "\(marker)"])
-        if request["action"] != "refresh":
-            answer("tok_%s_abcdefghijklmnop" % user)
-        if mode == "hang":
-            grandchild()
-            time.sleep(300)
-        elif mode == "segv":
-            os.kill(os.getpid(), signal.SIGSEGV)
-        elif mode == "abort":
-            os.abort()
-        elif mode == "garbage":
-            sys.stdout.buffer.write(bytes(range(256)) * 12)
-        elif mode == "mega":
-            chunk = b"m" * 65536
-            while True:
-                sys.stdout.buffer.write(chunk)
-        elif mode == "fork":
-            grandchild()
-            answer("tok_forked_%s_abcdefghijklmnop" % user)
-        elif mode == "exit3":
-            sys.stderr.write("refresh failed for %s password=SECRETMARKERpassword0123\\n" % request["accessToken"])
-            answer("SECRETMARKERanswer0123456789abcdef", 3)
-        """.write(toFile: helper, atomically: true, encoding: .utf8)
-        chmod(helper, 0o755)
+        try writeExecutable(
+            """
+            #!/usr/bin/python3
+            import json, os, signal, subprocess, sys, time
+            request = json.load(sys.stdin)
+            user = request["user"]
+            mode = user.split("-")[0]
+            def answer(token, code=0):
+                sys.stdout.write(json.dumps({"access_token": token, "expires_in": 3600}))
+                sys.stdout.flush()
+                sys.exit(code)
+            def grandchild():
+                # Inherits stdout and stderr: the pipes stay open while it lives.
+                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "\(marker)"])
+            if request["action"] != "refresh":
+                answer("tok_%s_abcdefghijklmnop" % user)
+            if mode == "hang":
+                grandchild()
+                time.sleep(300)
+            elif mode == "segv":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            elif mode == "abort":
+                os.abort()
+            elif mode == "garbage":
+                sys.stdout.buffer.write(bytes(range(256)) * 12)
+            elif mode == "mega":
+                chunk = b"m" * 65536
+                while True:
+                    sys.stdout.buffer.write(chunk)
+            elif mode == "fork":
+                grandchild()
+                answer("tok_forked_%s_abcdefghijklmnop" % user)
+            elif mode == "exit3":
+                sys.stderr.write("refresh failed for %s password=SECRETMARKERpassword0123\\n" % request["accessToken"])
+                answer("SECRETMARKERanswer0123456789abcdef", 3)
+            """, to: helper)
         let fixture = try ConfiguredDaemon(
             config: """
                 [Provider demo]

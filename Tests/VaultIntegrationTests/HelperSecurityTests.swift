@@ -15,8 +15,7 @@ struct HelperSecurityTests {
     /// Writes `text` as an executable helper `name` in `directory`; returns its path.
     func helper(_ directory: TemporaryDirectory, _ name: String, _ text: String) throws -> String {
         let path = directory.path(name)
-        try text.write(toFile: path, atomically: true, encoding: .utf8)
-        chmod(path, 0o755)
+        try writeExecutable(text, to: path)
         return path
     }
 

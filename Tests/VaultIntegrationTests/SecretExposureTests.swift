@@ -53,14 +53,14 @@ struct SecretExposureTests {
         try #"{"base_url": "\#(standIns.url)/cometchat/v3", "api_key": "test-api-key"}"#.write(
             toFile: helperConfig, atomically: true, encoding: .utf8)
         let wrapper = dir.path("helper-wrapper")
-        try """
-        #!/bin/sh
-        n=$(date +%s%N)
-        cat /proc/$$/cmdline > \(dir.path("helper-cmdline")).$n
-        cat /proc/$$/environ > \(dir.path("helper-environ")).$n
-        exec \(examples)/cometchat-helper --config \(helperConfig)
-        """.write(toFile: wrapper, atomically: true, encoding: .utf8)
-        chmod(wrapper, 0o755)
+        try writeExecutable(
+            """
+            #!/bin/sh
+            n=$(date +%s%N)
+            cat /proc/$$/cmdline > \(dir.path("helper-cmdline")).$n
+            cat /proc/$$/environ > \(dir.path("helper-environ")).$n
+            exec \(examples)/cometchat-helper --config \(helperConfig)
+            """, to: wrapper)
         try """
         [Vault]
         MinRefreshInterval=0
