@@ -101,7 +101,7 @@ extension ServingLoop {
         case .stream(let start):
             var first = start.first
             first.continues = true
-            let stream = StreamID(connection: connection.id)
+            let stream = StreamID(connection: connection.id, loop: index)
             guard queueBounded(on: connection, method: call.method, { first.encode(into: &$0) }) else {
                 start.closed(stream)
                 return

@@ -255,7 +255,8 @@ public enum Daemon {
         do {
             server = try VarlinkServer(
                 listenFD: listenFD, signalFD: signalFD, service: service, log: log,
-                errors: VaultMethods.transportErrors, hooks: hooks, limits: config.serving)
+                errors: VaultMethods.transportErrors, hooks: hooks, limits: config.serving,
+                loops: config.servingThreads ?? VarlinkServer.defaultLoopCount)
         } catch {
             throw VaultError(.internalError, "cannot start serving: \(error)")
         }
@@ -267,6 +268,7 @@ public enum Daemon {
                 "finishedLogouts": String(restored.finishedLogouts), "store": store.location,
                 "providers": config.providers.keys.sorted().joined(separator: ","),
                 "config": config.sources.isEmpty ? ConfigSearch.builtInName : config.sources.joined(separator: ","),
+                "servingThreads": String(server.loopCount),
             ])
         notifier.ready(status: ServiceNotifier.statusLine(manager.table))
         let signal = server.run()
