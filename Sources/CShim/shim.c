@@ -95,6 +95,8 @@ int vaultd_disable_core_dumps(void) {
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
+void vaultd_set_thread_name(const char *name) { prctl(PR_SET_NAME, name, 0, 0, 0); }
+
 void vaultd_explicit_bzero(void *p, size_t n) { explicit_bzero(p, n); }
 
 int vaultd_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }

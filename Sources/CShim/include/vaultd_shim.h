@@ -50,6 +50,9 @@ int vaultd_peer_groups(int fd, gid_t *groups, int max);
 /* PR_SET_DUMPABLE 0 and RLIMIT_CORE 0: secrets never reach a core dump. */
 int vaultd_disable_core_dumps(void);
 
+/* Names the calling thread (cut to 15 bytes), as comm and gdb show it. */
+void vaultd_set_thread_name(const char *name);
+
 /* Zeroes memory in a way the compiler may not remove. */
 void vaultd_explicit_bzero(void *p, size_t n);
 

@@ -1,3 +1,4 @@
+import CShim
 import Glibc
 import VaultCore
 import VaultSystem
@@ -22,13 +23,13 @@ import VaultSystem
 /// waits for the store call in progress only.
 final class BlockingExecutor: @unchecked Sendable {
     /// The executor exec helpers run on, started on first use.
-    static let helpers = BlockingExecutor(workers: 8)
+    static let helpers = BlockingExecutor(workers: 8, name: "helpers")
     /// The executor HTTP requests run on, started on first use.
-    static let io = BlockingExecutor(workers: 4)
+    static let io = BlockingExecutor(workers: 4, name: "io")
     /// The executor the secret store runs on (one call at a time), started on first use.
-    static let store = BlockingExecutor(workers: 1)
+    static let store = BlockingExecutor(workers: 1, name: "store")
     /// The executor token files are written on (one write at a time), started on first use.
-    static let files = BlockingExecutor(workers: 1)
+    static let files = BlockingExecutor(workers: 1, name: "files")
 
     /// Set by `urgent(_:)` for the runs its body submits.
     @TaskLocal private static var isUrgent = false
@@ -59,8 +60,9 @@ final class BlockingExecutor: @unchecked Sendable {
     /// Signalled when a run starts waiting (the timer's nearest deadline may be earlier).
     private let timerCondition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
 
-    /// A pool of `workers` threads and a timer thread, started now.
-    init(workers: Int) {
+    /// A pool of `workers` threads and a timer thread, started now; `comm`
+    /// shows them as `name` with the worker's number, and `name-timer`.
+    init(workers: Int, name: String = "blocking") {
         admission = HelperAdmission(workers: workers)
         pthread_mutex_init(mutex, nil)
         var attributes = pthread_condattr_t()
@@ -71,9 +73,9 @@ final class BlockingExecutor: @unchecked Sendable {
         pthread_cond_init(timerCondition, &attributes)
         pthread_condattr_destroy(&attributes)
         for index in 0..<admission.workers {
-            BlockingExecutor.startThread("vaultd-helper\(index)") { [self] in workerLoop() }
+            BlockingExecutor.startThread("\(name)\(index)") { [self] in workerLoop() }
         }
-        BlockingExecutor.startThread("vaultd-helpertm") { [self] in timerLoop() }
+        BlockingExecutor.startThread("\(name)-timer") { [self] in timerLoop() }
     }
 
     /// Runs `work` on a worker once `lane` has fewer than `cap` runs going
@@ -150,18 +152,23 @@ final class BlockingExecutor: @unchecked Sendable {
         }
     }
 
-    /// Starts a detached thread running `body` (`name` says which in a failure).
+    /// Starts a detached thread named `name` (at most 15 bytes) running `body`.
     private static func startThread(_ name: String, _ body: @escaping @Sendable () -> Void) {
         final class Box {
+            let name: String
             let body: @Sendable () -> Void
-            init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+            init(_ name: String, _ body: @escaping @Sendable () -> Void) {
+                self.name = name
+                self.body = body
+            }
         }
-        let context = Unmanaged.passRetained(Box(body)).toOpaque()
+        let context = Unmanaged.passRetained(Box(name, body)).toOpaque()
         var thread = pthread_t()
         let status = pthread_create(
             &thread, nil,
             { context in
                 let box = Unmanaged<Box>.fromOpaque(context!).takeRetainedValue()
+                vaultd_set_thread_name(box.name)
                 box.body()
                 return nil
             }, context)
