@@ -433,11 +433,17 @@ struct CrashWindowTests {
         let stored = try await rig.store().loadAll().records.first { $0.account.user == user }
         #expect(stored?.tokens.refreshToken?.revealed == rotatedAway, "the store holds the rotated-away token")
 
-        // The restarted vaultd finds the session overdue and refreshes it by itself.
+        // The restarted vaultd finds the session overdue and refreshes it by
+        // itself, at a point of the restart's spread (~9 s) that the account
+        // decides: as early as 0.1 s after the start, before a subscriber is
+        // in (a fresh-clone run saw no event at all). The server holds its
+        // invalid_grant until the watcher subscribed.
+        try await rig.server.post("/control/mode", json: ["mode": "held", "count": 1, "hang_seconds": 600])
         try rig.restart()
-        // Overdue refreshes are spread over up to ~9 s after a start, then the
-        // session is revoked and deleted: a loaded machine took past 10 s.
         let watcher = try rig.subscribe("oauth", user, timeoutSeconds: 60)
+        let asked = try await eventually(tries: 1_000, { try await rig.counter("held_answers") }, until: { $0 == 1 })
+        try #require(asked == 1, "the restarted vaultd refreshed the overdue session")
+        try await rig.server.post("/control/release", json: [:])
         let kinds = rig.kinds(until: "tokenInvalid", on: watcher)
         #expect(kinds.filter { $0 == "tokenInvalid" }.count == 1, "one tokenInvalid: \(kinds)")
         // Clients keep asking: nothing more goes to the server.

@@ -29,7 +29,8 @@ Endpoints
                        "body_bytes": 8388608}
                        The next N requests to the target endpoint(s) fail that way;
                        "slow" succeeds but holds the answer for hang_seconds;
-                       "held" succeeds but holds the answer until POST /control/release
+                       "held" holds the answer (the tokens, or the invalid_grant a
+                       reused or unknown refresh token earns) until POST /control/release
                        (at most hang_seconds), so a test orders events without timing.
                        Outage kinds (issue 13): "close" reads the request and closes
                        the connection without a byte; "reset" closes it with a TCP
@@ -495,6 +496,8 @@ class Handler(BaseHTTPRequestHandler):
             if err:
                 if err == "refresh token reused":
                     self._notes.append("GRANT-REVOKED")
+                if failure == "held":
+                    self._hold_answer()
                 self._oauth_error(400, "invalid_grant", err)
                 return
         elif not grant_type:
@@ -512,14 +515,19 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(st.hang_seconds)
         elif failure == "held":
             # The tokens are issued; the client learns of them once released.
-            self._notes.append("injected=held")
-            with st.lock:
-                st.held_answers += 1
-                release = st.release
-            release.wait(st.hang_seconds)
-            with st.lock:
-                st.held_answers -= 1
+            self._hold_answer()
         self._send(200, body)
+
+    def _hold_answer(self):
+        """Waits for /control/release (at most hang_seconds) before the answer goes out."""
+        st = self.state
+        self._notes.append("injected=held")
+        with st.lock:
+            st.held_answers += 1
+            release = st.release
+        release.wait(st.hang_seconds)
+        with st.lock:
+            st.held_answers -= 1
 
     def _revoke(self, raw):
         st = self.state
