@@ -215,7 +215,7 @@ final class SQLiteEngine: CrashableStore, Sendable {
     {
         let store = try await SQLiteStore.open(
             path: directory.path + "/sessions.db", keys: keys, timeoutSeconds: 60,
-            log: Logger(level: .debug, target: .discard), lock: lock)
+            log: Logger(level: .debug, target: .discard), lock: lock, callsInline: SimulationThread.isOn)
         return SQLiteEngine(directory: directory, keys: keys, lock: lock, store: store)
     }
 

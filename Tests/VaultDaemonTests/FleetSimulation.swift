@@ -15,7 +15,7 @@ import VaultDaemon
 /// writes whose answer is lost (one in 12: the store took them, the host is
 /// told it could not be reached or gets the answer of the write sent again),
 /// with the invariants checked after every step. A failure names its seed;
-/// `VAULTD_FLEET_SEED=N` replays it.
+/// `VAULTD_SIM_SEED=N` replays it.
 final class FleetSimulation {
     struct Violation: Error, CustomStringConvertible {
         var description: String
@@ -106,7 +106,8 @@ final class FleetSimulation {
             store: store.view(host: name, alive: alive), config: config, clock: clock,
             log: Logger(level: .debug, target: .discard),
             providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
-            armsTimer: false, events: { event in if alive.isAlive { log.append(event) } })
+            armsTimer: false, executor: SimulationThread.shared,
+            events: { event in if alive.isAlive { log.append(event) } })
     }
 
     func pick<T>(_ items: [T]) -> T { items[Int(rng.next() % UInt64(items.count))] }
@@ -151,7 +152,12 @@ final class FleetSimulation {
                 stable = 0
                 last = signature
             }
-            if attempt < 30_000 { await Task.yield() } else { try? await Task.sleep(for: .milliseconds(1)) }
+            // On the simulation's one thread a yield lets every queued job run.
+            if attempt < 30_000 || SimulationThread.isOn {
+                await Task.yield()
+            } else {
+                try? await Task.sleep(for: .milliseconds(1))
+            }
         }
     }
 
@@ -189,8 +195,8 @@ final class FleetSimulation {
             do { try await step(roll) } catch {
                 throw Violation(
                     description:
-                        "seed \(seed) step \(index): \(error)\nreplay: VAULTD_FLEET_SEED=\(seed) swift test --filter FleetSimulationTests\n"
-                        + trace.suffix(Int(ProcessInfo.processInfo.environment["VAULTD_FLEET_TRACE"] ?? "") ?? 20)
+                        "seed \(seed) step \(index): \(error)\n\(SimulationRun.replay(seed, suite: "FleetSimulationTests"))\n"
+                        + trace.suffix(20)
                         .joined(separator: "\n"))
             }
             await settle()
@@ -198,8 +204,8 @@ final class FleetSimulation {
             do { try await check() } catch {
                 throw Violation(
                     description:
-                        "seed \(seed) step \(index): \(error)\nreplay: VAULTD_FLEET_SEED=\(seed) swift test --filter FleetSimulationTests\n"
-                        + trace.suffix(Int(ProcessInfo.processInfo.environment["VAULTD_FLEET_TRACE"] ?? "") ?? 20)
+                        "seed \(seed) step \(index): \(error)\n\(SimulationRun.replay(seed, suite: "FleetSimulationTests"))\n"
+                        + trace.suffix(20)
                         .joined(separator: "\n"))
             }
         }
@@ -211,7 +217,7 @@ final class FleetSimulation {
         } catch {
             throw Violation(
                 description: "seed \(seed) at the end: \(error)\n"
-                    + trace.suffix(Int(ProcessInfo.processInfo.environment["VAULTD_FLEET_TRACE"] ?? "") ?? 20).joined(
+                    + trace.suffix(20).joined(
                         separator: "\n"))
         }
         for host in hosts {
@@ -568,15 +574,9 @@ final class FleetSimulation {
 // simulation, the bound is for a hang.
 @Suite("Deterministic simulation of a fleet sharing one store", .timeLimit(.minutes(20)))
 struct FleetSimulationTests {
-    /// `VAULTD_FLEET_SEED` replays one seed; `VAULTD_FLEET_SEEDS` sets how
+    /// `VAULTD_SIM_SEED` replays one seed; `VAULTD_SIM_SEEDS` sets how
     /// many (default 300; 2,000 under `scripts/test --soak`).
-    static func seeds() -> [UInt64] {
-        let environment = ProcessInfo.processInfo.environment
-        if let one = environment["VAULTD_FLEET_SEED"].flatMap(UInt64.init) { return [one] }
-        let soak = environment["VAULTD_SOAK"] == "1"
-        let count = environment["VAULTD_FLEET_SEEDS"].flatMap(Int.init) ?? (soak ? 2_000 : 300)
-        return (0..<UInt64(count)).map { $0 &* 0x9E37_79B9 &+ 7 }
-    }
+    static func seeds() -> [UInt64] { SimulationRun.seeds(short: 500, long: 10_000, salt: 7) }
 
     static let lanes = Int(ProcessInfo.processInfo.environment["VAULTD_FLEET_LANES"] ?? "") ?? 1
 
@@ -590,6 +590,7 @@ struct FleetSimulationTests {
                         if failures.count >= 3 { return }
                         do {
                             let simulation = try FleetSimulation(seed: seeds[index])
+                            defer { SimulationRun.keep(simulation.trace) }
                             try await simulation.run(steps: steps)
                         } catch {
                             failures.append("\(error)")
@@ -608,5 +609,24 @@ struct FleetSimulationTests {
         let steps = Int(ProcessInfo.processInfo.environment["VAULTD_SIM_STEPS"] ?? "") ?? 40
         let found = await Self.simulateFleet(seeds: Self.seeds(), steps: steps)
         #expect(found.isEmpty, "\(found.joined(separator: "\n\n"))")
+    }
+
+    // On the simulation's one thread a seed is one schedule; on the
+    // cooperative pool about 2 fleet seeds in 8 replayed.
+    @Test(
+        "Should give the same trace when a fleet seed runs twice, for 200 seeds",
+        .enabled(if: SimulationThread.isOn, "the simulation runs on one thread only under VAULTD_SIM_ONE_THREAD=1"))
+    func replay() async throws {
+        var differing: [UInt64] = []
+        for seed in SimulationRun.replaySeeds {
+            var digests: [UInt64] = []
+            for _ in 0..<2 {
+                let simulation = try FleetSimulation(seed: seed)
+                try? await simulation.run(steps: 30)
+                digests.append(SimulationRun.digest(simulation.trace))
+            }
+            if digests[0] != digests[1] { differing.append(seed) }
+        }
+        #expect(differing.isEmpty, "seeds whose two runs differ: \(differing)")
     }
 }

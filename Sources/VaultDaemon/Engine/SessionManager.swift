@@ -35,6 +35,15 @@ public actor SessionManager {
     let random: @Sendable () -> Double
     /// False when the owner drives the deadlines itself (`runDueWork()`), as the simulation does.
     let armsTimer: Bool
+    /// The executor this actor's work runs on: an ordinary actor's own
+    /// queue on the cooperative pool, or the one given to `init` (the
+    /// simulation's single thread, so that a seed is one schedule).
+    private nonisolated let executor: UnownedSerialExecutor
+    /// What `executor` belongs to, kept alive as long as this actor.
+    private nonisolated let executorOwner: any Sendable & AnyObject
+    /// An ordinary actor whose queue serves this one unless another is given.
+    private actor Home {}
+    public nonisolated var unownedExecutor: UnownedSerialExecutor { executor }
     /// The configuration in force.
     public private(set) var config: VaultConfig
     /// The table the serving thread reads.
@@ -77,11 +86,14 @@ public actor SessionManager {
     /// revocations (see SessionManager+Traffic.swift).
     var traffic: ProviderTraffic
 
-    /// A manager over `store`, reading time from `clock`.
+    /// A manager over `store`, reading time from `clock`; its work runs on
+    /// `executor` when one is given (the simulation's), else on an ordinary
+    /// actor's queue.
     public init(
         store: any SessionStore, config: VaultConfig, clock: any WallClock, log: Logger,
         policy: AccessPolicy = AccessPolicy(), providers: ProviderFactory? = nil,
         random: (@Sendable () -> Double)? = nil, armsTimer: Bool = true,
+        executor: (any SerialExecutor)? = nil,
         tableDidChange: @escaping @Sendable (SessionTable) -> Void = { _ in },
         storeDidChange: @escaping @Sendable (StoreState) -> Void = { _ in },
         events: @escaping @Sendable (VaultEvent) -> Void = { _ in }
@@ -99,6 +111,14 @@ public actor SessionManager {
         self.makeProvider = providers ?? SessionManager.realProviders
         self.random = random ?? { Double.random(in: 0..<1) }
         self.armsTimer = armsTimer
+        if let executor {
+            self.executorOwner = executor
+            self.executor = executor.asUnownedSerialExecutor()
+        } else {
+            let home = Home()
+            self.executorOwner = home
+            self.executor = home.unownedExecutor
+        }
         self.table = SessionTable(didChange: tableDidChange)
         self.fleet = (store as? any SharedSessionStore).map(FleetState.init)
         gate.onChange { [weak self] in

@@ -37,10 +37,15 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     /// The database's exclusive lock (`DatabaseLock`), held as long as the
     /// store lives; nil for a reader (`openForReading`).
     let lock: DatabaseLock?
+    /// Calls run on the caller's thread, not on the store's lane: for the
+    /// simulation, whose one thread must decide every order.
+    let callsInline: Bool
 
     private init(
-        database: SQLiteDatabase, key: DataKey, keySource: String, timeoutSeconds: Int64, lock: DatabaseLock?
+        database: SQLiteDatabase, key: DataKey, keySource: String, timeoutSeconds: Int64, lock: DatabaseLock?,
+        callsInline: Bool = false
     ) {
+        self.callsInline = callsInline
         self.database = database
         self.lock = lock
         self.path = database.path
@@ -76,9 +81,11 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     /// row is sealed again under it, in one transaction, before the first call.
     /// The database's `DatabaseLock` is taken first (a second vaultd, or a
     /// rotation or migration under way, makes this refuse), unless the caller
-    /// holds it already and passes it as `lock`.
+    /// holds it already and passes it as `lock`. With `callsInline`, calls
+    /// run on the caller's thread (the simulation's), not the store's lane.
     public static func open(
-        path: String, keys: any DataKeySource, timeoutSeconds: Int64, log: Logger, lock: DatabaseLock? = nil
+        path: String, keys: any DataKeySource, timeoutSeconds: Int64, log: Logger, lock: DatabaseLock? = nil,
+        callsInline: Bool = false
     ) async throws(VaultError) -> SQLiteStore {
         try prepareFile(path)
         let held: DatabaseLock
@@ -93,7 +100,8 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             try createTables(database, keyID: key.id)
         }
         let store = SQLiteStore(
-            database: database, key: key, keySource: keys.description, timeoutSeconds: timeoutSeconds, lock: held)
+            database: database, key: key, keySource: keys.description, timeoutSeconds: timeoutSeconds, lock: held,
+            callsInline: callsInline)
         if let preferred = try await keys.preferredKey(), preferred.id != key.id {
             let count = try store.reseal(to: preferred)
             log.notice(
@@ -163,6 +171,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     func perform<T: Sendable>(_ what: String, _ body: @escaping @Sendable () throws(VaultError) -> T)
         async throws(VaultError) -> T
     {
+        if callsInline { return try body() }
         let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
         let result = await BlockingExecutor.store.run(lane: "sqlite", cap: 1, deadline: deadline) {
             () -> Result<T, VaultError> in
