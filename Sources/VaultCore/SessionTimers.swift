@@ -61,8 +61,10 @@ public struct SessionTimers: Sendable, Equatable {
         case refreshStarted
         /// The refresh got new tokens; `saved` says whether they are in the store.
         case refreshed(Facts, saved: Bool, now: UnixTime)
-        /// The refresh failed in a way worth retrying; `random` in 0..<1 picks the backoff.
-        case refreshFailed(reason: String, retryAfter: Int64?, random: Double, now: UnixTime, expired: Bool)
+        /// The refresh failed in a way worth retrying, with vaultd's `code`
+        /// for it; `random` in 0..<1 picks the backoff.
+        case refreshFailed(
+            reason: String, code: String, retryAfter: Int64?, random: Double, now: UnixTime, expired: Bool)
         /// The provider refused for good (invalid_grant, 401, ...).
         case refreshRefused(code: String, reason: String)
         /// The refresh found the session gone or replaced; nothing to do.
@@ -99,8 +101,10 @@ public struct SessionTimers: Sendable, Equatable {
         case persist
         /// End the session: log it out as vaultd, with this reason and event.
         case end(reason: String, kind: EventKind)
-        /// The connection state changed: tell subscribers (`connectionChanged`).
-        case connection(ConnectionState, reason: String?)
+        /// The connection state changed: tell subscribers (`connectionChanged`),
+        /// with the failure's code and message for `connectFailed` (as
+        /// OpenIM's `onConnectFailed(code, err)`).
+        case connection(ConnectionState, code: String? = nil, message: String? = nil)
     }
 
     /// How long refreshed tokens that could not be written wait before the next write.
@@ -162,8 +166,11 @@ public struct SessionTimers: Sendable, Equatable {
             return []
         case .refreshStarted:
             refreshing = true
+            // A refresh of a connected session leaves it connected: subscribers
+            // hear of a change of state only.
+            guard status.connection != .connected, status.connection != .connecting else { return [] }
             status.connection = .connecting
-            return [.connection(.connecting, reason: nil)]
+            return [.connection(.connecting)]
         case .refreshed(let facts, let saved, let now):
             refreshing = false
             expiredWhileRefreshing = false
@@ -172,31 +179,34 @@ public struct SessionTimers: Sendable, Equatable {
             status.consecutiveFailures = 0
             status.lastError = nil
             status.nextRetryAt = nil
+            status.lastErrorCode = nil
             status.unsaved = !saved
-            status.connection = .connected
             var actions = schedule(facts, now: now)
             actions.append(
                 saved ? .cancel(.saveRetry) : .schedule(.saveRetry, at: now.adding(seconds: Self.saveRetrySeconds)))
-            actions.append(.connection(.connected, reason: nil))
+            if status.connection != .connected { actions.append(.connection(.connected)) }
+            status.connection = .connected
             return actions
-        case .refreshFailed(let reason, let retryAfter, let random, let now, let expired):
+        case .refreshFailed(let reason, let code, let retryAfter, let random, let now, let expired):
             refreshing = false
+            // Told when the state changes (each retry starts as `connecting`).
+            let news = status.connection != .connectFailed
             status.consecutiveFailures += 1
             status.lastAttemptAt = now
             status.lastError = reason
+            status.lastErrorCode = code
             status.connection = .connectFailed
+            let told: [Action] = news ? [.connection(.connectFailed, code: code, message: reason)] : []
             if expired && expiredWhileRefreshing {
                 expiredWhileRefreshing = false
-                return [
-                    .connection(.connectFailed, reason: reason), .end(reason: "tokenExpired", kind: .tokenExpired),
-                ]
+                return told + [.end(reason: "tokenExpired", kind: .tokenExpired)]
             }
             let wait = RefreshPolicy.backoff(
                 attempt: status.consecutiveFailures, random: random, retryAfter: retryAfter)
             // A client asking again waits this out too (`ClientRefresh`).
             status.nextRetryAt = now.adding(seconds: wait)
-            guard expires else { return [.connection(.connectFailed, reason: reason)] }
-            return [.schedule(.refresh, at: now.adding(seconds: wait)), .connection(.connectFailed, reason: reason)]
+            guard expires else { return told }
+            return [.schedule(.refresh, at: now.adding(seconds: wait))] + told
         case .refreshRefused(_, let reason):
             refreshing = false
             refused = true

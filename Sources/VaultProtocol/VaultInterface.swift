@@ -118,8 +118,10 @@ public enum VaultInterface {
                 tokenRefreshed, tokenExpired, tokenInvalid, kickedOffline, connectionChanged,
                 storeChanged, tokenFileFailed. reason says why (kickedOffline: kicked, revoked,
                 admin, switched, ...; storeChanged: the new StoreState, sent for every live
-                session; tokenFileFailed: write or remove), code is the error code of a
-                failure. Never holds a secret.
+                session; tokenFileFailed: write or remove; connectionChanged: the new
+                state, told only when it changes), code is the error code of a failure
+                and message its text (connectFailed: vaultd's code, the provider's
+                message). Never holds a secret.
                 """,
             .structure([
                 VarlinkField("kind", .string),

@@ -58,7 +58,7 @@ struct KeepAliveTests {
             _ = timers.handle(.refreshStarted)
             actions = timers.handle(.refreshed(facts(at: now, renewal: renewal, jitter: jitter), saved: true, now: now))
             #expect(!ends(actions))
-            #expect(actions.last == .connection(.connected, reason: nil))
+            #expect(timers.status.connection == .connected)
             mints += 1
         }
         #expect(mints >= 20, "\(mints) tokens in a minute")
@@ -87,7 +87,9 @@ struct KeepAliveTests {
         #expect(timers.handle(.due(.refresh, now: refreshAt, expired: false)) == [.startRefresh])
         _ = timers.handle(.refreshStarted)
         let failed = timers.handle(
-            .refreshFailed(reason: "HTTP 503", retryAfter: nil, random: 0, now: refreshAt, expired: false))
+            .refreshFailed(
+                reason: "HTTP 503", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: refreshAt,
+                expired: false))
         #expect(!ends(failed))
         #expect(deadline(.refresh, in: failed) != nil, "retried")
         // The expiry comes before the retry succeeds: one more try, and its failure ends the session.
@@ -95,7 +97,8 @@ struct KeepAliveTests {
         #expect(timers.handle(.due(.expire, now: expiry, expired: true)) == [.startRefresh])
         _ = timers.handle(.refreshStarted)
         let last = timers.handle(
-            .refreshFailed(reason: "HTTP 503", retryAfter: nil, random: 0, now: expiry, expired: true))
+            .refreshFailed(
+                reason: "HTTP 503", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: expiry, expired: true))
         #expect(last.last == .end(reason: "tokenExpired", kind: .tokenExpired))
     }
 }

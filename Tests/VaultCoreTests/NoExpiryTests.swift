@@ -38,7 +38,7 @@ struct NoExpiryTests {
         let expiresAt = RefreshPolicy.expiresAt(issuedAt: later, expiresIn: nil, defaultLifetime: nil)
         let actions = timers.handle(.refreshed(facts(at: later, expiresAt: expiresAt), saved: true, now: later))
         #expect(
-            actions == [.cancel(.expire), .cancel(.refresh), .cancel(.saveRetry), .connection(.connected, reason: nil)])
+            actions == [.cancel(.expire), .cancel(.refresh), .cancel(.saveRetry), .connection(.connected)])
         #expect(timers.status.refreshAt == nil)
         #expect(timers.status.lastRefreshAt == later)
     }
@@ -132,8 +132,10 @@ struct NoExpiryFailureTests {
         _ = timers.handle(.stored(facts(at: now, expiresAt: nil), now: now))
         _ = timers.handle(.refreshStarted)
         let actions = timers.handle(
-            .refreshFailed(reason: "ERR_NETWORK_ERROR: down", retryAfter: nil, random: 0.5, now: now, expired: false))
-        #expect(actions == [.connection(.connectFailed, reason: "ERR_NETWORK_ERROR: down")])
+            .refreshFailed(
+                reason: "ERR_NETWORK_ERROR: down", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0.5, now: now,
+                expired: false))
+        #expect(actions == [.connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "ERR_NETWORK_ERROR: down")])
         // No timer, but a client asking again waits the backoff out (ClientRefresh).
         #expect(timers.status.nextRetryAt == now.adding(seconds: 1))
         #expect(timers.status.consecutiveFailures == 1)

@@ -94,7 +94,9 @@ struct SessionTimersReplacedTests {
         var timers = SessionTimers()
         _ = timers.handle(.stored(facts(), now: now))
         _ = timers.handle(.refreshStarted)
-        _ = timers.handle(.refreshFailed(reason: "503", retryAfter: nil, random: 0.5, now: now, expired: false))
+        _ = timers.handle(
+            .refreshFailed(
+                reason: "503", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0.5, now: now, expired: false))
         _ = timers.handle(.refreshStarted)
         _ = timers.handle(.refreshRefused(code: "invalid_grant", reason: "refused"))
         _ = timers.handle(.endFailed(reason: "tokenInvalid", kind: .tokenInvalid, now: now))

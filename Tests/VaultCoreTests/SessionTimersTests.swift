@@ -166,7 +166,7 @@ struct SessionTimersDueTests {
         var timers = stored(facts(at: clock.now), clock)
         clock.advance(3000)
         #expect(timers.handle(.due(.refresh, now: clock.now, expired: false)) == [.startRefresh])
-        #expect(timers.handle(.refreshStarted) == [.connection(.connecting, reason: nil)])
+        #expect(timers.handle(.refreshStarted) == [.connection(.connecting)])
         #expect(timers.refreshing)
         #expect(timers.status.connection == .connecting)
         #expect(timers.handle(.due(.refresh, now: clock.now, expired: false)).isEmpty)
@@ -198,8 +198,10 @@ struct SessionTimersDueTests {
         _ = timers.handle(.refreshStarted)
         clock.advance(2)
         let actions = timers.handle(
-            .refreshFailed(reason: "timeout", retryAfter: nil, random: 0, now: clock.now, expired: true))
-        #expect(actions == [.connection(.connectFailed, reason: "timeout"), expiredEnd])
+            .refreshFailed(
+                reason: "timeout", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now, expired: true)
+        )
+        #expect(actions == [.connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "timeout"), expiredEnd])
         #expect(!timers.expiredWhileRefreshing)
         #expect(!timers.refreshing)
     }
@@ -215,7 +217,9 @@ struct SessionTimersDueTests {
         #expect(timers.handle(.due(.expire, now: clock.now, expired: true)).isEmpty)
         #expect(timers.expiredWhileRefreshing)
         let actions = timers.handle(
-            .refreshFailed(reason: "HTTP 503", retryAfter: nil, random: 0, now: clock.now, expired: true))
+            .refreshFailed(
+                reason: "HTTP 503", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now, expired: true
+            ))
         #expect(actions.last == expiredEnd)
     }
 
@@ -233,7 +237,9 @@ struct SessionTimersDueTests {
         // A later failure is retried, not an end: the expiry that started it was answered.
         _ = timers.handle(.refreshStarted)
         let failed = timers.handle(
-            .refreshFailed(reason: "timeout", retryAfter: nil, random: 0, now: clock.now, expired: true))
+            .refreshFailed(
+                reason: "timeout", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now, expired: true)
+        )
         #expect(!failed.contains(expiredEnd))
         #expect(deadline(.refresh, in: failed) != nil)
     }
@@ -245,10 +251,13 @@ struct SessionTimersDueTests {
         clock.advance(3600)
         _ = timers.handle(.refreshStarted)
         let actions = timers.handle(
-            .refreshFailed(reason: "timeout", retryAfter: nil, random: 0, now: clock.now, expired: true))
+            .refreshFailed(
+                reason: "timeout", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now, expired: true)
+        )
         #expect(
             actions == [
-                .schedule(.refresh, at: clock.now.adding(seconds: 1)), .connection(.connectFailed, reason: "timeout"),
+                .schedule(.refresh, at: clock.now.adding(seconds: 1)),
+                .connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "timeout"),
             ])
         // The expiry deadline then comes and starts the next attempt, which decides.
         #expect(timers.handle(.due(.expire, now: clock.now, expired: true)) == [.startRefresh])
@@ -276,12 +285,14 @@ struct SessionTimersRefreshTests {
         for attempt in 1...4 {
             _ = timers.handle(.refreshStarted)
             let actions = timers.handle(
-                .refreshFailed(reason: "HTTP 502", retryAfter: nil, random: 0.999, now: clock.now, expired: false))
+                .refreshFailed(
+                    reason: "HTTP 502", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0.999, now: clock.now,
+                    expired: false))
             let wait = RefreshPolicy.backoff(attempt: attempt, random: 0.999)
             #expect(
                 actions == [
                     .schedule(.refresh, at: clock.now.adding(seconds: wait)),
-                    .connection(.connectFailed, reason: "HTTP 502"),
+                    .connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "HTTP 502"),
                 ])
             #expect(timers.status.consecutiveFailures == attempt)
             #expect(timers.status.nextRetryAt == clock.now.adding(seconds: wait))
@@ -302,7 +313,9 @@ struct SessionTimersRefreshTests {
         for _ in 1...20 {
             _ = timers.handle(.refreshStarted)
             last = timers.handle(
-                .refreshFailed(reason: "down", retryAfter: nil, random: 0.999, now: clock.now, expired: false))
+                .refreshFailed(
+                    reason: "down", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0.999, now: clock.now,
+                    expired: false))
         }
         #expect(timers.status.consecutiveFailures == 20)
         #expect(deadline(.refresh, in: last) == clock.now.adding(seconds: 300))
@@ -315,13 +328,17 @@ struct SessionTimersRefreshTests {
         clock.advance(3000)
         _ = timers.handle(.refreshStarted)
         let polite = timers.handle(
-            .refreshFailed(reason: "HTTP 429", retryAfter: 120, random: 0, now: clock.now, expired: false))
+            .refreshFailed(
+                reason: "HTTP 429", code: "ERR_NETWORK_ERROR", retryAfter: 120, random: 0, now: clock.now,
+                expired: false))
         #expect(deadline(.refresh, in: polite) == clock.now.adding(seconds: 120))
         #expect(timers.status.nextRetryAt == clock.now.adding(seconds: 120))
 
         _ = timers.handle(.refreshStarted)
         let greedy = timers.handle(
-            .refreshFailed(reason: "HTTP 429", retryAfter: 86_400, random: 0, now: clock.now, expired: false))
+            .refreshFailed(
+                reason: "HTTP 429", code: "ERR_NETWORK_ERROR", retryAfter: 86_400, random: 0, now: clock.now,
+                expired: false))
         #expect(deadline(.refresh, in: greedy) == clock.now.adding(seconds: RefreshPolicy.longestRetryAfter))
     }
 
@@ -332,7 +349,9 @@ struct SessionTimersRefreshTests {
         clock.advance(3000)
         _ = timers.handle(.refreshStarted)
         _ = timers.handle(
-            .refreshFailed(reason: "HTTP 500", retryAfter: nil, random: 0, now: clock.now, expired: false))
+            .refreshFailed(
+                reason: "HTTP 500", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now,
+                expired: false))
         clock.advance(1)
         _ = timers.handle(.refreshStarted)
         let actions = timers.handle(.refreshed(facts(at: clock.now), saved: true, now: clock.now))
@@ -341,7 +360,7 @@ struct SessionTimersRefreshTests {
             actions == [
                 .schedule(.expire, at: clock.now.adding(seconds: 3600)), .schedule(.refresh, at: refreshAt),
                 .schedule(.maxLifetime, at: clock.now.adding(seconds: 86_400)), .cancel(.saveRetry),
-                .connection(.connected, reason: nil),
+                .connection(.connected),
             ])
         #expect(refreshAt >= clock.now.adding(seconds: 2880) && refreshAt <= clock.now.adding(seconds: 3240))
         #expect(timers.status.consecutiveFailures == 0)
@@ -354,6 +373,45 @@ struct SessionTimersRefreshTests {
         #expect(!timers.refreshing)
     }
 
+    @Test(
+        "Should tell of a change of connection state only: a connected session's refresh says nothing, a failure says connectFailed with its code and message once"
+    )
+    func connectionEvents_onChangeOnly() {
+        var clock = HandClock()
+        var timers = stored(facts(at: clock.now), clock)
+        func told(_ actions: [SessionTimers.Action]) -> [SessionTimers.Action] {
+            actions.filter { if case .connection = $0 { true } else { false } }
+        }
+        clock.advance(3000)
+        #expect(told(timers.handle(.refreshStarted)) == [.connection(.connecting)])
+        #expect(
+            told(timers.handle(.refreshed(facts(at: clock.now), saved: true, now: clock.now)))
+                == [.connection(.connected)])
+        // Connected: the next refresh, and its success, are no news.
+        clock.advance(3000)
+        #expect(told(timers.handle(.refreshStarted)).isEmpty)
+        #expect(timers.status.connection == .connected)
+        #expect(told(timers.handle(.refreshed(facts(at: clock.now), saved: true, now: clock.now))).isEmpty)
+        // A failure is: with vaultd's code and the provider's message.
+        clock.advance(3000)
+        #expect(told(timers.handle(.refreshStarted)).isEmpty)
+        let failed = timers.handle(
+            .refreshFailed(
+                reason: "HTTP 503: down for maintenance", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0,
+                now: clock.now, expired: false))
+        #expect(
+            told(failed) == [
+                .connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "HTTP 503: down for maintenance")
+            ])
+        #expect(timers.status.lastErrorCode == "ERR_NETWORK_ERROR")
+        // The retry connects again, and its success is news.
+        #expect(told(timers.handle(.refreshStarted)) == [.connection(.connecting)])
+        #expect(
+            told(timers.handle(.refreshed(facts(at: clock.now), saved: true, now: clock.now)))
+                == [.connection(.connected)])
+        #expect(timers.status.lastErrorCode == nil)
+    }
+
     @Test("Should schedule a save retry after a refresh whose tokens could not be written")
     func refreshed_unsaved_schedulesSaveRetry() {
         var clock = HandClock()
@@ -363,7 +421,7 @@ struct SessionTimersRefreshTests {
         let actions = timers.handle(.refreshed(facts(at: clock.now), saved: false, now: clock.now))
         #expect(deadline(.saveRetry, in: actions) == clock.now.adding(seconds: SessionTimers.saveRetrySeconds))
         #expect(!actions.contains(.cancel(.saveRetry)))
-        #expect(actions.last == .connection(.connected, reason: nil))
+        #expect(actions.last == .connection(.connected))
         #expect(timers.status.unsaved)
     }
 

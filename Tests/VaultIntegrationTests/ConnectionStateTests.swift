@@ -86,6 +86,35 @@ struct ConnectionStateTests {
         #expect(changes.filter { $0.source == .vaultd }.allSatisfy { $0.client == nil })
     }
 
+    @Test(
+        "Should tell vaultd's connectionChanged only on a change: a connected session's refresh says nothing, a failed one connectFailed with code and message"
+    )
+    func connectionChangedOnChangeOnly() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let fixture = try DaemonFixture(oauthServer: server)
+        try fixture.start()
+        let user = uniqueName("change")
+        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant())
+        #expect(login.status == 0, "\(login.stderr)")
+        let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
+        // The first refresh connects; the second finds the session connected.
+        for _ in 0..<2 { #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0) }
+        try await server.post("/control/mode", json: ["mode": "error500", "count": 1])
+        #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status != 0)
+        var seen: [VaultEvent] = []
+        for _ in 0..<10 where !seen.contains(where: { $0.reason == "connectFailed" }) {
+            seen.append(try watcher.event())
+        }
+        #expect(
+            seen.map { $0.kind == .connectionChanged ? $0.reason ?? "?" : $0.kind.rawValue } == [
+                "connecting", "tokenRefreshed", "connected", "tokenRefreshed", "connectFailed",
+            ], "\(seen)")
+        let failed = try #require(seen.last)
+        #expect(failed.code == "ERR_NETWORK_ERROR", "\(failed)")
+        #expect(failed.message?.contains("500") == true, "\(failed)")
+        #expect(failed.source == .vaultd)
+    }
+
     @Test("Should end the session when a client reports kickedOffline, as ForceLogout does")
     func kickedOfflineEndsTheSession() async throws {
         let (d, user) = try loggedIn("kicked")

@@ -465,7 +465,8 @@ extension SessionManager {
         await handle(
             key,
             .refreshFailed(
-                reason: error.message, retryAfter: nil, random: random(), now: now, expired: record.isExpired(at: now)))
+                reason: error.message, code: error.code.seedCode, retryAfter: nil, random: random(), now: now,
+                expired: record.isExpired(at: now)))
         return .failure(error)
     }
 

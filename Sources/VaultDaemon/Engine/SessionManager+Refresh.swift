@@ -32,11 +32,11 @@ extension SessionManager {
                 spawn { await self.persist(key) }
             case .end(let reason, let kind):
                 ending = (reason, kind)
-            case .connection(let state, let reason):
+            case .connection(let state, let code, let message):
                 events(
                     VaultEvent(
                         kind: .connectionChanged, account: key.account, ownerUID: key.owner, time: clock.now(),
-                        reason: reason.map { "\(state.rawValue): \($0)" } ?? state.rawValue, source: .vaultd))
+                        reason: state.rawValue, code: code, message: message, source: .vaultd))
             }
         }
         publishView(key)
@@ -401,8 +401,8 @@ extension SessionManager {
             await handle(
                 key,
                 .refreshFailed(
-                    reason: reason, retryAfter: retryAfter, random: random(), now: now,
-                    expired: current.isExpired(at: now)))
+                    reason: reason, code: ProviderFailure.transientKind(code).seedCode, retryAfter: retryAfter,
+                    random: random(), now: now, expired: current.isExpired(at: now)))
             let retryAt = entries[key]?.timers.status.nextRetryAt
             log.warning(
                 "refresh failed; the current token is still served and the refresh retried",
