@@ -132,6 +132,45 @@ struct AutoLoginTests {
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
     }
 
+    @Test(
+        "Should not list an account whose logins failed, show its backoff in status, and end the backoff when the provider's secret is stored or its configuration reloaded"
+    )
+    func backoffEndsWithNewCredentials() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let user = uniqueName("bot")
+        let fixture = try fixture(server, user: user)
+        for (round, change) in ["provider-secret", "reload"].enumerated() {
+            // Ten minutes of Retry-After: only a change of credentials brings the next login sooner.
+            try await server.post("/control/mode", json: ["mode": "error429", "count": 1, "retry_after": 600])
+            if round == 0 {
+                try fixture.start()
+            } else {
+                #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
+                #expect(try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]).status == 1)
+            }
+            let parked = try await eventually(
+                { try status(fixture, user) }, until: { $0["consecutiveFailures"]?.integerValue == 1 })
+            let retryAt = try #require(parked["nextRetryAt"]?.integerValue, "\(change): \(parked)")
+            #expect(retryAt >= Int64(Date().timeIntervalSince1970) + 500, "\(change): \(parked)")
+            let listed = try vaultctl(fixture.socketPath, ["--json", "list"])
+            #expect(listed.status == 0, "\(listed.stderr)")
+            #expect(!listed.stdout.contains(user), "a failed login is no session: \(listed.stdout)")
+            let logins = try await logins(server)
+            if change == "provider-secret" {
+                let stored = try vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "new-secret")
+                #expect(stored.status == 0, "\(stored.stderr)")
+            } else {
+                kill(try #require(fixture.daemon).process.processIdentifier, SIGHUP)
+            }
+            // AutoLogin: logged in again at once, not in ten minutes.
+            let again = try await eventually(
+                tries: 500, { try status(fixture, user) }, until: { $0["state"]?.stringValue == "logged" })
+            #expect(again["state"]?.stringValue == "logged", "\(change) ends the backoff: \(again)")
+            #expect(try await self.logins(server) == logins + 1, "\(change)")
+        }
+        fixture.daemon?.stop()
+    }
+
     @Test("Should make failed logins wait longer and longer, not storm the server")
     func backoffGrows() async throws {
         let server = try TokenServer(["--lifetime", "600"])

@@ -128,12 +128,14 @@ public enum VaultMethods {
 
     /// The sessions `caller` may see (with `readable`, those whose token it
     /// may read too: a subscription's), and `including` lets through, as
-    /// clients see them.
+    /// clients see them. An account parked after failed logins holds no
+    /// token and is no session: `GetSession` shows its backoff, lists do not.
     static func visibleSessions(
         _ table: SessionTable, _ policy: AccessPolicy, _ caller: Caller, readable: Bool = false,
         including: (SessionKey) -> Bool = { _ in true }
     ) -> [JSON] {
         table.all().compactMap { (key, view) -> JSON? in
+            guard !view.parked else { return nil }
             let visible = readable ? policy.mayWatch(caller, key) : policy.maySee(caller, ownerUID: key.owner)
             guard visible, including(key) else { return nil }
             return view.wireJSON() ?? pendingSessionJSON(key, state: view.state, refresh: view.refresh)
