@@ -228,6 +228,10 @@ public struct VaultCtl {
             let code = session["lastErrorCode"]?.stringValue
             lines.append(("Last error", code.map { "\($0): \(error)" } ?? error))
         }
+        if let code = session["lastProviderCode"]?.stringValue {
+            let words = session["lastProviderMessage"]?.stringValue
+            lines.append(("Provider said", words.map { "\(code): \($0)" } ?? code))
+        }
         if let at = session["nextRetryAt"]?.integerValue { lines.append(("Next retry", Format.time(at))) }
         if session["unsaved"]?.boolValue == true { lines.append(("Unsaved", "yes (the store write is retried)")) }
         if let error = session["tokenFileError"]?.stringValue { lines.append(("Token file", error)) }
@@ -375,6 +379,7 @@ public struct VaultCtl {
             + "\(event["user"]?.stringValue ?? "?") @ \(event["provider"]?.stringValue ?? "?")"
         if let reason = event["reason"]?.stringValue { line += "  reason=\(reason)" }
         if let code = event["code"]?.stringValue { line += "  code=\(code)" }
+        if let code = event["providerCode"]?.stringValue { line += "  providerCode=\(code)" }
         if let expires = event["expiresAt"]?.integerValue { line += "  expires=\(Format.time(expires))" }
         if let source = event["source"]?.stringValue { line += "  source=\(source)" }
         if let client = event["client"]?.stringValue { line += "  client=\(client)" }
@@ -408,15 +413,16 @@ public struct VaultCtl {
     func report(_ error: VaultClientError) -> ExitCode {
         switch error {
         case .reply(let reply):
-            let code = reply.code ?? reply.name
             if json {
-                output.err(
-                    JSON.object([
-                        "error": .string(reply.name), "code": .string(code), "message": .string(reply.message),
-                    ])
-                    .text)
+                var fields: [String: JSON] = [
+                    "error": .string(reply.name), "code": .string(reply.code ?? reply.name),
+                    "message": .string(reply.message),
+                ]
+                fields["providerCode"] = reply.providerCode.map(JSON.string)
+                fields["providerMessage"] = reply.providerMessage.map(JSON.string)
+                output.err(JSON.object(fields).text)
             } else {
-                output.err("vaultctl: \(reply.message) (\(code))")
+                output.err("vaultctl: \(reply)")
             }
             return .daemonError
         case .client(let failure):

@@ -10,10 +10,15 @@ import VaultSystem
 public struct VarlinkErrorReply: Sendable, Equatable, CustomStringConvertible {
     /// The full Varlink error name: `io.vaultd.Vault.NotLoggedIn`.
     public var name: String
-    /// The seed-style code (`ERR_NOT_LOGGED_IN`); nil for `org.varlink.service` errors.
+    /// vaultd's code (`ERR_NOT_LOGGED_IN`); nil for `org.varlink.service` errors.
     public var code: String?
     /// What happened, for a human.
     public var message: String
+    /// The provider's own code for the failure (`invalid_grant`,
+    /// `AUTH_ERR_APIKEY_NOT_FOUND`), when it named one.
+    public var providerCode: String?
+    /// What the provider said of the failure, masked.
+    public var providerMessage: String?
     /// The reply's parameters as they came.
     public var parameters: [String: JSON]
 
@@ -23,6 +28,8 @@ public struct VarlinkErrorReply: Sendable, Equatable, CustomStringConvertible {
         self.name = name
         parameters = reply.parameters
         code = reply.parameters["code"]?.stringValue
+        providerCode = reply.parameters["providerCode"]?.stringValue
+        providerMessage = reply.parameters["providerMessage"]?.stringValue
         if let message = reply.parameters["message"]?.stringValue {
             self.message = message
         } else if let parameter = reply.parameters["parameter"]?.stringValue {
@@ -37,8 +44,11 @@ public struct VarlinkErrorReply: Sendable, Equatable, CustomStringConvertible {
         VaultError(reply: VarlinkReply(error: name, parameters: parameters))?.code
     }
 
-    /// The message and the code, as vaultctl prints them.
-    public var description: String { "\(message) (\(code ?? name))" }
+    /// The message and the codes, as vaultctl prints them:
+    /// `message (CODE)`, or `message (CODE; provider: PROVIDER_CODE)`.
+    public var description: String {
+        "\(message) (\(code ?? name)\(providerCode.map { "; provider: \($0)" } ?? ""))"
+    }
 }
 
 /// Why a typed call of `io.vaultd.Vault` failed.
@@ -569,7 +579,8 @@ public final class VaultEventStream {
                 expiresAt: try p.optionalInt("expiresAt").map(UnixTime.init(seconds:)),
                 message: try p.optionalString("message"),
                 source: try p.optionalString("source").flatMap(ConnectionSource.init(rawValue:)),
-                client: try p.optionalString("client"))
+                client: try p.optionalString("client"), providerCode: try p.optionalString("providerCode"),
+                providerMessage: try p.optionalString("providerMessage"))
         } catch {
             throw .unexpectedReply(
                 method: VaultMethod.subscribe.rawValue, detail: "an event with a bad '\(error.parameter)'")

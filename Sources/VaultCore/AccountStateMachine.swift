@@ -174,13 +174,24 @@ public struct LoginBackoff: Sendable, Equatable {
     public var consecutiveFailures = 0
     /// No login that asks the provider starts before this.
     public var nextRetryAt: UnixTime?
-    /// The code of the last failure (the provider's, or vaultd's seed code).
+    /// vaultd's code of the last failure.
     public var lastErrorCode: String?
     /// What the last failure said; never a secret.
     public var lastError: String?
+    /// The provider's own code of the last failure, when it named one.
+    public var lastProviderCode: String? { lastProvider?.code }
+    /// What the provider said of the last failure, masked.
+    public var lastProviderMessage: String? { lastProvider?.message }
+    /// Both, out of line (every account's entry holds a backoff).
+    private var lastProvider: ProviderWords?
 
     /// No failure.
     public init() {}
+
+    /// Keeps what the provider said of `failure`.
+    mutating func setProviderWords(_ failure: VaultError) {
+        lastProvider = ProviderWords(code: failure.providerCode, message: failure.providerMessage)
+    }
 
     /// True while `now` is before `nextRetryAt`.
     public func isBackingOff(at now: UnixTime) -> Bool { nextRetryAt.map { now < $0 } ?? false }
@@ -194,6 +205,7 @@ public struct LoginBackoff: Sendable, Equatable {
         status.nextRetryAt = nextRetryAt
         status.lastError = lastError
         status.lastErrorCode = lastErrorCode
+        status.setProviderWords(code: lastProviderCode, message: lastProviderMessage)
         return status
     }
 }
@@ -242,12 +254,13 @@ extension AccountStateMachine {
     /// 0..<1 picks the wait), at least the server's `Retry-After`. An
     /// automatic account is logged in again when the wait is over.
     public mutating func loginFailed(
-        code: String, message: String, retryAfter: Int64?, random: Double, now: UnixTime
+        _ failure: VaultError, retryAfter: Int64?, random: Double, now: UnixTime
     ) -> [AutoLoginAction] {
         loginFailed()
         backoff.consecutiveFailures += 1
-        backoff.lastErrorCode = code
-        backoff.lastError = message
+        backoff.lastErrorCode = failure.code.seedCode
+        backoff.lastError = failure.message
+        backoff.setProviderWords(failure)
         let wait = RefreshPolicy.backoff(
             attempt: backoff.consecutiveFailures, random: random, retryAfter: retryAfter)
         let at = now.adding(seconds: wait)

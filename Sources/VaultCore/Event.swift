@@ -32,7 +32,7 @@ public struct VaultEvent: Sendable, Equatable {
     public var time: UnixTime
     /// Why it happened (kickedOffline: kicked, revoked, admin, switched, ...).
     public var reason: String?
-    /// The error code of a failure (loginFailed, logoutFailed).
+    /// vaultd's code of a failure (loginFailed, logoutFailed, tokenInvalid, connectFailed).
     public var code: String?
     /// The token's new expiry (tokenRefreshed).
     public var expiresAt: UnixTime?
@@ -43,13 +43,19 @@ public struct VaultEvent: Sendable, Equatable {
     public var source: ConnectionSource?
     /// The name of the client whose report a `connectionChanged` is.
     public var client: String?
+    /// The provider's own code of a failure, beside vaultd's `code`.
+    public var providerCode: String?
+    /// What the provider said of a failure, masked.
+    public var providerMessage: String?
 
     /// Makes an event.
     public init(
         kind: EventKind, account: Account, ownerUID: UInt32, time: UnixTime, reason: String? = nil,
         code: String? = nil, expiresAt: UnixTime? = nil, message: String? = nil, source: ConnectionSource? = nil,
-        client: String? = nil
+        client: String? = nil, providerCode: String? = nil, providerMessage: String? = nil
     ) {
+        self.providerCode = providerCode
+        self.providerMessage = providerMessage
         self.kind = kind
         self.account = account
         self.ownerUID = ownerUID
@@ -74,6 +80,8 @@ public struct VaultEvent: Sendable, Equatable {
         o["message"] = message.map(JSON.string)
         o["source"] = source.map { .string($0.rawValue) }
         o["client"] = client.map(JSON.string)
+        o["providerCode"] = providerCode.map(JSON.string)
+        o["providerMessage"] = providerMessage.map(JSON.string)
         return .object(o)
     }
 }

@@ -1,8 +1,8 @@
-/// How a provider's failure becomes a `VaultError`: which kind it is, and
-/// which of the provider's codes reach the client unchanged. The chat SDKs
-/// report the server's own code (`AUTH_ERR_APIKEY_NOT_FOUND`,
-/// `ERR_INVALID_API_KEY`), so vaultd does not re-code what an exec helper
-/// answered; the Varlink error name still says the kind.
+/// How a provider's failure becomes a `VaultError`: vaultd's kind (one
+/// vocabulary, whatever the provider), and the provider's own code and
+/// message beside it. The chat SDKs report the server's own code
+/// (`AUTH_ERR_APIKEY_NOT_FOUND`); vaultd reports its kind in `code` and the
+/// server's in `providerCode`, on every surface.
 public enum ProviderFailure {
     /// The code an exec provider's failure carries when its helper program
     /// could not be run at all (missing, not executable, a bad `#!` line).
@@ -14,20 +14,47 @@ public enum ProviderFailure {
         code == helperUnavailable ? .helperUnavailable : .networkError
     }
 
-    /// The kind of a refusal: the kind of that seed code when vaultd has one
-    /// (`ERR_UID_NOT_FOUND`, `ERR_USER_DEACTIVATED`), else `invalidCredential`.
+    /// The kind of a refusal whose code is `code`: a code of vaultd's own
+    /// table keeps its kind (`ERR_UID_NOT_FOUND`, `ERR_USER_DEACTIVATED`,
+    /// `AUTH_ERR_AUTH_TOKEN_NOT_FOUND` for a token the provider does not
+    /// know); OAuth 2.0's `invalid_grant` is a revoked grant; a refused client
+    /// (`invalid_client`, `unauthorized_client`, a helper's wrong API key) an
+    /// invalid client; anything else a credential the provider does not take.
     public static func permanentKind(_ code: String) -> VaultError.Code {
-        VaultError.Code(seedCode: code) ?? .invalidCredential
+        if let own = VaultError.Code(seedCode: code) { return own }
+        switch code {
+        case "invalid_grant": return .grantRevoked
+        case "invalid_client", "unauthorized_client", "AUTH_ERR_APIKEY_NOT_FOUND", "ERR_INVALID_API_KEY":
+            return .invalidClient
+        default: return .invalidCredential
+        }
     }
 
-    /// `code` when it is written as the SDKs write theirs (a capital letter,
-    /// then capitals, digits and `_`, at most 64): it goes to the client as
-    /// it is. Nil for anything else, such as OAuth 2.0's lowercase
-    /// `invalid_grant`, which keeps the kind's seed code.
-    public static func passedThrough(_ code: String?) -> String? {
-        guard let code, let first = code.utf8.first, first >= 0x41, first <= 0x5A, code.utf8.count <= 64,
-            code.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x5F })
+    /// The provider's code as clients get it beside `kind`'s: `code` when it
+    /// is a plausible code (letters, digits, `_`, `-`, `.`; at most 64) and
+    /// not `kind`'s own seed code; nil otherwise.
+    public static func providerCode(_ code: String?, kind: VaultError.Code) -> String? {
+        guard let code, code != kind.seedCode, !code.isEmpty, code.utf8.count <= 64,
+            code.utf8.allSatisfy({
+                ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x5F
+                    || $0 == 0x2D || $0 == 0x2E
+            })
         else { return nil }
         return code
+    }
+
+    /// The error of a refusal (`permanent`): vaultd's kind, `message` for a
+    /// human, the provider's code and its `reason`.
+    public static func refusal(code: String, reason: String, message: String) -> VaultError {
+        let kind = permanentKind(code)
+        return VaultError(
+            kind, message, providerCode: providerCode(code, kind: kind), providerMessage: reason)
+    }
+
+    /// The error of a failure worth retrying (`transient`).
+    public static func transient(code: String?, reason: String, message: String) -> VaultError {
+        let kind = transientKind(code)
+        return VaultError(
+            kind, message, providerCode: providerCode(code, kind: kind), providerMessage: reason)
     }
 }

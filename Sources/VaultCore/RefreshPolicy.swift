@@ -130,8 +130,27 @@ public enum RefreshOutcome: Sendable, Equatable {
     /// `code`: the provider's own code, when it named one (an exec helper's
     /// `error`); `ERR_HELPER_UNAVAILABLE` when the helper could not be run.
     case transient(reason: String, retryAfter: Int64?, code: String? = nil)
-    /// The grant is gone (invalid_grant, invalid_client, 401): log the session out.
+    /// The grant is gone (invalid_grant, invalid_client, 401): log the session
+    /// out. `code`: the provider's own, or vaultd's seed code where it named
+    /// none (`ProviderFailure.permanentKind` sorts it); `reason`: its words.
     case permanent(code: String, reason: String)
+}
+
+/// What a provider said of a failure, kept out of line (`RefreshStatus`).
+final class ProviderWords: Sendable, Equatable {
+    let code: String?
+    let message: String?
+
+    /// The words; nil when there are none.
+    init?(code: String?, message: String?) {
+        guard code != nil || message != nil else { return nil }
+        self.code = code
+        self.message = message
+    }
+
+    static func == (lhs: ProviderWords, rhs: ProviderWords) -> Bool {
+        lhs.code == rhs.code && lhs.message == rhs.message
+    }
 }
 
 /// The connection state of a session, as OpenIM names it.
@@ -150,8 +169,24 @@ public struct RefreshStatus: Sendable, Equatable {
     public var lastAttemptAt: UnixTime?
     public var consecutiveFailures: Int = 0
     public var lastError: String?
-    /// The code of the last failure, where one is known (a failed login's).
+    /// vaultd's code of the last failure (`ERR_NETWORK_ERROR`, ...).
     public var lastErrorCode: String?
+    /// The provider's own code of the last failure, when it named one.
+    public var lastProviderCode: String? { lastProvider?.code }
+    /// What the provider said of the last failure, masked.
+    public var lastProviderMessage: String? { lastProvider?.message }
+    /// Both, out of line: most sessions never fail, and each holds a status.
+    private var lastProvider: ProviderWords?
+
+    /// Keeps what the provider said of `failure` (nothing for nil).
+    public mutating func setProviderWords(_ failure: VaultError?) {
+        setProviderWords(code: failure?.providerCode, message: failure?.providerMessage)
+    }
+
+    /// Keeps the provider's `code` and `message` of the last failure.
+    public mutating func setProviderWords(code: String?, message: String?) {
+        lastProvider = ProviderWords(code: code, message: message)
+    }
     public var nextRetryAt: UnixTime?
     public var connection: ConnectionState?
     /// The latest tokens are in memory only: the store write failed and is retried.
@@ -170,6 +205,8 @@ public struct RefreshStatus: Sendable, Equatable {
         o["connection"] = connection.map { .string($0.rawValue) }
         if unsaved { o["unsaved"] = true }
         o["lastErrorCode"] = lastErrorCode.map(JSON.string)
+        o["lastProviderCode"] = lastProviderCode.map(JSON.string)
+        o["lastProviderMessage"] = lastProviderMessage.map(JSON.string)
         return o
     }
 }

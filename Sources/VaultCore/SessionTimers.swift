@@ -61,10 +61,10 @@ public struct SessionTimers: Sendable, Equatable {
         case refreshStarted
         /// The refresh got new tokens; `saved` says whether they are in the store.
         case refreshed(Facts, saved: Bool, now: UnixTime)
-        /// The refresh failed in a way worth retrying, with vaultd's `code`
-        /// for it; `random` in 0..<1 picks the backoff.
-        case refreshFailed(
-            reason: String, code: String, retryAfter: Int64?, random: Double, now: UnixTime, expired: Bool)
+        /// The refresh failed in a way worth retrying (`failure`: vaultd's
+        /// code and message, the provider's code and message); `random` in
+        /// 0..<1 picks the backoff.
+        case refreshFailed(VaultError, retryAfter: Int64?, random: Double, now: UnixTime, expired: Bool)
         /// The provider refused for good (invalid_grant, 401, ...).
         case refreshRefused(code: String, reason: String)
         /// The refresh found the session gone or replaced; nothing to do.
@@ -102,9 +102,9 @@ public struct SessionTimers: Sendable, Equatable {
         /// End the session: log it out as vaultd, with this reason and event.
         case end(reason: String, kind: EventKind)
         /// The connection state changed: tell subscribers (`connectionChanged`),
-        /// with the failure's code and message for `connectFailed` (as
+        /// with the failure for `connectFailed` (its codes and messages, as
         /// OpenIM's `onConnectFailed(code, err)`).
-        case connection(ConnectionState, code: String? = nil, message: String? = nil)
+        case connection(ConnectionState, failure: VaultError? = nil)
     }
 
     /// How long refreshed tokens that could not be written wait before the next write.
@@ -180,6 +180,7 @@ public struct SessionTimers: Sendable, Equatable {
             status.lastError = nil
             status.nextRetryAt = nil
             status.lastErrorCode = nil
+            status.setProviderWords(nil)
             status.unsaved = !saved
             var actions = schedule(facts, now: now)
             actions.append(
@@ -187,16 +188,17 @@ public struct SessionTimers: Sendable, Equatable {
             if status.connection != .connected { actions.append(.connection(.connected)) }
             status.connection = .connected
             return actions
-        case .refreshFailed(let reason, let code, let retryAfter, let random, let now, let expired):
+        case .refreshFailed(let failure, let retryAfter, let random, let now, let expired):
             refreshing = false
             // Told when the state changes (each retry starts as `connecting`).
             let news = status.connection != .connectFailed
             status.consecutiveFailures += 1
             status.lastAttemptAt = now
-            status.lastError = reason
-            status.lastErrorCode = code
+            status.lastError = failure.message
+            status.lastErrorCode = failure.code.seedCode
+            status.setProviderWords(failure)
             status.connection = .connectFailed
-            let told: [Action] = news ? [.connection(.connectFailed, code: code, message: reason)] : []
+            let told: [Action] = news ? [.connection(.connectFailed, failure: failure)] : []
             if expired && expiredWhileRefreshing {
                 expiredWhileRefreshing = false
                 return told + [.end(reason: "tokenExpired", kind: .tokenExpired)]

@@ -31,6 +31,9 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case refreshBackingOff
         case tooManyProviderRequests
         case tooManyRevocations
+        case invalidClient
+        case grantRevoked
+        case cannotRefresh
 
         /// How a kind of failure is named on the wire and by the SDKs, and what
         /// it means: the `io.vaultd.Vault` error's name and doc comment, and
@@ -207,6 +210,29 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                         sent; try again from retryAt on.
                         """,
                     retryAt: true)
+            case .invalidClient:
+                return Declaration(
+                    varlinkName: "InvalidClient", seedCode: "ERR_INVALID_CLIENT",
+                    doc: """
+                        The provider refused vaultd's own credentials for it: OAuth 2.0's
+                        invalid_client or unauthorized_client, a 401 or 403 of the token endpoint, an
+                        exec helper's wrong API key (CometChat's AUTH_ERR_APIKEY_NOT_FOUND). Fix the
+                        client secret (vaultctl provider-secret) or the helper's settings.
+                        """)
+            case .grantRevoked:
+                return Declaration(
+                    varlinkName: "GrantRevoked", seedCode: "ERR_GRANT_REVOKED",
+                    doc: """
+                        The provider no longer honours the session's grant (OAuth 2.0's
+                        invalid_grant: a refresh token revoked, expired or used twice): log in again.
+                        """)
+            case .cannotRefresh:
+                return Declaration(
+                    varlinkName: "CannotRefresh", seedCode: "ERR_CANNOT_REFRESH",
+                    doc: """
+                        The session cannot be refreshed: its provider has no way to (a static
+                        provider) or it holds no refresh token. Log in again for new tokens.
+                        """)
             case .tooManyRevocations:
                 return Declaration(
                     varlinkName: "TooManyRevocations", seedCode: "ERR_TOO_MANY_REVOCATIONS",
@@ -236,12 +262,15 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
     public var code: Code
     /// What happened and what to do, for a human. Never holds a secret.
     public var message: String
-    /// The code the provider answered (an exec helper's `error`, such as
-    /// `AUTH_ERR_APIKEY_NOT_FOUND` or `ERR_INVALID_API_KEY`), passed through
-    /// unchanged as the reply's `code` instead of `code.seedCode`: the SDKs
-    /// report the chat server's own code, and so does vaultd. Nil for
-    /// vaultd's own errors.
+    /// The code the provider answered, as it wrote it (OAuth 2.0's
+    /// `invalid_grant`, an exec helper's `AUTH_ERR_APIKEY_NOT_FOUND`), beside
+    /// vaultd's own `code`: every surface (replies, events, `GetSession`,
+    /// vaultctl, the clients) carries the same pair. Nil for vaultd's own
+    /// errors, and when the provider's code is vaultd's.
     public var providerCode: String?
+    /// What the provider said of the failure, masked (`Redactor`); nil for
+    /// vaultd's own errors.
+    public var providerMessage: String?
     /// When the call may be tried again, for the codes that say
     /// (`Declaration.retryAt`): the reply's `retryAt`, in Unix seconds.
     public var retryAt: UnixTime?
@@ -252,19 +281,19 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         self.message = message
     }
 
-    /// Makes an error of `code` whose reply carries the provider's own code.
-    public init(_ code: Code, _ message: String, providerCode: String?) {
+    /// Makes an error of `code` that carries the provider's own code and message.
+    public init(_ code: Code, _ message: String, providerCode: String?, providerMessage: String? = nil) {
         self.init(code, message)
         self.providerCode = providerCode
+        self.providerMessage = providerMessage
     }
-
-    /// The code a reply carries: the provider's, when it gave one, else the seed code.
-    public var replyCode: String { providerCode ?? code.seedCode }
 
     /// Errors are equal when their codes are; the message is for humans.
     public static func == (lhs: VaultError, rhs: VaultError) -> Bool { lhs.code == rhs.code }
 
-    public var description: String { "\(replyCode): \(message)" }
+    public var description: String {
+        "\(code.seedCode): \(message)" + (providerCode.map { " (provider: \($0))" } ?? "")
+    }
 }
 
 extension VaultError {

@@ -5,10 +5,12 @@ extension VaultError {
     /// The full Varlink error name of this error's code.
     public var varlinkName: String { "\(VaultInterface.name).\(code.varlinkErrorName)" }
 
-    /// The error as a Varlink reply: its name, the seed-style code (or the
-    /// provider's own, `providerCode`) and the message.
+    /// The error as a Varlink reply: its name, vaultd's code and message, and
+    /// the provider's own code and message when it named them.
     public var varlinkReply: VarlinkReply {
-        var parameters: [String: JSON] = ["code": .string(replyCode), "message": .string(message)]
+        var parameters: [String: JSON] = ["code": .string(code.seedCode), "message": .string(message)]
+        parameters["providerCode"] = providerCode.map(JSON.string)
+        parameters["providerMessage"] = providerMessage.map(JSON.string)
         if code.declaration.retryAt, let retryAt { parameters["retryAt"] = .int(retryAt.seconds) }
         return VarlinkReply(error: varlinkName, parameters: parameters)
     }
@@ -20,10 +22,10 @@ extension VaultError {
                 "\(VaultInterface.name).\($0.varlinkErrorName)" == name
             })
         else { return nil }
-        let wireCode = reply.parameters["code"]?.stringValue
         self.init(
             code, reply.parameters["message"]?.stringValue ?? name,
-            providerCode: wireCode == code.seedCode ? nil : wireCode)
+            providerCode: reply.parameters["providerCode"]?.stringValue,
+            providerMessage: reply.parameters["providerMessage"]?.stringValue)
         retryAt = reply.parameters["retryAt"]?.integerValue.map(UnixTime.init(seconds:))
     }
 }

@@ -32,7 +32,11 @@ public enum VaultInterface {
         errors: VaultError.Code.allCases.map { code in
             VarlinkErrorDeclaration(
                 code.varlinkErrorName, doc: code.declaration.doc,
-                parameters: [VarlinkField("code", .string), VarlinkField("message", .string)]
+                parameters: [
+                    VarlinkField("code", .string), VarlinkField("message", .string),
+                    VarlinkField("providerCode", .nullable(.string)),
+                    VarlinkField("providerMessage", .nullable(.string)),
+                ]
                     + (code.declaration.retryAt ? [VarlinkField("retryAt", .nullable(.int))] : []))
         })
 
@@ -82,7 +86,9 @@ public enum VaultInterface {
                 connected, connectFailed). An account that is not logged in but failed to
                 (state logout) or that vaultd keeps logged in (AutoLogin=yes) shows its failed
                 logins: consecutiveFailures, lastError and lastErrorCode, and nextRetryAt, before
-                which no login that asks the provider starts (LoginBackingOff). clients:
+                which no login that asks the provider starts (LoginBackingOff). lastErrorCode is
+                vaultd's code of the last failure, lastProviderCode and lastProviderMessage the
+                provider's own code and words, as the error and the event carried them. clients:
                 the clients that report their own connection to the chat server
                 (SetConnectionState), absent when none does. tokenFileError: why the
                 session's TokenFile= could not be written, until a later write succeeds.
@@ -109,6 +115,8 @@ public enum VaultInterface {
                 VarlinkField("clients", .nullable(.array(.named("ClientConnection")))),
                 VarlinkField("lastErrorCode", .nullable(.string)),
                 VarlinkField("tokenFileError", .nullable(.string)),
+                VarlinkField("lastProviderCode", .nullable(.string)),
+                VarlinkField("lastProviderMessage", .nullable(.string)),
             ])),
         VarlinkTypeDeclaration(
             "Event",
@@ -119,9 +127,10 @@ public enum VaultInterface {
                 storeChanged, tokenFileFailed. reason says why (kickedOffline: kicked, revoked,
                 admin, switched, ...; storeChanged: the new StoreState, sent for every live
                 session; tokenFileFailed: write or remove; connectionChanged: the new
-                state, told only when it changes), code is the error code of a failure
-                and message its text (connectFailed: vaultd's code, the provider's
-                message). Never holds a secret.
+                state, told only when it changes). A failure (loginFailed, logoutFailed,
+                tokenInvalid, connectFailed) carries vaultd's code and message, and the
+                provider's own providerCode and providerMessage when it named them: the same
+                pair as the error reply and GetSession. Never holds a secret.
                 """,
             .structure([
                 VarlinkField("kind", .string),
@@ -135,6 +144,8 @@ public enum VaultInterface {
                 VarlinkField("message", .nullable(.string)),
                 VarlinkField("source", .nullable(.string)),
                 VarlinkField("client", .nullable(.string)),
+                VarlinkField("providerCode", .nullable(.string)),
+                VarlinkField("providerMessage", .nullable(.string)),
             ])),
         VarlinkTypeDeclaration(
             "ClientConnection",

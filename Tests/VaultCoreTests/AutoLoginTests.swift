@@ -15,7 +15,7 @@ private func machine(autoLogin: Bool = true, reloginAfterKick: Bool = false) -> 
 private func fail(
     _ m: inout AccountStateMachine, now: UnixTime, random: Double = 0.5, retryAfter: Int64? = nil
 ) -> [AccountStateMachine.AutoLoginAction] {
-    m.loginFailed(code: "ERR_NETWORK_ERROR", message: "HTTP 503", retryAfter: retryAfter, random: random, now: now)
+    m.loginFailed(VaultError(.networkError, "HTTP 503"), retryAfter: retryAfter, random: random, now: now)
 }
 
 @Suite("AccountStateMachine: automatic login and login backoff", .timeLimit(.minutes(5)))

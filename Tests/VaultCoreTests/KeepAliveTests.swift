@@ -88,7 +88,7 @@ struct KeepAliveTests {
         _ = timers.handle(.refreshStarted)
         let failed = timers.handle(
             .refreshFailed(
-                reason: "HTTP 503", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: refreshAt,
+                VaultError(.networkError, "HTTP 503"), retryAfter: nil, random: 0, now: refreshAt,
                 expired: false))
         #expect(!ends(failed))
         #expect(deadline(.refresh, in: failed) != nil, "retried")
@@ -98,7 +98,7 @@ struct KeepAliveTests {
         _ = timers.handle(.refreshStarted)
         let last = timers.handle(
             .refreshFailed(
-                reason: "HTTP 503", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: expiry, expired: true))
+                VaultError(.networkError, "HTTP 503"), retryAfter: nil, random: 0, now: expiry, expired: true))
         #expect(last.last == .end(reason: "tokenExpired", kind: .tokenExpired))
     }
 }

@@ -90,34 +90,45 @@ struct NoExpiryTests {
 
 @Suite("Provider failures", .timeLimit(.minutes(5)))
 struct ProviderFailureTests {
-    @Test("Should pass the SDKs' codes through and keep OAuth 2.0's lowercase ones to the kind's seed code")
-    func passedThrough() {
-        #expect(ProviderFailure.passedThrough("AUTH_ERR_APIKEY_NOT_FOUND") == "AUTH_ERR_APIKEY_NOT_FOUND")
-        #expect(ProviderFailure.passedThrough("ERR_INVALID_API_KEY") == "ERR_INVALID_API_KEY")
-        #expect(ProviderFailure.passedThrough("invalid_grant") == nil)
-        #expect(ProviderFailure.passedThrough("http_401") == nil)
-        #expect(ProviderFailure.passedThrough("ERR x") == nil)
-        #expect(ProviderFailure.passedThrough("_ERR") == nil)
-        #expect(ProviderFailure.passedThrough(String(repeating: "E", count: 65)) == nil)
-        #expect(ProviderFailure.passedThrough(nil) == nil)
+    @Test("Should keep a plausible provider code beside vaultd's, and none that repeats it")
+    func providerCode() {
+        #expect(
+            ProviderFailure.providerCode("AUTH_ERR_APIKEY_NOT_FOUND", kind: .invalidClient)
+                == "AUTH_ERR_APIKEY_NOT_FOUND")
+        #expect(ProviderFailure.providerCode("invalid_grant", kind: .grantRevoked) == "invalid_grant")
+        #expect(ProviderFailure.providerCode("ERR_INVALID_CLIENT", kind: .invalidClient) == nil)
+        #expect(ProviderFailure.providerCode("ERR x", kind: .networkError) == nil)
+        #expect(ProviderFailure.providerCode(String(repeating: "E", count: 65), kind: .networkError) == nil)
+        #expect(ProviderFailure.providerCode(nil, kind: .networkError) == nil)
     }
 
-    @Test("Should sort a failure into a kind: seed codes vaultd knows, else invalidCredential or networkError")
+    @Test(
+        "Should sort a failure into one of vaultd's kinds: its own codes, a revoked grant, a refused client, else invalidCredential or networkError"
+    )
     func kinds() {
         #expect(ProviderFailure.permanentKind("ERR_UID_NOT_FOUND") == .uidNotFound)
-        #expect(ProviderFailure.permanentKind("AUTH_ERR_APIKEY_NOT_FOUND") == .invalidCredential)
+        #expect(ProviderFailure.permanentKind("ERR_USER_DEACTIVATED") == .userDeactivated)
+        #expect(ProviderFailure.permanentKind("AUTH_ERR_AUTH_TOKEN_NOT_FOUND") == .invalidCredential)
+        #expect(ProviderFailure.permanentKind("AUTH_ERR_APIKEY_NOT_FOUND") == .invalidClient)
+        #expect(ProviderFailure.permanentKind("invalid_client") == .invalidClient)
+        #expect(ProviderFailure.permanentKind("unauthorized_client") == .invalidClient)
+        #expect(ProviderFailure.permanentKind("invalid_grant") == .grantRevoked)
+        #expect(ProviderFailure.permanentKind("ERR_CANNOT_REFRESH") == .cannotRefresh)
+        #expect(ProviderFailure.permanentKind("ERR_SOMETHING_ELSE") == .invalidCredential)
         #expect(ProviderFailure.transientKind(nil) == .networkError)
         #expect(ProviderFailure.transientKind("ERR_INVALID_API_KEY") == .networkError)
         #expect(ProviderFailure.transientKind("ERR_HELPER_UNAVAILABLE") == .helperUnavailable)
     }
 
-    @Test("Should carry the provider's code as the reply code, keeping the kind")
-    func replyCode() {
-        let error = VaultError(.invalidCredential, "refused", providerCode: "AUTH_ERR_APIKEY_NOT_FOUND")
-        #expect(error.replyCode == "AUTH_ERR_APIKEY_NOT_FOUND")
-        #expect(error == VaultError(.invalidCredential, "other"), "equal on the kind")
-        #expect("\(error)" == "AUTH_ERR_APIKEY_NOT_FOUND: refused")
-        #expect(VaultError(.networkError, "x").replyCode == "ERR_NETWORK_ERROR")
+    @Test("Should carry vaultd's code and the provider's code and words side by side")
+    func refusalPair() {
+        let error = ProviderFailure.refusal(
+            code: "AUTH_ERR_APIKEY_NOT_FOUND", reason: "API key not found", message: "the provider refused")
+        #expect(error.code == .invalidClient)
+        #expect(error.providerCode == "AUTH_ERR_APIKEY_NOT_FOUND")
+        #expect(error.providerMessage == "API key not found")
+        #expect("\(error)" == "ERR_INVALID_CLIENT: the provider refused (provider: AUTH_ERR_APIKEY_NOT_FOUND)")
+        #expect(error == VaultError(.invalidClient, "other"), "equal on the kind")
         #expect(VaultError.Code.helperUnavailable.declaration.varlinkName == "HelperUnavailable")
     }
 }
@@ -133,9 +144,9 @@ struct NoExpiryFailureTests {
         _ = timers.handle(.refreshStarted)
         let actions = timers.handle(
             .refreshFailed(
-                reason: "ERR_NETWORK_ERROR: down", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0.5, now: now,
+                VaultError(.networkError, "ERR_NETWORK_ERROR: down"), retryAfter: nil, random: 0.5, now: now,
                 expired: false))
-        #expect(actions == [.connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "ERR_NETWORK_ERROR: down")])
+        #expect(actions == [.connection(.connectFailed, failure: VaultError(.networkError, "ERR_NETWORK_ERROR: down"))])
         // No timer, but a client asking again waits the backoff out (ClientRefresh).
         #expect(timers.status.nextRetryAt == now.adding(seconds: 1))
         #expect(timers.status.consecutiveFailures == 1)

@@ -194,7 +194,7 @@ struct ProviderTrafficTests {
         _ = timers.handle(.refreshStarted)
         let actions = timers.handle(
             .refreshFailed(
-                reason: "HTTP 500", code: "ERR_NETWORK_ERROR", retryAfter: 120, random: 0, now: t(10), expired: false))
+                VaultError(.networkError, "HTTP 500"), retryAfter: 120, random: 0, now: t(10), expired: false))
         #expect(!actions.contains { if case .schedule = $0 { true } else { false } }, "no scheduled retry")
         #expect(timers.status.nextRetryAt == t(130))
         #expect(timers.status.lastAttemptAt == t(10))

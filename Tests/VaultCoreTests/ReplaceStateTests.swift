@@ -95,8 +95,7 @@ struct SessionTimersReplacedTests {
         _ = timers.handle(.stored(facts(), now: now))
         _ = timers.handle(.refreshStarted)
         _ = timers.handle(
-            .refreshFailed(
-                reason: "503", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0.5, now: now, expired: false))
+            .refreshFailed(VaultError(.networkError, "503"), retryAfter: nil, random: 0.5, now: now, expired: false))
         _ = timers.handle(.refreshStarted)
         _ = timers.handle(.refreshRefused(code: "invalid_grant", reason: "refused"))
         _ = timers.handle(.endFailed(reason: "tokenInvalid", kind: .tokenInvalid, now: now))

@@ -199,9 +199,9 @@ struct SessionTimersDueTests {
         clock.advance(2)
         let actions = timers.handle(
             .refreshFailed(
-                reason: "timeout", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now, expired: true)
+                VaultError(.networkError, "timeout"), retryAfter: nil, random: 0, now: clock.now, expired: true)
         )
-        #expect(actions == [.connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "timeout"), expiredEnd])
+        #expect(actions == [.connection(.connectFailed, failure: VaultError(.networkError, "timeout")), expiredEnd])
         #expect(!timers.expiredWhileRefreshing)
         #expect(!timers.refreshing)
     }
@@ -218,7 +218,7 @@ struct SessionTimersDueTests {
         #expect(timers.expiredWhileRefreshing)
         let actions = timers.handle(
             .refreshFailed(
-                reason: "HTTP 503", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now, expired: true
+                VaultError(.networkError, "HTTP 503"), retryAfter: nil, random: 0, now: clock.now, expired: true
             ))
         #expect(actions.last == expiredEnd)
     }
@@ -238,7 +238,7 @@ struct SessionTimersDueTests {
         _ = timers.handle(.refreshStarted)
         let failed = timers.handle(
             .refreshFailed(
-                reason: "timeout", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now, expired: true)
+                VaultError(.networkError, "timeout"), retryAfter: nil, random: 0, now: clock.now, expired: true)
         )
         #expect(!failed.contains(expiredEnd))
         #expect(deadline(.refresh, in: failed) != nil)
@@ -252,12 +252,12 @@ struct SessionTimersDueTests {
         _ = timers.handle(.refreshStarted)
         let actions = timers.handle(
             .refreshFailed(
-                reason: "timeout", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now, expired: true)
+                VaultError(.networkError, "timeout"), retryAfter: nil, random: 0, now: clock.now, expired: true)
         )
         #expect(
             actions == [
                 .schedule(.refresh, at: clock.now.adding(seconds: 1)),
-                .connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "timeout"),
+                .connection(.connectFailed, failure: VaultError(.networkError, "timeout")),
             ])
         // The expiry deadline then comes and starts the next attempt, which decides.
         #expect(timers.handle(.due(.expire, now: clock.now, expired: true)) == [.startRefresh])
@@ -286,13 +286,13 @@ struct SessionTimersRefreshTests {
             _ = timers.handle(.refreshStarted)
             let actions = timers.handle(
                 .refreshFailed(
-                    reason: "HTTP 502", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0.999, now: clock.now,
+                    VaultError(.networkError, "HTTP 502"), retryAfter: nil, random: 0.999, now: clock.now,
                     expired: false))
             let wait = RefreshPolicy.backoff(attempt: attempt, random: 0.999)
             #expect(
                 actions == [
                     .schedule(.refresh, at: clock.now.adding(seconds: wait)),
-                    .connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "HTTP 502"),
+                    .connection(.connectFailed, failure: VaultError(.networkError, "HTTP 502")),
                 ])
             #expect(timers.status.consecutiveFailures == attempt)
             #expect(timers.status.nextRetryAt == clock.now.adding(seconds: wait))
@@ -314,7 +314,7 @@ struct SessionTimersRefreshTests {
             _ = timers.handle(.refreshStarted)
             last = timers.handle(
                 .refreshFailed(
-                    reason: "down", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0.999, now: clock.now,
+                    VaultError(.networkError, "down"), retryAfter: nil, random: 0.999, now: clock.now,
                     expired: false))
         }
         #expect(timers.status.consecutiveFailures == 20)
@@ -329,7 +329,7 @@ struct SessionTimersRefreshTests {
         _ = timers.handle(.refreshStarted)
         let polite = timers.handle(
             .refreshFailed(
-                reason: "HTTP 429", code: "ERR_NETWORK_ERROR", retryAfter: 120, random: 0, now: clock.now,
+                VaultError(.networkError, "HTTP 429"), retryAfter: 120, random: 0, now: clock.now,
                 expired: false))
         #expect(deadline(.refresh, in: polite) == clock.now.adding(seconds: 120))
         #expect(timers.status.nextRetryAt == clock.now.adding(seconds: 120))
@@ -337,7 +337,7 @@ struct SessionTimersRefreshTests {
         _ = timers.handle(.refreshStarted)
         let greedy = timers.handle(
             .refreshFailed(
-                reason: "HTTP 429", code: "ERR_NETWORK_ERROR", retryAfter: 86_400, random: 0, now: clock.now,
+                VaultError(.networkError, "HTTP 429"), retryAfter: 86_400, random: 0, now: clock.now,
                 expired: false))
         #expect(deadline(.refresh, in: greedy) == clock.now.adding(seconds: RefreshPolicy.longestRetryAfter))
     }
@@ -350,7 +350,7 @@ struct SessionTimersRefreshTests {
         _ = timers.handle(.refreshStarted)
         _ = timers.handle(
             .refreshFailed(
-                reason: "HTTP 500", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0, now: clock.now,
+                VaultError(.networkError, "HTTP 500"), retryAfter: nil, random: 0, now: clock.now,
                 expired: false))
         clock.advance(1)
         _ = timers.handle(.refreshStarted)
@@ -397,11 +397,11 @@ struct SessionTimersRefreshTests {
         #expect(told(timers.handle(.refreshStarted)).isEmpty)
         let failed = timers.handle(
             .refreshFailed(
-                reason: "HTTP 503: down for maintenance", code: "ERR_NETWORK_ERROR", retryAfter: nil, random: 0,
+                VaultError(.networkError, "HTTP 503: down for maintenance"), retryAfter: nil, random: 0,
                 now: clock.now, expired: false))
         #expect(
             told(failed) == [
-                .connection(.connectFailed, code: "ERR_NETWORK_ERROR", message: "HTTP 503: down for maintenance")
+                .connection(.connectFailed, failure: VaultError(.networkError, "HTTP 503: down for maintenance"))
             ])
         #expect(timers.status.lastErrorCode == "ERR_NETWORK_ERROR")
         // The retry connects again, and its success is news.

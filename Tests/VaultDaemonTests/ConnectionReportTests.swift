@@ -58,17 +58,23 @@ struct ConnectionReportTests {
         #expect(h.manager.table.view(of: h.key("u"))?.clients.map(\.name) == ["root"])
     }
 
-    @Test("Should end the session with tokenInvalid carrying the provider's code and message")
+    @Test("Should end the session with tokenInvalid carrying vaultd's code and the provider's code and message")
     func tokenInvalidCarriesCause() async throws {
         let h = try ManagerHarness()
         try await h.login("u")
         h.provider.state.withLock { $0.mode = .refused }
-        await #expect(throws: VaultError(.invalidCredential, "")) {
-            try await h.manager.refresh(h.key("u"), caller: ManagerHarness.alice)
+        var refused: VaultError?
+        do throws(VaultError) { _ = try await h.manager.refresh(h.key("u"), caller: ManagerHarness.alice) } catch {
+            refused = error
         }
+        #expect(refused?.code == .grantRevoked)
+        #expect(refused?.providerCode == "invalid_grant")
         await h.settle()
         let invalid = try #require(h.events.all.first { $0.kind == .tokenInvalid })
-        #expect(invalid.code == "invalid_grant")
-        #expect(invalid.message == "refused (injected)")
+        // The same pair as the error: vaultd's code, the provider's code and words.
+        #expect(invalid.code == "ERR_GRANT_REVOKED")
+        #expect(invalid.providerCode == "invalid_grant")
+        #expect(invalid.providerMessage == "refused (injected)")
+        #expect(invalid.message == refused?.message)
     }
 }

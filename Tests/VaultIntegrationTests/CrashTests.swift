@@ -336,7 +336,7 @@ struct CrashTests {
                     let before = try await rig.counter("refresh_requests")
                     let again = try rig.call(.refresh, ["provider": "oauth", "user": .string(user)])
                     #expect(
-                        again.error == "io.vaultd.Vault.InvalidCredential", "\(again) — seed \(seed) round \(index)")
+                        again.error == "io.vaultd.Vault.GrantRevoked", "\(again) — seed \(seed) round \(index)")
                     let kinds = rig.kinds(until: "tokenInvalid", on: watcher)
                     #expect(kinds.filter { $0 == "tokenInvalid" }.count == 1, "\(kinds) — seed \(seed) round \(index)")
                     let token = try rig.call(.getToken, ["provider": "oauth", "user": .string(user)])

@@ -27,7 +27,7 @@ struct EventFidelityTests {
         return nil
     }
 
-    @Test("Should carry the token endpoint's code and a message in tokenInvalid, and no token")
+    @Test("Should carry vaultd's code, the token endpoint's code and its words in tokenInvalid, and no token")
     func tokenInvalidCarriesCodeAndMessage() async throws {
         let server = try TokenServer(["--lifetime", "600"])
         let fixture = try start(server)
@@ -40,14 +40,19 @@ struct EventFidelityTests {
         try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 1)
         let event = try #require(try next(.tokenInvalid, on: watcher))
-        #expect(event.code == "invalid_grant")
-        #expect(event.message?.contains("invalid_grant") == true, "\(String(describing: event.message))")
+        #expect(event.code == "ERR_GRANT_REVOKED")
+        #expect(event.providerCode == "invalid_grant")
+        #expect(
+            event.providerMessage?.contains("invalid_grant") == true, "\(String(describing: event.providerMessage))")
+        #expect(event.message?.isEmpty == false)
         #expect(event.reason == "tokenInvalid")
         #expect(!token.isEmpty && !watcher.rawText.contains(token), "no token in any event")
         // vaultctl watch shows them too.
         let line = try #require(
             watcher.rawText.split(separator: "\n").first { $0.contains(#""kind":"tokenInvalid""#) })
-        #expect(line.contains(#""code":"invalid_grant""#) && line.contains(#""message":"#), "\(line)")
+        #expect(
+            line.contains(#""code":"ERR_GRANT_REVOKED""#) && line.contains(#""providerCode":"invalid_grant""#)
+                && line.contains(#""message":"#), "\(line)")
     }
 
     @Test("Should carry the provider's code and a message in loginFailed when the provider refuses a login")

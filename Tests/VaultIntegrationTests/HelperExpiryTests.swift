@@ -140,14 +140,15 @@ struct HelperExpiryTests {
         #expect(try vaultctl(fixture.socketPath, ["logout", "cometchat", "alice"]).status == 0)
     }
 
-    @Test("Should pass the helper's error codes through unchanged")
+    @Test("Should report a helper's refusal with vaultd's code and the helper's own code beside it")
     func helperCodesPassThrough() throws {
         let standIns = try ChatStandIns()
         let wrongKey = try fixture(standIns, apiKey: "wrong-key")
         try wrongKey.start()
         let refused = try vaultctl(wrongKey.socketPath, ["login", "cometchat", "alice", "--from-provider"])
         #expect(refused.status == 1)
-        #expect(refused.stderr.contains("(AUTH_ERR_APIKEY_NOT_FOUND)"), "\(refused.stderr)")
+        #expect(
+            refused.stderr.contains("(ERR_INVALID_CLIENT; provider: AUTH_ERR_APIKEY_NOT_FOUND)"), "\(refused.stderr)")
 
         let dir = try TemporaryDirectory()
         let helper = dir.path("invalid-key-helper")
@@ -162,8 +163,10 @@ struct HelperExpiryTests {
         try custom.start()
         let failed = try vaultctl(custom.socketPath, ["--json", "login", "cometchat", "alice", "--from-provider"])
         #expect(failed.status == 1)
-        #expect(failed.stderr.contains("ERR_INVALID_API_KEY"), "\(failed.stderr)")
-        #expect(!failed.stderr.contains("ERR_NETWORK_ERROR"), "\(failed.stderr)")
+        let error = try JSON.parse(Array(failed.stderr.utf8))
+        #expect(error["code"]?.stringValue == "ERR_INVALID_CLIENT", "\(failed.stderr)")
+        #expect(error["providerCode"]?.stringValue == "ERR_INVALID_API_KEY", "\(failed.stderr)")
+        #expect(error["providerMessage"]?.stringValue == "the API key is not valid for this app", "\(failed.stderr)")
     }
 
     @Test("Should refuse a missing or non-executable helper at --check-config, and keep the old config at reload")

@@ -4,16 +4,24 @@ import VaultProtocol
 
 @Suite("Provider codes on the wire", .timeLimit(.minutes(5)))
 struct ProviderCodeTests {
-    @Test("Should send a helper's code as the reply's code under the kind's error name, and read it back")
-    func providerCodeRoundTrip() {
-        let error = VaultError(.invalidCredential, "the provider refused", providerCode: "AUTH_ERR_APIKEY_NOT_FOUND")
-        let reply = error.varlinkReply
-        #expect(reply.error == "io.vaultd.Vault.InvalidCredential")
-        #expect(reply.parameters["code"]?.stringValue == "AUTH_ERR_APIKEY_NOT_FOUND")
-        let back = VaultError(reply: reply)
-        #expect(back?.code == .invalidCredential)
-        #expect(back?.providerCode == "AUTH_ERR_APIKEY_NOT_FOUND")
+    @Test("Should send vaultd's code and the provider's code and words apart, and read them back, for every code")
+    func everyCodeRoundTrips() {
+        for code in VaultError.Code.allCases {
+            let error = VaultError(
+                code, "what happened", providerCode: "AUTH_ERR_APIKEY_NOT_FOUND", providerMessage: "its words")
+            let reply = error.varlinkReply
+            #expect(reply.error == "io.vaultd.Vault.\(code.varlinkErrorName)")
+            #expect(reply.parameters["code"]?.stringValue == code.seedCode, "\(code)")
+            #expect(reply.parameters["providerCode"]?.stringValue == "AUTH_ERR_APIKEY_NOT_FOUND")
+            #expect(reply.parameters["providerMessage"]?.stringValue == "its words")
+            let back = VaultError(reply: reply)
+            #expect(back?.code == code)
+            #expect(back?.message == "what happened")
+            #expect(back?.providerCode == "AUTH_ERR_APIKEY_NOT_FOUND")
+            #expect(back?.providerMessage == "its words")
+        }
         let own = VaultError(reply: VaultError(.notLoggedIn, "no").varlinkReply)
-        #expect(own?.providerCode == nil && own?.replyCode == "ERR_NOT_LOGGED_IN")
+        #expect(own?.providerCode == nil && own?.providerMessage == nil)
+        #expect(VaultError(.notLoggedIn, "no").varlinkReply.parameters["providerCode"] == nil)
     }
 }

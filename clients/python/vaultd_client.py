@@ -137,14 +137,20 @@ class VaultdError(VaultdClientError):
     ``name`` is the Varlink error name (``io.vaultd.Vault.NotLoggedIn``),
     ``code`` vaultd's code from the error's parameters (``ERR_NOT_LOGGED_IN``;
     None for ``org.varlink.service`` errors), ``message`` what happened and what
-    to do, ``parameters`` the error's parameters as they came. vaultd never puts
-    a secret in them."""
+    to do, ``provider_code`` and ``provider_message`` the provider's own code
+    and words when it named them (``invalid_grant``, a helper's
+    ``AUTH_ERR_APIKEY_NOT_FOUND``), ``parameters`` the error's parameters as
+    they came. vaultd never puts a secret in them."""
 
     def __init__(self, name: str, parameters: Optional[Mapping[str, Any]] = None) -> None:
         self.name = name
         self.parameters: Dict[str, Any] = dict(parameters or {})
         code = self.parameters.get("code")
         self.code: Optional[str] = code if isinstance(code, str) else None
+        provider_code = self.parameters.get("providerCode")
+        self.provider_code: Optional[str] = provider_code if isinstance(provider_code, str) else None
+        provider_message = self.parameters.get("providerMessage")
+        self.provider_message: Optional[str] = provider_message if isinstance(provider_message, str) else None
         message = self.parameters.get("message")
         parameter = self.parameters.get("parameter")
         if isinstance(message, str):
@@ -153,7 +159,8 @@ class VaultdError(VaultdClientError):
             self.message = "invalid parameter '%s'" % parameter
         else:
             self.message = name
-        super().__init__("%s (%s)" % (self.message, self.code or self.name))
+        provider = "; provider: %s" % self.provider_code if self.provider_code else ""
+        super().__init__("%s (%s%s)" % (self.message, self.code or self.name, provider))
 
     @property
     def short_name(self) -> str:
@@ -278,6 +285,21 @@ class TooManyProviderRequests(VaultdError):
 class TooManyRevocations(VaultdError):
     """The owner's sessions and its revocations the provider has not accepted
     yet fill MaxSessionsPerUser=: the login is refused."""
+
+
+class InvalidClient(VaultdError):
+    """The provider refused vaultd's own credentials for it: invalid_client,
+    a 401 of the token endpoint, a helper's wrong API key (ERR_INVALID_CLIENT)."""
+
+
+class GrantRevoked(VaultdError):
+    """The provider no longer honours the session's grant, OAuth 2.0's
+    invalid_grant: log in again (ERR_GRANT_REVOKED)."""
+
+
+class CannotRefresh(VaultdError):
+    """The session cannot be refreshed: its provider cannot, or it holds no
+    refresh token (ERR_CANNOT_REFRESH)."""
 
 
 _ERRORS = {cls.__name__: cls for cls in VaultdError.__subclasses__()}
@@ -462,6 +484,8 @@ class Session:
     clients: List[ClientConnection] = field(default_factory=list)
     last_error_code: Optional[str] = None
     token_file_error: Optional[str] = None
+    last_provider_code: Optional[str] = None
+    last_provider_message: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False, metadata={"wire": None})
 
     @classmethod
@@ -493,6 +517,8 @@ class Session:
             clients=[ClientConnection.from_json(c) for c in (r.opt_list("clients") or [])],
             last_error_code=r.opt_string("lastErrorCode"),
             token_file_error=r.opt_string("tokenFileError"),
+            last_provider_code=r.opt_string("lastProviderCode"),
+            last_provider_message=r.opt_string("lastProviderMessage"),
             raw=dict(obj),
         )
 
@@ -559,8 +585,9 @@ class Token:
 class Event:
     """Something that happened to a session (``io.vaultd.Vault`` type
     ``Event``): ``kind`` is one of ``EVENT_KINDS`` (a later vaultd may send
-    others), ``reason`` says why, ``code`` is a failure's error code; times are
-    Unix seconds. Holds no secret."""
+    others), ``reason`` says why, ``code`` is vaultd's code of a failure and
+    ``provider_code`` the provider's own; times are Unix seconds. Holds no
+    secret."""
 
     kind: str
     provider: str
@@ -573,6 +600,8 @@ class Event:
     message: Optional[str] = None
     source: Optional[str] = None
     client: Optional[str] = None
+    provider_code: Optional[str] = None
+    provider_message: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False, metadata={"wire": None})
 
     @classmethod
@@ -591,6 +620,8 @@ class Event:
             message=r.opt_string("message"),
             source=r.opt_string("source"),
             client=r.opt_string("client"),
+            provider_code=r.opt_string("providerCode"),
+            provider_message=r.opt_string("providerMessage"),
             raw=dict(obj),
         )
 

@@ -114,12 +114,27 @@ private final class Box<Value> {
     init(_ value: Value) { self.value = value }
 }
 
-/// What the provider said when it refused a session for good.
+/// Why vaultd ends a session: what its `tokenInvalid` (or other ending
+/// event) carries.
 struct EndCause: Sendable {
-    /// The provider's own code (`invalid_grant`, a helper's `ERR_...`).
-    var code: String?
+    /// vaultd's code of the failure, when one ended it.
+    var code: VaultError.Code?
     /// What happened, masked by `Redactor`.
     var message: String?
+    /// The provider's own code and words, when it refused.
+    var providerCode: String?
+    var providerMessage: String?
+
+    /// A cause with a message only.
+    init(message: String) { self.message = message }
+
+    /// The cause a failure gives.
+    init(_ failure: VaultError) {
+        code = failure.code
+        message = failure.message
+        providerCode = failure.providerCode
+        providerMessage = failure.providerMessage
+    }
 }
 
 /// One deadline of one session.

@@ -464,9 +464,7 @@ extension SessionManager {
             fields(key, event: "connectFailed", code: error.code))
         await handle(
             key,
-            .refreshFailed(
-                reason: error.message, code: error.code.seedCode, retryAfter: nil, random: random(), now: now,
-                expired: record.isExpired(at: now)))
+            .refreshFailed(error, retryAfter: nil, random: random(), now: now, expired: record.isExpired(at: now)))
         return .failure(error)
     }
 

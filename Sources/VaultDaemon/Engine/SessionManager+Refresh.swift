@@ -32,11 +32,14 @@ extension SessionManager {
                 spawn { await self.persist(key) }
             case .end(let reason, let kind):
                 ending = (reason, kind)
-            case .connection(let state, let code, let message):
+            case .connection(let state, let failure):
                 events(
                     VaultEvent(
                         kind: .connectionChanged, account: key.account, ownerUID: key.owner, time: clock.now(),
-                        reason: state.rawValue, code: code, message: message, source: .vaultd))
+                        reason: state.rawValue, code: failure?.code.seedCode,
+                        message: failure.map { SessionManager.eventMessage($0.message) }, source: .vaultd,
+                        providerCode: failure?.providerCode,
+                        providerMessage: failure?.providerMessage.map(SessionManager.eventMessage)))
             }
         }
         publishView(key)
@@ -87,7 +90,7 @@ extension SessionManager {
     func scheduledRefresh(_ key: SessionKey) async {
         do throws(VaultError) {
             _ = try await refresh(key, caller: nil)
-        } catch  where error.code == .tokenExpired {
+        } catch  where error.code == .cannotRefresh {
             guard let record = entries[key]?.record, entries[key]?.refresh == nil else { return }
             await handle(key, .refreshImpossible(expired: record.isExpired(at: clock.now())))
         } catch {
@@ -139,12 +142,10 @@ extension SessionManager {
         if reason == "maxSessionLifetime",
             let seconds = config.providers[key.account.provider]?.oauth2?.maxSessionLifetime
         {
-            cause = EndCause(
-                code: nil, message: "the session reached its MaxSessionLifetime= of \(seconds) s; log in again")
+            cause = EndCause(message: "the session reached its MaxSessionLifetime= of \(seconds) s; log in again")
         }
         do throws(VaultError) {
-            try await performLogout(
-                key, by: .vaultd, reason: reason, kind: kind, code: cause?.code, message: cause?.message)
+            try await performLogout(key, by: .vaultd, reason: reason, kind: kind, cause: cause)
         } catch {
             log.error("a session could not be ended", fields(key, event: kind.rawValue, by: .vaultd, code: error.code))
             if error.code != .notLoggedIn {
@@ -183,10 +184,10 @@ extension SessionManager {
         }
         guard client(for: account.provider) != nil else {
             throw VaultError(
-                .tokenExpired, "provider '\(account.provider)' cannot refresh tokens; log \(account) in again")
+                .cannotRefresh, "provider '\(account.provider)' cannot refresh tokens; log \(account) in again")
         }
         guard let provider = renewer(for: record) else {
-            throw VaultError(.tokenExpired, "\(account) has no refresh token; log in again")
+            throw VaultError(.cannotRefresh, "\(account) has no refresh token; log in again")
         }
         guard !entry.timers.refused else {
             throw VaultError(
@@ -398,33 +399,30 @@ extension SessionManager {
             }
             return .success(updated)
         case .transient(let reason, let retryAfter, let code):
+            let failure = ProviderFailure.transient(
+                code: code, reason: reason, message: "refreshing \(account) failed: \(reason)")
             await handle(
                 key,
                 .refreshFailed(
-                    reason: reason, code: ProviderFailure.transientKind(code).seedCode, retryAfter: retryAfter,
-                    random: random(), now: now, expired: current.isExpired(at: now)))
+                    failure, retryAfter: retryAfter, random: random(), now: now, expired: current.isExpired(at: now)))
             let retryAt = entries[key]?.timers.status.nextRetryAt
             log.warning(
                 "refresh failed; the current token is still served and the refresh retried",
                 fields(key, event: "connectFailed").merging([
                     "reason": reason, "retryAt": retryAt.map { "\($0)" } ?? "-",
                 ]) { a, _ in a })
-            return .failure(
-                VaultError(
-                    ProviderFailure.transientKind(code),
-                    "refreshing \(account) failed: \(reason); retrying at \(retryAt.map { "\($0)" } ?? "-")",
-                    providerCode: ProviderFailure.passedThrough(code)))
+            var told = failure
+            told.message += "; retrying at \(retryAt.map { "\($0)" } ?? "-")"
+            return .failure(told)
         case .permanent(let code, let reason):
             log.error(
                 "refresh refused; the session is logged out",
                 fields(key, event: "tokenInvalid").merging(["reason": code]) { a, _ in a })
-            entries[key]?.endCause = EndCause(code: code, message: reason)
+            let refusal = ProviderFailure.refusal(
+                code: code, reason: reason, message: "the provider refused to refresh \(account); log in again")
+            entries[key]?.endCause = EndCause(refusal)
             await handle(key, .refreshRefused(code: code, reason: reason))
-            return .failure(
-                VaultError(
-                    ProviderFailure.permanentKind(code),
-                    "the provider refused to refresh \(account) (\(code)); log in again",
-                    providerCode: ProviderFailure.passedThrough(code)))
+            return .failure(refusal)
         }
     }
 

@@ -211,10 +211,11 @@ extension SessionManager {
                 }
                 try await performLogout(
                     key, by: .vaultd, reason: "rejected", kind: .tokenInvalid,
-                    code: VaultError.Code.invalidCredential.seedCode,
-                    message:
-                        "a client reported the chat server rejected the token, and provider '\(account.provider)' cannot refresh it; log \(account) in again"
-                )
+                    cause: EndCause(
+                        VaultError(
+                            .invalidCredential,
+                            "a client reported the chat server rejected the token, and provider '\(account.provider)' cannot refresh it; log \(account) in again"
+                        )))
                 return done(.ended)
             }
             throw VaultError(.loginInProgress, "\(account) kept changing while its report was handled; try again")

@@ -174,10 +174,9 @@ extension SessionManager {
     }
 
     /// Why the provider gave no tokens for a login or a replace: the error for
-    /// the client, the provider's own code and its `Retry-After`.
+    /// the client (with the provider's own code and words) and its `Retry-After`.
     struct ProviderRefusal: Error {
         var error: VaultError
-        var providerCode: String?
         var retryAfter: Int64?
     }
 
@@ -197,17 +196,13 @@ extension SessionManager {
         case .transient(let reason, let retryAfter, let code):
             return .failure(
                 ProviderRefusal(
-                    error: VaultError(
-                        ProviderFailure.transientKind(code), "\(failure): \(reason)",
-                        providerCode: ProviderFailure.passedThrough(code)),
-                    providerCode: code, retryAfter: retryAfter))
+                    error: ProviderFailure.transient(code: code, reason: reason, message: "\(failure): \(reason)"),
+                    retryAfter: retryAfter))
         case .permanent(let code, let reason):
             return .failure(
                 ProviderRefusal(
-                    error: VaultError(
-                        ProviderFailure.permanentKind(code), "the provider refused \(account): \(reason)",
-                        providerCode: ProviderFailure.passedThrough(code)),
-                    providerCode: code))
+                    error: ProviderFailure.refusal(
+                        code: code, reason: reason, message: "the provider refused \(account): \(reason)")))
         }
     }
 
@@ -221,9 +216,7 @@ extension SessionManager {
         switch await credentialFromProvider(request, account: account, failure: "logging \(account) in failed") {
         case .success(let credential): obtained = credential
         case .failure(let refusal):
-            return failLogin(
-                key, principal, refusal.error, providerCode: refusal.providerCode, retryAfter: refusal.retryAfter,
-                fromProvider: true)
+            return failLogin(key, principal, refusal.error, retryAfter: refusal.retryAfter, fromProvider: true)
         }
         let record: SessionRecord
         do throws(VaultError) {
@@ -235,19 +228,16 @@ extension SessionManager {
     }
 
     /// Ends a login that failed: subscribers get `loginFailed` with the
-    /// provider's own code (`providerCode`, when it refused) or the error's,
-    /// and the error's message. A failure of a login that asked the provider
+    /// error's codes and messages. A failure of a login that asked the provider
     /// (`fromProvider`), or of an automatic account's login, starts or
     /// lengthens the account's backoff (`retryAfter`: the server's).
     func failLogin(
-        _ key: SessionKey, _ principal: Principal, _ error: VaultError, providerCode: String? = nil,
-        retryAfter: Int64? = nil, fromProvider: Bool = false
+        _ key: SessionKey, _ principal: Principal, _ error: VaultError, retryAfter: Int64? = nil,
+        fromProvider: Bool = false
     ) -> Result<SessionRecord, VaultError> {
         entries[key]?.login = nil
         if var entry = entries[key], fromProvider || principal == .vaultd || entry.machine.autoLogin {
-            let again = entry.machine.loginFailed(
-                code: error.code.seedCode, message: error.message, retryAfter: retryAfter, random: random(),
-                now: clock.now())
+            let again = entry.machine.loginFailed(error, retryAfter: retryAfter, random: random(), now: clock.now())
             entries[key] = entry
             performAutoLogin(again, key)
         } else {
@@ -256,9 +246,7 @@ extension SessionManager {
         forget(key)
         wakeLoginWaiters(key)
         log.error("login failed", fields(key, event: "loginFailed", by: principal, code: error.code))
-        emit(
-            .loginFailed, key, code: error.code, providerCode: providerCode ?? error.providerCode,
-            message: error.message)
+        emit(.loginFailed, key, cause: EndCause(error))
         Audit.log(log, "Login", key, by: principal, result: error.code.seedCode)
         return .failure(error)
     }
@@ -360,10 +348,10 @@ extension SessionManager {
     }
 
     /// `logout` for a peer, or for vaultd itself (an expiry, a refused grant).
-    /// `code` and `message` say why vaultd ends a session (its `tokenInvalid`).
+    /// `cause` says why vaultd ends a session (its `tokenInvalid`).
     func performLogout(
         _ key: SessionKey, by principal: Principal, reason: String? = nil, kind: EventKind? = nil,
-        code: String? = nil, message: String? = nil
+        cause: EndCause? = nil
     ) async throws(VaultError) {
         let account = key.account
         let action = LogoutKind(reason: reason, kind: kind).auditAction
@@ -408,9 +396,7 @@ extension SessionManager {
                 // milliseconds (gnome-keyring rewrites its file), a client should not
                 // go on using the token meanwhile.
                 table.publish(key, SessionView(state: .logout, record: nil))
-                emit(
-                    LogoutKind(reason: reason, kind: kind).event, key, reason: reason, providerCode: code,
-                    message: message)
+                emit(LogoutKind(reason: reason, kind: kind).event, key, reason: reason, cause: cause)
                 let task = Task { () -> Result<Void, VaultError> in
                     await self.commitLogout(record, by: principal, reason: reason, kind: kind)
                 }
@@ -467,7 +453,7 @@ extension SessionManager {
                 key, .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
             if !restored || stillQueued != nil { await handle(key, .storeStale(now: clock.now())) }
             log.error("logout failed", fields(key, event: "logoutFailed", by: principal, code: error.code))
-            emit(.logoutFailed, key, reason: reason, code: error.code)
+            emit(.logoutFailed, key, reason: reason, cause: EndCause(error))
             Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)
             return .failure(error)
         }

@@ -398,16 +398,18 @@ public actor SessionManager {
             jitter: RefreshPolicy.jitter(for: record.account))
     }
 
-    /// Tells subscribers; `providerCode` (the provider's own code) goes in
-    /// place of `code`'s seed code, `message` is masked before it goes out.
+    /// Tells subscribers: `code` (or `cause`'s), and `cause`'s messages and
+    /// provider's code, masked before they go out.
     func emit(
         _ kind: EventKind, _ key: SessionKey, reason: String? = nil, code: VaultError.Code? = nil,
-        providerCode: String? = nil, message: String? = nil
+        cause: EndCause? = nil
     ) {
         events(
             VaultEvent(
                 kind: kind, account: key.account, ownerUID: key.owner, time: clock.now(), reason: reason,
-                code: providerCode ?? code?.seedCode, message: message.map(SessionManager.eventMessage)))
+                code: (cause?.code ?? code)?.seedCode, message: cause?.message.map(SessionManager.eventMessage),
+                providerCode: cause?.providerCode,
+                providerMessage: cause?.providerMessage.map(SessionManager.eventMessage)))
     }
 
     /// The most bytes of an event's `message`.

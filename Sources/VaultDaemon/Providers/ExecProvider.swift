@@ -26,9 +26,11 @@ public struct ExecProvider: TokenProvider {
         self.log = log
     }
 
-    /// The seeds' codes after which retrying cannot help.
+    /// The seeds' codes after which retrying cannot help (a wrong API key
+    /// too: `ProviderFailure.permanentKind` calls it an invalid client).
     static let permanentCodes: Set<String> = [
         "AUTH_ERR_AUTH_TOKEN_NOT_FOUND", "ERR_UID_NOT_FOUND", "ERR_USER_DEACTIVATED", "AUTH_ERR_APIKEY_NOT_FOUND",
+        "ERR_INVALID_API_KEY",
     ]
 
     public func login(_ account: Account) async -> RefreshOutcome {

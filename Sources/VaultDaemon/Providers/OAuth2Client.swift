@@ -93,7 +93,9 @@ public struct OAuth2Client: Sendable {
             return .permanent(code: error, reason: "the token endpoint refused the grant (\(error))")
         }
         if status == 401 || status == 403 {
-            return .permanent(code: "http_\(status)", reason: "the token endpoint answered \(status)")
+            // No OAuth 2.0 code to pass on: vaultd's own says what it means.
+            return .permanent(
+                code: VaultError.Code.invalidClient.seedCode, reason: "the token endpoint answered \(status)")
         }
         return .transient(reason: "the token endpoint answered \(status) \(error ?? "")", retryAfter: nil)
     }

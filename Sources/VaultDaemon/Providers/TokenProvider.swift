@@ -39,7 +39,7 @@ extension OAuth2Client: TokenProvider {
 
     public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
         guard let refreshToken = record.tokens.refreshToken else {
-            return .permanent(code: "no_refresh_token", reason: "the session has no refresh token")
+            return .permanent(code: VaultError.Code.cannotRefresh.seedCode, reason: "the session has no refresh token")
         }
         return await refresh(using: refreshToken)
     }

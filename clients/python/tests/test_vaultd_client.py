@@ -178,6 +178,16 @@ class ErrorTests(unittest.TestCase):
         error = vaultd_client._error("io.vaultd.Vault.TokenExpired", {"code": "ERR_TOKEN_EXPIRED", "message": "m"})
         self.assertIsInstance(error, vaultd_client.TokenExpired)
         self.assertEqual((error.code, error.message, str(error)), ("ERR_TOKEN_EXPIRED", "m", "m (ERR_TOKEN_EXPIRED)"))
+        self.assertIsNone(error.provider_code)
+        refused = vaultd_client._error(
+            "io.vaultd.Vault.InvalidClient",
+            {"code": "ERR_INVALID_CLIENT", "message": "m", "providerCode": "AUTH_ERR_APIKEY_NOT_FOUND",
+             "providerMessage": "API key not found"})
+        self.assertIsInstance(refused, vaultd_client.InvalidClient)
+        self.assertEqual(
+            (refused.code, refused.provider_code, refused.provider_message, str(refused)),
+            ("ERR_INVALID_CLIENT", "AUTH_ERR_APIKEY_NOT_FOUND", "API key not found",
+             "m (ERR_INVALID_CLIENT; provider: AUTH_ERR_APIKEY_NOT_FOUND)"))
         later = vaultd_client._error("io.vaultd.Vault.SomethingNew", {"code": "ERR_NEW", "message": "m"})
         self.assertIs(type(later), VaultdError)
         varlink = vaultd_client._error("org.varlink.service.InvalidParameter", {"parameter": "limit"})
