@@ -1,0 +1,146 @@
+import Foundation
+import Glibc
+import Testing
+import Varlink
+import VaultClient
+import VaultCore
+
+/// Clients that outlive a restart of vaultd: `vaultctl watch` and the Swift
+/// client's reconnecting subscriptions, against a real vaultd stopped and
+/// started again on the same socket and store.
+@Suite("Reconnecting clients", .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)), .serialized)
+struct ReconnectTests {
+    /// Logs `user` in at `demo` through vaultctl.
+    func login(_ fixture: DaemonFixture, _ user: String) throws {
+        let result = try vaultctl(fixture.socketPath, ["login", "demo", user], input: EventsTests.token)
+        #expect(result.status == 0, "\(result.stderr)")
+    }
+
+    @Test(
+        "Should keep watch running across a restart of vaultd: the lost and back lines, a catch-up, then new events",
+        arguments: [SIGTERM, SIGKILL])
+    func watchOutlivesARestart(signal: Int32) throws {
+        let fixture = try DaemonFixture()
+        let before = uniqueName("before")
+        try login(fixture, before)
+        let (watch, out, err) = try startInterruptible(
+            Binaries.vaultctl.path, ["--socket", fixture.socketPath, "watch"])
+        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
+        #expect(out.wait(for: "events follow"), "\(err.text)")
+
+        fixture.daemon?.stop(signal: signal)
+        #expect(err.wait(for: "; reconnecting"), "\(err.text)")
+        // A sentence: why, and vaultd's code when it said one (it does as it stops).
+        let lost =
+            signal == SIGTERM
+            ? #/^vaultctl: lost the connection to vaultd: [a-z][^()]+ \(ERR_[A-Z_]+\); reconnecting$/#
+            : #/^vaultctl: lost the connection to vaultd: [a-z][^()]+; reconnecting$/#
+        #expect(err.text.split(separator: "\n").contains { $0.wholeMatch(of: lost) != nil }, "\(err.text)")
+        #expect(watch.isRunning, "watch ended when vaultd went away:\n\(err.text)")
+
+        try fixture.start()
+        #expect(err.wait(for: "vaultctl: connected to vaultd again"), "\(err.text)")
+        #expect(out.wait(for: "caught up: 1 session now; events follow"), "\(out.text)\n\(err.text)")
+        // The catch-up names the session that outlived the restart, with its state.
+        let session = #/^[0-9-]+ [0-9:]+ UTC  session +(?<user>\S+) @ demo  state=logged/#
+        #expect(
+            out.text.split(separator: "\n").contains { $0.prefixMatch(of: session)?.output.user == before[...] },
+            "\(out.text)")
+
+        let after = uniqueName("after")
+        try login(fixture, after)
+        #expect(out.wait(for: "\(after) @ demo"), "no event after the restart:\n\(out.text)\n\(err.text)")
+        let lines = out.text.split(separator: "\n")
+        let caughtUp = try #require(lines.firstIndex { $0.hasPrefix("caught up:") })
+        let event = try #require(lines.firstIndex { $0.contains("loginSuccess") && $0.contains(after) }, "\(out.text)")
+        #expect(caughtUp < event, "\(out.text)")
+        #expect(watch.isRunning)
+        kill(watch.processIdentifier, SIGINT)
+        _ = try reap(watch)
+    }
+
+    @Test("Should catch up in JSON after a restart, naming a session that ended while vaultd was away as gone")
+    func watchJSONCatchUp() throws {
+        let fixture = try DaemonFixture()
+        let stays = uniqueName("stays")
+        let leaves = uniqueName("leaves")
+        try login(fixture, stays)
+        try login(fixture, leaves)
+        let (watch, out, err) = try startInterruptible(
+            Binaries.vaultctl.path, ["--socket", fixture.socketPath, "--json", "watch", "--kind", "loginSuccess"])
+        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
+        #expect(out.wait(for: "{\"sessions\":"), "\(err.text)")
+        // Logged out while watch is not looking (--kind leaves the event out), then vaultd restarts.
+        #expect(try vaultctl(fixture.socketPath, ["logout", "demo", leaves]).status == 0)
+        fixture.daemon?.stop()
+        #expect(err.wait(for: "; reconnecting"), "\(err.text)")
+        try fixture.start()
+        #expect(out.wait(for: "{\"reconnected\":"), "\(out.text)\n\(err.text)")
+        let line = try #require(out.text.split(separator: "\n").first { $0.hasPrefix("{\"reconnected\":") })
+        let caughtUp = try #require(try JSON.parse(String(line))["reconnected"])
+        let users = (caughtUp["sessions"]?.arrayValue ?? []).compactMap { $0["user"]?.stringValue }
+        #expect(users.contains(stays) && !users.contains(leaves), "\(line)")
+        let gone = (caughtUp["gone"]?.arrayValue ?? []).compactMap { $0["user"]?.stringValue }
+        #expect(gone == [leaves], "\(line)")
+        kill(watch.processIdentifier, SIGINT)
+        _ = try reap(watch)
+    }
+
+    @Test("Should end watch --no-reconnect with status 3 when vaultd is killed")
+    func watchNoReconnect() throws {
+        let fixture = try DaemonFixture()
+        let (watch, out, err) = try startInterruptible(
+            Binaries.vaultctl.path, ["--socket", fixture.socketPath, "watch", "--no-reconnect"])
+        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
+        #expect(out.wait(for: "events follow"), "\(err.text)")
+        fixture.daemon?.stop(signal: SIGKILL)
+        #expect(err.waitForEnd(seconds: 20))
+        #expect(try reap(watch) == 3, "\(err.text)")
+        #expect(!err.text.contains("reconnecting"), "\(err.text)")
+    }
+
+    @Test(
+        "Should resubscribe a Swift client stream with a reconnect policy across a restart and deliver the events after",
+        arguments: [SIGTERM, SIGKILL])
+    func swiftClientResubscribes(signal: Int32) throws {
+        let fixture = try DaemonFixture()
+        let user = uniqueName("swift-back")
+        let vault = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 60)
+        let stream = try vault.subscribe(
+            provider: "demo", reconnect: ReconnectPolicy(firstDelaySeconds: 0.1, maxDelaySeconds: 1, maxAttempts: 200))
+        var lost: [String] = []
+        var snapshots: [[VaultClient.Session]] = []
+        var startError: (any Error)?
+        stream.onDisconnect = { why in
+            // vaultd is gone: start it again before the first attempt is due.
+            lost.append(why)
+            do { try fixture.start() } catch { startError = error }
+        }
+        stream.onReconnect = { sessions in
+            // Subscribed again: a login now can reach the stream only as an event.
+            snapshots.append(sessions)
+            do {
+                try VaultConnection(path: fixture.socketPath, timeoutSeconds: 60).login(
+                    provider: "demo", user: user, token: EventsTests.token)
+            } catch { startError = error }
+        }
+
+        fixture.daemon?.stop(signal: signal)
+        let event = try stream.next()
+        #expect(startError == nil, "\(String(describing: startError))")
+        #expect(lost.count == 1, "\(lost)")
+        if signal == SIGTERM { #expect(lost.first?.contains("ERR_INTERNAL") == true, "\(lost)") }
+        #expect(snapshots.count == 1 && !(snapshots.first?.contains { $0.account.user == user } ?? true))
+        #expect(event?.kind == .loginSuccess && event?.account == Account(provider: "demo", user: user))
+        #expect(stream.reconnections == 1 && stream.end == nil)
+    }
+
+    @Test("Should end a Swift client stream without a reconnect policy when vaultd is killed")
+    func swiftClientWithoutPolicyEnds() throws {
+        let fixture = try DaemonFixture()
+        let stream = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 60).subscribe(provider: "demo")
+        fixture.daemon?.stop(signal: SIGKILL)
+        #expect(try stream.next() == nil)
+        #expect(stream.end == .closed && stream.reconnections == 0)
+    }
+}
