@@ -636,8 +636,9 @@ public final class VaultEventStream {
             guard reconnection.schedule.isDue(now: ReconnectSchedule.now()) else { continue }
             do {
                 let client = try reconnection.connect()
-                if let receiveTimeoutSeconds { client.setReceiveTimeout(seconds: receiveTimeoutSeconds) }
+                // The subscription itself is bounded by the connection's timeout, as the first was.
                 let (sessions, continues) = try Self.subscribe(client, filters)
+                if let receiveTimeoutSeconds { client.setReceiveTimeout(seconds: receiveTimeoutSeconds) }
                 raw = client
                 snapshot = sessions
                 end = continues ? nil : .finished

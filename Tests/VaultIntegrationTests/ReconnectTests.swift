@@ -34,13 +34,15 @@ struct ReconnectTests {
         let lost =
             signal == SIGTERM
             ? #/^vaultctl: lost the connection to vaultd: [a-z][^()]+ \(ERR_[A-Z_]+\); reconnecting$/#
-            : #/^vaultctl: lost the connection to vaultd: [a-z][^()]+; reconnecting$/#
+            : #/^vaultctl: lost the connection to vaultd: [a-z].+; reconnecting$/#
         #expect(err.text.split(separator: "\n").contains { $0.wholeMatch(of: lost) != nil }, "\(err.text)")
         #expect(watch.isRunning, "watch ended when vaultd went away:\n\(err.text)")
 
         try fixture.start()
         #expect(err.wait(for: "vaultctl: connected to vaultd again"), "\(err.text)")
         #expect(out.wait(for: "caught up: 1 session now; events follow"), "\(out.text)\n\(err.text)")
+        // Each line of the catch-up is a write of its own: wait for the session's.
+        #expect(out.wait(for: "\(before) @ demo  state="), "\(out.text)")
         // The catch-up names the session that outlived the restart, with its state.
         let session = #/^[0-9-]+ [0-9:]+ UTC  session +(?<user>\S+) @ demo  state=logged/#
         #expect(
@@ -75,7 +77,8 @@ struct ReconnectTests {
         fixture.daemon?.stop()
         #expect(err.wait(for: "; reconnecting"), "\(err.text)")
         try fixture.start()
-        #expect(out.wait(for: "{\"reconnected\":"), "\(out.text)\n\(err.text)")
+        // The whole line: it ends with the last array and the two objects around it.
+        #expect(out.wait(for: "]}}\n"), "\(out.text)\n\(err.text)")
         let line = try #require(out.text.split(separator: "\n").first { $0.hasPrefix("{\"reconnected\":") })
         let caughtUp = try #require(try JSON.parse(String(line))["reconnected"])
         let users = (caughtUp["sessions"]?.arrayValue ?? []).compactMap { $0["user"]?.stringValue }
