@@ -1,9 +1,11 @@
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 import Varlink
 import VaultClient
 import VaultCore
+import VaultSystem
 
 /// Clients that outlive a restart of vaultd: `vaultctl watch` and the Swift
 /// client's reconnecting subscriptions, against a real vaultd stopped and
@@ -138,6 +140,65 @@ struct ReconnectTests {
         #expect(stream.reconnections == 1 && stream.end == nil)
     }
 
+    @Test("Should bound a resubscription by the connection's timeout when the socket accepts and never answers")
+    func resubscriptionIsBounded() throws {
+        let fixture = try DaemonFixture()
+        let stream = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 1).subscribe(
+            provider: "demo", reconnect: ReconnectPolicy(firstDelaySeconds: 0.1, maxDelaySeconds: 0.2, maxAttempts: 2))
+        // The reader waits for events without limit; the subscription must not.
+        stream.setReceiveTimeout(seconds: 0)
+        let silent = Mutex<Int32>(-1)
+        var bindError: (any Error)?
+        stream.onDisconnect = { _ in
+            // In vaultd's place: a socket whose backlog completes connects and that never answers.
+            unlink(fixture.socketPath)
+            do { try silent.withLock { $0 = try Self.silentListener(at: fixture.socketPath) } } catch {
+                bindError = error
+            }
+        }
+        fixture.daemon?.stop(signal: SIGKILL)
+        let done = DispatchSemaphore(value: 0)
+        let outcome = Mutex<Result<VaultEvent?, VaultClientError>?>(nil)
+        let handedOver = StreamHandover(stream)
+        let reader = Thread {
+            let result = Result { () throws(VaultClientError) in try handedOver.stream.next() }
+            outcome.withLock { $0 = result }
+            done.signal()
+        }
+        reader.start()
+        let finished = done.wait(timeout: .now() + 30) == .success
+        // Unblocks a reader stuck on the silent socket, so the thread ends either way.
+        silent.withLock { fd in if fd >= 0 { close(fd) } }
+        #expect(bindError == nil, "\(String(describing: bindError))")
+        #expect(finished, "next() still waiting on a socket that never answers")
+        if finished {
+            let result = try #require(outcome.withLock { $0 })
+            #expect((try? result.get()) == .some(nil), "\(result)")
+            #expect(stream.reconnections == 0)
+        } else {
+            _ = done.wait(timeout: .now() + 30)
+        }
+    }
+
+    /// A Unix socket listening at `path` that nobody accepts from.
+    static func silentListener(at path: String) throws -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError("socket: errno \(errno)") }
+        do {
+            try UnixSocket.withAddress(path) { (address, length) throws(SystemError) in
+                guard bind(fd, address, length) == 0 else { throw SystemError("bind") }
+            }
+        } catch {
+            close(fd)
+            throw HarnessError("bind \(path): \(error)")
+        }
+        guard listen(fd, 16) == 0 else {
+            close(fd)
+            throw HarnessError("listen \(path): errno \(errno)")
+        }
+        return fd
+    }
+
     @Test("Should end a Swift client stream without a reconnect policy when vaultd is killed")
     func swiftClientWithoutPolicyEnds() throws {
         let fixture = try DaemonFixture()
@@ -146,4 +207,11 @@ struct ReconnectTests {
         #expect(try stream.next() == nil)
         #expect(stream.end == .closed && stream.reconnections == 0)
     }
+}
+
+/// A stream handed to the one thread that reads it while the test waits:
+/// the test touches it again only after that thread is done.
+private final class StreamHandover: @unchecked Sendable {
+    let stream: VaultEventStream
+    init(_ stream: VaultEventStream) { self.stream = stream }
 }
