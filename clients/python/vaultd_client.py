@@ -670,8 +670,12 @@ class _Connection:
             return False
 
     def settimeout(self, timeout: Optional[float]) -> None:
-        """Changes how long the next sends and receives wait (None: without limit)."""
-        self.sock.settimeout(timeout)
+        """Changes how long the next sends and receives wait (None: without
+        limit); nothing on a connection already closed."""
+        try:
+            self.sock.settimeout(timeout)
+        except OSError:
+            pass
 
     def close(self) -> None:
         try:
@@ -1216,29 +1220,32 @@ class EventStream:
         (a reconnecting stream goes on reconnecting at the next call)."""
         wait = self._conn.timeout if timeout == "stream" else timeout
         deadline = None if wait is None else time.monotonic() + wait
-        if timeout != "stream":
-            self._conn.settimeout(timeout)
         try:
-            return self._next(deadline)
+            return self._next(deadline, forever=wait is None)
         except VaultdTimeoutError:
             return None
         finally:
-            if timeout != "stream":
-                self._conn.settimeout(self._conn.timeout)
+            self._conn.settimeout(self._conn.timeout)
 
-    def _next(self, deadline: Optional[float]) -> Optional[Event]:
+    def _next(self, deadline: Optional[float], forever: bool = False) -> Optional[Event]:
+        """The next event: reads bounded by ``deadline`` (monotonic), else
+        without limit when ``forever``, else by the stream's timeout."""
         # Bounded by the connection: each turn reads one reply or makes one
         # reconnection attempt (bounded by the policy or the deadline).
         while True:
             if self._lost is not None:
                 if not self._reconnect(deadline):
-                    if self._lost is not None:
+                    if self._lost is not None and not self._closed:
                         path = self._conn.path
                         raise VaultdTimeoutError("still reconnecting to vaultd at %s" % path, path)
-                    return None
+                    break
                 continue
             if self.end is not None:
                 break
+            if deadline is not None:
+                self._conn.settimeout(max(deadline - time.monotonic(), 0.001))
+            elif forever:
+                self._conn.settimeout(None)
             try:
                 reply = self._conn.next_reply()
             except VaultdTimeoutError:

@@ -599,6 +599,33 @@ class ReconnectTests(unittest.TestCase):
                 vault.close()
                 daemon.stop()
 
+    def test_next_event_stays_bounded_while_reconnecting(self):
+        """Should return None from next_event(timeout=...) in time while vaultd is away, and go on once it is back."""
+        with tempfile.TemporaryDirectory() as directory:
+            daemon = _Vaultd(os.environ["VAULTD_CLIENT_TEST_VAULTD"], directory)
+            daemon.start()
+            self.addCleanup(daemon.stop, signal.SIGKILL)
+            user = "py-wait-%s" % uuid.uuid4().hex[:8]
+            with Client(daemon.socket_path, timeout=30) as vault:
+                stream = vault.subscribe(provider="demo", reconnect=ReconnectPolicy(first_delay=0.1, max_delay=0.2))
+                daemon.stop(signal.SIGKILL)
+                started = time.monotonic()
+                self.assertIsNone(stream.next_event(timeout=0.5))
+                self.assertLess(time.monotonic() - started, 5, "next_event waited past its timeout")
+                self.assertEqual((stream.end, stream.reconnections), ("closed", 0))
+
+                def reconnected(snapshot):
+                    with Client(daemon.socket_path, timeout=30) as again:
+                        again.login("demo", user, token=SECRET)
+
+                stream.on_reconnect = reconnected
+                daemon.start()
+                event = stream.next_event(timeout=60)
+                self.assertIsNotNone(event, "no event once vaultd was back (stream end: %r)" % (stream.end,))
+                self.assertEqual((event.kind, event.user, stream.reconnections), ("loginSuccess", user, 1))
+                stream.close()
+            daemon.stop()
+
     def test_stream_without_reconnect_ends_with_vaultd(self):
         """Should, without reconnect (the default), end the iteration when vaultd is killed."""
         with tempfile.TemporaryDirectory() as directory:
