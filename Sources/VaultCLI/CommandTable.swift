@@ -249,16 +249,22 @@ public enum CommandTable {
             options: [
                 .value(
                     "--kind", "KIND", .suggest(EventKind.allCases.map(\.rawValue)), repeatable: true,
-                    "only events of this kind (may be given more than once)")
+                    "only events of this kind (may be given more than once)"),
+                .flag("--no-reconnect", "end when vaultd goes away (status 1, or 3 if it was killed)"),
             ],
             summary: "print session events as they happen",
             details: """
                 Prints events as they happen, one line each, until interrupted: login,
                 logout, kicks and (with refreshing providers) token changes, for the
                 sessions you may see. --json prints one JSON object per line: first
-                {"sessions":[...]}, then one {"event":{...}} per event. When vaultd stops,
-                watch ends with vaultd's error and code (status 1); when the connection
-                just closes (vaultd was killed), it says so and exits 3. Kinds:
+                {"sessions":[...]}, then one {"event":{...}} per event. When vaultd stops
+                or restarts, watch says so on stderr, reconnects (1 s to 30 s apart), says
+                when it is back, and catches up: one line per session with its state now
+                (--json: {"reconnected":{"sessions":[...],"gone":[...]}}), and a gone line
+                per session that ended meanwhile; events that happened meanwhile are not
+                replayed. With --no-reconnect it ends instead: with vaultd's error and code
+                (status 1), or, when the connection just closed (vaultd was killed), with
+                a sentence and status 3. Kinds:
                 \(EventKind.allCases.map(\.rawValue).joined(separator: ", ")).
                 """,
             examples: [

@@ -129,12 +129,14 @@ struct ExecSession {
         case failed(VaultCtl.ExitCode)
     }
 
+    private enum Connected {
+        case success
+        case failure(VaultClientError)
+    }
+
     mutating func run() -> VaultCtl.ExitCode {
         // Subscribe before reading the token, so no refresh falls between the two.
-        switch connect() {
-        case .failure(let code): return code
-        case .success: break
-        }
+        if case .failure(let error) = connect() { return ctl.report(error) }
         installSignalHandlers()
         guard let first = token, spawn(first) else { return .daemonError }
         let outcome = loop()
@@ -151,11 +153,6 @@ struct ExecSession {
         }
     }
 
-    private enum Connected {
-        case success
-        case failure(VaultCtl.ExitCode)
-    }
-
     /// Subscribes to the account's events and reads its token.
     private mutating func connect() -> Connected {
         do throws(VaultClientError) {
@@ -164,27 +161,22 @@ struct ExecSession {
                 provider: provider, user: user,
                 kinds: [.tokenRefreshed] + sessionEndings.sorted { $0.rawValue < $1.rawValue })
             token = try vault.token(provider: provider, user: user, ownerUID: ctl.owner).value
-            stream.raw.setReceiveTimeout(seconds: 0)
+            stream.setReceiveTimeout(seconds: 0)
             pump = EventPump(stream)
             return .success
         } catch {
-            return .failure(ctl.report(error))
+            return .failure(error)
         }
     }
 
     /// Waits for signals and events until the child ends or the session does.
     private mutating func loop() -> Outcome {
-        var reconnectDelay = 1
-        var reconnectAt: UInt64?
+        var reconnection = ReconnectSchedule(policy: .standard)
         // Bounded by the child: every turn ends when it exits, the session ends, or a signal comes.
         while true {
             var fds = [pollfd(fd: signalRead, events: Int16(POLLIN), revents: 0)]
             if let pump { fds.append(pollfd(fd: pump.wakeFD, events: Int16(POLLIN), revents: 0)) }
-            var timeout: Int32 = -1
-            if let at = reconnectAt {
-                let now = Self.nowMilliseconds()
-                timeout = at > now ? Int32(min(at - now, 60_000)) : 0
-            }
+            let timeout = reconnection.waitMilliseconds(now: ReconnectSchedule.now())
             let ready = poll(&fds, nfds_t(fds.count), timeout)
             if ready < 0 && errno != EINTR { return .failed(.daemonError) }
             if fds[0].revents != 0, let outcome = handleSignals() { return outcome }
@@ -197,26 +189,27 @@ struct ExecSession {
                         }
                         if let outcome = tokenMayHaveChanged() { return outcome }
                     case .ended(let why):
-                        ctl.output.err("vaultctl: lost the connection to vaultd: \(why); reconnecting")
+                        ctl.output.err(Reconnecting.lostLine(why))
                         pump = nil
-                        reconnectDelay = 1
-                        reconnectAt = Self.nowMilliseconds() + 1000
+                        reconnection.lost(now: ReconnectSchedule.now())
                     }
                 }
             }
-            if let at = reconnectAt, Self.nowMilliseconds() >= at {
+            if reconnection.isDue(now: ReconnectSchedule.now()) {
                 let before = token
                 switch connect() {
                 case .success:
-                    reconnectAt = nil
-                    ctl.output.err("vaultctl: connected to vaultd again")
+                    reconnection.connected()
+                    ctl.output.err(Reconnecting.backLine)
                     if token != before, let outcome = apply() { return outcome }
-                case .failure(let code):
-                    if code == .daemonError {
+                case .failure(let error):
+                    if error.vaultCode == .notLoggedIn {
                         return .sessionEnded("the session of \(user) @ \(provider) is gone")
                     }
-                    reconnectDelay = min(reconnectDelay * 2, 30)
-                    reconnectAt = Self.nowMilliseconds() + UInt64(reconnectDelay) * 1000
+                    guard ReconnectPolicy.isWorthRetrying(error) else {
+                        return .failed(ctl.report(error))
+                    }
+                    reconnection.failed(now: ReconnectSchedule.now())
                 }
             }
         }
@@ -368,11 +361,7 @@ struct ExecSession {
         return signal == 0 ? (status >> 8) & 0xFF : 128 + signal
     }
 
-    static func nowMilliseconds() -> UInt64 {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return UInt64(now.tv_sec) * 1000 + UInt64(now.tv_nsec) / 1_000_000
-    }
+    static func nowMilliseconds() -> UInt64 { ReconnectSchedule.now() }
 }
 
 /// Reads a subscription on a thread of its own and hands what it read to the

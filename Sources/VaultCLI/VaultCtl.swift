@@ -329,7 +329,10 @@ public struct VaultCtl {
         return .ok
     }
 
-    /// Prints events as they come, one line each, until vaultd closes the stream.
+    /// Prints events as they come, one line each, until interrupted. When
+    /// vaultd goes away it says so, reconnects on `ReconnectPolicy.standard`'s
+    /// schedule and prints the sessions as they are then, unless
+    /// `--no-reconnect` asks for the end of the stream to end watch.
     mutating func watch(_ command: ParsedCommand) -> ExitCode {
         let positional = command.arguments
         var kinds: [EventKind] = []
@@ -340,9 +343,11 @@ public struct VaultCtl {
             }
             kinds.append(kind)
         }
+        let reconnect = !command.has("--no-reconnect")
         do throws(VaultClientError) {
             let stream = try connect().subscribe(
-                provider: positional.first, user: positional.count > 1 ? positional[1] : nil, kinds: kinds)
+                provider: positional.first, user: positional.count > 1 ? positional[1] : nil, kinds: kinds,
+                reconnect: reconnect ? .standard : nil)
             if json {
                 output.out(JSON.object(["sessions": .array(stream.snapshot.map(\.json))]).text)
             } else {
@@ -350,9 +355,18 @@ public struct VaultCtl {
                 output.out("watching \(count) session\(count == 1 ? "" : "s"); events follow")
             }
             // Events may be hours apart: only the subscription itself was bounded by --timeout.
-            stream.raw.setReceiveTimeout(seconds: 0)
-            // Bounded by the connection: the loop ends when vaultd ends the stream.
+            stream.setReceiveTimeout(seconds: 0)
+            var seen = WatchCatchUp(stream.snapshot)
+            let (output, json) = (self.output, self.json)
+            stream.onDisconnect = { why in output.err(Reconnecting.lostLine(why)) }
+            stream.onReconnect = { sessions in
+                output.err(Reconnecting.backLine)
+                for line in seen.catchUp(sessions, json: json) { output.out(line) }
+            }
+            // Bounded by the connection: the loop ends when vaultd ends the
+            // stream (with --no-reconnect), or when reconnecting fails for good.
             while let event = try stream.next() {
+                seen.saw(event.account)
                 output.out(json ? JSON.object(["event": event.json()]).text : describeEvent(event.json()))
             }
             switch stream.end {

@@ -433,17 +433,29 @@ public final class VaultConnection {
     /// by `provider`, `user` and `kinds`, on a connection of its own (a stream
     /// holds its connection for as long as it lasts) with this one's timeouts.
     /// The stream starts with the snapshot; its events follow.
-    public func subscribe(provider: String? = nil, user: String? = nil, kinds: [EventKind] = [])
-        throws(VaultClientError) -> VaultEventStream
-    {
-        let client: VarlinkClient
-        do {
-            client = try VarlinkClient(
-                path: path, timeoutSeconds: timeoutSeconds, connectTimeoutSeconds: connectTimeoutSeconds)
-        } catch {
-            throw .client(error)
+    ///
+    /// With `reconnect`, the stream outlives a restart of vaultd: when its
+    /// connection closes or vaultd ends it (stopping, or this reader fell
+    /// behind), `next()` connects again on the policy's schedule, subscribes
+    /// with the same filters and goes on with the events after that.
+    /// `snapshot` then holds the sessions as they are after the restart and
+    /// `onReconnect` is called with them; events that happened while vaultd
+    /// was away are not replayed, so compare the snapshots to learn what
+    /// changed. Without it (the default), the stream ends with the connection.
+    public func subscribe(
+        provider: String? = nil, user: String? = nil, kinds: [EventKind] = [], reconnect: ReconnectPolicy? = nil
+    ) throws(VaultClientError) -> VaultEventStream {
+        let (path, timeout, connectTimeout) = (path, timeoutSeconds, connectTimeoutSeconds)
+        let connect = { () throws(VaultClientError) -> VarlinkClient in
+            do throws(ClientError) {
+                return try VarlinkClient(path: path, timeoutSeconds: timeout, connectTimeoutSeconds: connectTimeout)
+            } catch {
+                throw .client(error)
+            }
         }
-        return try VaultEventStream(client, provider: provider, user: user, kinds: kinds)
+        let stream = try VaultEventStream(try connect(), provider: provider, user: user, kinds: kinds)
+        if let reconnect { stream.reconnection = VaultEventStream.Reconnection(policy: reconnect, connect: connect) }
+        return stream
     }
 
     // MARK: Plumbing
@@ -487,7 +499,9 @@ public final class VaultConnection {
 /// per `next()` until the stream ends. It ends when vaultd closes the
 /// connection or ends the stream with an error (`SubscriberTooSlow` when this
 /// reader fell behind); `end` says which. Reads are bounded by the
-/// connection's receive timeout, if it has one.
+/// connection's receive timeout, if it has one. A stream subscribed with a
+/// `ReconnectPolicy` connects again instead of ending (see
+/// `VaultConnection.subscribe(provider:user:kinds:reconnect:)`).
 public final class VaultEventStream {
     /// Why a stream ended.
     public enum End: Sendable, Equatable, CustomStringConvertible {
@@ -509,12 +523,36 @@ public final class VaultEventStream {
         }
     }
 
-    /// The connection the stream holds.
-    public let raw: VarlinkClient
-    /// The sessions the caller could see when the stream started.
-    public let snapshot: [Session]
+    /// How this stream connects again, when it does.
+    struct Reconnection {
+        var schedule: ReconnectSchedule
+        let connect: () throws(VaultClientError) -> VarlinkClient
+
+        init(policy: ReconnectPolicy, connect: @escaping () throws(VaultClientError) -> VarlinkClient) {
+            schedule = ReconnectSchedule(policy: policy)
+            self.connect = connect
+        }
+    }
+
+    /// The connection the stream holds (a new one after each reconnection).
+    public private(set) var raw: VarlinkClient
+    /// The sessions the caller could see when the stream started, or when it
+    /// last subscribed again after a reconnection.
+    public private(set) var snapshot: [Session]
     /// Why the stream ended; nil while it goes on.
     public private(set) var end: End?
+    /// How many times the stream connected and subscribed again.
+    public private(set) var reconnections = 0
+    /// Called as the connection is lost, with why, before the stream
+    /// connects again (reconnecting streams only).
+    public var onDisconnect: ((_ why: String) -> Void)?
+    /// Called after the stream subscribed again, with the new snapshot,
+    /// before the events that follow it (reconnecting streams only).
+    public var onReconnect: ((_ snapshot: [Session]) -> Void)?
+    var reconnection: Reconnection?
+    private let filters: [String: JSON]
+    /// The receive timeout set through `setReceiveTimeout`, for connections made later.
+    private var receiveTimeoutSeconds: Int?
 
     /// Sends `Subscribe` on `client` and reads the snapshot; a refusal
     /// (`TooManySubscriptions`, a bad filter) throws.
@@ -526,6 +564,16 @@ public final class VaultEventStream {
         parameters["provider"] = provider.map(JSON.string)
         parameters["user"] = user.map(JSON.string)
         if !kinds.isEmpty { parameters["kinds"] = .array(kinds.map { .string($0.rawValue) }) }
+        filters = parameters
+        let (sessions, continues) = try Self.subscribe(client, parameters)
+        snapshot = sessions
+        if !continues { end = .finished }
+    }
+
+    /// Sends `Subscribe` and reads the first reply: the snapshot, and whether events follow.
+    private static func subscribe(_ client: VarlinkClient, _ parameters: [String: JSON]) throws(VaultClientError)
+        -> (sessions: [Session], continues: Bool)
+    {
         let reply: VarlinkReply
         do { reply = try client.call(VaultMethod.subscribe.rawValue, parameters, more: true) } catch {
             throw .client(error)
@@ -536,29 +584,88 @@ public final class VaultEventStream {
         }
         var sessions: [Session] = []
         for json in list { sessions.append(try VaultConnection.session(json, of: .subscribe)) }
-        snapshot = sessions
-        if !reply.continues { end = .finished }
+        return (sessions, reply.continues)
+    }
+
+    /// Changes how long a read waits (0: without limit), on this connection
+    /// and on those a reconnection makes.
+    public func setReceiveTimeout(seconds: Int) {
+        receiveTimeoutSeconds = seconds
+        raw.setReceiveTimeout(seconds: seconds)
     }
 
     /// The next event, waiting for it; nil once the stream has ended (see
-    /// `end`). Events of kinds this client does not know are skipped.
+    /// `end`). Events of kinds this client does not know are skipped. A
+    /// reconnecting stream waits through a restart of vaultd here, and throws
+    /// only when subscribing again fails in a way another attempt would not
+    /// mend, or when a read times out.
     public func next() throws(VaultClientError) -> VaultEvent? {
-        while end == nil {
-            let reply: VarlinkReply?
-            do { reply = try raw.nextReply() } catch { throw .client(error) }
-            guard let reply else {
-                end = .closed
-                return nil
+        // Bounded by the connection: each turn reads one reply, or reconnects
+        // (bounded by the policy's attempts, or by the reader's patience).
+        while true {
+            while end == nil {
+                let reply: VarlinkReply?
+                do { reply = try raw.nextReply() } catch {
+                    if case .timedOut = error { throw .client(error) }
+                    guard reconnection != nil else { throw .client(error) }
+                    end = .closed
+                    if try reconnect(why: error.description) { continue }
+                    return nil
+                }
+                guard let reply else {
+                    end = .closed
+                    break
+                }
+                if let error = VarlinkErrorReply(reply) {
+                    end = .error(error)
+                    break
+                }
+                if !reply.continues { end = .finished }
+                guard let json = reply.parameters["event"], json != .null else { continue }
+                if let event = try VaultEventStream.event(json) { return event }
             }
-            if let error = VarlinkErrorReply(reply) {
-                end = .error(error)
-                return nil
-            }
-            if !reply.continues { end = .finished }
-            guard let json = reply.parameters["event"], json != .null else { continue }
-            if let event = try VaultEventStream.event(json) { return event }
+            guard reconnection != nil, let why = end, why != .finished else { return nil }
+            guard try reconnect(why: why.description) else { return nil }
         }
-        return nil
+    }
+
+    /// Connects and subscribes again on the policy's schedule, until it
+    /// works (true), fails for good (throws), or the policy gives up (false);
+    /// after either of the last two the stream stays ended (`end`).
+    private func reconnect(why: String) throws(VaultClientError) -> Bool {
+        guard var reconnection else { return false }
+        // Given up unless it worked; put back below when it did.
+        self.reconnection = nil
+        onDisconnect?(why)
+        shutdown(raw.fileDescriptor, Int32(SHUT_RDWR))
+        reconnection.schedule.lost(now: ReconnectSchedule.now())
+        // Bounded by the policy's maxAttempts, or kept up for as long as the reader waits.
+        while reconnection.schedule.nextAttemptAt != nil {
+            let wait = reconnection.schedule.waitMilliseconds(now: ReconnectSchedule.now())
+            if wait > 0 { _ = poll(nil, 0, wait) }
+            guard reconnection.schedule.isDue(now: ReconnectSchedule.now()) else { continue }
+            do {
+                let client = try reconnection.connect()
+                // The subscription itself is bounded by the connection's timeout, as the first was.
+                let (sessions, continues) = try Self.subscribe(client, filters)
+                if let receiveTimeoutSeconds { client.setReceiveTimeout(seconds: receiveTimeoutSeconds) }
+                raw = client
+                snapshot = sessions
+                end = continues ? nil : .finished
+                reconnections += 1
+                reconnection.schedule.connected()
+                self.reconnection = reconnection
+                onReconnect?(sessions)
+                return true
+            } catch {
+                guard ReconnectPolicy.isWorthRetrying(error) else {
+                    if case .reply(let reply) = error { end = .error(reply) }
+                    throw error
+                }
+                reconnection.schedule.failed(now: ReconnectSchedule.now())
+            }
+        }
+        return false
     }
 
     /// Reads an event object; nil for a kind this client does not know.

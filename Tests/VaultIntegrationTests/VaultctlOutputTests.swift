@@ -48,7 +48,7 @@ struct VaultctlOutputTests {
         #expect(owner?.split(separator: " ").last.map(String.init) == Self.myName, "\(status.stdout)")
     }
 
-    @Test("Should say in a sentence with a code that vaultd stopped under exec and watch")
+    @Test("Should say in a sentence with a code that vaultd stopped under exec and watch --no-reconnect")
     func vaultdStops() throws {
         let d = try ConfiguredDaemon(config: EventsTests.config)
         let user = uniqueName("gone")
@@ -58,7 +58,7 @@ struct VaultctlOutputTests {
             ["--socket", d.socketPath, "exec", "demo", user, "--", "/bin/sh", "-c", "echo started; exec sleep 3600"])
         defer { if exec.isRunning { kill(exec.processIdentifier, SIGKILL) } }
         let (watch, watchOut, watchErr) = try startInterruptible(
-            Binaries.vaultctl.path, ["--socket", d.socketPath, "watch"])
+            Binaries.vaultctl.path, ["--socket", d.socketPath, "watch", "--no-reconnect"])
         defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
         #expect(execOut.wait(for: "started"), "\(execErr.text)")
         #expect(watchOut.wait(for: "events follow"), "\(watchErr.text)")
@@ -78,11 +78,11 @@ struct VaultctlOutputTests {
         #expect(try reap(exec) == 128 + SIGTERM, "\(execErr.text)")
     }
 
-    @Test("Should say that vaultd closed the connection, and exit 3, when vaultd dies under watch")
+    @Test("Should say that vaultd closed the connection, and exit 3, when vaultd dies under watch --no-reconnect")
     func vaultdDies() throws {
         let d = try ConfiguredDaemon(config: EventsTests.config)
         let (watch, watchOut, watchErr) = try startInterruptible(
-            Binaries.vaultctl.path, ["--socket", d.socketPath, "watch"])
+            Binaries.vaultctl.path, ["--socket", d.socketPath, "watch", "--no-reconnect"])
         defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
         #expect(watchOut.wait(for: "events follow"), "\(watchErr.text)")
         _ = d.daemon.stop(signal: SIGKILL)

@@ -38,6 +38,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
@@ -51,6 +52,7 @@ __all__ = [
     "EventStream",
     "INTERFACE",
     "LoginResult",
+    "ReconnectPolicy",
     "Session",
     "SessionPage",
     "Token",
@@ -699,8 +701,12 @@ class _Connection:
             return False
 
     def settimeout(self, timeout: Optional[float]) -> None:
-        """Changes how long the next sends and receives wait (None: without limit)."""
-        self.sock.settimeout(timeout)
+        """Changes how long the next sends and receives wait (None: without
+        limit); nothing on a connection already closed."""
+        try:
+            self.sock.settimeout(timeout)
+        except OSError:
+            pass
 
     def close(self) -> None:
         try:
@@ -806,6 +812,48 @@ class _Connection:
                     )
                 return None
             self._buffer += chunk
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """How a subscription outlives a restart of vaultd (``subscribe(reconnect=...)``):
+    the first attempt after ``first_delay`` seconds, then twice as long after
+    each failed one, at most ``max_delay`` apart; after ``max_attempts`` failed
+    attempts in a row (None: no limit) the stream ends. ``reconnect=True``
+    means the default: 1 s, doubling to 30 s, without end, as vaultctl."""
+
+    first_delay: float = 1.0
+    max_delay: float = 30.0
+    max_attempts: Optional[int] = None
+
+    def delay(self, attempt: int) -> float:
+        """The wait before attempt ``attempt`` (1: the first after the loss), in seconds."""
+        return min(self.first_delay * (2 ** min(max(attempt, 1) - 1, 30)), max(self.max_delay, self.first_delay))
+
+
+#: The error codes that say "not now" rather than "not this": a subscription
+#: refused or ended with one of them is tried again.
+_RETRIED = frozenset(
+    [
+        "InternalError",
+        "SubscriberTooSlow",
+        "TooManySubscriptions",
+        "TooManyConnections",
+        "StoreUnavailable",
+        "StoreLocked",
+    ]
+)
+
+
+def _worth_retrying(error: BaseException) -> bool:
+    """Whether a failed (re)subscription may work on another attempt: vaultd
+    was away, starting, stopping or busy; not a refusal another attempt would
+    meet again, nor a socket someone else serves."""
+    if isinstance(error, VaultdUntrustedSocketError):
+        return False
+    if isinstance(error, VaultdError):
+        return error.name.startswith(INTERFACE + ".") and error.short_name in _RETRIED
+    return isinstance(error, VaultdConnectionError)
 
 
 def _check(reply: Dict[str, Any]) -> Dict[str, Any]:
@@ -1003,6 +1051,7 @@ class Client:
         user: Optional[str] = None,
         kinds: Optional[Sequence[str]] = None,
         timeout: Union[float, None, str] = "client",
+        reconnect: Union[bool, ReconnectPolicy] = False,
     ) -> "EventStream":
         """Streams what happens to the sessions the caller may see, narrowed by
         ``provider``, ``user`` and ``kinds`` (of ``EVENT_KINDS``), on a
@@ -1010,14 +1059,44 @@ class Client:
         The stream's ``snapshot`` holds the sessions at the start; iterating it
         yields ``Event``s. Each read waits at most ``timeout`` seconds (default:
         this client's; None waits forever) before raising ``VaultdTimeoutError``;
-        ``next_event(timeout=...)`` waits without raising."""
+        ``next_event(timeout=...)`` waits without raising.
+
+        With ``reconnect`` (True, or a ``ReconnectPolicy``) the stream outlives
+        a restart of vaultd: when its connection closes or vaultd ends it, it
+        connects again (1 s, doubling to 30 s apart, by default), subscribes
+        with the same filters and goes on with the events after that;
+        ``snapshot`` then holds the sessions as they are after the restart,
+        ``reconnections`` counts the times, and the stream's ``on_disconnect(why)``
+        and ``on_reconnect(snapshot)``, when set, are called. Events that
+        happened while vaultd was away are not replayed: compare the
+        snapshots. Without it (the default), iteration stops with the connection."""
         if isinstance(kinds, str):
             raise TypeError("kinds is a list of event kinds, not one string")
+        if reconnect is True:
+            policy: Optional[ReconnectPolicy] = ReconnectPolicy()
+        elif isinstance(reconnect, ReconnectPolicy):
+            policy = reconnect
+        elif reconnect is False or reconnect is None:
+            policy = None
+        else:
+            raise TypeError("reconnect is True, False or a ReconnectPolicy")
         read_timeout = self.timeout if timeout == "client" else timeout
         connect_timeout = self.connect_timeout if self.connect_timeout is not None else self.timeout
-        conn = _Connection(self.socket_path, read_timeout, connect_timeout)
+        path = self.socket_path
+
+        def connect() -> _Connection:
+            return _Connection(path, read_timeout, connect_timeout)
+
+        conn = connect()
         try:
-            return EventStream(conn, provider=provider, user=user, kinds=list(kinds) if kinds else None)
+            return EventStream(
+                conn,
+                provider=provider,
+                user=user,
+                kinds=list(kinds) if kinds else None,
+                reconnect=policy,
+                connect=connect,
+            )
         except BaseException:
             conn.close()
             raise
@@ -1103,8 +1182,9 @@ class EventStream:
     closes the connection (``end`` is ``"closed"``) or ends the stream
     (``"finished"``); a stream vaultd ends with an error (``SubscriberTooSlow``
     when this reader fell behind, ``InternalError`` when vaultd stops) raises
-    that ``VaultdError`` (``end`` holds it). Use it as a context manager, or
-    call ``close()``."""
+    that ``VaultdError`` (``end`` holds it). A stream subscribed with
+    ``reconnect`` connects again instead (see ``Client.subscribe``). Use it as
+    a context manager, or call ``close()``."""
 
     def __init__(
         self,
@@ -1113,17 +1193,36 @@ class EventStream:
         provider: Optional[str] = None,
         user: Optional[str] = None,
         kinds: Optional[List[str]] = None,
+        reconnect: Optional[ReconnectPolicy] = None,
+        connect: Optional[Any] = None,
     ) -> None:
         self._conn = conn
         self.end: Union[None, str, VaultdError] = None
-        parameters = {"provider": provider, "user": user, "kinds": kinds}
-        first = _check(conn.call(INTERFACE + ".Subscribe", parameters, more=True))
+        self._parameters = {"provider": provider, "user": user, "kinds": kinds}
+        self._policy = reconnect if connect is not None else None
+        self._connect = connect
+        #: When the connection was lost: (attempts failed so far, monotonic time of the next).
+        self._lost: Optional[tuple] = None
+        self._closed = False
+        #: How many times the stream connected and subscribed again.
+        self.reconnections = 0
+        #: Called with why, as the connection is lost (reconnecting streams).
+        self.on_disconnect: Optional[Any] = None
+        #: Called with the new snapshot after subscribing again (reconnecting streams).
+        self.on_reconnect: Optional[Any] = None
+        self.snapshot: List[Session] = []
+        self.store: Optional[str] = None
+        self._subscribe(conn)
+
+    def _subscribe(self, conn: _Connection) -> None:
+        """Sends ``Subscribe`` on ``conn`` and reads the snapshot."""
+        first = _check(conn.call(INTERFACE + ".Subscribe", self._parameters, more=True))
         sessions = first.get("sessions")
         if not isinstance(sessions, list):
             raise VaultdProtocolError("vaultd's first Subscribe reply has no sessions")
-        self.snapshot: List[Session] = [Session.from_json(s) for s in sessions]
+        self.snapshot = [Session.from_json(s) for s in sessions]
         store = first.get("store")
-        self.store: Optional[str] = store if isinstance(store, str) else None
+        self.store = store if isinstance(store, str) else None
 
     def __enter__(self) -> "EventStream":
         return self
@@ -1132,14 +1231,15 @@ class EventStream:
         self.close()
 
     def close(self) -> None:
-        """Ends the stream (closes its connection)."""
+        """Ends the stream (closes its connection; a reconnecting stream stops reconnecting)."""
+        self._closed = True
         self._conn.close()
 
     def __iter__(self) -> Iterator[Event]:
         return self
 
     def __next__(self) -> Event:
-        event = self._next()
+        event = self._next(None)
         if event is None:
             raise StopIteration
         return event
@@ -1147,26 +1247,57 @@ class EventStream:
     def next_event(self, timeout: Union[float, None, str] = "stream") -> Optional[Event]:
         """The next event, waiting at most ``timeout`` seconds (default: the
         stream's; None waits forever); None when none came by then or the
-        stream ended (see ``end``). A timeout loses nothing: the stream goes on."""
-        if timeout != "stream":
-            self._conn.settimeout(timeout)
+        stream ended (see ``end``). A timeout loses nothing: the stream goes on
+        (a reconnecting stream goes on reconnecting at the next call)."""
+        wait = self._conn.timeout if timeout == "stream" else timeout
+        deadline = None if wait is None else time.monotonic() + wait
         try:
-            return self._next()
+            return self._next(deadline, forever=wait is None)
         except VaultdTimeoutError:
             return None
         finally:
-            if timeout != "stream":
-                self._conn.settimeout(self._conn.timeout)
+            self._conn.settimeout(self._conn.timeout)
 
-    def _next(self) -> Optional[Event]:
-        while self.end is None:
-            reply = self._conn.next_reply()
+    def _next(self, deadline: Optional[float], forever: bool = False) -> Optional[Event]:
+        """The next event: reads bounded by ``deadline`` (monotonic), else
+        without limit when ``forever``, else by the stream's timeout."""
+        # Bounded by the connection: each turn reads one reply or makes one
+        # reconnection attempt (bounded by the policy or the deadline).
+        while True:
+            if self._lost is not None:
+                if not self._reconnect(deadline):
+                    if self._lost is not None and not self._closed:
+                        path = self._conn.path
+                        raise VaultdTimeoutError("still reconnecting to vaultd at %s" % path, path)
+                    break
+                continue
+            if self.end is not None:
+                break
+            if deadline is not None:
+                self._conn.settimeout(max(deadline - time.monotonic(), 0.001))
+            elif forever:
+                self._conn.settimeout(None)
+            try:
+                reply = self._conn.next_reply()
+            except VaultdTimeoutError:
+                raise
+            except VaultdConnectionError as error:
+                if self._policy is None or self._closed:
+                    raise
+                self._lose(str(error))
+                continue
             if reply is None:
                 self.end = "closed"
+                if self._policy is not None and not self._closed:
+                    self._lose("vaultd closed the connection")
+                    continue
                 return None
             if "error" in reply:
                 error = _error(str(reply["error"]), reply.get("parameters"))
                 self.end = error
+                if self._policy is not None and not self._closed:
+                    self._lose(str(error))
+                    continue
                 raise error
             if not reply.get("continues"):
                 self.end = "finished"
@@ -1179,3 +1310,66 @@ class EventStream:
         if isinstance(self.end, VaultdError):
             raise self.end
         return None
+
+    def _lose(self, why: str) -> None:
+        """The connection was lost: the first attempt is due after the policy's first delay."""
+        assert self._policy is not None
+        self._conn.close()
+        if self.end is None:
+            self.end = "closed"
+        self._lost = (0, time.monotonic() + self._policy.delay(1))
+        if self.on_disconnect is not None:
+            self.on_disconnect(why)
+
+    def _reconnect(self, deadline: Optional[float]) -> bool:
+        """Attempts to connect and subscribe again until it works (True), the
+        deadline passes (False, still lost) or it fails for good (False with
+        ``_lost`` None, or raises the error another attempt would meet again)."""
+        assert self._policy is not None and self._connect is not None and self._lost is not None
+        # Bounded by the policy's max_attempts, or by the deadline.
+        while self._lost is not None and not self._closed:
+            failed, due = self._lost
+            now = time.monotonic()
+            if due > now:
+                if deadline is not None and deadline <= now:
+                    return False
+                time.sleep(min(due, deadline) - now if deadline is not None else due - now)
+                continue
+            try:
+                conn = self._connect()
+            except VaultdClientError as error:
+                if not self._retry_after(error, failed):
+                    raise
+                continue
+            try:
+                self._subscribe(conn)
+            except VaultdClientError as error:
+                conn.close()
+                if not self._retry_after(error, failed):
+                    raise
+                continue
+            self._conn = conn
+            self._lost = None
+            self.end = None
+            self.reconnections += 1
+            if self.on_reconnect is not None:
+                self.on_reconnect(self.snapshot)
+            return True
+        return False
+
+    def _retry_after(self, error: VaultdClientError, failed: int) -> bool:
+        """After a failed attempt: schedules the next, or gives up when the
+        policy's attempts are spent (the stream ends; True either way), or
+        when another attempt would meet the same error (False: raise it)."""
+        assert self._policy is not None
+        failed += 1
+        if isinstance(error, VaultdError):
+            self.end = error
+        if not _worth_retrying(error):
+            self._lost = None
+            return False
+        if self._policy.max_attempts is not None and failed >= self._policy.max_attempts:
+            self._lost = None
+            return True
+        self._lost = (failed, time.monotonic() + self._policy.delay(failed + 1))
+        return True

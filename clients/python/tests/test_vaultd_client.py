@@ -13,7 +13,9 @@ import inspect
 import os
 import re
 import select
+import signal
 import socket
+import subprocess
 import tempfile
 import time
 import unittest
@@ -27,6 +29,7 @@ from vaultd_client import (
     Client,
     Event,
     LoginResult,
+    ReconnectPolicy,
     Session,
     SessionPage,
     Token,
@@ -493,3 +496,153 @@ class LiveTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReconnectPolicyTests(unittest.TestCase):
+    """The schedule of a reconnecting stream, without a vaultd."""
+
+    def test_delays_double_up_to_the_cap(self):
+        """Should wait 1 s, then twice as long each time, at most 30 s, by default."""
+        policy = ReconnectPolicy()
+        self.assertEqual([policy.delay(n) for n in (1, 2, 3, 5, 6, 100)], [1, 2, 4, 16, 30, 30])
+
+    def test_only_errors_another_attempt_may_mend_are_retried(self):
+        """Should retry an unreachable or stopping vaultd, and not a refusal or an untrusted socket."""
+        worth = vaultd_client._worth_retrying
+        self.assertTrue(worth(VaultdConnectionError("gone", "/s")))
+        self.assertTrue(worth(vaultd_client._error("io.vaultd.Vault.InternalError", {"code": "ERR_INTERNAL"})))
+        self.assertFalse(worth(vaultd_client._error("io.vaultd.Vault.AccessDenied", {"code": "ERR_ACCESS_DENIED"})))
+        self.assertFalse(worth(vaultd_client.VaultdUntrustedSocketError("/s", 65534)))
+
+
+class _Vaultd:
+    """A vaultd of the test's own (``--memory-store``, one static provider
+    ``demo``) on ``socket_path``, started and stopped by the test."""
+
+    def __init__(self, binary, directory):
+        self.binary = binary
+        self.socket_path = os.path.join(directory, "vaultd.sock")
+        self.config = os.path.join(directory, "vaultd.conf")
+        with open(self.config, "w") as f:
+            f.write("[Provider demo]\nType=static\n")
+        self.process = None
+
+    def start(self):
+        """Starts vaultd and waits (at most 60 s) for its ready line."""
+        self.process = subprocess.Popen(
+            [self.binary, "--socket", self.socket_path, "--config", self.config, "--memory-store"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        seen = b""
+        while b"ready" not in seen:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.process.stderr], [], [], left)[0]:
+                self.stop(signal.SIGKILL)
+                raise AssertionError("vaultd did not become ready: %r" % seen)
+            chunk = os.read(self.process.stderr.fileno(), 4096)
+            if not chunk:
+                raise AssertionError("vaultd exited before it was ready: %r" % seen)
+            seen += chunk
+
+    def stop(self, sig=signal.SIGTERM):
+        """Sends ``sig`` and waits (at most 30 s) for the exit."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+        self.process.stderr.close()
+        self.process = None
+
+
+@unittest.skipUnless(
+    os.environ.get("VAULTD_CLIENT_TEST_VAULTD"), "set VAULTD_CLIENT_TEST_VAULTD (PythonClientTests does)"
+)
+class ReconnectTests(unittest.TestCase):
+    """A subscription that outlives a restart of a real vaultd."""
+
+    def test_reconnecting_stream_outlives_a_restart(self):
+        """Should, with reconnect, report the loss, subscribe again once vaultd is back, and deliver a later login."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with self.subTest(signal=sig.name), tempfile.TemporaryDirectory() as directory:
+                daemon = _Vaultd(os.environ["VAULTD_CLIENT_TEST_VAULTD"], directory)
+                daemon.start()
+                self.addCleanup(daemon.stop, signal.SIGKILL)
+                user = "py-back-%s" % uuid.uuid4().hex[:8]
+                vault = Client(daemon.socket_path, timeout=30)
+                stream = vault.subscribe(
+                    provider="demo", timeout=30, reconnect=ReconnectPolicy(first_delay=0.1, max_delay=1)
+                )
+                lost, back = [], []
+
+                def disconnected(why):
+                    # vaultd is gone: start it again before the first attempt is due.
+                    lost.append(why)
+                    daemon.start()
+
+                def reconnected(snapshot):
+                    # Subscribed again: a login now can only reach this stream as an event.
+                    back.append(snapshot)
+                    with Client(daemon.socket_path, timeout=30) as again:
+                        again.login("demo", user, token=SECRET)
+
+                stream.on_disconnect = disconnected
+                stream.on_reconnect = reconnected
+                daemon.stop(sig)
+                event = stream.next_event(timeout=60)
+                self.assertEqual(len(lost), 1, lost)
+                if sig == signal.SIGTERM:
+                    self.assertIn("ERR_INTERNAL", lost[0])
+                self.assertEqual(back, [[]], "the snapshot after the restart (a memory store starts empty)")
+                self.assertIsNotNone(event, "no event after the restart (stream end: %r)" % (stream.end,))
+                self.assertEqual((event.kind, event.provider, event.user), ("loginSuccess", "demo", user))
+                self.assertEqual(stream.reconnections, 1)
+                self.assertIsNone(stream.end)
+                stream.close()
+                vault.close()
+                daemon.stop()
+
+    def test_next_event_stays_bounded_while_reconnecting(self):
+        """Should return None from next_event(timeout=...) in time while vaultd is away, and go on once it is back."""
+        with tempfile.TemporaryDirectory() as directory:
+            daemon = _Vaultd(os.environ["VAULTD_CLIENT_TEST_VAULTD"], directory)
+            daemon.start()
+            self.addCleanup(daemon.stop, signal.SIGKILL)
+            user = "py-wait-%s" % uuid.uuid4().hex[:8]
+            with Client(daemon.socket_path, timeout=30) as vault:
+                stream = vault.subscribe(provider="demo", reconnect=ReconnectPolicy(first_delay=0.1, max_delay=0.2))
+                daemon.stop(signal.SIGKILL)
+                started = time.monotonic()
+                self.assertIsNone(stream.next_event(timeout=0.5))
+                self.assertLess(time.monotonic() - started, 5, "next_event waited past its timeout")
+                self.assertEqual((stream.end, stream.reconnections), ("closed", 0))
+
+                def reconnected(snapshot):
+                    with Client(daemon.socket_path, timeout=30) as again:
+                        again.login("demo", user, token=SECRET)
+
+                stream.on_reconnect = reconnected
+                daemon.start()
+                event = stream.next_event(timeout=60)
+                self.assertIsNotNone(event, "no event once vaultd was back (stream end: %r)" % (stream.end,))
+                self.assertEqual((event.kind, event.user, stream.reconnections), ("loginSuccess", user, 1))
+                stream.close()
+            daemon.stop()
+
+    def test_stream_without_reconnect_ends_with_vaultd(self):
+        """Should, without reconnect (the default), end the iteration when vaultd is killed."""
+        with tempfile.TemporaryDirectory() as directory:
+            daemon = _Vaultd(os.environ["VAULTD_CLIENT_TEST_VAULTD"], directory)
+            daemon.start()
+            self.addCleanup(daemon.stop, signal.SIGKILL)
+            with Client(daemon.socket_path, timeout=30) as vault, vault.subscribe(timeout=30) as stream:
+                daemon.stop(signal.SIGKILL)
+                self.assertIsNone(next(stream, None))
+                self.assertEqual((stream.end, stream.reconnections), ("closed", 0))
