@@ -117,8 +117,8 @@ public struct VaultCtl {
         if let file = command.value("--profile-file") {
             switch readProfile(file, user: user) {
             case .success(let read): profile = read
-            case .failure(let message):
-                output.err("vaultctl: \(message)")
+            case .failure(let error):
+                output.err("vaultctl: \(error.message) (\(error.code.seedCode))")
                 return .usage
             }
         }
@@ -476,37 +476,34 @@ public struct VaultCtl {
         case failure(String)
     }
 
-    /// Reads the credential from `file`, or from stdin (without echo on a terminal).
     /// Reads `--profile-file`: a JSON object with CometChat's User fields
     /// (`name`, `avatar`, `metadata`, ...); a missing `uid` is `user`. The
     /// message of a failure names the file.
-    func readProfile(_ file: String, user: String) -> Result<UserProfile, ProfileFileError> {
+    func readProfile(_ file: String, user: String) -> Result<UserProfile, VaultError> {
         let bytes: [UInt8]
         do { bytes = try Files.read(file, limit: 1 << 20) } catch {
-            return .failure(ProfileFileError("cannot read the profile file \(file): \(error)"))
+            return .failure(VaultError(.invalidParameter, "cannot read the profile file \(file): \(error)"))
         }
         let json: JSON
         do { json = try JSON.parse(bytes) } catch {
             return .failure(
-                ProfileFileError(
+                VaultError(
+                    .invalidParameter,
                     "the profile file \(file) is not valid JSON (\(error.description)); it must hold one object such as {\"name\": \"Alice\"}"
                 ))
         }
         guard case .object(var o) = json else {
-            return .failure(ProfileFileError("the profile file \(file) holds a JSON \(json.typeName), not an object"))
+            return .failure(
+                VaultError(.invalidParameter, "the profile file \(file) holds a JSON \(json.typeName), not an object"))
         }
         if o["uid"] == nil { o["uid"] = .string(user) }
         do { return .success(try UserProfile(json: .object(o))) } catch {
-            return .failure(ProfileFileError("the profile file \(file) is not a profile: \(error.message)"))
+            return .failure(
+                VaultError(.invalidParameter, "the profile file \(file) is not a profile: \(error.message)"))
         }
     }
 
-    /// Why `--profile-file` could not be used.
-    struct ProfileFileError: Error {
-        var message: String
-        init(_ message: String) { self.message = message }
-    }
-
+    /// Reads the credential from `file`, or from stdin (without echo on a terminal).
     func readCredential(_ file: String?) -> ReadResult {
         var bytes: [UInt8]
         do {

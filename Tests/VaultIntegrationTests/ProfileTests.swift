@@ -80,7 +80,9 @@ struct ProfileTests {
         let unreadable = try vaultctl(
             fixture.socketPath, ["login", "demo", user, "--profile-file", missing], input: "tok_x")
         #expect(unreadable.status == 2)
-        #expect(unreadable.stderr.contains("cannot read the profile file \(missing)"), "\(unreadable.stderr)")
+        #expect(
+            unreadable.stderr.hasPrefix("vaultctl: cannot read the profile file \(missing)"), "\(unreadable.stderr)")
+        #expect(unreadable.stderr.contains("(ERR_INVALID_PARAMETER)"), "\(unreadable.stderr)")
 
         let cases = [
             ("broken.json", #"{"name": "Al"#, "is not valid JSON"),
@@ -93,7 +95,7 @@ struct ProfileTests {
             let refused = try vaultctl(
                 fixture.socketPath, ["login", "demo", user, "--profile-file", file], input: "tok_x")
             #expect(refused.status == 2, "\(name)")
-            #expect(refused.stderr.contains("the profile file \(file)"), "\(refused.stderr)")
+            #expect(refused.stderr.hasPrefix("vaultctl: the profile file \(file)"), "\(refused.stderr)")
             #expect(refused.stderr.contains(expected), "\(refused.stderr)")
         }
         // Another user's uid is vaultd's to refuse: a profile belongs to its session.
