@@ -156,6 +156,7 @@ public enum CommandTable {
                 .value("--expires-at", "UNIX_SECONDS", .text, "when a bare token expires"),
                 .flag("--from-provider", "the provider obtains the tokens; nothing is read"),
                 .flag("--replace", "replace the tokens of a session that is logged in already"),
+                .value("--profile-file", "FILE", .file, "the user's profile (name, avatar, metadata) as JSON"),
             ],
             summary: "log in; the token comes on stdin or from FILE (or the provider obtains it)",
             details: """
@@ -171,12 +172,20 @@ public enum CommandTable {
                 stored before vaultctl returns and served at once, subscribers see
                 tokenRefreshed (reason replaced), and a replaced refresh token is revoked
                 at the provider. Only the session's owner (or root, the admin group) may.
+                --profile-file FILE gives the session's profile: a JSON object with
+                CometChat's User fields (name, avatar, role, metadata, ...); uid, when
+                given, must be USER. It wins over the profile the provider's helper
+                answers or an id_token in the token response describes.
                 """,
             examples: [
                 ("echo -n \"$TOKEN\" | vaultctl login demo alice", "log in with a bare token"),
                 ("vaultctl login demo alice --token-file token.json", "log in with a token response from a file"),
                 ("vaultctl login cometchat alice --from-provider", "have the provider's helper log alice in"),
                 ("echo -n \"$NEW\" | vaultctl login --replace demo alice", "rotate alice's token by hand"),
+                (
+                    "vaultctl login demo alice --token-file t.json --profile-file alice.json",
+                    "log in with alice's name and avatar"
+                ),
             ],
             handler: { ctl, parsed in ctl.login(parsed) }),
         CommandSpec(

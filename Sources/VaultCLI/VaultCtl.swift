@@ -113,11 +113,20 @@ public struct VaultCtl {
         }
         let (provider, user) = (positional[0], positional[1])
         let replace = command.has("--replace")
+        var profile: UserProfile?
+        if let file = command.value("--profile-file") {
+            switch readProfile(file, user: user) {
+            case .success(let read): profile = read
+            case .failure(let error):
+                output.err("vaultctl: \(error.message) (\(error.code.seedCode))")
+                return .usage
+            }
+        }
         if command.has("--from-provider") {
             // The provider obtains the tokens itself (client credentials, an exec helper).
             return run { vault throws(VaultClientError) in
                 let result = try vault.loginFromProvider(
-                    provider: provider, user: user, ownerUID: owner, replace: replace)
+                    provider: provider, user: user, profile: profile, ownerUID: owner, replace: replace)
                 return (loginJSON(result), "\(loginWhat(result)): \(describe(result.session))")
             }
         }
@@ -141,12 +150,12 @@ public struct VaultCtl {
             let result =
                 if let response {
                     try vault.login(
-                        provider: provider, user: user, tokenResponse: response, expiresAt: expiry, ownerUID: owner,
-                        replace: replace)
+                        provider: provider, user: user, tokenResponse: response, expiresAt: expiry, profile: profile,
+                        ownerUID: owner, replace: replace)
                 } else {
                     try vault.login(
                         provider: provider, user: user, token: credential.tokens.accessToken.revealed,
-                        expiresAt: expiry, ownerUID: owner, replace: replace)
+                        expiresAt: expiry, profile: profile, ownerUID: owner, replace: replace)
                 }
             return (loginJSON(result), "\(loginWhat(result)): \(describe(result.session))")
         }
@@ -236,6 +245,8 @@ public struct VaultCtl {
         if session["unsaved"]?.boolValue == true { lines.append(("Unsaved", "yes (the store write is retried)")) }
         if let error = session["tokenFileError"]?.stringValue { lines.append(("Token file", error)) }
         if let name = session["profile"]?["name"]?.stringValue { lines.append(("Name", name)) }
+        if let avatar = session["profile"]?["avatar"]?.stringValue { lines.append(("Avatar", avatar)) }
+        if let email = session["profile"]?["metadata"]?["email"]?.stringValue { lines.append(("Email", email)) }
         for client in session["clients"]?.arrayValue ?? [] {
             let pid = client["pid"]?.integerValue.map { String($0) } ?? "?"
             let state = client["state"]?.stringValue ?? "?"
@@ -483,6 +494,33 @@ public struct VaultCtl {
     enum ReadResult {
         case success(String)
         case failure(String)
+    }
+
+    /// Reads `--profile-file`: a JSON object with CometChat's User fields
+    /// (`name`, `avatar`, `metadata`, ...); a missing `uid` is `user`. The
+    /// message of a failure names the file.
+    func readProfile(_ file: String, user: String) -> Result<UserProfile, VaultError> {
+        let bytes: [UInt8]
+        do { bytes = try Files.read(file, limit: 1 << 20) } catch {
+            return .failure(VaultError(.invalidParameter, "cannot read the profile file \(file): \(error)"))
+        }
+        let json: JSON
+        do { json = try JSON.parse(bytes) } catch {
+            return .failure(
+                VaultError(
+                    .invalidParameter,
+                    "the profile file \(file) is not valid JSON (\(error.description)); it must hold one object such as {\"name\": \"Alice\"}"
+                ))
+        }
+        guard case .object(var o) = json else {
+            return .failure(
+                VaultError(.invalidParameter, "the profile file \(file) holds a JSON \(json.typeName), not an object"))
+        }
+        if o["uid"] == nil { o["uid"] = .string(user) }
+        do { return .success(try UserProfile(json: .object(o))) } catch {
+            return .failure(
+                VaultError(.invalidParameter, "the profile file \(file) is not a profile: \(error.message)"))
+        }
     }
 
     /// Reads the credential from `file`, or from stdin (without echo on a terminal).

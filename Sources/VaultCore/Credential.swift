@@ -7,6 +7,11 @@ public struct LoginCredential: Sendable, Equatable {
     public var tokens: TokenSet
     /// `expires_in` of an OAuth 2.0 response, in seconds from issue.
     public var expiresIn: Int64?
+    /// What the response says about the user: an OpenID Connect `id_token`'s
+    /// claims, or an exec helper's `profile`. Informational only, never used
+    /// to decide anything. Its `uid` is empty: the session's user is the uid,
+    /// set when the record is made (`UserProfile.owned(by:)`).
+    public var profile: UserProfile?
 
     /// The longest `expires_in` accepted: 100 years.
     public static let longestLifetime: Int64 = 100 * 366 * 86400
@@ -15,9 +20,10 @@ public struct LoginCredential: Sendable, Equatable {
     public static let maximumTokenLength = 16 * 1024
 
     /// A credential a provider obtained (client credentials, an exec helper).
-    public init(tokens: TokenSet, expiresIn: Int64?) {
+    public init(tokens: TokenSet, expiresIn: Int64?, profile: UserProfile? = nil) {
         self.tokens = tokens
         self.expiresIn = expiresIn
+        self.profile = profile
     }
 
     /// A credential that is a bare access token.
@@ -80,6 +86,10 @@ public struct LoginCredential: Sendable, Equatable {
             // Salesforce sends milliseconds; a value past year 5138 in seconds is surely milliseconds.
             tokens.issuedAt = UnixTime(seconds: raw > 100_000_000_000 ? raw / 1000 : raw)
         }
+        // Read, never verified, and never kept: only the profile it describes is.
+        if let idToken = o["id_token"]?.stringValue, let claims = JWT.claims(of: idToken) {
+            profile = UserProfile(idTokenClaims: claims)
+        }
     }
 
     /// Reads a credential as `vaultctl login` gets it: a JSON object is a token
@@ -130,13 +140,22 @@ public struct LoginCredential: Sendable, Equatable {
 
 /// Reads claims from a JSON Web Token without verifying it: vaultd only needs
 /// to know when the token stops working, the server checks the signature.
+/// An id_token's claims are shown as the session's profile, for people to
+/// read; nothing is decided on them.
 public enum JWT {
-    /// The `exp` claim of a JWT, or nil when the token is not a JWT or has none.
-    public static func expiry(of token: String) -> UnixTime? {
+    /// The claims (the payload object) of a JWT, unverified; nil when the
+    /// token is not a JWT whose payload is a JSON object.
+    public static func claims(of token: String) -> [String: JSON]? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let payload = base64URLDecode(parts[1]),
-            let claims = try? JSON.parse(payload), let exp = claims["exp"]
+            case .object(let claims)? = try? JSON.parse(payload)
         else { return nil }
+        return claims
+    }
+
+    /// The `exp` claim of a JWT, or nil when the token is not a JWT or has none.
+    public static func expiry(of token: String) -> UnixTime? {
+        guard let exp = claims(of: token)?["exp"] else { return nil }
         var seconds: Int64?
         if let integer = exp.integerValue {
             seconds = integer

@@ -158,6 +158,52 @@ private struct MemberNames {
 }
 
 extension UserProfile {
+    /// The OpenID Connect claims (OpenID Connect Core 5.1) kept in
+    /// `metadata`, beside `name` and `picture` (the avatar).
+    public static let keptClaims = [
+        "sub", "iss", "email", "email_verified", "preferred_username", "given_name", "family_name", "locale",
+    ]
+
+    /// The profile an id_token's claims describe, read without verifying
+    /// them: `name` (else `preferred_username`, else `nickname`) is the
+    /// name, `picture` the avatar, and `keptClaims` go into `metadata`.
+    /// Claims of the wrong type are left out. The uid is empty: it is the
+    /// session's user, never the token's `sub` (see `owned(by:)`).
+    public init(idTokenClaims claims: [String: JSON]) {
+        self.init(uid: "")
+        name =
+            claims["name"]?.stringValue ?? claims["preferred_username"]?.stringValue
+            ?? claims["nickname"]?.stringValue
+        avatar = claims["picture"]?.stringValue
+        var metadata: [String: JSON] = [:]
+        for key in UserProfile.keptClaims {
+            switch claims[key] {
+            case .string(let value)?: metadata[key] = .string(value)
+            case .bool(let value)?: metadata[key] = .bool(value)
+            default: break
+            }
+        }
+        if !metadata.isEmpty { self.metadata = .object(metadata) }
+    }
+
+    /// Reads the profile an exec helper answered: the fields of
+    /// `init(json:)`, where `uid` may be left out (it is the session's user
+    /// whatever the helper says, see `owned(by:)`).
+    public init(providerJSON json: JSON) throws(VaultError) {
+        guard case .object(var o) = json else {
+            throw VaultError(.invalidParameter, "profile must be an object, not \(json.typeName)")
+        }
+        o["uid"] = .string("")
+        try self.init(json: .object(o))
+    }
+
+    /// This profile as the profile of `user`'s session: its uid is `user`.
+    public func owned(by user: String) -> UserProfile {
+        var profile = self
+        profile.uid = user
+        return profile
+    }
+
     /// The profile as a JSON object with CometChat's field names.
     public func json() -> JSON {
         var o: [String: JSON] = ["uid": .string(uid)]

@@ -124,8 +124,10 @@ public enum ClientRefresh {
 
 /// How a refresh ended, as the provider reports it.
 public enum RefreshOutcome: Sendable, Equatable {
-    /// New tokens; `expiresIn` when the server said.
-    case refreshed(TokenSet, expiresIn: Int64?)
+    /// New tokens; `expiresIn` when the server said; `profile` what the
+    /// answer said about the user (an id_token's claims, an exec helper's
+    /// `profile`), with an empty uid (`LoginCredential.profile`).
+    case refreshed(TokenSet, expiresIn: Int64?, profile: UserProfile? = nil)
     /// Worth trying again later: network, timeout, HTTP 5xx or 429, garbage.
     /// `code`: the provider's own code, when it named one (an exec helper's
     /// `error`); `ERR_HELPER_UNAVAILABLE` when the helper could not be run.

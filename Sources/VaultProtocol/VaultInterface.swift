@@ -201,6 +201,10 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     tokenRefreshed with reason replaced, and a replaced refresh token is
                     revoked at the provider (queued in the store first); replaced is then true.
                     Without a profile the session keeps its own.
+                    profile: the user's (CometChat User fields; uid must be user). Without one,
+                    the profile is an exec helper's when vaultd obtained the tokens, else the
+                    claims of an id_token in the token response (read unverified, shown only,
+                    never used to decide anything), else the uid alone.
                     """,
                 parameters: [
                     VarlinkField("provider", .string),

@@ -13,7 +13,7 @@ struct OAuth2ClassifyTests {
         let outcome = OAuth2Client.classify(
             status: 200, body: body(#"{"access_token":"at_1","expires_in":60,"refresh_token":"rt_2"}"#),
             retryAfter: nil)
-        guard case .refreshed(let tokens, let expiresIn) = outcome else {
+        guard case .refreshed(let tokens, let expiresIn, _) = outcome else {
             Issue.record("expected refreshed, got \(outcome)")
             return
         }

@@ -3,7 +3,7 @@
 
 Run:  python3 token_server.py --port 0 [--lifetime 5] [--client-id ID]
           [--client-secret S] [--omit-expires-in] [--salesforce] [--no-rotate]
-          [--no-client-refresh-token]
+          [--no-client-refresh-token] [--id-token JSON]
           [--tls-cert CERT.pem --tls-key KEY.pem]
 Binds 127.0.0.1 only, prints one line `LISTENING http://127.0.0.1:PORT` to
 stdout (`LISTENING https://...` with --tls-cert: TLS with that certificate), then serves until SIGTERM/SIGINT (exit status 0). One log line per
@@ -18,6 +18,9 @@ Endpoints
                   one gives 400 invalid_grant "refresh token reused" and revokes
                   the whole grant. Access tokens expire after --lifetime seconds
                   on the server even when expires_in is omitted.
+                  With --id-token CLAIMS (a JSON object) every token response
+                  also carries an OpenID Connect id_token: an unsigned JWT
+                  ("alg": "none") whose payload is CLAIMS plus iat and exp.
   POST /revoke    RFC 7009: token, token_type_hint. Always 200, empty body.
                   A refresh token revokes its whole grant; an access token only itself.
   GET  /resource  Authorization: Bearer AT -> 200 {"ok":true} if AT is live, else 401.
@@ -70,6 +73,16 @@ def mask(token):
     if token is None:
         return None
     return token[:6] + "…"
+
+
+def id_token(claims, lifetime):
+    """An unsigned JWT (RFC 7519 6.1) carrying `claims`, iat and exp."""
+    def part(obj):
+        raw = json.dumps(obj, separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    issued = int(time.time())
+    payload = dict(claims, iat=issued, exp=issued + int(max(lifetime, 1)))
+    return part({"alg": "none", "typ": "JWT"}) + "." + part(payload) + "."
 
 
 def now_ms():
@@ -158,6 +171,8 @@ class State:
             body["expires_in"] = int(lifetime) if float(lifetime).is_integer() else lifetime
         if grant.scope:
             body["scope"] = grant.scope
+        if self.config.id_token:
+            body["id_token"] = id_token(json.loads(self.config.id_token), lifetime)
         if self.config.salesforce:
             body["issued_at"] = str(now_ms())   # Salesforce sends a string of milliseconds
             body["instance_url"] = self.config.base_url
@@ -628,6 +643,8 @@ def main():
                         help="refresh responses carry no refresh_token; the old one stays valid")
     parser.add_argument("--no-client-refresh-token", action="store_true",
                         help="client credentials responses carry no refresh_token (RFC 6749 4.4.3)")
+    parser.add_argument("--id-token", default=None, metavar="CLAIMS",
+                        help="add an unsigned OpenID Connect id_token with these claims (a JSON object)")
     parser.add_argument("--tls-cert", default=None, help="serve TLS with this PEM certificate")
     parser.add_argument("--tls-key", default=None, help="the private key of --tls-cert (PEM)")
     config = parser.parse_args()

@@ -318,7 +318,7 @@ extension SessionManager {
         }
         let now = clock.now()
         switch outcome {
-        case .refreshed(var tokens, let expiresIn):
+        case .refreshed(var tokens, let expiresIn, _):
             // RFC 6749 6: the server may keep the refresh token; then the old one stays valid.
             if tokens.refreshToken == nil { tokens.refreshToken = current.tokens.refreshToken }
             tokens.instanceURL = tokens.instanceURL ?? current.tokens.instanceURL
@@ -447,7 +447,7 @@ extension SessionManager {
     ) async -> Result<SessionRecord, VaultError> {
         let sameSession = entries[key]?.id == entryID
         let newer = sameSession ? entries[key]?.record : nil
-        if case .refreshed(let tokens, _) = outcome, newer == nil || fleet == nil {
+        if case .refreshed(let tokens, _, _) = outcome, newer == nil || fleet == nil {
             await revokeOrphaned(tokens, of: snapshot)
         }
         if sameSession { await handle(key, .refreshAbandoned) }

@@ -191,8 +191,8 @@ extension SessionManager {
             return .success(nil)
         }
         switch await provider.login(account) {
-        case .refreshed(let tokens, let expiresIn):
-            return .success(LoginCredential(tokens: tokens, expiresIn: expiresIn))
+        case .refreshed(let tokens, let expiresIn, let profile):
+            return .success(LoginCredential(tokens: tokens, expiresIn: expiresIn, profile: profile))
         case .transient(let reason, let retryAfter, let code):
             return .failure(
                 ProviderRefusal(
@@ -305,7 +305,9 @@ extension SessionManager {
                 .tokenExpired,
                 "the token for \(account) expired at \(expiresAt) (now \(now)); obtain a new token and log in again")
         }
-        var profile = UserProfile(uid: account.user)
+        // The client's profile wins; else what the provider's answer or the
+        // token response (an id_token's claims) said; else the uid alone.
+        var profile = credential.profile?.owned(by: account.user) ?? UserProfile(uid: account.user)
         if let json = request.profile {
             profile = try UserProfile(json: json)
             guard profile.uid == account.user else {

@@ -7,8 +7,8 @@ import VaultSystem
 /// A helper program that logs in, refreshes and revokes for vaultd (the
 /// seeds' "trusted backend": CometChat's REST API, OpenIM's admin API). It is
 /// run directly, never through a shell, with one JSON object on stdin; it
-/// answers one JSON object on stdout: a token response, or
-/// `{"error": CODE, "message": ...}`. Its run time and output are bounded,
+/// answers one JSON object on stdout: a token response (which may carry the
+/// user's `profile`), or `{"error": CODE, "message": ...}`. Its run time and output are bounded,
 /// it runs on vaultd's helper pool within its provider's
 /// `MaxConcurrentHelpers=`, and nothing it prints is logged or kept without
 /// going through `Redactor` first.
@@ -156,10 +156,35 @@ public struct ExecProvider: TokenProvider {
         guard result.status == 0 else {
             return .transient(reason: "\(ended); an answer is taken only from a helper that exits 0", retryAfter: nil)
         }
-        guard let credential = try? LoginCredential(tokenResponse: json) else {
+        guard let (credential, profileError) = ExecProvider.credential(in: json) else {
             return .transient(reason: "the helper answered without an access_token", retryAfter: nil)
         }
-        return .refreshed(credential.tokens, expiresIn: credential.expiresIn)
+        if let profileError {
+            // The tokens are good: a malformed profile costs only the profile.
+            log.info(
+                "helper profile ignored",
+                [
+                    "action": action, "program": program,
+                    "reason": masked(profileError.message, limit: ExecProvider.keptMessage),
+                ])
+        }
+        return .refreshed(credential.tokens, expiresIn: credential.expiresIn, profile: credential.profile)
+    }
+
+    /// The tokens of a helper's answer, and the user's profile: the answer's
+    /// `profile` (CometChat's User fields; `uid` may be left out, it is the
+    /// session's user whatever it says), else the claims of its `id_token`.
+    /// A malformed `profile` is left out and returned as the error naming
+    /// the field; nil when the answer holds no usable token response.
+    static func credential(in answer: JSON) -> (LoginCredential, profileError: VaultError?)? {
+        guard var credential = try? LoginCredential(tokenResponse: answer) else { return nil }
+        guard let json = answer["profile"], json != .null else { return (credential, nil) }
+        do throws(VaultError) {
+            credential.profile = try UserProfile(providerJSON: json)
+            return (credential, nil)
+        } catch {
+            return (credential, error)
+        }
     }
 
     /// How the helper's run ended, for a message: "the helper P exited 3", or

@@ -79,7 +79,7 @@ public struct OAuth2Client: Sendable {
             guard let credential = try? LoginCredential(tokenResponse: json) else {
                 return .transient(reason: "the token endpoint answered 200 with no token response", retryAfter: nil)
             }
-            return .refreshed(credential.tokens, expiresIn: credential.expiresIn)
+            return .refreshed(credential.tokens, expiresIn: credential.expiresIn, profile: credential.profile)
         }
         let error = json?["error"]?.stringValue
         if status == 429 || status >= 500 {
