@@ -55,7 +55,8 @@ struct EventFidelityTests {
                 && line.contains(#""message":"#), "\(line)")
     }
 
-    @Test("Should carry the provider's code and a message in loginFailed when the provider refuses a login")
+    @Test(
+        "Should carry vaultd's code and the provider's code and words in loginFailed when the provider refuses a login")
     func loginFailedCarriesCodeAndMessage() async throws {
         let server = try TokenServer(["--lifetime", "600", "--client-secret", "s3cr3t-client-value"])
         let fixture = try start(server)
@@ -64,8 +65,10 @@ struct EventFidelityTests {
         let refused = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
         #expect(refused.status == 1)
         let event = try #require(try next(.loginFailed, on: watcher))
-        #expect(event.code == "invalid_client", "the token endpoint's own code, not a seed code")
-        #expect(event.message?.contains("invalid_client") == true, "\(String(describing: event.message))")
+        #expect(event.code == "ERR_INVALID_CLIENT", "vaultd's code")
+        #expect(event.providerCode == "invalid_client", "the token endpoint's own code beside it")
+        #expect(
+            event.providerMessage?.contains("invalid_client") == true, "\(String(describing: event.providerMessage))")
         #expect(!watcher.rawText.contains("s3cr3t-client-value"))
     }
 
