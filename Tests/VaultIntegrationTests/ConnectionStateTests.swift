@@ -192,11 +192,11 @@ struct ConnectionStateTests {
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
         try process.run()
-        input.fileHandleForWriting.write(Data("connecting\n".utf8))
+        try input.fileHandleForWriting.write(contentsOf: Data("connecting\n".utf8))
         let first = try await eventually(
             tries: 1000, { try clients(d, user) }, until: { $0.first?.state == .connecting })
         #expect(first.map(\.name) == ["script"])
-        input.fileHandleForWriting.write(Data("connected\n".utf8))
+        try input.fileHandleForWriting.write(contentsOf: Data("connected\n".utf8))
         let second = try await eventually(
             tries: 1000, { try clients(d, user) }, until: { $0.first?.state == .connected })
         #expect(second.first?.state == .connected)

@@ -86,7 +86,7 @@ final class PrivateKeyring: @unchecked Sendable {
         process.standardError = FileHandle.nullDevice
         try process.run()
         // The password on stdin, never on the command line.
-        input.fileHandleForWriting.write(Data(password.utf8))
+        feed(input.fileHandleForWriting, password)
         try input.fileHandleForWriting.close()
         keyring = process
         let up = try waitUntil { self.secretsOwned() }

@@ -279,7 +279,7 @@ struct StoreOutageTests {
             process.standardOutput = FileHandle.nullDevice
             process.standardError = FileHandle.nullDevice
             try process.run()
-            pipe.fileHandleForWriting.write(Data(input.utf8))
+            feed(pipe.fileHandleForWriting, input)
             try pipe.fileHandleForWriting.close()
             // The fault lands at a random point of the call: before, during or after the keyring write.
             usleep(UInt32.random(in: 0..<60_000, using: &generator))
