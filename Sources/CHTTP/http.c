@@ -116,26 +116,42 @@ static size_t take_header(char *data, size_t size, size_t count, void *context) 
 }
 
 static int post(const char *content_type, const char *url, const char *body, size_t body_length,
-                long timeout_ms, size_t max_body, const vaultd_http_tls *tls, vaultd_http_response *out);
+                const char *header, long timeout_ms, size_t max_body, const vaultd_http_tls *tls,
+                vaultd_http_response *out);
 
 int vaultd_http_post_form(const char *url, const char *body, size_t body_length, long timeout_ms,
                           size_t max_body, vaultd_http_response *out) {
-    return post("Content-Type: application/x-www-form-urlencoded", url, body, body_length, timeout_ms, max_body,
-                NULL, out);
+    return post("Content-Type: application/x-www-form-urlencoded", url, body, body_length, NULL, timeout_ms,
+                max_body, NULL, out);
+}
+
+int vaultd_http_post_form_header(const char *url, const char *body, size_t body_length, const char *header,
+                                 long timeout_ms, size_t max_body, vaultd_http_response *out) {
+    return post("Content-Type: application/x-www-form-urlencoded", url, body, body_length, header, timeout_ms,
+                max_body, NULL, out);
 }
 
 int vaultd_http_post_json(const char *url, const char *body, size_t body_length, long timeout_ms,
                           size_t max_body, vaultd_http_response *out) {
-    return post("Content-Type: application/json", url, body, body_length, timeout_ms, max_body, NULL, out);
+    return post("Content-Type: application/json", url, body, body_length, NULL, timeout_ms, max_body, NULL, out);
 }
 
 int vaultd_http_post_json_tls(const char *url, const char *body, size_t body_length, long timeout_ms,
                               size_t max_body, const vaultd_http_tls *tls, vaultd_http_response *out) {
-    return post("Content-Type: application/json", url, body, body_length, timeout_ms, max_body, tls, out);
+    return post("Content-Type: application/json", url, body, body_length, NULL, timeout_ms, max_body, tls, out);
+}
+
+/* Frees a header list, wiping each line first: a line may carry the client secret. */
+static void free_headers(struct curl_slist *headers) {
+    for (struct curl_slist *item = headers; item; item = item->next) {
+        if (item->data) explicit_bzero(item->data, strlen(item->data));
+    }
+    curl.slist_free_all(headers);
 }
 
 static int post(const char *content_type, const char *url, const char *body, size_t body_length,
-                long timeout_ms, size_t max_body, const vaultd_http_tls *tls, vaultd_http_response *out) {
+                const char *header, long timeout_ms, size_t max_body, const vaultd_http_tls *tls,
+                vaultd_http_response *out) {
     memset(out, 0, sizeof *out);
     if (vaultd_http_load(out->error, sizeof out->error) != 0) return -1;
     CURL *handle = curl.easy_init();
@@ -145,6 +161,7 @@ static int post(const char *content_type, const char *url, const char *body, siz
     }
     struct curl_slist *headers = curl.slist_append(NULL, content_type);
     headers = curl.slist_append(headers, "Accept: application/json");
+    if (header) headers = curl.slist_append(headers, header);
     char curl_error[CURL_ERROR_SIZE] = "";
     sink s = {.response = out, .limit = max_body};
     curl.easy_setopt(handle, CURLOPT_URL, url);
@@ -178,7 +195,7 @@ static int post(const char *content_type, const char *url, const char *body, siz
     }
     if (result != CURLE_OK) out->curl_code = (int)result;
     curl.easy_cleanup(handle);
-    curl.slist_free_all(headers);
+    free_headers(headers);
     return result == CURLE_OK ? 0 : -1;
 }
 

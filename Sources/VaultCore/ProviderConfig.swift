@@ -40,6 +40,27 @@ public struct ExecSettings: Sendable, Equatable {
     }
 }
 
+/// How the client authenticates at the token and revocation endpoints
+/// (`TokenEndpointAuthMethod=`, RFC 7591's names for RFC 6749 section 2.3.1).
+public enum TokenEndpointAuthMethod: String, Sendable, CaseIterable {
+    /// The client id and secret, each form-urlencoded, in an `Authorization: Basic` header.
+    case clientSecretBasic = "client_secret_basic"
+    /// `client_id` and `client_secret` in the request body.
+    case clientSecretPost = "client_secret_post"
+    /// A public client: `client_id` in the body, no secret.
+    case none
+
+    /// The method used when `TokenEndpointAuthMethod=` is not set:
+    /// `client_secret_basic` when the provider has a client secret
+    /// (`ClientSecretFile=` or `vaultctl provider-secret`), `none` otherwise.
+    public static func defaultMethod(hasSecret: Bool) -> TokenEndpointAuthMethod {
+        hasSecret ? .clientSecretBasic : .none
+    }
+
+    /// True when the method sends the client secret.
+    public var usesSecret: Bool { self != .none }
+}
+
 /// The settings of an `oauth2` provider.
 public struct OAuth2Settings: Sendable, Equatable {
     /// The token endpoint (`grant_type=refresh_token`, `client_credentials`).
@@ -58,6 +79,9 @@ public struct OAuth2Settings: Sendable, Equatable {
     public var maxSessionLifetime: Int64?
     /// A file holding the client secret (systemd credentials), never the secret itself.
     public var clientSecretFile: String?
+    /// `TokenEndpointAuthMethod=`, when set; nil: the default by whether
+    /// there is a secret (`TokenEndpointAuthMethod.defaultMethod(hasSecret:)`).
+    public var tokenEndpointAuthMethod: TokenEndpointAuthMethod?
     /// How long one request to the token or revocation endpoint may take, in seconds.
     public var timeoutSeconds: Int64 = 30
     /// `AllowInsecureHTTP=yes`: `http://` endpoints on other hosts than
@@ -151,7 +175,8 @@ extension ConfigParser {
     /// The keys `[Provider NAME]` accepts.
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
-        "MaxSessionLifetime", "ClientSecretFile", "AllowInsecureHTTP", "Command", "Timeout", "MaxConcurrentHelpers",
+        "MaxSessionLifetime", "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Command", "Timeout",
+        "MaxConcurrentHelpers",
         "MintUsers", "MintGroups",
     ]
     /// The keys only some types of provider take.
@@ -159,7 +184,7 @@ extension ConfigParser {
         .exec: ["Command", "Timeout", "MaxConcurrentHelpers", "DefaultLifetime"],
         .oauth2: [
             "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime",
-            "ClientSecretFile", "AllowInsecureHTTP", "Timeout",
+            "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Timeout",
         ],
     ]
 
@@ -244,11 +269,30 @@ extension ConfigParser {
         if let lifetime = try duration("DefaultLifetime") { settings.defaultLifetime = lifetime }
         settings.maxSessionLifetime = try duration("MaxSessionLifetime")
         settings.clientSecretFile = section.entries["ClientSecretFile"]?.value
+        if let entry = section.entries["TokenEndpointAuthMethod"] {
+            settings.tokenEndpointAuthMethod = try authMethod(entry)
+        }
         settings.allowInsecureHTTP = allowInsecureHTTP
         if let timeout = section.entries["Timeout"] {
             settings.timeoutSeconds = try ConfigParser.timeout(timeout, key: "Timeout")
         }
         return settings
+    }
+
+    /// `TokenEndpointAuthMethod=`: one of RFC 7591's names vaultd speaks.
+    /// `private_key_jwt` is a name of RFC 7591 that needs a signing key
+    /// (`JWTKeyFile=`), which vaultd does not take yet: refused by name.
+    static func authMethod(_ entry: Entry) throws(VaultError) -> TokenEndpointAuthMethod {
+        let names = TokenEndpointAuthMethod.allCases.map(\.rawValue).joined(separator: ", ")
+        if entry.value == "private_key_jwt" {
+            throw entry.error(
+                "key 'TokenEndpointAuthMethod': private_key_jwt needs JWTKeyFile=, which is not yet supported; use one of: \(names)"
+            )
+        }
+        guard let method = TokenEndpointAuthMethod(rawValue: entry.value) else {
+            throw entry.error("key 'TokenEndpointAuthMethod': expected one of: \(names)")
+        }
+        return method
     }
 
     /// The settings of a `Type=exec` section: its helper program and how it runs.

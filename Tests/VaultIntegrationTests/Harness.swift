@@ -386,12 +386,14 @@ final class PythonServer {
     let url: String
     private let output: OutputCollector
 
-    init(_ script: String, _ arguments: [String]) throws {
+    /// `python`: the interpreter, Debian's python3 unless a server needs a
+    /// venv of its own (`AuthlibServer`).
+    init(_ script: String, _ arguments: [String], python: String = "/usr/bin/python3") throws {
         let path = Binaries.packageRoot.appendingPathComponent("Tests/servers/\(script)").path
         // Debian's python3 (scripts/deps test), as the other tests' scripts: a
         // `python3` on PATH may be a version manager's shim (pyenv's took 0.9 s
         // and a chain of shells per start, the interpreter 0.05 s).
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.executableURL = URL(fileURLWithPath: python)
         process.arguments = [path, "--port", "0"] + arguments
         let out = Pipe()
         let err = Pipe()

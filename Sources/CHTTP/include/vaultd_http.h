@@ -36,6 +36,12 @@ int vaultd_http_load(char *error, size_t error_size);
 int vaultd_http_post_form(const char *url, const char *body, size_t body_length, long timeout_ms,
                           size_t max_body, vaultd_http_response *out);
 
+/* As vaultd_http_post_form, with one more header line (NUL-terminated,
+ * "Name: value"; NULL for none), e.g. "Authorization: Basic ..." for RFC 6749
+ * section 2.3.1. libcurl's copy of the line is wiped before it is freed. */
+int vaultd_http_post_form_header(const char *url, const char *body, size_t body_length, const char *header,
+                                 long timeout_ms, size_t max_body, vaultd_http_response *out);
+
 /* As vaultd_http_post_form, with a JSON body (Content-Type: application/json). */
 int vaultd_http_post_json(const char *url, const char *body, size_t body_length, long timeout_ms,
                           size_t max_body, vaultd_http_response *out);

@@ -372,7 +372,10 @@ enum Base64 {
     private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 
     /// `bytes` in base64.
-    static func encode(_ bytes: [UInt8]) -> String {
+    static func encode(_ bytes: [UInt8]) -> String { String(decoding: encodedBytes(bytes), as: UTF8.self) }
+
+    /// `bytes` in base64, as bytes: for a secret, whose copy the caller can wipe.
+    static func encodedBytes(_ bytes: [UInt8]) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity((bytes.count + 2) / 3 * 4)
         var index = 0
@@ -386,7 +389,7 @@ enum Base64 {
             out.append(index + 2 < bytes.count ? alphabet[Int(b2 & 0x3F)] : UInt8(ascii: "="))
             index += 3
         }
-        return String(decoding: out, as: UTF8.self)
+        return out
     }
 
     /// The bytes of base64 `text`, nil when it is not base64.

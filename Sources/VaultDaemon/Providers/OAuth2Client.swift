@@ -36,27 +36,70 @@ public struct OAuth2Client: Sendable {
     /// RFC 7009 revocation of a refresh token; true when the server accepted it.
     public func revoke(_ token: Secret) async -> Bool {
         guard let url = settings.revocationURL else { return true }
-        let form = [("token", token.revealed), ("token_type_hint", "refresh_token")] + clientAuthentication
-        guard var response = try? await HTTPClient.postForm(url, form, timeoutSeconds: timeoutSeconds) else {
-            return false
-        }
+        guard var authentication = clientAuthentication else { return false }
+        defer { authentication.header?.wipe() }
+        let form = [("token", token.revealed), ("token_type_hint", "refresh_token")] + authentication.form
+        guard
+            var response = try? await HTTPClient.postForm(
+                url, form, authorization: authentication.header, timeoutSeconds: timeoutSeconds)
+        else { return false }
         // A server may echo the token it revoked: wipe the body like a token response's.
         defer { response.body.wipe() }
         return response.status == 200
     }
 
-    /// The client's credentials in the request body (RFC 6749 section 2.3.1).
-    private var clientAuthentication: [(String, String)] {
-        var form = [("client_id", settings.clientID)]
-        if let clientSecret { form.append(("client_secret", clientSecret.revealed)) }
-        return form
+    /// How this client authenticates: `TokenEndpointAuthMethod=`, else
+    /// `client_secret_basic` when it has a secret and `none` when not.
+    public var authMethod: TokenEndpointAuthMethod {
+        settings.tokenEndpointAuthMethod ?? .defaultMethod(hasSecret: clientSecret != nil)
+    }
+
+    /// The client's credentials (RFC 6749 section 2.3.1): the form fields and
+    /// the `Authorization` header line of `authMethod`; nil when the method
+    /// needs a secret and there is none.
+    private var clientAuthentication: (form: [(String, String)], header: [UInt8]?)? {
+        switch authMethod {
+        case .none: return ([("client_id", settings.clientID)], nil)
+        case .clientSecretPost:
+            guard let clientSecret else { return nil }
+            return ([("client_id", settings.clientID), ("client_secret", clientSecret.revealed)], nil)
+        case .clientSecretBasic:
+            guard let clientSecret else { return nil }
+            var credentials = OAuth2Client.basicCredentials(clientID: settings.clientID, secret: clientSecret)
+            defer { credentials.wipe() }
+            return ([], Array("Authorization: Basic ".utf8) + credentials)
+        }
+    }
+
+    /// Why a request was not sent: the method needs a secret vaultd has not.
+    private var missingSecret: String {
+        "TokenEndpointAuthMethod=\(authMethod.rawValue) needs a client secret, and there is none: set ClientSecretFile= or store one with vaultctl provider-secret"
+    }
+
+    /// The credentials of HTTP Basic client authentication (RFC 6749 section
+    /// 2.3.1): the client id and the secret each form-urlencoded (every byte
+    /// but the unreserved ones as %XX, so a space is %20, which servers that
+    /// decode with or without '+' both read back), joined by ':', in base64.
+    static func basicCredentials(clientID: String, secret: Secret) -> [UInt8] {
+        var pair: [UInt8] = []
+        defer { pair.wipe() }
+        HTTPClient.percentEncode(clientID, into: &pair)
+        pair.append(UInt8(ascii: ":"))
+        HTTPClient.percentEncode(secret.revealed, into: &pair)
+        return Base64.encodedBytes(pair)
     }
 
     private func requestTokens(_ parameters: [(String, String)]) async -> RefreshOutcome {
+        guard var authentication = clientAuthentication else {
+            // Transient: storing the secret puts it right without losing the session.
+            return .transient(reason: missingSecret, retryAfter: nil)
+        }
+        defer { authentication.header?.wipe() }
         var response: HTTPResponse
         do {
             response = try await HTTPClient.postForm(
-                settings.tokenURL, parameters + clientAuthentication, timeoutSeconds: timeoutSeconds)
+                settings.tokenURL, parameters + authentication.form, authorization: authentication.header,
+                timeoutSeconds: timeoutSeconds)
         } catch {
             // Each kind is worth retrying: none says the grant is gone, and
             // logging a session out over a network or TLS fault would lose it.

@@ -107,14 +107,18 @@ enum HTTPClient {
         return String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    /// POSTs `form` (application/x-www-form-urlencoded) to `url`.
-    static func postForm(_ url: String, _ form: [(String, String)], timeoutSeconds: Double) async throws(HTTPFailure)
-        -> HTTPResponse
-    {
+    /// POSTs `form` (application/x-www-form-urlencoded) to `url`, with the
+    /// header line `authorization` ("Authorization: Basic ...") when given;
+    /// the caller wipes its copy of that line, this function its own.
+    static func postForm(
+        _ url: String, _ form: [(String, String)], authorization: [UInt8]? = nil, timeoutSeconds: Double
+    ) async throws(HTTPFailure) -> HTTPResponse {
         try await onLane(of: url, cap: requestsPerHost, timeoutSeconds: timeoutSeconds) { left in
             // Encoded here, so that this is the body's only copy and wiping it counts.
             var body = formEncoded(form)
-            return post(url, &body, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds)
+            var header = authorization.map { $0 + [0] }
+            defer { header?.wipe() }
+            return post(url, &body, header: &header, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds)
         }
     }
 
@@ -173,14 +177,19 @@ enum HTTPClient {
     {
         try await onLane(of: url, cap: cap, timeoutSeconds: timeoutSeconds) { left in
             var copy = body
+            var none: [UInt8]?
             return post(
-                url, &copy, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds, json: true, tls: tls,
+                url, &copy, header: &none, timeoutMilliseconds: left, timeoutSeconds: timeoutSeconds, json: true,
+                tls: tls,
                 maximumBody: maximumBody)
         }
     }
 
+    /// `header`: one more header line, NUL-terminated (a secret: the C side
+    /// wipes its copy; the caller wipes this one).
     private static func post(
-        _ url: String, _ body: inout [UInt8], timeoutMilliseconds: Int, timeoutSeconds: Double, json: Bool = false,
+        _ url: String, _ body: inout [UInt8], header: inout [UInt8]?, timeoutMilliseconds: Int, timeoutSeconds: Double,
+        json: Bool = false,
         tls: TLSFiles? = nil, maximumBody: Int = HTTPClient.maximumBody
     )
         -> Result<HTTPResponse, HTTPFailure>
@@ -195,6 +204,14 @@ enum HTTPClient {
                     vaultd_http_post_json_tls(
                         url, raw.baseAddress?.assumingMemoryBound(to: CChar.self), raw.count, timeoutMilliseconds,
                         maximumBody, files, &response)
+                }
+            }
+            if !json, let line = header {
+                return line.withUnsafeBytes { lineRaw in
+                    vaultd_http_post_form_header(
+                        url, raw.baseAddress?.assumingMemoryBound(to: CChar.self), raw.count,
+                        lineRaw.baseAddress?.assumingMemoryBound(to: CChar.self), timeoutMilliseconds, maximumBody,
+                        &response)
                 }
             }
             return (json ? vaultd_http_post_json : vaultd_http_post_form)(
@@ -238,7 +255,7 @@ enum HTTPClient {
         return out
     }
 
-    private static func percentEncode(_ text: String, into out: inout [UInt8]) {
+    static func percentEncode(_ text: String, into out: inout [UInt8]) {
         let hex = Array("0123456789ABCDEF".utf8)
         for byte in text.utf8 {
             switch byte {

@@ -1,0 +1,237 @@
+import Foundation
+import Testing
+import Varlink
+
+/// A real OAuth 2.0 server (Tests/servers/authlib_server.py, on Authlib) in
+/// the venv scripts/test makes (scripts/authlib-venv), with three clients,
+/// one registered for each client authentication method vaultd speaks:
+/// Authlib itself refuses a client that authenticates any other way.
+final class AuthlibServer {
+    /// A client as the server registers it.
+    struct Registration: Sendable, CustomStringConvertible {
+        var id: String
+        var secret: String?
+        /// Its `token_endpoint_auth_method` (RFC 7591).
+        var method: String
+        var description: String { method }
+    }
+
+    /// Characters that form-urlencoding must carry: ':' in the id (the Basic
+    /// pair's separator), '%', '+', '/', '&', '=', a space and non-ASCII.
+    static let basic = Registration(id: "vaultd:basic+1", secret: "b4s:ic %41s3c+ret/é", method: "client_secret_basic")
+    static let post = Registration(id: "vaultd-post", secret: "p0st&s=cr+t é%41", method: "client_secret_post")
+    static let publicClient = Registration(id: "vaultd-public", secret: nil, method: "none")
+    static let all = [basic, post, publicClient]
+
+    /// The venv's python: `VAULTD_AUTHLIB_PYTHON` (scripts/test), else the
+    /// venv scripts/authlib-venv keeps in .build, when it was made.
+    static let python: String? = {
+        if let path = ProcessInfo.processInfo.environment["VAULTD_AUTHLIB_PYTHON"] { return path }
+        let path = Binaries.packageRoot.appendingPathComponent(".build/authlib-venv/bin/python").path
+        return FileManager.default.isExecutableFile(atPath: path) ? path : nil
+    }()
+
+    private let server: PythonServer
+    var url: String { server.url }
+
+    /// Starts the server, its list of clients written in `directory`.
+    init(directory: TemporaryDirectory) throws {
+        guard let python = AuthlibServer.python else { throw HarnessError("no Authlib venv: run scripts/authlib-venv") }
+        let clients = JSON.array(
+            AuthlibServer.all.map { client in
+                var entry: [String: JSON] = ["client_id": .string(client.id), "method": .string(client.method)]
+                if let secret = client.secret { entry["client_secret"] = .string(secret) }
+                return .object(entry)
+            })
+        let path = directory.path("clients.json")
+        try clients.text.write(toFile: path, atomically: true, encoding: .utf8)
+        server = try PythonServer("authlib_server.py", ["--clients", path], python: python)
+    }
+
+    /// A token response with a refresh token for `client`, as an
+    /// authorization code login gives: what `vaultctl login` is handed.
+    func issue(_ client: Registration) throws -> JSON {
+        let body = JSON.object(["client_id": .string(client.id)]).serialized()
+        let response = try LoopbackHTTP.request("POST", url: url, path: "/control/issue", body: body)
+        guard response.status == 200 else { throw HarnessError("/control/issue answered \(response.status)") }
+        return try JSON.parse(response.body)
+    }
+
+    /// Every token and revocation request the server took, oldest first.
+    func requests() throws -> [JSON] { try stats()["requests"]?.arrayValue ?? [] }
+
+    /// The refresh tokens that still work.
+    func liveRefreshTokens() throws -> [String] {
+        try stats()["live_refresh_tokens"]?.arrayValue?.compactMap(\.stringValue) ?? []
+    }
+
+    private func stats() throws -> JSON {
+        try JSON.parse(LoopbackHTTP.request("GET", url: url, path: "/control/stats").body)
+    }
+
+    /// True when `token` works at the protected resource.
+    func accepts(_ token: String) throws -> Bool {
+        try LoopbackHTTP.request("GET", url: url, path: "/resource", headers: ["Authorization": "Bearer \(token)"])
+            .status == 200
+    }
+}
+
+extension Trait where Self == ConditionTrait {
+    /// Runs the suite where the Authlib venv is (scripts/test makes it, and
+    /// there a broken one fails the suite); skipped, saying how, elsewhere.
+    static var requiresAuthlib: Self {
+        .enabled(
+            if: AuthlibServer.python != nil, "no Authlib venv: run scripts/test, or scripts/authlib-venv once")
+    }
+}
+
+/// `TokenEndpointAuthMethod=` against a real OAuth 2.0 server (issue 32,
+/// item 1): for each method a login, a refresh that rotates the refresh
+/// token and a logout that revokes it, each authenticated the way the
+/// client is registered; a client that uses another method is refused.
+@Suite(
+    "Client authentication against Authlib", .requiresKeyring, .requiresAuthlib, .ownThreads,
+    .timeLimit(.minutes(5)))
+struct TokenEndpointAuthTests {
+    /// A running vaultd whose provider `oauth` is `client` at `server`,
+    /// with `TokenEndpointAuthMethod=method` when given.
+    func start(_ server: AuthlibServer, _ client: AuthlibServer.Registration, method: String?) throws -> DaemonFixture {
+        let fixture = try DaemonFixture(start: false)
+        var text = "[Vault]\nMinRefreshInterval=0\n\n[Provider oauth]\nType=oauth2\n"
+        text += "TokenURL=\(server.url)/token\nRevocationURL=\(server.url)/revoke\nClientID=\(client.id)\n"
+        if let secret = client.secret {
+            let path = fixture.directory.path("client-secret")
+            try secret.write(toFile: path, atomically: true, encoding: .utf8)
+            text += "ClientSecretFile=\(path)\n"
+        }
+        if let method { text += "TokenEndpointAuthMethod=\(method)\n" }
+        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.start()
+        return fixture
+    }
+
+    /// The requests to `endpoint` the server took, with `grant_type` for the token endpoint.
+    func requests(_ server: AuthlibServer, _ endpoint: String, grant: String? = nil) throws -> [JSON] {
+        try server.requests().filter {
+            $0["endpoint"]?.stringValue == endpoint && (grant == nil || $0["grant_type"]?.stringValue == grant)
+        }
+    }
+
+    /// Checks that every request of `seen` authenticated `client` by its method, on the wire too.
+    func expectAuthenticated(
+        _ seen: [JSON], as client: AuthlibServer.Registration, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        for request in seen {
+            #expect(request["status"]?.integerValue == 200, "\(request.text)", sourceLocation: sourceLocation)
+            #expect(request["client_id"]?.stringValue == client.id, "\(request.text)", sourceLocation: sourceLocation)
+            #expect(
+                request["auth_method"]?.stringValue == client.method, "\(request.text)", sourceLocation: sourceLocation)
+            #expect(
+                request["basic"]?.boolValue == (client.method == "client_secret_basic"), "\(request.text)",
+                sourceLocation: sourceLocation)
+            #expect(
+                request["secret_in_body"]?.boolValue == (client.method == "client_secret_post"), "\(request.text)",
+                sourceLocation: sourceLocation)
+        }
+    }
+
+    /// Checks that nothing secret is in vaultd's output or vaultctl's answers.
+    func expectNoSecrets(
+        _ output: String, _ client: AuthlibServer.Registration, tokens: [String],
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        for secret in tokens + (client.secret.map { [$0] } ?? []) {
+            #expect(!output.contains(secret), "a secret in the output", sourceLocation: sourceLocation)
+        }
+        #expect(!output.contains("Basic "), "an Authorization header in the output", sourceLocation: sourceLocation)
+    }
+
+    @Test(
+        "Should log in with a held refresh token, refresh with rotation and revoke at logout, by each method",
+        arguments: [
+            (AuthlibServer.basic, nil), (AuthlibServer.basic, "client_secret_basic"),
+            (AuthlibServer.post, "client_secret_post"), (AuthlibServer.publicClient, nil),
+            (AuthlibServer.publicClient, "none"),
+        ] as [(AuthlibServer.Registration, String?)])
+    func heldRefreshToken(client: AuthlibServer.Registration, method: String?) async throws {
+        let directory = try TemporaryDirectory()
+        let server = try AuthlibServer(directory: directory)
+        let fixture = try start(server, client, method: method)
+        let user = uniqueName("auth")
+        let issued = try server.issue(client)
+        let firstRefresh = try #require(issued["refresh_token"]?.stringValue)
+        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: issued.text)
+        #expect(login.status == 0, "\(login.stderr)")
+
+        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
+        #expect(refreshed.status == 0, "\(refreshed.stderr)")
+        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(token != issued["access_token"]?.stringValue, "the refresh gave a new access token")
+        #expect(try server.accepts(token))
+        let refreshes = try requests(server, "token", grant: "refresh_token")
+        #expect(refreshes.count == 1)
+        expectAuthenticated(refreshes, as: client)
+        // Rotation: the held refresh token works no more, the new one does.
+        let live = try server.liveRefreshTokens()
+        #expect(live.count == 1 && live.first != firstRefresh, "\(live.count) live")
+
+        let logout = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+        #expect(logout.status == 0, "\(logout.stderr)")
+        let revoked = try await eventually(tries: 250, { try requests(server, "revoke") }, until: { !$0.isEmpty })
+        #expect(revoked.count == 1)
+        expectAuthenticated(revoked, as: client)
+        #expect(try server.liveRefreshTokens().isEmpty, "the rotated refresh token was revoked")
+        let daemon = try #require(fixture.daemon)
+        expectNoSecrets(
+            daemon.allOutput + login.stdout + login.stderr + refreshed.stdout + refreshed.stderr, client,
+            tokens: [firstRefresh] + live)
+    }
+
+    @Test(
+        "Should log in from the provider with client_credentials, by each method with a secret",
+        arguments: [(AuthlibServer.basic, nil), (AuthlibServer.post, "client_secret_post")]
+            as [(AuthlibServer.Registration, String?)])
+    func clientCredentials(client: AuthlibServer.Registration, method: String?) throws {
+        let directory = try TemporaryDirectory()
+        let server = try AuthlibServer(directory: directory)
+        let fixture = try start(server, client, method: method)
+        let user = uniqueName("cc")
+        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
+        #expect(login.status == 0, "\(login.stderr)")
+        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(try server.accepts(token))
+        let grants = try requests(server, "token", grant: "client_credentials")
+        #expect(grants.count == 1)
+        expectAuthenticated(grants, as: client)
+        _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+        let daemon = try #require(fixture.daemon)
+        expectNoSecrets(daemon.allOutput + login.stdout + login.stderr, client, tokens: [token])
+    }
+
+    @Test(
+        "Should be refused by a server whose client is registered for another method",
+        arguments: [
+            // The default with a secret is client_secret_basic; this client is registered for post.
+            (AuthlibServer.post, nil, true), (AuthlibServer.basic, "client_secret_post", false),
+        ] as [(AuthlibServer.Registration, String?, Bool)])
+    func wrongMethod(client: AuthlibServer.Registration, method: String?, sentBasic: Bool) throws {
+        let directory = try TemporaryDirectory()
+        let server = try AuthlibServer(directory: directory)
+        let fixture = try start(server, client, method: method)
+        let user = uniqueName("wrong")
+        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
+        #expect(login.status == 1)
+        let grants = try requests(server, "token", grant: "client_credentials")
+        #expect(grants.count == 1)
+        for request in grants {
+            #expect(request["status"]?.integerValue == 401, "\(request.text)")
+            #expect(request["error"]?.stringValue == "invalid_client", "\(request.text)")
+            #expect(request["basic"]?.boolValue == sentBasic, "\(request.text)")
+            #expect(request["secret_in_body"]?.boolValue == !sentBasic, "\(request.text)")
+        }
+        let daemon = try #require(fixture.daemon)
+        expectNoSecrets(daemon.allOutput + login.stdout + login.stderr, client, tokens: [])
+    }
+}

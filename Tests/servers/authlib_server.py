@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""A real OAuth 2.0 authorization server for vaultd's tests, built on Authlib.
+
+Not a stand-in: Authlib's own grants and endpoints decide every answer, so a
+client that authenticates with another method than the one it is registered
+for is refused by Authlib itself (invalid_client). It runs in the venv that
+scripts/test makes (Tests/servers/authlib-requirements.txt), on Authlib's
+framework-agnostic server classes over Python's http.server.
+
+  --port N        the port on 127.0.0.1 (0: a free one); prints
+                  "LISTENING http://127.0.0.1:PORT" once it serves
+  --clients FILE  a JSON list of clients: {"client_id", "client_secret"
+                  (absent or null for a public client), "method"
+                  (token_endpoint_auth_method: client_secret_basic,
+                  client_secret_post or none)}
+  --lifetime S    the access tokens' expires_in (default 600)
+
+  POST /token     client_credentials (confidential clients) and
+                  refresh_token, rotating the refresh token: the old one is
+                  revoked when a new one is issued
+  POST /revoke    RFC 7009, any of the three methods, each client by its own
+  GET  /resource  200 for a live access token (Authorization: Bearer), else 401
+  POST /control/issue  {"client_id": ...}: a token response with a refresh
+                  token, as an authorization code login would have given
+                  (the token `vaultctl login` is handed); no client auth
+  GET  /control/stats  every token and revocation request so far: endpoint,
+                  grant_type, status, error, the client it authenticated and
+                  the method it did so with; which refresh tokens are live
+"""
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+# Loopback http:// is the tests' transport; Authlib refuses http:// unless told.
+os.environ["AUTHLIB_INSECURE_TRANSPORT"] = "1"
+
+from authlib.oauth2.rfc6749 import (  # noqa: E402
+    AuthorizationServer,
+    ClientMixin,
+    OAuth2Payload,
+    OAuth2Request,
+    TokenMixin,
+    grants,
+)
+from authlib.oauth2.rfc6750 import BearerTokenGenerator  # noqa: E402
+from authlib.oauth2.rfc7009 import RevocationEndpoint  # noqa: E402
+
+METHODS = ["client_secret_basic", "client_secret_post", "none"]
+
+
+class Client(ClientMixin):
+    def __init__(self, client_id, client_secret, method):
+        self.client_id = client_id
+        self.client_secret = client_secret
+        self.method = method
+
+    def get_client_id(self):
+        return self.client_id
+
+    def get_default_redirect_uri(self):
+        return None
+
+    def get_allowed_scope(self, scope):
+        return scope or ""
+
+    def check_redirect_uri(self, redirect_uri):
+        return False
+
+    def check_client_secret(self, client_secret):
+        return self.client_secret is not None and secrets.compare_digest(
+            self.client_secret.encode(), client_secret.encode())
+
+    def check_endpoint_auth_method(self, method, endpoint):
+        # The one method the client is registered for, at every endpoint.
+        return method == self.method
+
+    def check_response_type(self, response_type):
+        return False
+
+    def check_grant_type(self, grant_type):
+        if grant_type == "client_credentials":
+            return self.method != "none"
+        return grant_type == "refresh_token"
+
+
+class Token(TokenMixin):
+    def __init__(self, client_id, response, lifetime):
+        self.client_id = client_id
+        self.access_token = response["access_token"]
+        self.refresh_token = response.get("refresh_token")
+        self.scope = response.get("scope", "")
+        self.issued_at = time.time()
+        self.lifetime = lifetime
+        self.access_revoked = False
+        self.refresh_revoked = False
+
+    def check_client(self, client):
+        return client.get_client_id() == self.client_id
+
+    def get_scope(self):
+        return self.scope
+
+    def get_expires_in(self):
+        return self.lifetime
+
+    def is_expired(self):
+        return time.time() >= self.issued_at + self.lifetime
+
+    def is_revoked(self):
+        return self.access_revoked
+
+    def get_user(self):
+        return self.client_id
+
+    def get_client(self):
+        return STATE.clients.get(self.client_id)
+
+
+class State:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.clients = {}
+        self.tokens = []
+        self.requests = []
+        self.lifetime = 600
+
+
+STATE = State()
+
+
+def find_token(value, kind):
+    for token in STATE.tokens:
+        if kind != "refresh_token" and token.access_token == value:
+            return token
+        if kind != "access_token" and token.refresh_token == value:
+            return token
+    return None
+
+
+class ClientCredentialsGrant(grants.ClientCredentialsGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = ["client_secret_basic", "client_secret_post"]
+
+
+class RefreshTokenGrant(grants.RefreshTokenGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = METHODS
+    INCLUDE_NEW_REFRESH_TOKEN = True
+
+    def authenticate_refresh_token(self, refresh_token):
+        token = find_token(refresh_token, "refresh_token")
+        if token and not token.refresh_revoked:
+            return token
+        return None
+
+    def authenticate_user(self, refresh_token):
+        return refresh_token.client_id
+
+    def revoke_old_credential(self, refresh_token):
+        # Rotation: the refresh token just used works no more.
+        refresh_token.refresh_revoked = True
+
+
+class Revocation(RevocationEndpoint):
+    CLIENT_AUTH_METHODS = METHODS
+
+    def query_token(self, token_string, token_type_hint):
+        return find_token(token_string, token_type_hint)
+
+    def revoke_token(self, token, request):
+        token.access_revoked = True
+        token.refresh_revoked = True
+
+
+class HTTPRequest:
+    """What a handler hands Authlib: the method, URL, headers and form."""
+
+    def __init__(self, handler, form):
+        self.handler = handler
+        self.form = form
+        self.oauth = None
+
+
+class Payload(OAuth2Payload):
+    def __init__(self, form):
+        self._data = form
+
+    @property
+    def data(self):
+        return self._data
+
+    @property
+    def datalist(self):
+        return {key: [value] for key, value in self._data.items()}
+
+
+class Request(OAuth2Request):
+    def __init__(self, raw):
+        super().__init__(raw.handler.command, "http://127.0.0.1" + raw.handler.path, headers=raw.handler.headers)
+        self._form = raw.form
+        self.payload = Payload(raw.form)
+
+    @property
+    def args(self):
+        return {}
+
+    @property
+    def form(self):
+        return self._form
+
+
+class Server(AuthorizationServer):
+    def query_client(self, client_id):
+        return STATE.clients.get(client_id)
+
+    def save_token(self, token, request):
+        STATE.tokens.append(Token(request.client.get_client_id(), token, STATE.lifetime))
+
+    def create_oauth2_request(self, request):
+        if isinstance(request, OAuth2Request):
+            return request
+        request.oauth = Request(request)
+        return request.oauth
+
+    def create_json_request(self, request):
+        raise NotImplementedError()
+
+    def handle_response(self, status, body, headers):
+        return status, body, headers
+
+    def send_signal(self, name, *args, **kwargs):
+        pass
+
+
+def make_server():
+    server = Server()
+    server.register_token_generator(
+        "default",
+        BearerTokenGenerator(
+            access_token_generator=lambda **_: "at_" + secrets.token_urlsafe(24),
+            refresh_token_generator=lambda **_: "rt_" + secrets.token_urlsafe(24),
+            expires_generator=lambda client, grant_type: STATE.lifetime,
+        ),
+    )
+    server.register_grant(ClientCredentialsGrant)
+    server.register_grant(RefreshTokenGrant)
+    server.register_endpoint(Revocation)
+    return server
+
+
+SERVER = None
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, body=None, headers=None):
+        data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        self.send_response(status)
+        for name, value in headers or []:
+            if name.lower() != "content-length":
+                self.send_header(name, value)
+        if not any(name.lower() == "content-type" for name, _ in headers or []):
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _form(self, raw):
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype != "application/x-www-form-urlencoded":
+            return {}
+        return {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True).items()}
+
+    def _oauth(self, endpoint, form):
+        raw = HTTPRequest(self, form)
+        with STATE.lock:
+            if endpoint == "token":
+                status, body, headers = SERVER.create_token_response(raw)
+            else:
+                status, body, headers = SERVER.create_endpoint_response("revocation", raw)
+            request = raw.oauth
+            client = request.client if request is not None else None
+            STATE.requests.append({
+                "endpoint": endpoint,
+                "grant_type": form.get("grant_type"),
+                "status": status,
+                "error": body.get("error") if isinstance(body, dict) else None,
+                "client_id": client.get_client_id() if client else None,
+                "auth_method": request.auth_method if request is not None else None,
+                "basic": (self.headers.get("Authorization") or "").lower().startswith("basic "),
+                "secret_in_body": "client_secret" in form,
+            })
+        self._send(status, body, headers)
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/token":
+            self._oauth("token", self._form(raw))
+        elif self.path == "/revoke":
+            self._oauth("revoke", self._form(raw))
+        elif self.path == "/control/issue":
+            client_id = json.loads(raw or b"{}").get("client_id")
+            with STATE.lock:
+                client = STATE.clients.get(client_id)
+                if client is None:
+                    self._send(404, {"error": "no such client"})
+                    return
+                response = SERVER.generate_token("authorization_code", client, user=client_id)
+                STATE.tokens.append(Token(client_id, response, STATE.lifetime))
+            self._send(200, response)
+        else:
+            self._send(404, {"error": "not_found"})
+
+    def do_GET(self):
+        if self.path == "/control/stats":
+            with STATE.lock:
+                live = [t.refresh_token for t in STATE.tokens if t.refresh_token and not t.refresh_revoked]
+                body = {"requests": list(STATE.requests), "live_refresh_tokens": live}
+            self._send(200, body)
+        elif self.path == "/resource":
+            auth = self.headers.get("Authorization") or ""
+            value = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+            with STATE.lock:
+                token = find_token(value, "access_token") if value else None
+                live = token is not None and not token.is_revoked() and not token.is_expired()
+            self._send(200 if live else 401, {"ok": live})
+        else:
+            self._send(404, {"error": "not_found"})
+
+
+def main():
+    global SERVER
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--clients", required=True)
+    parser.add_argument("--lifetime", type=int, default=600)
+    args = parser.parse_args()
+    with open(args.clients, encoding="utf-8") as file:
+        for entry in json.load(file):
+            if entry["method"] not in METHODS:
+                sys.exit("unknown method %r" % entry["method"])
+            STATE.clients[entry["client_id"]] = Client(entry["client_id"], entry.get("client_secret"), entry["method"])
+    STATE.lifetime = args.lifetime
+    SERVER = make_server()
+    httpd = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    httpd.daemon_threads = True
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    print("LISTENING http://127.0.0.1:%d" % httpd.server_address[1], flush=True)
+    httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
