@@ -265,7 +265,7 @@ public enum Daemon {
             "ready",
             [
                 "socket": socketDescription, "sessions": String(restored.restored),
-                "finishedLogouts": String(restored.finishedLogouts), "store": store.location,
+                "finishedLogouts": String(restored.finishedLogouts), "store": store.profile.location,
                 "providers": config.providers.keys.sorted().joined(separator: ","),
                 "config": config.sources.isEmpty ? ConfigSearch.builtInName : config.sources.joined(separator: ","),
                 "servingThreads": String(server.loopCount),
