@@ -5,6 +5,7 @@ import Varlink
 import VaultCore
 
 @testable import VaultDaemon
+@testable import VaultFleet
 
 /// EtcdStore as a fleet's shared store (`SharedSessionStore`) against a real
 /// three-member etcd: conditional writes on `mod_revision`, endings beside

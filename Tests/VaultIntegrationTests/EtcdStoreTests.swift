@@ -7,6 +7,7 @@ import VaultCore
 import VaultProtocol
 
 @testable import VaultDaemon
+@testable import VaultFleet
 
 /// A fleet's data key as systemd passes it: `data-key` (32 random bytes) in
 /// a credentials directory of its own, the same for every host of a test.

@@ -2,6 +2,7 @@ import Glibc
 import Synchronization
 import Varlink
 import VaultCore
+import VaultDaemon
 import VaultSystem
 
 /// Session records in etcd (`[Vault] Store=etcd`), shared by the vaultd hosts
@@ -90,6 +91,11 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
             client: client, prefix: Array((settings.keyPrefix + "locks/").utf8), holder: host,
             defaultTTL: settings.lockTTLSeconds,
             renewalClient: EtcdClient(endpoints: client.endpoints, timeoutSeconds: renewalTimeout, tls: client.tls))
+    }
+
+    /// `open` as the daemon calls it (`Daemon.main`'s `openShared`).
+    public static let opener: SharedStoreOpener = { settings, keys, log, refreshHoldSeconds in
+        try await open(settings: settings, keys: keys, log: log, refreshHoldSeconds: refreshHoldSeconds)
     }
 
     /// Opens the store of `settings` with the fleet's key from `keys` (the
