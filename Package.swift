@@ -70,7 +70,14 @@ let package = Package(
                 "CSQLite", "CSodium",
             ]),
 
-        .executableTarget(name: "vaultd", dependencies: ["VaultDaemon", "CWipeOnFree"]),
+        // The fleet's shared store (`Store=etcd`): the etcd client, its watch and
+        // locks, and EtcdStore. It plugs into the daemon through
+        // `SharedSessionStore`; the daemon knows nothing of etcd.
+        .target(
+            name: "VaultFleet",
+            dependencies: ["Varlink", "VaultCore", "VaultSystem", "VaultDaemon", "CHTTP"]),
+
+        .executableTarget(name: "vaultd", dependencies: ["VaultDaemon", "VaultFleet", "CWipeOnFree"]),
         .executableTarget(name: "vaultctl", dependencies: ["VaultCLI"]),
 
         // Test process only: keeps Foundation's Process.run() from faulting (see its source).
@@ -87,7 +94,10 @@ let package = Package(
         .testTarget(name: "VaultDaemonTests", dependencies: ["VaultDaemon", "Varlink", "VaultCore"]),
         .testTarget(
             name: "VaultIntegrationTests",
-            dependencies: ["VaultClient", "Varlink", "VaultProtocol", "VaultSystem", "VaultDaemon", "CProcessSpawnFix"]
+            dependencies: [
+                "VaultClient", "Varlink", "VaultProtocol", "VaultSystem", "VaultDaemon", "VaultFleet",
+                "CProcessSpawnFix",
+            ]
         ),
     ],
     swiftLanguageModes: [.v6]

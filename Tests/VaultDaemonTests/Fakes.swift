@@ -100,7 +100,7 @@ protocol CrashableStore: SessionStore {
 final class MemoryEngine: CrashableStore, Sendable {
     private let state: Mutex<StoreSnapshot>
 
-    let location = "memory (tests)"
+    let profile = StoreProfile(location: "memory (tests)")
 
     init(_ contents: StoreSnapshot = StoreSnapshot()) { state = Mutex(contents) }
 
@@ -115,21 +115,19 @@ final class MemoryEngine: CrashableStore, Sendable {
     func loadAll() async throws(VaultError) -> StoreContents {
         StoreContents(records: Array(state.withLock { $0.records.values }), unreadable: [])
     }
-    func save(_ record: SessionRecord) async throws(VaultError) { state.withLock { $0.records[record.key] = record } }
-    func delete(_ key: SessionKey) async throws(VaultError) {
-        _ = state.withLock { $0.records.removeValue(forKey: key) }
-    }
-    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        state.withLock { $0.providerSecrets[provider] = secret }
+    func apply(_ change: StoreChange) async throws(VaultError) {
+        state.withLock { state in
+            switch change {
+            case .save(let record): state.records[record.key] = record
+            case .delete(let key): state.records[key] = nil
+            case .saveProviderSecret(let provider, let secret): state.providerSecrets[provider] = secret
+            case .savePendingRevocation(let revocation): state.pending[revocation.id] = revocation
+            case .deletePendingRevocation(let revocation): state.pending[revocation.id] = nil
+            }
+        }
     }
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
         state.withLock { $0.providerSecrets[provider] }
-    }
-    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        state.withLock { $0.pending[revocation.id] = revocation }
-    }
-    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        _ = state.withLock { $0.pending.removeValue(forKey: revocation.id) }
     }
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
         Array(state.withLock { $0.pending.values })
@@ -189,14 +187,14 @@ final class SQLiteEngine: CrashableStore, Sendable {
     /// its crash for a moment (a call in flight holds it).
     let lock: DatabaseLock
     private let store: Mutex<SQLiteStore?>
-    let location: String
+    let profile: StoreProfile
 
     private init(directory: TemporaryDirectory, keys: FixedDataKeys, lock: DatabaseLock, store: SQLiteStore) {
         self.directory = directory
         self.keys = keys
         self.lock = lock
         self.store = Mutex(store)
-        location = store.location
+        profile = store.profile
     }
 
     /// A new database in a temporary directory of its own, under a random
@@ -248,19 +246,9 @@ final class SQLiteEngine: CrashableStore, Sendable {
     func disconnect() { store.withLock { $0 = nil } }
 
     func loadAll() async throws(VaultError) -> StoreContents { try await live().loadAll() }
-    func save(_ record: SessionRecord) async throws(VaultError) { try await live().save(record) }
-    func delete(_ key: SessionKey) async throws(VaultError) { try await live().delete(key) }
-    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        try await live().saveProviderSecret(provider, secret)
-    }
+    func apply(_ change: StoreChange) async throws(VaultError) { try await live().apply(change) }
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
         try await live().loadProviderSecret(provider)
-    }
-    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await live().savePendingRevocation(revocation)
-    }
-    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await live().deletePendingRevocation(revocation)
     }
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
         try await live().loadPendingRevocations()
@@ -310,7 +298,7 @@ final class FaultyStore: SessionStore, Sendable {
         for continuation in held { continuation.resume() }
     }
 
-    let location: String
+    let profile: StoreProfile
 
     /// A store over the in-memory engine, holding `contents`.
     convenience init(_ contents: Contents = Contents()) { self.init(over: MemoryEngine(contents)) }
@@ -318,7 +306,7 @@ final class FaultyStore: SessionStore, Sendable {
     /// A store over `engine`.
     init(over engine: any CrashableStore) {
         state = Mutex(State(engine: engine))
-        location = "faulty store (tests) over \(engine.location)"
+        profile = StoreProfile(location: "faulty store (tests) over \(engine.profile.location)")
     }
 
     private var engine: any CrashableStore { state.withLock { $0.engine } }
@@ -428,28 +416,9 @@ final class FaultyStore: SessionStore, Sendable {
         return contents
     }
 
-    func save(_ record: SessionRecord) async throws(VaultError) {
-        try await writing("writing \(record.account)").save(record)
-    }
-
-    func delete(_ key: SessionKey) async throws(VaultError) {
-        try await writing("deleting \(key)").delete(key)
-    }
-
-    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        try await writing("writing a client secret").saveProviderSecret(provider, secret)
-    }
-
-    func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
-        try await reading("reading a client secret").loadProviderSecret(provider)
-    }
-
-    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await writing("queueing a revocation").savePendingRevocation(revocation)
-    }
-
-    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        if state.withLock({ $0.holdingDeletes }) {
+    /// A removal of a queued revocation waits while they are held (`holdRevocationDeletes()`).
+    func apply(_ change: StoreChange) async throws(VaultError) {
+        if case .deletePendingRevocation = change, state.withLock({ $0.holdingDeletes }) {
             await withCheckedContinuation { continuation in
                 let go = state.withLock { state -> Bool in
                     guard state.holdingDeletes else { return true }
@@ -459,7 +428,11 @@ final class FaultyStore: SessionStore, Sendable {
                 if go { continuation.resume() }
             }
         }
-        try await writing("removing a revocation").deletePendingRevocation(revocation)
+        try await writing(change.summary).apply(change)
+    }
+
+    func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
+        try await reading("reading a client secret").loadProviderSecret(provider)
     }
 
     /// Every queued revocation, in (session, id) order whatever the engine's.

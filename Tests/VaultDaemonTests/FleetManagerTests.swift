@@ -284,7 +284,7 @@ final class EchoingView: SharedSessionStore, Sendable {
 
     var host: String { inner.host }
     var lockTTLSeconds: Double { inner.lockTTLSeconds }
-    var location: String { inner.location }
+    var profile: StoreProfile { inner.profile }
     func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
         if writesFail.withLock({ $0 }) { throw VaultError(.storeUnavailable, "no etcd member answered (injected)") }
         let answer = try await inner.save(record, ifRevision: ifRevision)
@@ -300,8 +300,7 @@ final class EchoingView: SharedSessionStore, Sendable {
     func loadAll() async throws(VaultError) -> StoreContents { try await inner.loadAll() }
     func loadShared() async throws(VaultError) -> SharedContents { try await inner.loadShared() }
     func load(_ key: SessionKey) async throws(VaultError) -> SharedRecord? { try await inner.load(key) }
-    func save(_ record: SessionRecord) async throws(VaultError) { try await inner.save(record) }
-    func delete(_ key: SessionKey) async throws(VaultError) { try await inner.delete(key) }
+    func apply(_ change: StoreChange) async throws(VaultError) { try await inner.apply(change) }
     func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision { try await inner.put(record) }
     func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) -> StoreRevision {
         try await inner.delete(key, ending: ending)
@@ -313,17 +312,8 @@ final class EchoingView: SharedSessionStore, Sendable {
         try await inner.releaseRefreshLock(key, lease: lease)
     }
     func changes() -> AsyncStream<SharedChange> { inner.changes() }
-    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        try await inner.saveProviderSecret(provider, secret)
-    }
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
         try await inner.loadProviderSecret(provider)
-    }
-    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await inner.savePendingRevocation(revocation)
-    }
-    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await inner.deletePendingRevocation(revocation)
     }
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
         try await inner.loadPendingRevocations()

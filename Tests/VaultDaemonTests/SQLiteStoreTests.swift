@@ -136,12 +136,12 @@ enum Rows {
 
     /// Every kind of row, written one call at a time.
     static func fill(_ store: SQLiteStore) async throws {
-        try await store.save(record("oauth", "alice"))
-        try await store.save(record("oauth", "alice", owner: 1001))
-        try await store.save(record("demo", "bob", full: false))
-        try await store.save(loggingOut("oauth", "carol"))
-        for revocation in revocations { try await store.savePendingRevocation(revocation) }
-        for (provider, secret) in secrets { try await store.saveProviderSecret(provider, secret) }
+        try await store.apply(.save(record("oauth", "alice")))
+        try await store.apply(.save(record("oauth", "alice", owner: 1001)))
+        try await store.apply(.save(record("demo", "bob", full: false)))
+        try await store.apply(.save(loggingOut("oauth", "carol")))
+        for revocation in revocations { try await store.apply(.savePendingRevocation(revocation)) }
+        for (provider, secret) in secrets { try await store.apply(.saveProviderSecret(provider, secret)) }
     }
 
     /// The records `fill` writes, in the store's order (provider, user, owner).
@@ -176,11 +176,11 @@ struct SQLiteStoreTests {
         var changed = Rows.record("oauth", "alice")
         changed.tokens.accessToken = Secret("at-\(Rows.marker)-changed")
         changed.expiresAt = nil
-        try await store.save(changed)
-        try await store.delete(SessionKey(owner: 1001, account: Account(provider: "oauth", user: "alice")))
-        try await store.delete(SessionKey(owner: 1001, account: Account(provider: "oauth", user: "nobody")))
-        try await store.deletePendingRevocation(Rows.revocations[0])
-        try await store.saveProviderSecret("sf", Secret("cs-\(Rows.marker)-sf-2"))
+        try await store.apply(.save(changed))
+        try await store.apply(.delete(SessionKey(owner: 1001, account: Account(provider: "oauth", user: "alice"))))
+        try await store.apply(.delete(SessionKey(owner: 1001, account: Account(provider: "oauth", user: "nobody"))))
+        try await store.apply(.deletePendingRevocation(Rows.revocations[0]))
+        try await store.apply(.saveProviderSecret("sf", Secret("cs-\(Rows.marker)-sf-2")))
 
         let reopened = try await scratch.open()
         let contents = try await reopened.loadAll()
@@ -239,7 +239,7 @@ struct SQLiteStoreTests {
         try scratch.credential("data-key", keyMaterial(1))
         let store = try await scratch.open()
         let kept = Rows.record("kept", "k")
-        try await store.save(kept)
+        try await store.apply(.save(kept))
         // SQLite itself refuses the second revocation, after every record and the first revocation went in.
         try scratch.connection().execute(
             """
@@ -301,7 +301,7 @@ struct SQLiteStoreTests {
         let path = scratch.directory + "/state/vaultd/sessions.db"
         var store: SQLiteStore? = try await SQLiteStore.open(
             path: path, keys: scratch.keys, timeoutSeconds: 30, log: Logger(level: .debug, target: .discard))
-        try await store?.save(Rows.record("oauth", "alice"))
+        try await store?.apply(.save(Rows.record("oauth", "alice")))
         func mode(_ path: String) -> mode_t {
             var st = stat()
             return stat(path, &st) == 0 ? st.st_mode & 0o7777 : 0
@@ -477,7 +477,7 @@ struct SQLiteStoreTests {
         _ = try? await scratch.open()
         try scratch.credential("data-key", keyMaterial(1))
         let store = try await scratch.open()
-        try await store.save(Rows.record("oauth", "alice"))
+        try await store.apply(.save(Rows.record("oauth", "alice")))
         #expect(try await store.loadAll().records == [Rows.record("oauth", "alice")])
     }
 

@@ -161,7 +161,7 @@ final class HostView: SharedSessionStore, Sendable {
     let store: SimulatedSharedStore
     let host: String
     let alive: Liveness
-    var location: String { "simulated shared store (host \(host))" }
+    var profile: StoreProfile { StoreProfile(location: "simulated shared store (host \(host))") }
     var lockTTLSeconds: Double { store.lockTTLSeconds }
 
     init(store: SimulatedSharedStore, host: String, alive: Liveness) {
@@ -205,7 +205,25 @@ final class HostView: SharedSessionStore, Sendable {
         try reach("reading \(key)") { $0.records[key] }
     }
 
-    func save(_ record: SessionRecord) async throws(VaultError) { _ = try await put(record) }
+    func apply(_ change: StoreChange) async throws(VaultError) {
+        switch change {
+        case .save(let record): _ = try await put(record)
+        case .delete(let key):
+            try reach(change.summary) { state in
+                guard state.records[key] != nil else { return }
+                store.commit(&state) { state, revision in
+                    state.records[key] = nil
+                    return .deleted(key, ending: nil, revision: revision)
+                }
+            }
+        case .saveProviderSecret(let provider, let secret):
+            try reach(change.summary) { $0.secrets[provider] = secret }
+        case .savePendingRevocation(let revocation):
+            try reach(change.summary) { $0.pending[revocation.id] = revocation }
+        case .deletePendingRevocation(let revocation):
+            try reach(change.summary) { $0.pending[revocation.id] = nil }
+        }
+    }
 
     func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision {
         let (revision, loss) = try reach("writing \(record.key)") { state in
@@ -245,16 +263,6 @@ final class HostView: SharedSessionStore, Sendable {
         // whatever another host wrote since).
         guard loss.1 else { throw Self.answerLost("writing \(record.key)") }
         return try await save(record, ifRevision: ifRevision)
-    }
-
-    func delete(_ key: SessionKey) async throws(VaultError) {
-        try reach("deleting \(key)") { state in
-            guard state.records[key] != nil else { return }
-            store.commit(&state) { state, revision in
-                state.records[key] = nil
-                return .deleted(key, ending: nil, revision: revision)
-            }
-        }
     }
 
     func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) -> StoreRevision {
@@ -298,17 +306,8 @@ final class HostView: SharedSessionStore, Sendable {
     /// The simulation delivers changes itself (`SimulatedSharedStore.due(for:)`).
     func changes() -> AsyncStream<SharedChange> { AsyncStream { $0.finish() } }
 
-    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        try reach("writing a client secret") { $0.secrets[provider] = secret }
-    }
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
         try reach("reading a client secret") { $0.secrets[provider] }
-    }
-    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try reach("queueing a revocation") { $0.pending[revocation.id] = revocation }
-    }
-    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try reach("removing a revocation") { _ = $0.pending.removeValue(forKey: revocation.id) }
     }
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
         try reach("reading revocations") { state in

@@ -11,10 +11,11 @@ import VaultDaemon
 final class FlakyStore: SessionStore, Sendable {
     private let inner = MemoryStore()
     private let state = Mutex((failing: 0, writes: 0))
-    let retriesOnFreshConnection: Bool
-    var location: String { "flaky store (tests)" }
+    let profile: StoreProfile
 
-    init(retriesOnFreshConnection: Bool) { self.retriesOnFreshConnection = retriesOnFreshConnection }
+    init(retriesOnFreshConnection: Bool) {
+        profile = StoreProfile(location: "flaky store (tests)", retriesOnFreshConnection: retriesOnFreshConnection)
+    }
 
     /// The next `count` writes fail with `StoreUnavailable`.
     func failNext(_ count: Int) { state.withLock { $0.failing = count } }
@@ -32,25 +33,16 @@ final class FlakyStore: SessionStore, Sendable {
     }
 
     func loadAll() async throws(VaultError) -> StoreContents { try await inner.loadAll() }
-    func save(_ record: SessionRecord) async throws(VaultError) {
-        try write()
-        try await inner.save(record)
-    }
-    func delete(_ key: SessionKey) async throws(VaultError) {
-        try write()
-        try await inner.delete(key)
-    }
-    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        try await inner.saveProviderSecret(provider, secret)
+    /// A record's save or delete may fail; the rest always reach the store.
+    func apply(_ change: StoreChange) async throws(VaultError) {
+        switch change {
+        case .save, .delete: try write()
+        case .saveProviderSecret, .savePendingRevocation, .deletePendingRevocation: break
+        }
+        try await inner.apply(change)
     }
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
         try await inner.loadProviderSecret(provider)
-    }
-    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await inner.savePendingRevocation(revocation)
-    }
-    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await inner.deletePendingRevocation(revocation)
     }
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
         try await inner.loadPendingRevocations()

@@ -3,6 +3,7 @@ import Testing
 import VaultCore
 
 @testable import VaultDaemon
+@testable import VaultFleet
 
 /// EtcdClient against a real three-member etcd fleet on loopback: the JSON
 /// gateway's key-value, transaction and lease calls, and failover between

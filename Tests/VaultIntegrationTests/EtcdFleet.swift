@@ -5,6 +5,7 @@ import Testing
 import VaultCore
 
 @testable import VaultDaemon
+@testable import VaultFleet
 
 /// A fleet of real etcd members (`/usr/bin/etcd`, Debian's `etcd-server`) on
 /// loopback: client and peer URLs on free ports of 127.0.0.1, data in a

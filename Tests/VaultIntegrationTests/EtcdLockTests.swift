@@ -4,6 +4,7 @@ import Testing
 import VaultCore
 
 @testable import VaultDaemon
+@testable import VaultFleet
 
 /// EtcdLocks against a real three-member etcd fleet on loopback: one holder
 /// among contenders, hand-over on release, a holder that stops renewing its

@@ -5,6 +5,7 @@ import Varlink
 import VaultCore
 
 @testable import VaultDaemon
+@testable import VaultFleet
 
 /// EtcdStore as a fleet's shared store (`SharedSessionStore`) against a real
 /// three-member etcd: conditional writes on `mod_revision`, endings beside
@@ -68,14 +69,14 @@ struct EtcdSharedStoreTests {
         let key = try EtcdFleetKey(in: temp)
         let store = try await Self.open(fleet, key, host: "a")
         let record = Self.record("dave", token: "t1")
-        try await store.save(record)
+        try await store.apply(.save(record))
         try await store.delete(record.key, ending: SessionEnding(kind: .kickedOffline, reason: "kicked by ops"))
         let ended = try await store.loadShared()
         #expect(ended.records.isEmpty)
         #expect(ended.endings[record.key] == SessionEnding(kind: .kickedOffline, reason: "kicked by ops"))
         #expect(ended.revision > 0)
 
-        try await store.save(record)
+        try await store.apply(.save(record))
         let again = try await store.loadShared()
         #expect(again.records.map(\.record) == [record])
         #expect(again.endings[record.key] == nil, "a stored session kept the ending of its last logout")
@@ -190,14 +191,14 @@ struct EtcdSharedStoreTests {
         #expect(ending == SessionEnding(kind: .kickedOffline, reason: "ops"))
         #expect(at > revision)
 
-        try await writer.save(record)
+        try await writer.apply(.save(record))
         change = await feed.next()
         guard case .put(let again, _) = change else {
             Issue.record("the feed gave \(String(describing: change)), not the login")
             return
         }
         #expect(again == record)
-        try await writer.delete(record.key)
+        try await writer.apply(.delete(record.key))
         change = await feed.next()
         guard case .deleted(_, let plain, _) = change else {
             Issue.record("the feed gave \(String(describing: change)), not the plain delete")
@@ -220,7 +221,7 @@ struct EtcdSharedStoreTests {
         for index in 0..<300 {
             let record = Self.record("user\(index)", token: "token-\(index)-" + String(repeating: "x", count: 400))
             written.append(record)
-            try await writer.save(record)
+            try await writer.apply(.save(record))
         }
         let expected = written.sorted { $0.key < $1.key }
         var settings = EtcdStoreTests.settings(fleet)
@@ -248,11 +249,11 @@ struct EtcdSharedStoreTests {
         let writer = try await Self.open(fleet, key, host: "writer")
         let reader = try await Self.open(fleet, key, host: "reader")
         let record = Self.record("kim", token: "t1")
-        try await writer.save(record)
+        try await writer.apply(.save(record))
         _ = try await reader.loadAll()
         // Before the reader's feed starts: its watch reads the three from the revision it loaded.
         try await writer.delete(record.key, ending: SessionEnding(kind: .kickedOffline, reason: "spam"))
-        try await writer.save(record)
+        try await writer.apply(.save(record))
         try await writer.delete(record.key, ending: SessionEnding(kind: .logoutSuccess))
         let feed = FeedLog(reader.changes())
         var kinds: [String] = []
@@ -278,7 +279,7 @@ struct EtcdSharedStoreTests {
         let writer = try await Self.open(fleet, key, host: "writer")
         let reader = try await Self.open(fleet, key, host: "reader")
         _ = try await reader.loadAll()
-        for index in 0..<3 { try await writer.save(Self.record("hal\(index)", token: "t\(index)")) }
+        for index in 0..<3 { try await writer.apply(.save(Self.record("hal\(index)", token: "t\(index)"))) }
         let latest = try await writer.client.range(Array("/vaultd/meta/key-id".utf8)).revision
         _ = try await HTTPClient.postJSON(
             fleet.endpoints[0] + "/v3/kv/compaction",
@@ -288,7 +289,7 @@ struct EtcdSharedStoreTests {
         var change = await feed.next()
         #expect(change == .reset, "a feed from a compacted revision gave \(String(describing: change))")
         let record = Self.record("ivy", token: "t9")
-        try await writer.save(record)
+        try await writer.apply(.save(record))
         change = await feed.next()
         guard case .put(let fed, _) = change else {
             Issue.record("after the reset the feed gave \(String(describing: change))")

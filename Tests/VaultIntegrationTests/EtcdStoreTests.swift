@@ -7,6 +7,7 @@ import VaultCore
 import VaultProtocol
 
 @testable import VaultDaemon
+@testable import VaultFleet
 
 /// A fleet's data key as systemd passes it: `data-key` (32 random bytes) in
 /// a credentials directory of its own, the same for every host of a test.
@@ -92,11 +93,11 @@ struct EtcdStoreTests {
         let token = "access-\(UUID().uuidString)"
         let refresh = "refresh-\(UUID().uuidString)"
         let record = Self.record(user: "bot/1", owner: 1000, token: token, refresh: refresh)
-        try await store.save(record)
+        try await store.apply(.save(record))
         let revocation = PendingRevocation(
             queueing: Self.record(user: "gone", owner: 1000, token: "revoke-\(token)", refresh: "revoke-\(refresh)"))
-        try await store.savePendingRevocation(revocation)
-        try await store.saveProviderSecret("oauth", Secret("client-secret-\(token)"))
+        try await store.apply(.savePendingRevocation(revocation))
+        try await store.apply(.saveProviderSecret("oauth", Secret("client-secret-\(token)")))
 
         let raw = try etcdctlDump(fleet, prefix: "/vaultd/")
         #expect(raw.contains("/vaultd/sessions/oauth/bot%2F1/alice"))
@@ -113,8 +114,8 @@ struct EtcdStoreTests {
         #expect(loadedRevocations.first?.record.tokens == revocation.record.tokens)
         #expect(try await store.loadProviderSecret("oauth")?.revealed == "client-secret-\(token)")
 
-        try await store.delete(record.key)
-        try await store.deletePendingRevocation(revocation)
+        try await store.apply(.delete(record.key))
+        try await store.apply(.deletePendingRevocation(revocation))
         #expect(try await store.loadAll().records.isEmpty)
         #expect(try await store.loadPendingRevocations().isEmpty)
         #expect(try !etcdctlDump(fleet, prefix: "/vaultd/sessions/").contains("alice"))
@@ -129,7 +130,7 @@ struct EtcdStoreTests {
         let settings = Self.settings(fleet)
         let hostA = try await EtcdStore.open(settings: settings, keys: key.keys, log: Self.log, names: Self.hostA)
         let record = Self.record(user: "bot", owner: 1000, token: "t-\(UUID().uuidString)", refresh: "r")
-        try await hostA.save(record)
+        try await hostA.apply(.save(record))
 
         let hostB = try await EtcdStore.open(settings: settings, keys: key.keys, log: Self.log, names: Self.hostB)
         let onB = try #require(try await hostB.loadAll().records.first)
@@ -140,7 +141,7 @@ struct EtcdStoreTests {
         #expect(try await hostC.loadAll().records.isEmpty)
         #expect(try etcdctlDump(fleet, prefix: "/vaultd/sessions/").contains("/vaultd/sessions/oauth/bot/alice"))
         // A host that cannot name the owner cannot write the session either.
-        await #expect(throws: VaultError.self) { try await hostC.save(record) }
+        await #expect(throws: VaultError.self) { try await hostC.apply(.save(record)) }
     }
 
     /// Should refuse to open without the credential, and with a key other
@@ -156,7 +157,7 @@ struct EtcdStoreTests {
 
         let first = try EtcdFleetKey(in: temp, name: "first")
         let store = try await EtcdStore.open(settings: settings, keys: first.keys, log: Self.log, names: Self.hostA)
-        try await store.save(Self.record(user: "bot", owner: 1000, token: "t", refresh: "r"))
+        try await store.apply(.save(Self.record(user: "bot", owner: 1000, token: "t", refresh: "r")))
         let other = try EtcdFleetKey(in: temp, name: "other")
         let refused = await #expect(throws: VaultError.self) {
             _ = try await EtcdStore.open(settings: settings, keys: other.keys, log: Self.log, names: Self.hostA)
@@ -183,7 +184,7 @@ struct EtcdStoreTests {
         settings.keyFile = certificates.clientKey
         let store = try await EtcdStore.open(settings: settings, keys: key.keys, log: Self.log, names: Self.hostA)
         let record = Self.record(user: "bot", owner: 1000, token: "t-\(UUID().uuidString)", refresh: "r")
-        try await store.save(record)
+        try await store.apply(.save(record))
         #expect(try await store.loadAll().records == [record])
 
         var withoutCertificate = settings
@@ -396,11 +397,12 @@ struct EtcdDaemonTests {
         settings.timeoutSeconds = 20
         let seeder = try await EtcdStore.open(
             settings: settings, keys: fixture.key.keys, log: Logger(level: .error, target: .discard), names: names)
-        try await seeder.save(
-            SessionRecord(
-                account: Account(provider: "oauth", user: "elsewhere"), user: UserProfile(uid: "elsewhere"),
-                tokens: TokenSet(accessToken: Secret("elsewhere-token")), createdAt: UnixTime(seconds: 1),
-                expiresAt: nil, ownerUID: 4242))
+        try await seeder.apply(
+            .save(
+                SessionRecord(
+                    account: Account(provider: "oauth", user: "elsewhere"), user: UserProfile(uid: "elsewhere"),
+                    tokens: TokenSet(accessToken: Secret("elsewhere-token")), createdAt: UnixTime(seconds: 1),
+                    expiresAt: nil, ownerUID: 4242)))
 
         let daemon = try fixture.start(0)
         #expect(daemon.output.text.contains(stranger), "the warning names the owner: \(daemon.output.text)")

@@ -6,6 +6,7 @@ import Varlink
 import VaultCore
 
 @testable import VaultDaemon
+@testable import VaultFleet
 
 /// What a test's watch received, for its assertions.
 final class WatchRecorder: Sendable {

@@ -32,12 +32,12 @@ struct MemoryStoreTests {
     @Test("Should keep, replace and delete records, client secrets and queued revocations")
     func storeRoundTrip() async throws {
         let store = MemoryStore()
-        #expect(store.location == "memory (sessions are lost when vaultd stops)")
+        #expect(store.profile.location == "memory (sessions are lost when vaultd stops)")
         #expect(try await store.loadAll().records.isEmpty)
 
-        try await store.save(Self.record("demo", "bob", token: "first"))
-        try await store.save(Self.record("demo", "alice", token: "a"))
-        try await store.save(Self.record("demo", "bob", token: "second"))
+        try await store.apply(.save(Self.record("demo", "bob", token: "first")))
+        try await store.apply(.save(Self.record("demo", "alice", token: "a")))
+        try await store.apply(.save(Self.record("demo", "bob", token: "second")))
         let loaded = try await store.loadAll()
         #expect(loaded.records.map(\.account.user) == ["alice", "bob"])
         #expect(loaded.records.last?.tokens.accessToken.revealed == "second")
@@ -45,26 +45,26 @@ struct MemoryStoreTests {
 
         var otherOwners = Self.record("demo", "alice", token: "b")
         otherOwners.ownerUID = 1001
-        try await store.save(otherOwners)
-        try await store.delete(SessionKey(owner: 1000, account: Account(provider: "demo", user: "bob")))
-        try await store.delete(SessionKey(owner: 1000, account: Account(provider: "demo", user: "nobody")))
-        try await store.delete(SessionKey(owner: 1001, account: Account(provider: "demo", user: "alice")))
+        try await store.apply(.save(otherOwners))
+        try await store.apply(.delete(SessionKey(owner: 1000, account: Account(provider: "demo", user: "bob"))))
+        try await store.apply(.delete(SessionKey(owner: 1000, account: Account(provider: "demo", user: "nobody"))))
+        try await store.apply(.delete(SessionKey(owner: 1001, account: Account(provider: "demo", user: "alice"))))
         #expect(try await store.loadAll().records.map(\.account.user) == ["alice"])
 
         #expect(try await store.loadProviderSecret("oauth") == nil)
-        try await store.saveProviderSecret("oauth", Secret("client-secret"))
+        try await store.apply(.saveProviderSecret("oauth", Secret("client-secret")))
         #expect(try await store.loadProviderSecret("oauth")?.revealed == "client-secret")
 
         // Two revocations of one account are both kept, and removed one at a time.
         let first = PendingRevocation(queueing: Self.record("oauth", "carol", token: "c1"))
         let second = PendingRevocation(queueing: Self.record("oauth", "carol", token: "c2"))
         #expect(first.id != second.id)
-        try await store.savePendingRevocation(first)
-        try await store.savePendingRevocation(second)
+        try await store.apply(.savePendingRevocation(first))
+        try await store.apply(.savePendingRevocation(second))
         #expect(Set(try await store.loadPendingRevocations().map(\.id)) == [first.id, second.id])
-        try await store.deletePendingRevocation(first)
+        try await store.apply(.deletePendingRevocation(first))
         #expect(try await store.loadPendingRevocations() == [second])
-        try await store.deletePendingRevocation(second)
+        try await store.apply(.deletePendingRevocation(second))
         #expect(try await store.loadPendingRevocations().isEmpty)
         #expect(try await store.loadAll().records.count == 1, "revocations are kept apart from sessions")
     }

@@ -203,12 +203,12 @@ struct StoreReader {
             // may hold a moment after that call returned here: wait for it.
             for _ in 0..<500 {
                 do {
-                    return try await open(forWriting: true).save(record)
+                    return try await open(forWriting: true).apply(.save(record))
                 } catch let error as VaultError where error.message.contains("is in use") {
                     try await Task.sleep(for: .milliseconds(10))
                 }
             }
-            try await open(forWriting: true).save(record)
+            try await open(forWriting: true).apply(.save(record))
         case .etcd: throw HarnessError("the etcd suites read etcd with EtcdStore, not through StoreReader")
         }
     }

@@ -86,13 +86,20 @@ public struct StoreSelection: Sendable, Equatable {
     }
 }
 
+/// Opens the fleet's shared store of `settings` with the fleet's data key
+/// (nil when systemd passed none), renewing a refresh lock for at most
+/// `refreshHoldSeconds`. The executable passes VaultFleet's etcd store.
+public typealias SharedStoreOpener =
+    @Sendable (_ settings: EtcdSettings, _ keys: CredentialDataKeys?, _ log: Logger, _ refreshHoldSeconds: Double)
+    async throws(VaultError) -> any SharedSessionStore
+
 extension Daemon {
     /// The store `options` and `config` ask for: memory (with a warning, and
-    /// no D-Bus at all), the Secret Service in the configured scope, or the
-    /// SQLite database with its data key.
-    static func openStore(_ options: DaemonOptions, config: VaultConfig, log: Logger) throws(VaultError)
-        -> any SessionStore
-    {
+    /// no D-Bus at all), the Secret Service in the configured scope, the
+    /// SQLite database with its data key, or the fleet's (`openShared`).
+    static func openStore(
+        _ options: DaemonOptions, config: VaultConfig, log: Logger, openShared: @escaping SharedStoreOpener
+    ) throws(VaultError) -> any SessionStore {
         if options.memoryStore {
             log.warning(
                 "--memory-store: sessions are kept in memory only and will not survive a restart; this mode is meant for benchmarks and tests",
@@ -106,7 +113,7 @@ extension Daemon {
         case .sqlite:
             return try openSQLite(selection, log: log)
         case .etcd:
-            return try openEtcd(selection, config: config, log: log)
+            return try openEtcd(selection, config: config, log: log, openShared: openShared)
         }
     }
 
@@ -114,14 +121,14 @@ extension Daemon {
     /// A refresh lock is renewed for as long as a refresh under it may take:
     /// the slowest provider's call (30 s at least) and the store calls around
     /// it (a read before, up to four conditional writes after), a second each spare.
-    static func openEtcd(_ selection: StoreSelection, config: VaultConfig, log: Logger) throws(VaultError)
-        -> EtcdStore
-    {
+    static func openEtcd(
+        _ selection: StoreSelection, config: VaultConfig, log: Logger, openShared: @escaping SharedStoreOpener
+    ) throws(VaultError) -> any SharedSessionStore {
         let keys = CredentialDataKeys.fromEnvironment()
         let slowest = config.providers.values.map { $0.oauth2?.timeoutSeconds ?? $0.exec?.timeoutSeconds ?? 0 }.max()
         let hold = Double(max(slowest ?? 0, 30) + 5 * (selection.etcd.timeoutSeconds + 1))
         return try blocking { () async throws(VaultError) in
-            try await EtcdStore.open(settings: selection.etcd, keys: keys, log: log, refreshHoldSeconds: hold)
+            try await openShared(selection.etcd, keys, log, hold)
         }
     }
 

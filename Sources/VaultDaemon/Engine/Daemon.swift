@@ -139,7 +139,9 @@ public struct DaemonOptions: Sendable {
 /// sessions, then the socket. Returns the process exit code.
 public enum Daemon {
     /// Runs vaultd with the process's arguments; returns the exit status.
-    public static func main(arguments: [String]) -> Int32 {
+    /// `openShared` opens the fleet's store (`Store=etcd`), which lives in
+    /// its own target (VaultFleet) that the executable links.
+    public static func main(arguments: [String], openShared: @escaping SharedStoreOpener) -> Int32 {
         // Before any thread exists: signals are read from a signalfd, so they
         // must be blocked in every thread that will be created.
         let signalFD = vaultd_signalfd_termination()
@@ -166,7 +168,7 @@ public enum Daemon {
             // SIGTERM and SIGINT stop vaultd even while a start-up step blocks.
             let startup = signalFD >= 0 ? StartupSignals(signalFD: signalFD, log: log) : nil
             do {
-                return try run(options, signalFD: signalFD, log: log, startup: startup)
+                return try run(options, signalFD: signalFD, log: log, startup: startup, openShared: openShared)
             } catch {
                 log.error(error.message, ["code": error.code.seedCode])
                 return 1
@@ -174,9 +176,10 @@ public enum Daemon {
         }
     }
 
-    static func run(_ options: DaemonOptions, signalFD: Int32, log: Logger, startup: StartupSignals?)
-        throws(VaultError) -> Int32
-    {
+    static func run(
+        _ options: DaemonOptions, signalFD: Int32, log: Logger, startup: StartupSignals?,
+        openShared: @escaping SharedStoreOpener
+    ) throws(VaultError) -> Int32 {
         let config = try loadConfig(options.configPath, log: log)
         let tokenFilePlans = try TokenFiles.check(config)
         if options.checkConfigOnly {
@@ -187,7 +190,7 @@ public enum Daemon {
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
         let notifier = ServiceNotifier()
 
-        let store = try openStore(options, config: config, log: log)
+        let store = try openStore(options, config: config, log: log, openShared: openShared)
         let clock = SystemWallClock()
         let policy = try PolicyResolver.resolve(config)
         let hub = SubscriptionHub(log: log)
@@ -265,7 +268,7 @@ public enum Daemon {
             "ready",
             [
                 "socket": socketDescription, "sessions": String(restored.restored),
-                "finishedLogouts": String(restored.finishedLogouts), "store": store.location,
+                "finishedLogouts": String(restored.finishedLogouts), "store": store.profile.location,
                 "providers": config.providers.keys.sorted().joined(separator: ","),
                 "config": config.sources.isEmpty ? ConfigSearch.builtInName : config.sources.joined(separator: ","),
                 "servingThreads": String(server.loopCount),

@@ -18,7 +18,7 @@ enum Revocations {
             ? await provider.revokeReplaced(revocation.record) : await provider.revoke(revocation.record)
         guard accepted else { return false }
         do throws(VaultError) {
-            try await store.deletePendingRevocation(revocation)
+            try await store.apply(.deletePendingRevocation(revocation))
         } catch {
             // Asked again at the next start: revoking twice is harmless (RFC 7009 2.2).
             let account = revocation.record.account

@@ -103,7 +103,7 @@ extension SessionManager {
         guard let entry = entries[key], entry.record != nil else { return }
         if let revocation = entry.unqueue {
             // A failed logout's revocation must not outlive it.
-            guard (try? await store.deletePendingRevocation(revocation)) != nil else {
+            guard (try? await store.apply(.deletePendingRevocation(revocation))) != nil else {
                 await handle(key, .saveFailed(now: clock.now()))
                 return
             }
@@ -116,7 +116,7 @@ extension SessionManager {
         guard var record = entries[key]?.record, entries[key]?.id == entry.id else { return }
         for _ in 0..<3 {
             do throws(VaultError) {
-                try await store.save(record)
+                try await store.apply(.save(record))
             } catch {
                 await handle(key, .saveFailed(now: clock.now()))
                 return
@@ -340,7 +340,7 @@ extension SessionManager {
             let record = updated
             let write = { () async -> VaultError? in
                 do throws(VaultError) {
-                    try await store.save(record)
+                    try await store.apply(.save(record))
                     return nil
                 } catch {
                     return error
@@ -367,7 +367,7 @@ extension SessionManager {
             guard stillCurrent() != nil else {
                 // The session ended or was replaced while the write was out: put the
                 // current record back if it is another session's.
-                if let again = entries[key]?.record { try? await store.save(again) }
+                if let again = entries[key]?.record { try? await store.apply(.save(again)) }
                 await revokeOrphaned(tokens, of: snapshot)
                 if entries[key]?.id == entryID { await handle(key, .refreshAbandoned) }
                 return .failure(.notLoggedIn(account))
@@ -474,7 +474,7 @@ extension SessionManager {
             fields(snapshot.key, event: "revokeOrphaned"))
         let revocation = PendingRevocation(queueing: orphan)
         do throws(VaultError) {
-            try await store.savePendingRevocation(revocation)
+            try await store.apply(.savePendingRevocation(revocation))
         } catch {
             log.warning(
                 "a revocation could not be queued in the store; it is attempted all the same",

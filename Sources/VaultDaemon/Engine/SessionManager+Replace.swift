@@ -86,15 +86,15 @@ extension SessionManager {
             replacedRefreshToken && provider?.revokes(old) == true ? PendingRevocation(queueing: old) : nil
         do throws(VaultError) {
             // Queued first: once the new record is in the store, nothing else remembers the old tokens.
-            if let revocation { try await store.savePendingRevocation(revocation) }
-            try await store.save(new)
+            if let revocation { try await store.apply(.savePendingRevocation(revocation)) }
+            try await store.apply(.save(new))
         } catch {
             var stillQueued: PendingRevocation?
-            if let revocation, (try? await store.deletePendingRevocation(revocation)) == nil {
+            if let revocation, (try? await store.apply(.deletePendingRevocation(revocation))) == nil {
                 stillQueued = revocation
             }
             // A write abandoned at its timeout may still land: put the old record back.
-            let restored = (try? await store.save(old)) != nil
+            let restored = (try? await store.apply(.save(old))) != nil
             entries[key]?.machine.replaceFinished(nil)
             if let stillQueued, entries[key]?.unqueue == nil { entries[key]?.unqueue = stillQueued }
             let now = clock.now()

@@ -36,7 +36,7 @@ extension SessionManager {
             guard let provider = client(for: old.account.provider) else { continue }
             let revocation = PendingRevocation(replacing: old)
             do throws(VaultError) {
-                try await store.savePendingRevocation(revocation)
+                try await store.apply(.savePendingRevocation(revocation))
             } catch {
                 log.warning(
                     "the revocation of a replaced token could not be queued in the store; it is attempted all the same",

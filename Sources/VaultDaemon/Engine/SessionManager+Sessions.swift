@@ -69,7 +69,7 @@ extension SessionManager {
                 if entries[key]?.timers.status.unsaved == true {
                     // Acknowledged only once the store holds what is served.
                     do throws(VaultError) {
-                        try await store.save(record)
+                        try await store.apply(.save(record))
                     } catch {
                         Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
                         throw error
@@ -255,10 +255,10 @@ extension SessionManager {
         let key = record.key
         defer { entries[key]?.login = nil }
         do throws(VaultError) {
-            try await store.save(record)
+            try await store.apply(.save(record))
         } catch {
             // A write abandoned at the timeout may still land in the keyring: remove it.
-            try? await store.delete(key)
+            try? await store.apply(.delete(key))
             return failLogin(key, principal, error)
         }
         entries[key]?.machine.loginSucceeded(record)
@@ -426,24 +426,24 @@ extension SessionManager {
         marked.phase = .loggingOut
         marked.revocationID = revocation?.id
         do throws(VaultError) {
-            try await store.save(marked)
-            if let revocation { try await store.savePendingRevocation(revocation) }
+            try await store.apply(.save(marked))
+            if let revocation { try await store.apply(.savePendingRevocation(revocation)) }
             if fleet != nil {
                 try await gate.deleteShared(key, ending: SessionEnding(kind: what.event, reason: reason))
             } else {
-                try await store.delete(key)
+                try await store.apply(.delete(key))
             }
         } catch {
             // Served again: put the store back as it was. Should it not let us, the
             // record is written again until it does (a mark left in the store would
             // end the session at the next start).
             var stillQueued: PendingRevocation?
-            if let revocation, (try? await store.deletePendingRevocation(revocation)) == nil {
+            if let revocation, (try? await store.apply(.deletePendingRevocation(revocation))) == nil {
                 stillQueued = revocation
             }
             let restored: Bool
             do throws(VaultError) {
-                try await store.save(record)
+                try await store.apply(.save(record))
                 restored = true
             } catch {
                 restored = false

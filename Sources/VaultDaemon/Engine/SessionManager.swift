@@ -206,9 +206,9 @@ public actor SessionManager {
             if record.phase == .loggingOut {
                 if let id = record.revocationID {
                     // Idempotent: the same id replaces a copy queued before the crash.
-                    try await store.savePendingRevocation(PendingRevocation(id: id, record: record))
+                    try await store.apply(.savePendingRevocation(PendingRevocation(id: id, record: record)))
                 }
-                try await store.delete(record.key)
+                try await store.apply(.delete(record.key))
                 log.notice("finished a logout that was interrupted", fields(record.key, event: "logoutSuccess"))
                 finished += 1
                 continue
@@ -256,7 +256,7 @@ public actor SessionManager {
                 live.tokens.accessToken == queued.tokens.accessToken
                     || (live.tokens.refreshToken != nil && live.tokens.refreshToken == queued.tokens.refreshToken)
             {
-                try? await store.deletePendingRevocation(revocation)
+                try? await store.apply(.deletePendingRevocation(revocation))
                 continue
             }
             guard let provider = client(for: revocation.record.account.provider) else { continue }
@@ -299,7 +299,7 @@ public actor SessionManager {
                 continue
             }
             do throws(VaultError) {
-                try await store.save(record)
+                try await store.apply(.save(record))
             } catch {
                 log.error(
                     "refreshed tokens could not be stored before stopping",
@@ -359,7 +359,7 @@ public actor SessionManager {
         guard !secret.isEmpty, secret.utf8Count <= 4096 else {
             throw VaultError(.invalidParameter, "the client secret must be 1 to 4096 bytes")
         }
-        try await store.saveProviderSecret(provider, secret)
+        try await store.apply(.saveProviderSecret(provider, secret))
         providerSecrets[provider] = secret
         clients[provider] = nil
         providerCredentialsChanged(provider)

@@ -31,12 +31,10 @@ final class StoreGate: SessionStore {
         self.inner = inner
         self.shared = inner as? any SharedSessionStore
         self.clock = clock
-        state = Mutex(State(health: StoreHealth(remedy: inner.unavailableRemedy)))
+        state = Mutex(State(health: StoreHealth(remedy: inner.profile.remedy)))
     }
 
-    var location: String { inner.location }
-    var unavailableRemedy: String { inner.unavailableRemedy }
-    var retriesOnFreshConnection: Bool { inner.retriesOnFreshConnection }
+    var profile: StoreProfile { inner.profile }
 
     /// The store's availability now.
     var health: StoreHealth { state.withLock { $0.health } }
@@ -94,7 +92,7 @@ final class StoreGate: SessionStore {
         do throws(VaultError) {
             return try await body()
         } catch {
-            guard error.code == .storeUnavailable, inner.retriesOnFreshConnection,
+            guard error.code == .storeUnavailable, inner.profile.retriesOnFreshConnection,
                 !error.message.contains("was abandoned"),
                 state.withLock({ $0.health.state == .available }), await inner.probe() == .available
             else {
@@ -114,10 +112,10 @@ final class StoreGate: SessionStore {
         try await pass { () async throws(VaultError) in try await inner.loadAll() }
     }
 
-    /// A shared store's write is noted with its revision (`lastOwnWrite`).
-    func save(_ record: SessionRecord) async throws(VaultError) {
-        guard let shared else {
-            return try await pass { () async throws(VaultError) in try await inner.save(record) }
+    /// A shared store's save is noted with its revision (`lastOwnWrite`).
+    func apply(_ change: StoreChange) async throws(VaultError) {
+        guard let shared, case .save(let record) = change else {
+            return try await pass { () async throws(VaultError) in try await inner.apply(change) }
         }
         let revision = try await pass { () async throws(VaultError) in try await shared.put(record) }
         noteOwnWrite(record.key, revision)
@@ -132,24 +130,8 @@ final class StoreGate: SessionStore {
         ownWrites.withLock { $0[key] = max($0[key] ?? 0, revision) }
     }
 
-    func delete(_ key: SessionKey) async throws(VaultError) {
-        try await pass { () async throws(VaultError) in try await inner.delete(key) }
-    }
-
-    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        try await pass { () async throws(VaultError) in try await inner.saveProviderSecret(provider, secret) }
-    }
-
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
         try await pass { () async throws(VaultError) in try await inner.loadProviderSecret(provider) }
-    }
-
-    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await pass { () async throws(VaultError) in try await inner.savePendingRevocation(revocation) }
-    }
-
-    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await pass { () async throws(VaultError) in try await inner.deletePendingRevocation(revocation) }
     }
 
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {
@@ -276,7 +258,7 @@ extension SessionManager {
         var removed = 0
         for key in stored.keys.sorted() where entries[key] == nil {
             do throws(VaultError) {
-                try await store.delete(key)
+                try await store.apply(.delete(key))
                 removed += 1
             } catch {
                 log.warning(

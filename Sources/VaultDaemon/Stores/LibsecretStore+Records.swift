@@ -38,31 +38,32 @@ extension LibsecretStore {
         }
     }
 
-    public func save(_ record: SessionRecord) async throws(VaultError) {
-        try await perform("writing \(record.account)") { cancellable throws(VaultError) in
-            var document = record.storedJSON().serialized()
-            defer { document.wipe() }
-            try self.store(
-                self.schema, self.attributes(record.account, owner: record.ownerUID), record.storeLabel, document,
-                "application/json", cancellable, "writing \(record.account)")
-        }
-    }
-
-    public func delete(_ key: SessionKey) async throws(VaultError) {
-        try await perform("deleting \(key)") { cancellable throws(VaultError) in
-            try self.clear(
-                self.schema, self.attributes(key.account, owner: key.owner), cancellable, "deleting \(key)")
-        }
-    }
-
-    public func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        let what = "writing the client secret of \(provider)"
+    public func apply(_ change: StoreChange) async throws(VaultError) {
+        let what = change.summary
         try await perform(what) { cancellable throws(VaultError) in
-            var bytes = Array(secret.revealed.utf8)
-            defer { bytes.wipe() }
-            try self.store(
-                self.providerSecretSchema, self.scopeAttributes(provider: provider),
-                "vaultd: client secret of \(provider)", bytes, "text/plain", cancellable, what)
+            switch change {
+            case .save(let record):
+                var document = record.storedJSON().serialized()
+                defer { document.wipe() }
+                try self.store(
+                    self.schema, self.attributes(record.account, owner: record.ownerUID), record.storeLabel, document,
+                    "application/json", cancellable, what)
+            case .delete(let key):
+                try self.clear(self.schema, self.attributes(key.account, owner: key.owner), cancellable, what)
+            case .saveProviderSecret(let provider, let secret):
+                var bytes = Array(secret.revealed.utf8)
+                defer { bytes.wipe() }
+                try self.store(
+                    self.providerSecretSchema, self.scopeAttributes(provider: provider),
+                    "vaultd: client secret of \(provider)", bytes, "text/plain", cancellable, what)
+            case .savePendingRevocation(let revocation):
+                try self.storeRevocation(revocation, cancellable)
+            case .deletePendingRevocation(let revocation):
+                try self.clear(
+                    self.pendingRevocationSchema,
+                    self.revocationAttributes(revocation.record.account, id: revocation.id),
+                    cancellable, what)
+            }
         }
     }
 
@@ -76,13 +77,6 @@ extension LibsecretStore {
         }
     }
 
-    public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await perform("queueing the revocation of \(revocation.record.account)") {
-            cancellable throws(VaultError) in
-            try self.storeRevocation(revocation, cancellable)
-        }
-    }
-
     /// Writes one queued revocation: the record's document with the id added.
     private func storeRevocation(_ revocation: PendingRevocation, _ cancellable: Cancellable) throws(VaultError) {
         let record = revocation.record
@@ -92,15 +86,6 @@ extension LibsecretStore {
             pendingRevocationSchema, revocationAttributes(record.account, id: revocation.id),
             "vaultd: revocation pending for \(record.account)", document, "application/json", cancellable,
             "queueing the revocation of \(record.account)")
-    }
-
-    public func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        let account = revocation.record.account
-        let what = "removing the queued revocation of \(account)"
-        try await perform(what) { cancellable throws(VaultError) in
-            try self.clear(
-                self.pendingRevocationSchema, self.revocationAttributes(account, id: revocation.id), cancellable, what)
-        }
     }
 
     public func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation] {

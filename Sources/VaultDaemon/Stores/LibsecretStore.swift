@@ -23,6 +23,8 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         get { currentLocation.withLock { $0 } }
         set { currentLocation.withLock { $0 = newValue } }
     }
+    /// The collection of the current connection, with the Secret Service's remedy.
+    public var profile: StoreProfile { StoreProfile(location: location) }
     private let currentLocation = Mutex("")
     private let timeoutSeconds: Int64
     /// Keeps the sessions of several vaultd instances on one keyring apart (StoreScope=).

@@ -19,7 +19,7 @@ public final class MemoryStore: SessionStore {
     private let contents = Mutex(Contents())
 
     /// Says where sessions are kept, and that they do not outlive the process.
-    public let location = "memory (sessions are lost when vaultd stops)"
+    public let profile = StoreProfile(location: "memory (sessions are lost when vaultd stops)")
 
     /// An empty store.
     public init() {}
@@ -31,34 +31,22 @@ public final class MemoryStore: SessionStore {
         return StoreContents(records: records, unreadable: [])
     }
 
-    /// Creates or replaces the record of `record.key`.
-    public func save(_ record: SessionRecord) async throws(VaultError) {
-        contents.withLock { $0.records[record.key] = record }
-    }
-
-    /// Deletes the record of the session `key`; a missing one is not an error.
-    public func delete(_ key: SessionKey) async throws(VaultError) {
-        contents.withLock { _ = $0.records.removeValue(forKey: key) }
-    }
-
-    /// Creates or replaces the client secret of `provider`.
-    public func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        contents.withLock { $0.providerSecrets[provider] = secret }
+    /// Makes the write in memory.
+    public func apply(_ change: StoreChange) async throws(VaultError) {
+        contents.withLock { contents in
+            switch change {
+            case .save(let record): contents.records[record.key] = record
+            case .delete(let key): contents.records[key] = nil
+            case .saveProviderSecret(let provider, let secret): contents.providerSecrets[provider] = secret
+            case .savePendingRevocation(let revocation): contents.pendingRevocations[revocation.id] = revocation
+            case .deletePendingRevocation(let revocation): contents.pendingRevocations[revocation.id] = nil
+            }
+        }
     }
 
     /// The client secret of `provider`, if one was saved in this run.
     public func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
         contents.withLock { $0.providerSecrets[provider] }
-    }
-
-    /// Queues the revocation of a logged-out session's tokens.
-    public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        contents.withLock { $0.pendingRevocations[revocation.id] = revocation }
-    }
-
-    /// Removes one queued revocation, if it is there.
-    public func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        contents.withLock { _ = $0.pendingRevocations.removeValue(forKey: revocation.id) }
     }
 
     /// Every queued revocation, in account order.

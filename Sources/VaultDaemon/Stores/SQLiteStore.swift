@@ -26,6 +26,8 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     public let path: String
     /// One line for logs: the file and where its key came from.
     public var location: String { currentLocation.withLock { $0 } }
+    /// The file and its key, with the Secret Service's remedy (the key's usual home).
+    public var profile: StoreProfile { StoreProfile(location: location) }
     /// Set at open and again when the rows are sealed under another key.
     let currentLocation: Mutex<String>
     /// Where the key came from, for `location`.
@@ -186,8 +188,22 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         return try result.get()
     }
 
-    public func save(_ record: SessionRecord) async throws(VaultError) {
-        try await perform("writing \(record.account)") { () throws(VaultError) in try self.insert(record) }
+    public func apply(_ change: StoreChange) async throws(VaultError) {
+        let what = change.summary
+        try await perform(what) { () throws(VaultError) in
+            switch change {
+            case .save(let record): try self.insert(record)
+            case .delete(let key):
+                try self.database.statement(
+                    "DELETE FROM sessions WHERE provider = ? AND user = ? AND owner_uid = ?", what
+                ).bind(.text(key.account.provider), .text(key.account.user), .int(Int64(key.owner))).run()
+            case .saveProviderSecret(let provider, let secret): try self.insertProviderSecret(provider, secret)
+            case .savePendingRevocation(let revocation): try self.insert(revocation)
+            case .deletePendingRevocation(let revocation):
+                try self.database.statement("DELETE FROM revocations WHERE id = ?", what).bind(.text(revocation.id))
+                    .run()
+            }
+        }
     }
 
     private func insert(_ record: SessionRecord) throws(VaultError) {
@@ -205,20 +221,6 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             .text(record.account.provider), .text(record.account.user), .int(Int64(record.ownerUID)),
             .text(key.id), .blob(sealed)
         ).run()
-    }
-
-    public func delete(_ key: SessionKey) async throws(VaultError) {
-        let what = "deleting \(key)"
-        try await perform(what) { () throws(VaultError) in
-            try self.database.statement("DELETE FROM sessions WHERE provider = ? AND user = ? AND owner_uid = ?", what)
-                .bind(.text(key.account.provider), .text(key.account.user), .int(Int64(key.owner))).run()
-        }
-    }
-
-    public func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        try await perform("writing the client secret of \(provider)") { () throws(VaultError) in
-            try self.insertProviderSecret(provider, secret)
-        }
     }
 
     private func insertProviderSecret(_ provider: String, _ secret: Secret) throws(VaultError) {
@@ -250,12 +252,6 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             }
             defer { plaintext.wipe() }
             return Secret(String(decoding: plaintext, as: UTF8.self))
-        }
-    }
-
-    public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await perform("queueing the revocation of \(revocation.record.account)") { () throws(VaultError) in
-            try self.insert(revocation)
         }
     }
 
@@ -300,13 +296,6 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
         var secrets: [String: Secret] = [:]
         for provider in providers { secrets[provider] = try await loadProviderSecret(provider) }
         return secrets
-    }
-
-    public func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        let what = "removing the queued revocation of \(revocation.record.account)"
-        try await perform(what) { () throws(VaultError) in
-            try self.database.statement("DELETE FROM revocations WHERE id = ?", what).bind(.text(revocation.id)).run()
-        }
     }
 
     /// Every queued revocation, in account order; one that cannot be opened

@@ -6,24 +6,24 @@ import VaultCore
 extension Sealing {
     /// A session record's associated data: the account and its owner, by uid
     /// in a database of one host, by user name in a store a fleet shares.
-    static func sessionData(_ account: Account, owner: String) -> [UInt8] {
+    package static func sessionData(_ account: Account, owner: String) -> [UInt8] {
         associatedData(["session", account.provider, account.user, owner])
     }
 
     /// A queued revocation's associated data: its id and account.
-    static func revocationData(_ id: String, _ account: Account) -> [UInt8] {
+    package static func revocationData(_ id: String, _ account: Account) -> [UInt8] {
         associatedData(["revocation", id, account.provider, account.user])
     }
 
     /// A provider's client secret's associated data.
-    static func providerSecretData(_ provider: String) -> [UInt8] {
+    package static func providerSecretData(_ provider: String) -> [UInt8] {
         associatedData(["provider-secret", provider])
     }
 
     /// The plaintext of `sealed`, stored beside the id of the key it was
     /// sealed under, `keyID`: nil for a value sealed under another key than
     /// `key`, or damaged. The caller wipes it.
-    static func open(_ sealed: UnsafeRawBufferPointer, keyID: String, associatedData: [UInt8], key: DataKey)
+    package static func open(_ sealed: UnsafeRawBufferPointer, keyID: String, associatedData: [UInt8], key: DataKey)
         -> [UInt8]?
     {
         guard keyID == key.id else { return nil }

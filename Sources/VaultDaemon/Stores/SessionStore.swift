@@ -85,34 +85,68 @@ extension PendingRevocation {
     }
 }
 
-/// Where session records are kept. Every call may block on D-Bus, so the
-/// implementation runs it away from the caller's executor; callers just await.
-public protocol SessionStore: Sendable {
+/// What a store says of itself: where it keeps sessions, what brings it
+/// back when it is unavailable, and whether a fresh connection may help.
+public struct StoreProfile: Sendable {
     /// A one-line description for logs: which bus, which collection.
-    var location: String { get }
+    public var location: String
     /// What brings the store back when it is unavailable, for the message
     /// of the calls refused meanwhile.
-    var unavailableRemedy: String { get }
+    public var remedy: String
     /// Whether a call that found the store unavailable is worth one more
     /// try on a fresh connection (`StoreGate.pass`): a D-Bus session may be
     /// stale after the Secret Service restarted. False for a store whose
     /// client already tried every way in.
-    var retriesOnFreshConnection: Bool { get }
+    public var retriesOnFreshConnection: Bool
+
+    /// A profile; the Secret Service's remedy and a retry unless said otherwise.
+    public init(
+        location: String, remedy: String = StoreHealth.secretServiceRemedy, retriesOnFreshConnection: Bool = true
+    ) {
+        self.location = location
+        self.remedy = remedy
+        self.retriesOnFreshConnection = retriesOnFreshConnection
+    }
+}
+
+/// One write to a store. Every write is idempotent: a record replaced, a
+/// delete of nothing succeeds.
+public enum StoreChange: Sendable {
+    /// Writes (creates or replaces) the record of `record.key`.
+    case save(SessionRecord)
+    /// Deletes the record of the session (that owner's only).
+    case delete(SessionKey)
+    /// Writes (creates or replaces) the OAuth 2.0 client secret of a provider.
+    case saveProviderSecret(String, Secret)
+    /// Queues the revocation of a logged-out session's tokens.
+    case savePendingRevocation(PendingRevocation)
+    /// Removes a queued revocation (that one only, by its id).
+    case deletePendingRevocation(PendingRevocation)
+
+    /// What the write does, for error messages; never a secret.
+    public var summary: String {
+        switch self {
+        case .save(let record): "writing \(record.account)"
+        case .delete(let key): "deleting \(key)"
+        case .saveProviderSecret(let provider, _): "writing the client secret of \(provider)"
+        case .savePendingRevocation(let revocation): "queueing the revocation of \(revocation.record.account)"
+        case .deletePendingRevocation(let revocation):
+            "removing the queued revocation of \(revocation.record.account)"
+        }
+    }
+}
+
+/// Where session records are kept. Every call may block on D-Bus, so the
+/// implementation runs it away from the caller's executor; callers just await.
+public protocol SessionStore: Sendable {
+    /// Where the store is, what brings it back, whether to retry.
+    var profile: StoreProfile { get }
     /// Every record of vaultd's schema.
     func loadAll() async throws(VaultError) -> StoreContents
-    /// Writes (creates or replaces) the record of `record.key`.
-    func save(_ record: SessionRecord) async throws(VaultError)
-    /// Deletes the record of the session `key` (that owner's only); deleting a
-    /// missing record succeeds.
-    func delete(_ key: SessionKey) async throws(VaultError)
-    /// Writes (creates or replaces) the OAuth 2.0 client secret of `provider`.
-    func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError)
+    /// Makes one write.
+    func apply(_ change: StoreChange) async throws(VaultError)
     /// The client secret of `provider`, if one was stored.
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret?
-    /// Queues the revocation of a logged-out session's tokens.
-    func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError)
-    /// Removes a queued revocation (that one only, by its id).
-    func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError)
     /// Every queued revocation.
     func loadPendingRevocations() async throws(VaultError) -> [PendingRevocation]
     /// Checks the store from scratch (a new connection where there is one):
@@ -125,10 +159,6 @@ public protocol SessionStore: Sendable {
 }
 
 extension SessionStore {
-    /// The Secret Service's remedy, unless a store names its own.
-    public var unavailableRemedy: String { StoreHealth.secretServiceRemedy }
-    /// One more try on a fresh connection, unless a store says otherwise.
-    public var retriesOnFreshConnection: Bool { true }
     /// A store with nothing to reconnect (memory) is always available.
     public func probe() async -> StoreProbe { .available }
     /// Nothing to put away by default.

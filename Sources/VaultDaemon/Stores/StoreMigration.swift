@@ -208,7 +208,7 @@ public enum StoreMigration {
                 left += 1
                 continue
             }
-            try await keyring.delete(record.key)
+            try await keyring.apply(.delete(record.key))
             step()
         }
         for revocation in source.revocations {
@@ -216,7 +216,7 @@ public enum StoreMigration {
                 left += 1
                 continue
             }
-            try await keyring.deletePendingRevocation(revocation)
+            try await keyring.apply(.deletePendingRevocation(revocation))
             step()
         }
         for provider in source.secrets.keys.sorted() {
@@ -292,15 +292,15 @@ public enum StoreMigration {
             if written == 1 { KillPoint.reached("target-partly-written") }
         }
         for record in source.records {
-            try await keyring.save(record)
+            try await keyring.apply(.save(record))
             step()
         }
         for revocation in source.revocations {
-            try await keyring.savePendingRevocation(revocation)
+            try await keyring.apply(.savePendingRevocation(revocation))
             step()
         }
         for (provider, secret) in source.secrets.sorted(by: { $0.key < $1.key }) {
-            try await keyring.saveProviderSecret(provider, secret)
+            try await keyring.apply(.saveProviderSecret(provider, secret))
             step()
         }
         KillPoint.reached("target-written")

@@ -21,11 +21,11 @@ import VaultSystem
 /// the urgent ones before it: the write of tokens a refresh got (the server
 /// has rotated the refresh token; until the write lands a crash loses it)
 /// waits for the store call in progress only.
-final class BlockingExecutor: @unchecked Sendable {
+package final class BlockingExecutor: @unchecked Sendable {
     /// The executor exec helpers run on, started on first use.
     static let helpers = BlockingExecutor(workers: 8, name: "helpers")
     /// The executor HTTP requests run on, started on first use.
-    static let io = BlockingExecutor(workers: 4, name: "io")
+    package static let io = BlockingExecutor(workers: 4, name: "io")
     /// The executor the secret store runs on (one call at a time), started on first use.
     static let store = BlockingExecutor(workers: 1, name: "store")
     /// The executor token files are written on (one write at a time), started on first use.
@@ -81,7 +81,7 @@ final class BlockingExecutor: @unchecked Sendable {
     /// Runs `work` on a worker once `lane` has fewer than `cap` runs going
     /// and a worker is free; nil when `deadline` (CLOCK_MONOTONIC
     /// milliseconds) passed first, the run never started.
-    func run<T: Sendable>(lane: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> T) async
+    package func run<T: Sendable>(lane: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> T) async
         -> T?
     {
         let urgent = BlockingExecutor.isUrgent

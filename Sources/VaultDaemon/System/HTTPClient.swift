@@ -4,16 +4,16 @@ import VaultCore
 import VaultSystem
 
 /// One HTTP answer: its status, body and `Retry-After` header.
-struct HTTPResponse: Sendable {
-    var status: Int
-    var body: [UInt8]
-    var retryAfter: String?
+package struct HTTPResponse: Sendable {
+    package var status: Int
+    package var body: [UInt8]
+    package var retryAfter: String?
 }
 
 /// Why no (whole) HTTP answer came, sorted by what it tells whoever reads it.
-struct HTTPFailure: Error, Sendable, CustomStringConvertible {
+package struct HTTPFailure: Error, Sendable, CustomStringConvertible {
     /// What went wrong, as far as the client can tell.
-    enum Kind: Sendable, Equatable {
+    package enum Kind: Sendable, Equatable {
         /// Nothing listens at the host and port (ECONNREFUSED).
         case refused
         /// The host name did not resolve.
@@ -34,9 +34,9 @@ struct HTTPFailure: Error, Sendable, CustomStringConvertible {
         case other
     }
 
-    var kind: Kind
-    var reason: String
-    var description: String { reason }
+    package var kind: Kind
+    package var reason: String
+    package var description: String { reason }
 
     init(_ kind: Kind = .other, reason: String) {
         self.kind = kind
@@ -90,14 +90,14 @@ struct HTTPFailure: Error, Sendable, CustomStringConvertible {
 /// thread of `BlockingExecutor.io` (never one of the cooperative pool), at
 /// most `requestsPerHost` at once to one host, and ends by its timeout at the
 /// latest, the wait for a thread included.
-enum HTTPClient {
+package enum HTTPClient {
     /// The largest response body read; a token response is a few kilobytes.
     /// libcurl stops at this many bytes (at once when the Content-Length is
     /// larger), so a server sending megabytes costs vaultd no more than this.
-    static let maximumBody = 64 * 1024
+    package static let maximumBody = 64 * 1024
     /// Requests to one host at once; more wait their turn (a hanging token
     /// endpoint holds at most this many of the executor's threads).
-    static let requestsPerHost = 2
+    package static let requestsPerHost = 2
 
     /// Loads libcurl now, so that a missing library is reported at start-up
     /// instead of at the first refresh. Nil when it is usable, else why not.
@@ -157,7 +157,7 @@ enum HTTPClient {
 
     /// The host (and port) part of an http(s) URL, naming its lane and its
     /// failures; a user part (`user:password@`) is left out.
-    static func host(of url: String) -> String {
+    package static func host(of url: String) -> String {
         let rest = url.split(separator: "/", maxSplits: 3, omittingEmptySubsequences: false)
         guard rest.count > 2 else { return "the endpoint" }
         let authority = rest[2].prefix { $0 != "?" && $0 != "#" }
@@ -169,7 +169,7 @@ enum HTTPClient {
     /// at the latest, the wait for a thread included. For etcd's JSON gateway.
     /// `maximumBody`: the largest answer read (etcd's pages of sessions are
     /// larger than a token response).
-    static func postJSON(
+    package static func postJSON(
         _ url: String, _ body: [UInt8], timeoutSeconds: Double, cap: Int = requestsPerHost, tls: TLSFiles? = nil,
         maximumBody: Int = HTTPClient.maximumBody
     )
@@ -265,6 +265,41 @@ enum HTTPClient {
                 out.append(byte)
             default:
                 out.append(contentsOf: [UInt8(ascii: "%"), hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
+            }
+        }
+    }
+}
+
+/// The PEM files of a TLS connection, as libcurl takes them
+/// (`CURLOPT_CAINFO`, `CURLOPT_SSLCERT`, `CURLOPT_SSLKEY`).
+package struct TLSFiles: Sendable, Equatable {
+    /// The CA certificates that sign the server's certificate; nil: the system's bundle.
+    package var caFile: String?
+    /// This client's certificate; nil: none.
+    package var certFile: String?
+    /// The private key of `certFile`.
+    package var keyFile: String?
+
+    /// The files `[Etcd]` names; nil when it names none.
+    package init?(_ settings: EtcdSettings) {
+        guard settings.caFile != nil || settings.certFile != nil || settings.keyFile != nil else { return nil }
+        caFile = settings.caFile
+        certFile = settings.certFile
+        keyFile = settings.keyFile
+    }
+
+    /// Runs `body` with the files as the C client's settings.
+    func withC<T>(_ body: (UnsafePointer<vaultd_http_tls>) -> T) -> T {
+        func with(_ text: String?, _ body: (UnsafePointer<CChar>?) -> T) -> T {
+            guard let text else { return body(nil) }
+            return text.withCString { body($0) }
+        }
+        return with(caFile) { ca in
+            with(certFile) { cert in
+                with(keyFile) { key in
+                    var files = vaultd_http_tls(ca_file: ca, cert_file: cert, key_file: key)
+                    return body(&files)
+                }
             }
         }
     }

@@ -3,17 +3,17 @@ import Glibc
 import VaultSystem
 
 /// How a streaming POST ended.
-struct HTTPStreamEnd: Sendable {
+package struct HTTPStreamEnd: Sendable {
     /// The HTTP status of the answer, 0 when none came.
-    var status: Int
+    package var status: Int
     /// Why the transfer did not end as the server ended it; nil when it did.
-    var failure: HTTPFailure?
+    package var failure: HTTPFailure?
     /// True when no byte arrived within the idle timeout.
-    var idle: Bool
+    package var idle: Bool
     /// True when `HTTPStream.cancel()` ended it (or came before it).
-    var cancelled: Bool
+    package var cancelled: Bool
     /// True when the reader asked to stop.
-    var stopped: Bool
+    package var stopped: Bool
 }
 
 /// One streaming POST at a time whose answer is read as it arrives (etcd's
@@ -21,12 +21,12 @@ struct HTTPStreamEnd: Sendable {
 /// blocks its thread for as long as the answer lasts: run it on a thread of
 /// its own, never on the cooperative pool or `BlockingExecutor.io` (whose
 /// few threads it would hold). `cancel()` ends it at once from any thread.
-final class HTTPStream: @unchecked Sendable {
+package final class HTTPStream: @unchecked Sendable {
     // The C handle is thread-safe for cancel; post runs one at a time (the owner's thread).
     private let handle: OpaquePointer
 
     /// A stream handle; nil when out of memory.
-    init?() {
+    package init?() {
         guard let handle = vaultd_http_stream_new() else { return nil }
         self.handle = handle
     }
@@ -35,7 +35,7 @@ final class HTTPStream: @unchecked Sendable {
 
     /// Ends the transfer in progress at once (its socket is shut down), and
     /// every later `post` before it starts: a stream cancelled stays so.
-    func cancel() { vaultd_http_stream_cancel(handle) }
+    package func cancel() { vaultd_http_stream_cancel(handle) }
 
     /// POSTs `body` (application/json) with the extra `headers` ("Name:
     /// value") to `url` and hands each piece of the answer's body to `onData`
@@ -43,7 +43,7 @@ final class HTTPStream: @unchecked Sendable {
     /// connection fails or is not made within `connectTimeoutSeconds`, no
     /// byte arrives for `idleTimeoutSeconds` (0: no limit), `onData` returns
     /// false, or `cancel()` is called. The body is the caller's to wipe.
-    func post(
+    package func post(
         _ url: String, body: [UInt8], headers: [String] = [], connectTimeoutSeconds: Double,
         idleTimeoutSeconds: Double, onData: (UnsafeRawBufferPointer) -> Bool
     ) -> HTTPStreamEnd {

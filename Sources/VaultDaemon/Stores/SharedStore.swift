@@ -128,7 +128,7 @@ public protocol SharedSessionStore: SessionStore {
     /// `ifRevision` (0: there is none).
     func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave
     /// Writes `record` whatever the store holds (a login, a logout's mark);
-    /// the revision it is now at. `save(_:)` is this without the answer.
+    /// the revision it is now at. `apply(.save(_:))` is this without the answer.
     func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision
     /// Deletes the session's record and leaves `ending` for the other hosts;
     /// the revision of the delete.

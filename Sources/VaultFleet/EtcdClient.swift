@@ -2,6 +2,7 @@ import CHTTP
 import Synchronization
 import Varlink
 import VaultCore
+import VaultDaemon
 import VaultSystem
 
 /// One key of etcd with its value and revisions, as a range or a transaction returns it.
@@ -329,41 +330,6 @@ final class EtcdClient: Sendable {
                     modRevision: int(item["mod_revision"]), version: int(item["version"]), lease: int(item["lease"])))
         }
         return out
-    }
-}
-
-/// The PEM files of a TLS connection, as libcurl takes them
-/// (`CURLOPT_CAINFO`, `CURLOPT_SSLCERT`, `CURLOPT_SSLKEY`).
-struct TLSFiles: Sendable, Equatable {
-    /// The CA certificates that sign the server's certificate; nil: the system's bundle.
-    var caFile: String?
-    /// This client's certificate; nil: none.
-    var certFile: String?
-    /// The private key of `certFile`.
-    var keyFile: String?
-
-    /// The files `[Etcd]` names; nil when it names none.
-    init?(_ settings: EtcdSettings) {
-        guard settings.caFile != nil || settings.certFile != nil || settings.keyFile != nil else { return nil }
-        caFile = settings.caFile
-        certFile = settings.certFile
-        keyFile = settings.keyFile
-    }
-
-    /// Runs `body` with the files as the C client's settings.
-    func withC<T>(_ body: (UnsafePointer<vaultd_http_tls>) -> T) -> T {
-        func with(_ text: String?, _ body: (UnsafePointer<CChar>?) -> T) -> T {
-            guard let text else { return body(nil) }
-            return text.withCString { body($0) }
-        }
-        return with(caFile) { ca in
-            with(certFile) { cert in
-                with(keyFile) { key in
-                    var files = vaultd_http_tls(ca_file: ca, cert_file: cert, key_file: key)
-                    return body(&files)
-                }
-            }
-        }
     }
 }
 

@@ -2,6 +2,7 @@ import Glibc
 import Synchronization
 import Varlink
 import VaultCore
+import VaultDaemon
 import VaultSystem
 
 /// What an `EtcdStore`'s fleet calls share: the revision its feed starts

@@ -2,6 +2,7 @@ import Glibc
 import Synchronization
 import Varlink
 import VaultCore
+import VaultDaemon
 import VaultSystem
 
 /// Session records in etcd (`[Vault] Store=etcd`), shared by the vaultd hosts
@@ -57,16 +58,15 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
     /// What the fleet's calls share: the feed, its watch, the locks held.
     let fleet = Mutex(FleetFeedState())
 
-    public var unavailableRemedy: String {
-        "check that a quorum of the etcd members at \(client.endpoints.joined(separator: " ")) runs and that this host reaches them (etcdctl endpoint health), then try again"
-    }
-
-    /// Every call tried each endpoint within `Timeout=` already.
-    public var retriesOnFreshConnection: Bool { false }
-
-    /// One line for logs: the endpoints, the prefix and the key.
-    public var location: String {
-        "etcd \(client.endpoints.joined(separator: ",")) prefix \(prefix), key \(key.id) from the \(keySource)"
+    /// The endpoints, the prefix and the key; every call tried each endpoint
+    /// within `Timeout=` already, so no second try on a fresh connection.
+    public var profile: StoreProfile {
+        StoreProfile(
+            location:
+                "etcd \(client.endpoints.joined(separator: ",")) prefix \(prefix), key \(key.id) from the \(keySource)",
+            remedy:
+                "check that a quorum of the etcd members at \(client.endpoints.joined(separator: " ")) runs and that this host reaches them (etcdctl endpoint health), then try again",
+            retriesOnFreshConnection: false)
     }
 
     private init(
@@ -91,6 +91,11 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
             client: client, prefix: Array((settings.keyPrefix + "locks/").utf8), holder: host,
             defaultTTL: settings.lockTTLSeconds,
             renewalClient: EtcdClient(endpoints: client.endpoints, timeoutSeconds: renewalTimeout, tls: client.tls))
+    }
+
+    /// `open` as the daemon calls it (`Daemon.main`'s `openShared`).
+    public static let opener: SharedStoreOpener = { settings, keys, log, refreshHoldSeconds in
+        try await open(settings: settings, keys: keys, log: log, refreshHoldSeconds: refreshHoldSeconds)
     }
 
     /// Opens the store of `settings` with the fleet's key from `keys` (the
@@ -306,11 +311,29 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
         return seal(document, associatedData: Sealing.sessionData(record.account, owner: owner))
     }
 
-    /// Writes the record and removes the session's ending, if a logout or
-    /// kick left one: the session lives again.
-    public func save(_ record: SessionRecord) async throws(VaultError) { _ = try await put(record) }
+    /// A saved record's session lives again (`put`: its ending goes).
+    public func apply(_ change: StoreChange) async throws(VaultError) {
+        switch change {
+        case .save(let record): _ = try await put(record)
+        case .delete(let key): try await client.delete(sessionKey(key.account, owner: try ownerName(key.owner)))
+        case .saveProviderSecret(let provider, let secret):
+            var plaintext = Array(secret.revealed.utf8)
+            defer { plaintext.wipe() }
+            let value = seal(plaintext, associatedData: Sealing.providerSecretData(provider))
+            try await client.put(providerSecretKey(provider), value)
+        case .savePendingRevocation(let revocation):
+            var document = revocation.storedJSON().serialized()
+            defer { document.wipe() }
+            let value = seal(
+                document, associatedData: Sealing.revocationData(revocation.id, revocation.record.account))
+            try await client.put(revocationKey(revocation), value)
+        case .deletePendingRevocation(let revocation): try await client.delete(revocationKey(revocation))
+        }
+    }
 
-    /// `save(_:)`, answering the revision the record is now at.
+    /// Writes the record and removes the session's ending, if a logout or
+    /// kick left one: the session lives again. Answers the revision the
+    /// record is now at.
     public func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision {
         let owner = try ownerName(record.ownerUID)
         let path = path(record.account, owner: owner)
@@ -320,17 +343,6 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
                 .put(bytes("sessions/" + path), sealedValue(record, owner: owner)), .delete(bytes("endings/" + path)),
             ])
         return StoreRevision(result.revision)
-    }
-
-    public func delete(_ key: SessionKey) async throws(VaultError) {
-        try await client.delete(sessionKey(key.account, owner: try ownerName(key.owner)))
-    }
-
-    public func saveProviderSecret(_ provider: String, _ secret: Secret) async throws(VaultError) {
-        var plaintext = Array(secret.revealed.utf8)
-        defer { plaintext.wipe() }
-        let value = seal(plaintext, associatedData: Sealing.providerSecretData(provider))
-        try await client.put(providerSecretKey(provider), value)
     }
 
     public func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {
@@ -343,18 +355,6 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
         }
         defer { plaintext.wipe() }
         return Secret(String(decoding: plaintext, as: UTF8.self))
-    }
-
-    public func savePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        var document = revocation.storedJSON().serialized()
-        defer { document.wipe() }
-        let value = seal(
-            document, associatedData: Sealing.revocationData(revocation.id, revocation.record.account))
-        try await client.put(revocationKey(revocation), value)
-    }
-
-    public func deletePendingRevocation(_ revocation: PendingRevocation) async throws(VaultError) {
-        try await client.delete(revocationKey(revocation))
     }
 
     /// Every queued revocation the fleet's key opens; one that does not open

@@ -1,5 +1,6 @@
 import Synchronization
 import VaultCore
+import VaultDaemon
 import VaultSystem
 
 /// Lease-backed locks in etcd, one per name (an account), for "one refresh

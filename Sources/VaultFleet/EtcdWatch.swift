@@ -4,6 +4,7 @@ import Glibc
 import Synchronization
 import Varlink
 import VaultCore
+import VaultDaemon
 import VaultSystem
 
 /// One change a watch delivers: a key put (its new value) or deleted.
