@@ -203,6 +203,8 @@ public struct Token: Sendable, Equatable {
     public var instanceURL: String?
     /// Whose session the token came from.
     public var ownerUID: UInt32
+    /// The OAuth 2.0 scope granted, when the provider said (nil from a vaultd that does not tell).
+    public var scope: String? = nil
 }
 
 /// One page of `ListSessions`.
@@ -362,7 +364,8 @@ public final class VaultConnection {
             return Token(
                 value: Secret(try p.string("token")), tokenType: try p.optionalString("tokenType"),
                 expiresAt: try p.optionalInt("expiresAt").map(UnixTime.init(seconds:)),
-                instanceURL: try p.optionalString("instanceUrl"), ownerUID: owner)
+                instanceURL: try p.optionalString("instanceUrl"), ownerUID: owner,
+                scope: try p.optionalString("scope"))
         } catch {
             throw .unexpectedReply(method: VaultMethod.getToken.rawValue, detail: "a bad '\(error.parameter)'")
         }
