@@ -285,7 +285,8 @@ public enum CommandTable {
             name: "exec", required: [.provider, .user], optional: [], trailing: "COMMAND [ARGS...]",
             options: [
                 .value(
-                    "--env", "NAME", .text, "the environment variable that carries the token (default VAULTD_TOKEN)"),
+                    "--env", "NAME[=FIELD]", .text, repeatable: true,
+                    "put the token (or FIELD) under NAME too; NAME alone replaces VAULTD_TOKEN (may be repeated)"),
                 .value(
                     "--on-refresh", "ACTION", .suggest(["restart", "none", "signal:HUP", "signal:USR1"]),
                     "on a new token: restart the command (default), send it signal:NAME, or none"),
@@ -294,9 +295,13 @@ public enum CommandTable {
             ],
             summary: "run a command with the token in its environment, kept in step with the session",
             details: """
-                Runs COMMAND with the account's token in the environment variable NAME
-                (default VAULTD_TOKEN), for programs that cannot speak Varlink, and
-                stays subscribed to the session. When the token is refreshed, it
+                Runs COMMAND with the account's session in its environment, for programs
+                that cannot speak Varlink, and stays subscribed to the session. The
+                variables: VAULTD_TOKEN (the access token; --env NAME puts it under NAME
+                instead), VAULTD_TOKEN_TYPE, VAULTD_EXPIRES_AT (Unix seconds),
+                VAULTD_INSTANCE_URL, VAULTD_SCOPE, VAULTD_PROVIDER and VAULTD_USER; one the
+                session lacks is unset. --env NAME=FIELD puts a field under NAME too;
+                FIELD is token, type, expires_at, instance_url, scope, provider or user. When the token is refreshed, it
                 restarts COMMAND with the new one (SIGTERM, then SIGKILL after the grace
                 time), sends it a signal (signal:HUP; the command then reads the token
                 with `vaultctl token`), or leaves it alone (none). The signal goes to
@@ -314,6 +319,10 @@ public enum CommandTable {
                 (
                     "vaultctl exec --env API_TOKEN --on-refresh signal:HUP salesforce alice -- ./sync",
                     "tell a program that reloads on SIGHUP"
+                ),
+                (
+                    "vaultctl exec --env SF_URL=instance_url salesforce alice -- ./sync",
+                    "give the instance URL under a name of the program's own"
                 ),
             ],
             handler: { ctl, parsed in ctl.exec(parsed) }),

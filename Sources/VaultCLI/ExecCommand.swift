@@ -49,9 +49,10 @@ extension VaultCtl {
     /// keeps it in step with the session (see the command's help).
     mutating func exec(_ command: ParsedCommand) -> ExitCode {
         let (provider, user) = (command.arguments[0], command.arguments[1])
-        let variable = command.value("--env") ?? "VAULTD_TOKEN"
-        guard Self.isEnvironmentName(variable) else {
-            return usage("exec: --env needs a variable name (letters, digits, _), not '\(variable)'", command: "exec")
+        let variables: [(name: String, field: SessionField)]
+        switch Self.execVariables(command.values["--env"] ?? []) {
+        case .success(let list): variables = list
+        case .failure(let problem): return usage("exec: \(problem.message)", command: "exec")
         }
         let actionText = command.value("--on-refresh") ?? "restart"
         guard let action = RefreshAction(actionText) else {
@@ -71,9 +72,43 @@ extension VaultCtl {
             grace = seconds
         }
         var session = ExecSession(
-            ctl: self, provider: provider, user: user, variable: variable, action: action,
+            ctl: self, provider: provider, user: user, variables: variables, action: action,
             signalGroup: signalGroup, graceSeconds: grace, argv: command.trailing)
         return session.run()
+    }
+
+    /// A bad `--env`, said in words.
+    struct EnvProblem: Error {
+        var message: String
+    }
+
+    /// The variables `exec` gives its command, from its `--env` options:
+    /// every field's own (`SessionField.variable`), and for each `--env
+    /// NAME=FIELD` the field under NAME too. `--env NAME` puts the token
+    /// under NAME instead of VAULTD_TOKEN.
+    static func execVariables(_ options: [String]) -> Result<[(name: String, field: SessionField)], EnvProblem> {
+        var named: [(name: String, field: SessionField)] = []
+        var tokenRenamed = false
+        for option in options {
+            let parts = option.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
+            guard isEnvironmentName(parts[0]) else {
+                return .failure(
+                    EnvProblem(
+                        message: "--env needs NAME or NAME=FIELD, NAME of letters, digits and _, not '\(option)'"))
+            }
+            if parts.count == 1 {
+                tokenRenamed = true
+                named.append((parts[0], .token))
+            } else if let field = SessionField(rawValue: parts[1]) {
+                named.append((parts[0], field))
+            } else {
+                return .failure(
+                    EnvProblem(
+                        message: "--env \(parts[0])=FIELD: FIELD is one of \(SessionField.names), not '\(parts[1])'"))
+            }
+        }
+        let own = SessionField.allCases.filter { !(tokenRenamed && $0 == .token) }.map { ($0.variable, $0) }
+        return .success(own + named)
     }
 
     /// Whether `name` can be an environment variable's name.
@@ -94,7 +129,8 @@ struct ExecSession {
     let ctl: VaultCtl
     let provider: String
     let user: String
-    let variable: String
+    /// The variables the command gets, and the field each holds.
+    let variables: [(name: String, field: SessionField)]
     let action: RefreshAction
     /// Whether `signal:NAME` goes to the command's whole process group, not
     /// to the command alone: its own children may die of a signal they do not
@@ -103,19 +139,19 @@ struct ExecSession {
     let graceSeconds: Int
     let argv: [String]
 
-    private var token: Secret?
+    private var token: Token?
     private var child: pid_t = 0
     private var pump: EventPump?
     private var signalRead: Int32 = -1
 
     init(
-        ctl: VaultCtl, provider: String, user: String, variable: String, action: RefreshAction, signalGroup: Bool,
-        graceSeconds: Int, argv: [String]
+        ctl: VaultCtl, provider: String, user: String, variables: [(name: String, field: SessionField)],
+        action: RefreshAction, signalGroup: Bool, graceSeconds: Int, argv: [String]
     ) {
         self.ctl = ctl
         self.provider = provider
         self.user = user
-        self.variable = variable
+        self.variables = variables
         self.action = action
         self.signalGroup = signalGroup
         self.graceSeconds = graceSeconds
@@ -160,7 +196,7 @@ struct ExecSession {
             let stream = try vault.subscribe(
                 provider: provider, user: user,
                 kinds: [.tokenRefreshed] + sessionEndings.sorted { $0.rawValue < $1.rawValue })
-            token = try vault.token(provider: provider, user: user, ownerUID: ctl.owner).value
+            token = try vault.token(provider: provider, user: user, ownerUID: ctl.owner)
             stream.setReceiveTimeout(seconds: 0)
             pump = EventPump(stream)
             return .success
@@ -196,12 +232,12 @@ struct ExecSession {
                 }
             }
             if reconnection.isDue(now: ReconnectSchedule.now()) {
-                let before = token
+                let before = token?.value
                 switch connect() {
                 case .success:
                     reconnection.connected()
                     ctl.output.err(Reconnecting.backLine)
-                    if token != before, let outcome = apply() { return outcome }
+                    if token?.value != before, let outcome = apply() { return outcome }
                 case .failure(let error):
                     if error.vaultCode == .notLoggedIn {
                         return .sessionEnded("the session of \(user) @ \(provider) is gone")
@@ -218,9 +254,10 @@ struct ExecSession {
     /// After `tokenRefreshed`: reads the token and acts when it changed.
     private mutating func tokenMayHaveChanged() -> Outcome? {
         do throws(VaultClientError) {
-            let fresh = try ctl.connect().token(provider: provider, user: user, ownerUID: ctl.owner).value
-            guard fresh != token else { return nil }
-            token = fresh
+            let fresh = try ctl.connect().token(provider: provider, user: user, ownerUID: ctl.owner)
+            // The new expiry of a token that stays goes to the next start; only a new token acts.
+            defer { token = fresh }
+            guard fresh.value != token?.value else { return nil }
         } catch {
             if error.vaultCode == .notLoggedIn {
                 return .sessionEnded("the session of \(user) @ \(provider) ended")
@@ -290,17 +327,34 @@ struct ExecSession {
         return Self.exitStatus(status)
     }
 
-    /// Starts the command in a process group of its own, with the token in
-    /// `variable` and the signals vaultctl handles back at their defaults.
-    private mutating func spawn(_ token: Secret) -> Bool {
+    /// The session's fields as `token` and the arguments tell them.
+    func fields(_ token: Token) -> SessionFields {
+        SessionFields(
+            token: token.value, tokenType: token.tokenType, expiresAt: token.expiresAt?.seconds,
+            instanceURL: token.instanceURL, scope: token.scope, provider: provider, user: user)
+    }
+
+    /// Starts the command in a process group of its own, with the session's
+    /// fields in `variables` (one the session lacks is unset, not inherited)
+    /// and the signals vaultctl handles back at their defaults.
+    private mutating func spawn(_ token: Token) -> Bool {
+        let fields = fields(token)
+        let managed = Set(variables.map(\.name) + SessionField.allCases.map(\.variable))
         var environment: [String] = []
         var cursor = environ
         while let entry = cursor.pointee {
             let text = String(cString: entry)
-            if !text.hasPrefix(variable + "=") { environment.append(text) }
+            let name = text.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+            if !managed.contains(String(name)) { environment.append(text) }
             cursor += 1
         }
-        environment.append(variable + "=" + token.revealed)
+        for (name, field) in variables {
+            if field == .token {
+                environment.append(name + "=" + token.value.revealed)
+            } else if let value = fields.text(field) {
+                environment.append(name + "=" + value)
+            }
+        }
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }

@@ -310,6 +310,7 @@ public struct VaultCtl {
             reply["tokenType"] = token.tokenType.map(JSON.string)
             reply["expiresAt"] = token.expiresAt.map { .int($0.seconds) }
             reply["instanceUrl"] = token.instanceURL.map(JSON.string)
+            reply["scope"] = token.scope.map(JSON.string)
             return (.object(reply), token.value.revealed)
         }
     }

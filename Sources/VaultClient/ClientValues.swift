@@ -203,6 +203,8 @@ public struct Token: Sendable, Equatable {
     public var instanceURL: String?
     /// Whose session the token came from.
     public var ownerUID: UInt32
+    /// The OAuth 2.0 scope granted, when the provider said (nil from a vaultd that does not tell).
+    public var scope: String? = nil
 }
 
 /// One page of `ListSessions`.

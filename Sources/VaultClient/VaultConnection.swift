@@ -151,7 +151,8 @@ public final class VaultConnection {
             return Token(
                 value: Secret(try p.string("token")), tokenType: try p.optionalString("tokenType"),
                 expiresAt: try p.optionalInt("expiresAt").map(UnixTime.init(seconds:)),
-                instanceURL: try p.optionalString("instanceUrl"), ownerUID: owner)
+                instanceURL: try p.optionalString("instanceUrl"), ownerUID: owner,
+                scope: try p.optionalString("scope"))
         } catch {
             throw .unexpectedReply(method: VaultMethod.getToken.rawValue, detail: "a bad '\(error.parameter)'")
         }

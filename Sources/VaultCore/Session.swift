@@ -143,6 +143,8 @@ public struct SessionRecord: Sendable, Equatable {
     public var tokenType: String? { storage.fields.tokens.tokenType }
     /// `tokens.instanceURL`.
     public var instanceURL: String? { storage.fields.tokens.instanceURL }
+    /// `tokens.scope`.
+    public var scope: String? { storage.fields.tokens.scope }
     /// `tokens.issuedAt`.
     public var tokensIssuedAt: UnixTime? { storage.fields.tokens.issuedAt }
     public var createdAt: UnixTime {

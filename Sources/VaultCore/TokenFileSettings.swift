@@ -1,7 +1,18 @@
+/// What a token file holds (`TokenFileFormat=`).
+public enum TokenFileFormat: String, Sendable, CaseIterable {
+    /// The access token alone, as `GetToken` serves it (the default).
+    case raw
+    /// A JSON object with the session's fields (`SessionFields.json()`).
+    case json
+    /// `VARIABLE=VALUE` lines for systemd's `EnvironmentFile=` (`SessionFields.environmentFile()`).
+    case env
+}
+
 /// Where and how vaultd writes one account's token for programs that cannot
 /// speak Varlink (`[Account PROVIDER USER] TokenFile=`): the file holds the
-/// access token vaultd serves, nothing else, and is replaced atomically on
-/// every change and removed when the session ends.
+/// access token vaultd serves (with `TokenFileFormat=json` or `env`, beside
+/// the session's other fields), and is replaced atomically on every change
+/// and removed when the session ends.
 ///
 /// This is what the configuration says; whether the directory is fit for a
 /// token (a memory file system, not writable by others, the owner allowed)
@@ -19,6 +30,8 @@ public struct TokenFileSettings: Sendable, Equatable {
     /// `TokenFileOnDisk=yes`: the directory may be on a disk file system,
     /// where the token outlives a reboot and may be in backups.
     public var onDisk: Bool
+    /// What the file holds (`TokenFileFormat=`, default raw).
+    public var format: TokenFileFormat
     /// `FILE:LINE` of `TokenFile=`, for the daemon's checks to name.
     public var location: String
     /// `FILE:LINE` of `TokenFileOwner=`, when set.
@@ -32,12 +45,13 @@ public struct TokenFileSettings: Sendable, Equatable {
     /// Settings for `path` with the defaults for the rest.
     public init(
         path: String, mode: UInt32 = TokenFileSettings.defaultMode, owner: String? = nil, onDisk: Bool = false,
-        location: String = "", ownerLocation: String? = nil
+        format: TokenFileFormat = .raw, location: String = "", ownerLocation: String? = nil
     ) {
         self.path = path
         self.mode = mode
         self.owner = owner
         self.onDisk = onDisk
+        self.format = format
         self.location = location
         self.ownerLocation = ownerLocation
     }
@@ -56,7 +70,7 @@ public struct TokenFileSettings: Sendable, Equatable {
 
 extension ConfigParser {
     /// The keys of `[Account]` that configure its token file.
-    static let tokenFileKeys = ["TokenFile", "TokenFileMode", "TokenFileOwner", "TokenFileOnDisk"]
+    static let tokenFileKeys = ["TokenFile", "TokenFileMode", "TokenFileOwner", "TokenFileOnDisk", "TokenFileFormat"]
 
     /// The token file an `[Account]` section asks for, if any; every error
     /// names the file, the line and the key, and what to write instead.
@@ -100,6 +114,12 @@ extension ConfigParser {
                 throw onDisk.error("key 'TokenFileOnDisk': expected yes or no")
             }
             settings.onDisk = value
+        }
+        if let format = entries["TokenFileFormat"] {
+            guard let value = TokenFileFormat(rawValue: format.value) else {
+                throw format.error("key 'TokenFileFormat': expected raw, json or env")
+            }
+            settings.format = value
         }
         return settings
     }

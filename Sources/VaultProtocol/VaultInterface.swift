@@ -294,6 +294,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     VarlinkField("expiresAt", .nullable(.int)),
                     VarlinkField("instanceUrl", .nullable(.string)),
                     VarlinkField("ownerUid", .int),
+                    VarlinkField("scope", .nullable(.string)),
                 ])
         case .subscribe:
             return VarlinkMethodDeclaration(

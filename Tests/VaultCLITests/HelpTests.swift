@@ -80,7 +80,7 @@ struct HelpTests {
         let exec = ctl(["help", "exec"], columns: 400).stdout.split(separator: "\n")[0]
         #expect(
             exec
-                == "Usage: vaultctl exec PROVIDER USER [--env NAME] [--on-refresh ACTION] [--signal-group] [--grace SECONDS] -- COMMAND [ARGS...]"
+                == "Usage: vaultctl exec PROVIDER USER [--env NAME[=FIELD]...] [--on-refresh ACTION] [--signal-group] [--grace SECONDS] -- COMMAND [ARGS...]"
         )
     }
 

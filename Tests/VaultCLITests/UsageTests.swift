@@ -127,7 +127,8 @@ struct UsageTests {
         expectUsage(["exec", "demo", "alice", "--"], "exec needs -- COMMAND [ARGS...] at the end", help: "exec")
         expectUsage(["exec", "demo", "alice", "./bot"], "unexpected argument './bot'; put the COMMAND", help: "exec")
         for (option, value) in [
-            ("--env", "1TOKEN"), ("--env", "A-B"), ("--on-refresh", "reload"), ("--on-refresh", "signal:NOPE"),
+            ("--env", "1TOKEN"), ("--env", "A-B"), ("--env", "URL=url"), ("--env", "=token"), ("--env", "A=Token"),
+            ("--env", "A="), ("--on-refresh", "reload"), ("--on-refresh", "signal:NOPE"),
             ("--grace", "-1"), ("--grace", "soon"),
         ] {
             expectUsage(["exec", option, value, "demo", "alice", "--", "true"], "exec: \(option)", help: "exec")

@@ -12,13 +12,13 @@ private func inMemory(_ path: String) -> Bool {
 
 /// Where the token files of these tests go: `$XDG_RUNTIME_DIR` or
 /// `/dev/shm`, whichever is a memory file system (nil: none is).
-private let memoryParent: String? = {
+let memoryParent: String? = {
     let candidates = [ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"], "/dev/shm"].compactMap { $0 }
     return candidates.first { !$0.isEmpty && inMemory($0) && access($0, W_OK) == 0 }
 }()
 
-/// A private directory (0700) for one test's token files, removed at the end.
-private final class TokenDirectory {
+/// A private directory (0700) for one test's token files (here and in SessionSinkTests), removed at the end.
+final class TokenDirectory {
     let path: String
 
     init() throws {
@@ -32,7 +32,7 @@ private final class TokenDirectory {
 }
 
 /// The content of `path`, nil while it does not exist.
-private func content(_ path: String) -> String? { try? String(contentsOfFile: path, encoding: .utf8) }
+func content(_ path: String) -> String? { try? String(contentsOfFile: path, encoding: .utf8) }
 
 /// The status of `path`, nil while it does not exist.
 private func status(_ path: String) -> stat? {

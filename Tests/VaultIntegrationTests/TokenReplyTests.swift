@@ -11,9 +11,10 @@ import VaultProtocol
 struct TokenReplyTests {
     static func record(
         expiresAt: Int64?, tokenType: String?, instanceURL: String?,
-        token: String = "tok_\"quoted\"_abcdefghijklmnop", ownerUID: UInt32 = 1000
+        token: String = "tok_\"quoted\"_abcdefghijklmnop", ownerUID: UInt32 = 1000, scope: String? = nil
     ) -> SessionRecord {
         var tokens = TokenSet(accessToken: Secret(token))
+        tokens.scope = scope
         tokens.tokenType = tokenType
         tokens.instanceURL = instanceURL
         return SessionRecord(
@@ -34,6 +35,20 @@ struct TokenReplyTests {
         #expect(
             String(decoding: direct, as: UTF8.self)
                 == String(decoding: VarlinkReply(parameters: VaultMethods.tokenReply(record)).encoded(), as: UTF8.self))
+    }
+
+    @Test(
+        "Should write the same bytes as the generic encoder with the scope granted, plain or escaped",
+        arguments: ["api refresh_token", "read \"x\" a\\b", ""])
+    func withScope(scope: String) {
+        let record = Self.record(expiresAt: 1_700_000_000, tokenType: "Bearer", instanceURL: nil, scope: scope)
+        var direct: [UInt8] = []
+        VaultMethods.writeTokenReply(record, into: &direct)
+        let generic = VaultMethods.tokenReply(record)
+        #expect(generic["scope"] == .string(scope))
+        #expect(
+            String(decoding: direct, as: UTF8.self)
+                == String(decoding: VarlinkReply(parameters: generic).encoded(), as: UTF8.self))
     }
 
     @Test(

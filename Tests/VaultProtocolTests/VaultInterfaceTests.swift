@@ -171,7 +171,8 @@ struct VarlinkRenderingTests {
         #expect(text.contains("method Login(\n  provider: string,\n  user: string,\n  token: ?string,\n"))
         #expect(
             text.contains(
-                "  ownerUid: ?int,\n  waitSeconds: ?int\n) -> (token: string, tokenType: ?string, expiresAt: ?int, instanceUrl: ?string, ownerUid: int)\n"
+                "  ownerUid: ?int,\n  waitSeconds: ?int\n) -> (\n  token: string,\n  tokenType: ?string,\n  expiresAt: ?int,\n"
+                    + "  instanceUrl: ?string,\n  ownerUid: int,\n  scope: ?string\n)\n"
             ))
         #expect(text.contains("\nmethod Logout(provider: string, user: string, ownerUid: ?int) -> ()\n"))
     }

@@ -558,21 +558,24 @@ class SessionPage:
 class Token:
     """An access token from ``GetToken``. ``value`` is the token itself; the
     ``repr()`` (and so ``str()``) shows it masked. ``owner_uid`` says whose
-    session it came from; ``expires_at`` is Unix seconds."""
+    session it came from; ``expires_at`` is Unix seconds; ``scope`` the
+    OAuth 2.0 scope granted, when the provider said."""
 
     value: str = field(repr=False)
     token_type: Optional[str] = None
     expires_at: Optional[int] = None
     instance_url: Optional[str] = None
     owner_uid: int = -1
+    scope: Optional[str] = None
 
     def __repr__(self) -> str:
-        return "Token(value=%r, token_type=%r, expires_at=%r, instance_url=%r, owner_uid=%r)" % (
+        return "Token(value=%r, token_type=%r, expires_at=%r, instance_url=%r, owner_uid=%r, scope=%r)" % (
             mask(self.value),
             self.token_type,
             self.expires_at,
             self.instance_url,
             self.owner_uid,
+            self.scope,
         )
 
     __str__ = __repr__
@@ -1042,6 +1045,7 @@ class Client:
             expires_at=r.opt_int("expiresAt"),
             instance_url=r.opt_string("instanceUrl"),
             owner_uid=r.integer("ownerUid"),
+            scope=r.opt_string("scope"),
         )
 
     def subscribe(

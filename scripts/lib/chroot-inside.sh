@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Run by scripts/test-package --install inside the clean Debian 12 root, as
 # the ordinary user 'tester', after `apt-get install ./vaultd_*.deb`: the
-# installed programs, man pages and a login -> token -> logout against a
+# installed programs, man pages, the Python client and a login -> token -> logout against a
 # private gnome-keyring (the installed /usr/libexec/vaultd/keyring.sh starts
 # it on a private D-Bus bus). Every wait is bounded.
 set -euo pipefail
@@ -53,6 +53,9 @@ token=chroot-token-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 step "login -> token -> logout"
 printf '%s' "$token" | vaultctl --socket "$dir/socket" login demo alice >/dev/null
 [ "$(vaultctl --socket "$dir/socket" token demo alice)" = "$token" ]
+step "the Python client (import vaultd_client) reads the same token"
+[ "$(python3 -c 'import sys, vaultd_client
+with vaultd_client.Client(sys.argv[1], timeout=5) as vault: print(vault.get_token("demo", "alice").value)' "$dir/socket")" = "$token" ]
 vaultctl --socket "$dir/socket" logout demo alice >/dev/null
 if vaultctl --socket "$dir/socket" token demo alice >/dev/null 2>&1; then
     echo "the token is still served after logout" >&2

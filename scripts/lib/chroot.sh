@@ -4,8 +4,11 @@
 #
 # chroot_base           prints the cached root (building it when missing):
 #                       debootstrap --variant=minbase bookworm, then
-#                       dbus-daemon, dbus-bin, gnome-keyring and man-db (the
-#                       test's tools, not vaultd's dependencies) and a user
+#                       dbus-daemon, dbus-bin, gnome-keyring, man-db and
+#                       python3 (the test's tools, not vaultd's
+#                       dependencies; a cached root without python3, from
+#                       before the Python client was packaged, is made
+#                       again) and a user
 #                       'tester'. Kept in $VAULTD_CHROOT_CACHE (default
 #                       /var/cache/vaultd-test); delete it to start afresh.
 # mount_chroot DIR      mounts /proc and a small /dev in DIR, copies resolv.conf
@@ -99,7 +102,7 @@ chroot_base() {
         mv "$minbase.tmp" "$minbase"
         touch "$minbase/.complete"
     fi
-    if [ ! -e "$base/.complete" ]; then
+    if [ ! -e "$base/.complete" ] || [ ! -x "$base/usr/bin/python3" ]; then
         echo "adding the test's tools to a copy (cached in $base)" >&2
         rm -rf --one-file-system "$base.tmp"
         cp -a "$minbase" "$base.tmp"
@@ -109,7 +112,7 @@ chroot_base() {
         printf '#!/bin/sh\nexit 101\n' >"$base.tmp/usr/sbin/policy-rc.d"
         chmod 0755 "$base.tmp/usr/sbin/policy-rc.d"
         if ! { in_chroot "$base.tmp" apt-get update -q &&
-            in_chroot "$base.tmp" apt-get install -y -q --no-install-recommends dbus-daemon dbus-bin gnome-keyring man-db &&
+            in_chroot "$base.tmp" apt-get install -y -q --no-install-recommends dbus-daemon dbus-bin gnome-keyring man-db python3 &&
             in_chroot "$base.tmp" useradd --create-home --user-group tester &&
             in_chroot "$base.tmp" apt-get clean; } >"$chroot_cache/base.log" 2>&1; then
             umount_chroot "$base.tmp"

@@ -106,6 +106,10 @@ public enum VaultMethods {
         }
         JSONText.appendLiteral(#""ownerUid":"#, to: &out)
         JSONText.appendNumber(Int64(record.ownerUID), to: &out)
+        if let scope = record.scope {
+            JSONText.appendLiteral(#","scope":"#, to: &out)
+            JSONText.appendString(scope, to: &out)
+        }
         JSONText.appendLiteral(#","token":"#, to: &out)
         // From the secret's own bytes: a String copy of the token would not be wiped.
         record.accessToken.withUTF8 { JSONText.appendString(utf8: $0, to: &out) }
@@ -122,6 +126,7 @@ public enum VaultMethods {
         out["tokenType"] = record.tokens.tokenType.map(JSON.string)
         out["expiresAt"] = record.expiresAt.map { .int($0.seconds) }
         out["instanceUrl"] = record.tokens.instanceURL.map(JSON.string)
+        out["scope"] = record.tokens.scope.map(JSON.string)
         out["ownerUid"] = .int(Int64(record.ownerUID))
         return out
     }

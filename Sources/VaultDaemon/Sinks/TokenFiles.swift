@@ -24,7 +24,9 @@ public struct TokenFilePlan: Sendable, Equatable {
 
 /// The token files of `[Account PROVIDER USER] TokenFile=`: each holds the
 /// access token of the declared owner's session of that account, exactly
-/// what `GetToken` serves. It is written (atomically, see
+/// what `GetToken` serves (`TokenFileFormat=raw`), or the session's fields
+/// as JSON or `EnvironmentFile=` lines (`json`, `env`; see `SessionFields`).
+/// It is written (atomically, see
 /// `Directory.writeAtomically`) when vaultd starts with the session logged
 /// in, on login and on every refresh or replacement, and removed when the
 /// session ends (logout, kick, expiry, a refused token).
@@ -39,8 +41,9 @@ public struct TokenFilePlan: Sendable, Equatable {
 /// as a `tokenFileFailed` event, and shown in the session's status
 /// (`tokenFileError`) and in STATUS= until a later write succeeds; it is
 /// tried again at the account's next change. None of these holds the token.
-/// The token goes from its `Secret` storage (wiped when released) straight
-/// to write(2); no other copy of it is made.
+/// A raw file's token goes from its `Secret` storage (wiped when released)
+/// straight to write(2); the JSON and env documents are built in a buffer
+/// sized to never grow, zeroed once written.
 public final class TokenFiles: Sendable {
     /// One file to keep in line with one session.
     struct Target: Sendable, Equatable {
@@ -49,9 +52,10 @@ public final class TokenFiles: Sendable {
     }
 
     /// What the file of one account was last brought to: written with a
-    /// plan (path, mode, owner), or removed from a path.
+    /// plan (path, mode, owner, format) and what its format holds of the
+    /// session, or removed from a path.
     enum Written {
-        case token(TokenFilePlan, Secret)
+        case token(TokenFilePlan, SessionFields)
         case absent(path: String)
     }
 
@@ -181,13 +185,15 @@ public final class TokenFiles: Sendable {
     private func bringInLine(_ key: SessionKey) {
         guard let target = state.withLock({ $0.targets[key] }) else { return }
         let view = table.view(of: key)
-        let token = view?.state == .logged ? view?.record?.tokens.accessToken : nil
+        let record = view?.state == .logged ? view?.record : nil
+        let token = record.map { TokenFiles.content($0, target.plan.settings.format) }
         let last = state.withLock { $0.written[key] }
         let path = target.plan.settings.path
         var fields = TokenFiles.fields(key)
         fields["path"] = path
         if let token {
             if case .token(let plan, let written)? = last, plan == target.plan, written == token { return }
+            fields["format"] = target.plan.settings.format.rawValue
             do throws(SystemError) {
                 try write(token, target.plan)
                 state.withLock { $0.written[key] = .token(target.plan, token) }
@@ -250,11 +256,19 @@ public final class TokenFiles: Sendable {
         }
     }
 
-    /// Writes `token` as `plan` says, after checking the directory again,
+    /// What a file of `format` holds of `record`: for a raw file the token
+    /// alone, so that a refresh that keeps the token (a new expiry) does not
+    /// write the file again.
+    static func content(_ record: SessionRecord, _ format: TokenFileFormat) -> SessionFields {
+        guard format == .raw else { return SessionFields(record) }
+        return SessionFields(token: record.accessToken, provider: record.account.provider, user: record.account.user)
+    }
+
+    /// Writes `content` as `plan` says, after checking the directory again,
     /// on the descriptor the write goes through (see `directory(of:vaultdUID:)`),
     /// so a directory remounted or changed since the configuration was
     /// checked gets no token.
-    private func write(_ token: Secret, _ plan: TokenFilePlan) throws(SystemError) {
+    private func write(_ content: SessionFields, _ plan: TokenFilePlan) throws(SystemError) {
         let directory: Directory
         do { directory = try TokenFiles.directory(of: plan, vaultdUID: getuid()) } catch {
             switch error {
@@ -263,8 +277,8 @@ public final class TokenFiles: Sendable {
             }
         }
         let owner = plan.fileOwner.map { (uid: uid_t($0), gid: gid_t(plan.fileGroup ?? UInt32.max)) }
-        // Secret.withUTF8 rethrows untyped errors: the outcome is carried out as a value.
-        let failure = token.withUTF8 { (bytes) -> SystemError? in
+        // withUTF8 and withUnsafeBufferPointer rethrow untyped errors: the outcome is carried out as a value.
+        let write = { (bytes: UnsafeBufferPointer<UInt8>) -> SystemError? in
             do throws(SystemError) {
                 try directory.writeAtomically(
                     plan.settings.name, mode: mode_t(plan.settings.mode), owner: owner, bytes: bytes)
@@ -273,7 +287,20 @@ public final class TokenFiles: Sendable {
                 return error
             }
         }
-        if let failure { throw failure }
+        var document: [UInt8]
+        switch plan.settings.format {
+        case .raw:
+            if let failure = content.token.withUTF8(write) { throw failure }
+            return
+        case .json:
+            document = content.json()
+        case .env:
+            do { document = try content.environmentFile() } catch {
+                throw SystemError(error.description, errno: EINVAL)
+            }
+        }
+        defer { document.withUnsafeMutableBytes { Secret.wipe($0) } }
+        if let failure = document.withUnsafeBufferPointer(write) { throw failure }
     }
 }
 

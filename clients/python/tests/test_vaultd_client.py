@@ -210,10 +210,11 @@ class MaskTests(unittest.TestCase):
 
     def test_token_repr_and_str_are_masked(self):
         """Should never show a Token's value in repr(), str() or a format string."""
-        token = Token(value=SECRET, token_type="Bearer", expires_at=1, owner_uid=1000)
+        token = Token(value=SECRET, token_type="Bearer", expires_at=1, owner_uid=1000, scope="api")
         for text in (repr(token), str(token), "%s" % (token,), "{}".format(token), repr([token])):
             self.assertNotIn(SECRET, text)
             self.assertIn("sk********uv", text)
+            self.assertIn("scope='api'", text)
         self.assertEqual(token.value, SECRET)
 
     def test_session_remasks_what_is_not_masked(self):
@@ -348,10 +349,10 @@ class LiveTests(unittest.TestCase):
         return "%s-%s" % (prefix, uuid.uuid4().hex[:8])
 
     def grant(self):
-        """A fresh client_credentials grant from the token server, as its JSON text."""
+        """A fresh client_credentials grant of the scope 'api chat' from the token server, as its JSON text."""
         request = urllib.request.Request(
             self.server + "/token",
-            data=b"grant_type=client_credentials&client_id=vaultd-test",
+            data=b"grant_type=client_credentials&client_id=vaultd-test&scope=api+chat",
             headers={"Content-Type": "application/x-www-form-urlencoded"},
         )
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -402,6 +403,7 @@ class LiveTests(unittest.TestCase):
 
             first = self.vault.get_token("oauth", user)
             self.assertEqual(first.owner_uid, os.geteuid())
+            self.assertEqual(first.scope, "api chat")
             self.assertTrue(self.accepted(first.value))
 
             refreshed = self.vault.refresh("oauth", user)
