@@ -151,7 +151,7 @@ struct FleetManagerTests {
         await yieldUntil { await !b.waitingForOtherHosts.isEmpty }
         #expect(await b.waitingForOtherHosts == [key])
         // Host a's refresh lands in the store.
-        guard let stored = try await viewA.load(key) else {
+        guard let stored = try await viewA.loadShared(key).records.first else {
             Issue.record("the store lost the session")
             return
         }
@@ -183,7 +183,7 @@ struct FleetManagerTests {
         #expect(pair.provider.held == 1)
         // Host a writes newer tokens while b's provider answers (b stalled past its lease).
         let viewA = pair.store.view(host: "a", alive: Liveness())
-        guard let stored = try await viewA.load(key) else {
+        guard let stored = try await viewA.loadShared(key).records.first else {
             Issue.record("the store lost the session")
             return
         }
@@ -282,10 +282,9 @@ final class EchoingView: SharedSessionStore, Sendable {
     /// From now on a conditional write fails, and the store keeps what it held.
     func failWrites() { writesFail.withLock { $0 = true } }
 
-    var host: String { inner.host }
-    var lockTTLSeconds: Double { inner.lockTTLSeconds }
     var profile: StoreProfile { inner.profile }
-    func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
+    func save(_ record: SessionRecord, ifRevision: StoreRevision?) async throws(VaultError) -> ConditionalSave {
+        guard ifRevision != nil else { return try await inner.save(record, ifRevision: nil) }
         if writesFail.withLock({ $0 }) { throw VaultError(.storeUnavailable, "no etcd member answered (injected)") }
         let answer = try await inner.save(record, ifRevision: ifRevision)
         if case .saved(let revision) = answer, let echo = echo.withLock({ $0 }) {
@@ -298,10 +297,10 @@ final class EchoingView: SharedSessionStore, Sendable {
     }
     func probe() async -> StoreProbe { await inner.probe() }
     func loadAll() async throws(VaultError) -> StoreContents { try await inner.loadAll() }
-    func loadShared() async throws(VaultError) -> SharedContents { try await inner.loadShared() }
-    func load(_ key: SessionKey) async throws(VaultError) -> SharedRecord? { try await inner.load(key) }
+    func loadShared(_ key: SessionKey?) async throws(VaultError) -> SharedContents {
+        try await inner.loadShared(key)
+    }
     func apply(_ change: StoreChange) async throws(VaultError) { try await inner.apply(change) }
-    func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision { try await inner.put(record) }
     func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) -> StoreRevision {
         try await inner.delete(key, ending: ending)
     }

@@ -117,8 +117,8 @@ final class StoreGate: SessionStore {
         guard let shared, case .save(let record) = change else {
             return try await pass { () async throws(VaultError) in try await inner.apply(change) }
         }
-        let revision = try await pass { () async throws(VaultError) in try await shared.put(record) }
-        noteOwnWrite(record.key, revision)
+        let answer = try await pass { () async throws(VaultError) in try await shared.save(record, ifRevision: nil) }
+        if case .saved(let revision) = answer { noteOwnWrite(record.key, revision) }
     }
 
     /// The revision of this host's latest write of `key` to a shared store
