@@ -108,6 +108,33 @@ struct FleetManagerTests {
         }
     }
 
+    /// A host knows its own plain write's revision before its feed brings
+    /// it (`StoreGate.noteOwnWrite`): the older changes the feed brings
+    /// first are older than its login and change nothing.
+    @Test("Should keep serving its own login when its feed then brings another host's older login and logout")
+    func olderChangesDoNotUndoOwnLogin() async throws {
+        let pair = try FleetPair()
+        let (_, response) = pair.provider.grant(lifetime: 300)
+        let (earlier, _) = try await pair.b.login(
+            LoginRequest(provider: "oauth", user: "alice", tokenResponse: response), caller: pair.caller)
+        try await pair.b.logout(pair.key, caller: pair.caller)
+        // Host a has not heard of either when it logs alice in itself.
+        let record = try await pair.loginOnA()
+        let feed = pair.store.due(for: "a")
+        #expect(feed.count == 4, "b's login, its logout's mark and delete, a's own login: \(feed)")
+        for change in feed.dropLast() {
+            await pair.a.applySharedChange(change)
+            let served = pair.a.table.view(of: pair.key)?.record?.tokens
+            #expect(
+                served == record.tokens,
+                "after \(change), a serves \(served == earlier.tokens ? "b's logged-out tokens" : "nothing")")
+        }
+        await pair.a.applySharedChange(feed[feed.count - 1])
+        #expect(pair.a.table.view(of: pair.key)?.record?.tokens == record.tokens)
+        #expect(pair.store.records[pair.key]?.record.tokens == record.tokens)
+        #expect(pair.eventsA.all.map(\.kind) == [.loginSuccess], "a's subscribers saw its own login undone")
+    }
+
     @Test("Should end on host b, with kickedOffline and its reason, a session kicked on host a")
     func remoteKickEndsWithItsEvent() async throws {
         let pair = try FleetPair()
