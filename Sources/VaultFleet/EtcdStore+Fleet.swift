@@ -29,7 +29,7 @@ struct HeldRefreshLock {
 
 /// The fleet's side of the etcd store, one to one on etcd:
 /// - a record's revision is its key's `mod_revision`; `save(_:ifRevision:)`
-///   is a transaction comparing it (0: the key must not exist);
+///   is a transaction comparing it (0: the key must not exist; nil: none);
 /// - `delete(_:ending:)` deletes the record and puts its ending under
 ///   `PREFIX/endings/` in one transaction, so the other hosts read both at
 ///   the revision of the delete; a later save of the session removes it;
@@ -54,14 +54,22 @@ extension EtcdStore: SharedSessionStore {
         return "\(host) pid \(getpid())"
     }
 
-    public var lockTTLSeconds: Double { Double(lockTTL) }
-
     /// The feed starts after the latest revision a whole load was read at.
     func noteLoaded(_ revision: Int64) {
         fleet.withLock { $0.loadedRevision = max($0.loadedRevision, revision) }
     }
 
-    public func loadShared() async throws(VaultError) -> SharedContents {
+    public func loadShared(_ key: SessionKey?) async throws(VaultError) -> SharedContents {
+        if let key {
+            // One session's key; a record that cannot be read is an error here.
+            let range = try await client.range(sessionKey(key.account, owner: try ownerName(key.owner)))
+            var records: [SharedRecord] = []
+            if let item = range.kvs.first {
+                records.append(
+                    SharedRecord(try self.record(of: item, key: key), revision: StoreRevision(item.modRevision)))
+            }
+            return SharedContents(records: records, endings: [:], revision: StoreRevision(range.revision))
+        }
         // One range over the whole prefix: records and endings at one revision.
         let range = try await client.rangeAll(bytes(""), pageSize: pageSize)
         var records: [SharedRecord] = []
@@ -85,12 +93,6 @@ extension EtcdStore: SharedSessionStore {
         return SharedContents(records: records, endings: endings, revision: StoreRevision(range.revision))
     }
 
-    public func load(_ key: SessionKey) async throws(VaultError) -> SharedRecord? {
-        let owner = try ownerName(key.owner)
-        guard let item = try await client.range(sessionKey(key.account, owner: owner)).kvs.first else { return nil }
-        return SharedRecord(try record(of: item, key: key), revision: StoreRevision(item.modRevision))
-    }
-
     /// The record of `item`, the stored session of `key`; an error when it cannot be read.
     private func record(of item: EtcdKeyValue, key: SessionKey) throws(VaultError) -> SessionRecord {
         guard case .record(var record) = decodeSession(item) else {
@@ -103,15 +105,17 @@ extension EtcdStore: SharedSessionStore {
         return record
     }
 
-    public func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
+    /// A plain write is a transaction without a comparison: the record and
+    /// the removal of its ending at one revision (the session lives again).
+    public func save(_ record: SessionRecord, ifRevision: StoreRevision?) async throws(VaultError) -> ConditionalSave {
         let owner = try ownerName(record.ownerUID)
         let path = path(record.account, owner: owner)
         let sessionKey = bytes("sessions/" + path)
         let result = try await client.txn(
-            [.modRevision(sessionKey, equals: Int64(ifRevision))],
+            ifRevision.map { [.modRevision(sessionKey, equals: Int64($0))] } ?? [],
             success: [.put(sessionKey, sealedValue(record, owner: owner)), .delete(bytes("endings/" + path))],
-            failure: [.range(sessionKey)])
-        if result.succeeded { return .saved(revision: StoreRevision(result.revision)) }
+            failure: ifRevision == nil ? [] : [.range(sessionKey)])
+        if result.succeeded || ifRevision == nil { return .saved(revision: StoreRevision(result.revision)) }
         guard let current = result.ranges.first?.first else {
             return .conflict(current: nil, revision: StoreRevision(result.revision))
         }

@@ -34,9 +34,6 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
     let client: EtcdClient
     /// What every key starts with (`KeyPrefix=`).
     public let prefix: String
-    /// This host's name, as the others see it holding a lock: the host name
-    /// and the process id (a machine may run several vaultd of a fleet).
-    public let host: String
     /// The fleet's data key: set at open, never changed.
     private let key: DataKey
     private let keySource: String
@@ -80,7 +77,6 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
         self.keySource = keySource
         self.names = names
         self.log = log
-        self.host = host
         self.lockTTL = settings.lockTTLSeconds
         self.refreshHoldSeconds = refreshHoldSeconds
         self.clock = clock
@@ -311,10 +307,10 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
         return seal(document, associatedData: Sealing.sessionData(record.account, owner: owner))
     }
 
-    /// A saved record's session lives again (`put`: its ending goes).
+    /// A saved record's session lives again (`save`: its ending goes).
     public func apply(_ change: StoreChange) async throws(VaultError) {
         switch change {
-        case .save(let record): _ = try await put(record)
+        case .save(let record): _ = try await save(record, ifRevision: nil)
         case .delete(let key): try await client.delete(sessionKey(key.account, owner: try ownerName(key.owner)))
         case .saveProviderSecret(let provider, let secret):
             var plaintext = Array(secret.revealed.utf8)
@@ -329,20 +325,6 @@ public final class EtcdStore: SessionStore, @unchecked Sendable {
             try await client.put(revocationKey(revocation), value)
         case .deletePendingRevocation(let revocation): try await client.delete(revocationKey(revocation))
         }
-    }
-
-    /// Writes the record and removes the session's ending, if a logout or
-    /// kick left one: the session lives again. Answers the revision the
-    /// record is now at.
-    public func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision {
-        let owner = try ownerName(record.ownerUID)
-        let path = path(record.account, owner: owner)
-        let result = try await client.txn(
-            [],
-            success: [
-                .put(bytes("sessions/" + path), sealedValue(record, owner: owner)), .delete(bytes("endings/" + path)),
-            ])
-        return StoreRevision(result.revision)
     }
 
     public func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {

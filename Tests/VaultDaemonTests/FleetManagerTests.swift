@@ -108,6 +108,33 @@ struct FleetManagerTests {
         }
     }
 
+    /// A host knows its own plain write's revision before its feed brings
+    /// it (`StoreGate.noteOwnWrite`): the older changes the feed brings
+    /// first are older than its login and change nothing.
+    @Test("Should keep serving its own login when its feed then brings another host's older login and logout")
+    func olderChangesDoNotUndoOwnLogin() async throws {
+        let pair = try FleetPair()
+        let (_, response) = pair.provider.grant(lifetime: 300)
+        let (earlier, _) = try await pair.b.login(
+            LoginRequest(provider: "oauth", user: "alice", tokenResponse: response), caller: pair.caller)
+        try await pair.b.logout(pair.key, caller: pair.caller)
+        // Host a has not heard of either when it logs alice in itself.
+        let record = try await pair.loginOnA()
+        let feed = pair.store.due(for: "a")
+        #expect(feed.count == 4, "b's login, its logout's mark and delete, a's own login: \(feed)")
+        for change in feed.dropLast() {
+            await pair.a.applySharedChange(change)
+            let served = pair.a.table.view(of: pair.key)?.record?.tokens
+            #expect(
+                served == record.tokens,
+                "after \(change), a serves \(served == earlier.tokens ? "b's logged-out tokens" : "nothing")")
+        }
+        await pair.a.applySharedChange(feed[feed.count - 1])
+        #expect(pair.a.table.view(of: pair.key)?.record?.tokens == record.tokens)
+        #expect(pair.store.records[pair.key]?.record.tokens == record.tokens)
+        #expect(pair.eventsA.all.map(\.kind) == [.loginSuccess], "a's subscribers saw its own login undone")
+    }
+
     @Test("Should end on host b, with kickedOffline and its reason, a session kicked on host a")
     func remoteKickEndsWithItsEvent() async throws {
         let pair = try FleetPair()
@@ -151,7 +178,7 @@ struct FleetManagerTests {
         await yieldUntil { await !b.waitingForOtherHosts.isEmpty }
         #expect(await b.waitingForOtherHosts == [key])
         // Host a's refresh lands in the store.
-        guard let stored = try await viewA.load(key) else {
+        guard let stored = try await viewA.loadShared(key).records.first else {
             Issue.record("the store lost the session")
             return
         }
@@ -183,7 +210,7 @@ struct FleetManagerTests {
         #expect(pair.provider.held == 1)
         // Host a writes newer tokens while b's provider answers (b stalled past its lease).
         let viewA = pair.store.view(host: "a", alive: Liveness())
-        guard let stored = try await viewA.load(key) else {
+        guard let stored = try await viewA.loadShared(key).records.first else {
             Issue.record("the store lost the session")
             return
         }
@@ -282,10 +309,9 @@ final class EchoingView: SharedSessionStore, Sendable {
     /// From now on a conditional write fails, and the store keeps what it held.
     func failWrites() { writesFail.withLock { $0 = true } }
 
-    var host: String { inner.host }
-    var lockTTLSeconds: Double { inner.lockTTLSeconds }
     var profile: StoreProfile { inner.profile }
-    func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
+    func save(_ record: SessionRecord, ifRevision: StoreRevision?) async throws(VaultError) -> ConditionalSave {
+        guard ifRevision != nil else { return try await inner.save(record, ifRevision: nil) }
         if writesFail.withLock({ $0 }) { throw VaultError(.storeUnavailable, "no etcd member answered (injected)") }
         let answer = try await inner.save(record, ifRevision: ifRevision)
         if case .saved(let revision) = answer, let echo = echo.withLock({ $0 }) {
@@ -298,10 +324,10 @@ final class EchoingView: SharedSessionStore, Sendable {
     }
     func probe() async -> StoreProbe { await inner.probe() }
     func loadAll() async throws(VaultError) -> StoreContents { try await inner.loadAll() }
-    func loadShared() async throws(VaultError) -> SharedContents { try await inner.loadShared() }
-    func load(_ key: SessionKey) async throws(VaultError) -> SharedRecord? { try await inner.load(key) }
+    func loadShared(_ key: SessionKey?) async throws(VaultError) -> SharedContents {
+        try await inner.loadShared(key)
+    }
     func apply(_ change: StoreChange) async throws(VaultError) { try await inner.apply(change) }
-    func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision { try await inner.put(record) }
     func delete(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) -> StoreRevision {
         try await inner.delete(key, ending: ending)
     }

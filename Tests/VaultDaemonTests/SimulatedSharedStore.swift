@@ -162,7 +162,6 @@ final class HostView: SharedSessionStore, Sendable {
     let host: String
     let alive: Liveness
     var profile: StoreProfile { StoreProfile(location: "simulated shared store (host \(host))") }
-    var lockTTLSeconds: Double { store.lockTTLSeconds }
 
     init(store: SimulatedSharedStore, host: String, alive: Liveness) {
         self.store = store
@@ -193,21 +192,22 @@ final class HostView: SharedSessionStore, Sendable {
         }
     }
 
-    func loadShared() async throws(VaultError) -> SharedContents {
-        try reach("reading sessions") { state in
-            SharedContents(
-                records: state.records.values.sorted { $0.record.key < $1.record.key }, endings: state.endings,
-                revision: state.revision)
+    func loadShared(_ key: SessionKey?) async throws(VaultError) -> SharedContents {
+        guard let key else {
+            return try reach("reading sessions") { state in
+                SharedContents(
+                    records: state.records.values.sorted { $0.record.key < $1.record.key }, endings: state.endings,
+                    revision: state.revision)
+            }
         }
-    }
-
-    func load(_ key: SessionKey) async throws(VaultError) -> SharedRecord? {
-        try reach("reading \(key)") { $0.records[key] }
+        return try reach("reading \(key)") { state in
+            SharedContents(records: state.records[key].map { [$0] } ?? [], endings: [:], revision: state.revision)
+        }
     }
 
     func apply(_ change: StoreChange) async throws(VaultError) {
         switch change {
-        case .save(let record): _ = try await put(record)
+        case .save(let record): _ = try await save(record, ifRevision: nil)
         case .delete(let key):
             try reach(change.summary) { state in
                 guard state.records[key] != nil else { return }
@@ -225,28 +225,15 @@ final class HostView: SharedSessionStore, Sendable {
         }
     }
 
-    func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision {
-        let (revision, loss) = try reach("writing \(record.key)") { state in
-            store.commit(&state) { state, revision in
-                state.records[record.key] = SharedRecord(record, revision: revision)
-                state.endings[record.key] = nil
-                return .put(record, revision: revision)
-            }
-            return (state.revision, store.answerLost(&state))
-        }
-        if loss.lost { throw Self.answerLost("writing \(record.key)") }
-        return revision
-    }
-
     /// What a caller whose write landed, and whose answer was lost, is told.
     private static func answerLost(_ what: String) -> VaultError {
         VaultError(.storeUnavailable, "\(what): the write landed and its answer was lost (injected)")
     }
 
-    func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
+    func save(_ record: SessionRecord, ifRevision: StoreRevision?) async throws(VaultError) -> ConditionalSave {
         let (answer, loss) = try reach("writing \(record.key)") { state -> (ConditionalSave, (Bool, Bool)) in
             let current = state.records[record.key]
-            guard (current?.revision ?? 0) == ifRevision else {
+            if let ifRevision, (current?.revision ?? 0) != ifRevision {
                 return (
                     .conflict(current: current?.record, revision: current?.revision ?? state.revision), (false, false)
                 )
@@ -259,9 +246,9 @@ final class HostView: SharedSessionStore, Sendable {
             return (.saved(revision: state.revision), store.answerLost(&state))
         }
         guard loss.0 else { return answer }
-        // Sent again: its comparison fails on the write that landed (or on
-        // whatever another host wrote since).
-        guard loss.1 else { throw Self.answerLost("writing \(record.key)") }
+        // A conditional write sent again: its comparison fails on the write
+        // that landed (or on whatever another host wrote since).
+        guard loss.1, ifRevision != nil else { throw Self.answerLost("writing \(record.key)") }
         return try await save(record, ifRevision: ifRevision)
     }
 

@@ -30,7 +30,8 @@ struct EtcdSharedStoreTests {
     }
 
     /// Should write over the revision compared only, answer a conflict with
-    /// the record etcd holds and its revision, and read the record back at it.
+    /// the record etcd holds and its revision, and read the record back at
+    /// it; a plain write lands over anything, at the revision it answers.
     @Test func conditionalWritesCompareTheRevision() async throws {
         let fleet = try await EtcdFleet()
         let temp = try TemporaryDirectory()
@@ -41,7 +42,7 @@ struct EtcdSharedStoreTests {
             Issue.record("a first write over revision 0 (no record) was refused")
             return
         }
-        #expect(try await store.load(first.key) == SharedRecord(first, revision: revision))
+        #expect(try await store.loadShared(first.key).records.first == SharedRecord(first, revision: revision))
 
         let second = Self.record("carol", token: "t2")
         let stale = try await store.save(second, ifRevision: 0)
@@ -53,12 +54,19 @@ struct EtcdSharedStoreTests {
             return
         }
         #expect(later > revision)
-        #expect(try await store.load(first.key)?.record == second)
+        #expect(try await store.loadShared(first.key).records.first?.record == second)
 
         try await store.delete(first.key, ending: SessionEnding(kind: .kickedOffline, reason: "admin"))
-        #expect(try await store.load(first.key) == nil)
+        #expect(try await store.loadShared(first.key).records.first == nil)
         let gone = try await store.save(first, ifRevision: later)
         #expect(gone == .conflict(current: nil, revision: gone.revision), "a write over a deleted record landed")
+        // A plain write lands whatever the store holds, at the revision it answers.
+        guard case .saved(let plain) = try await store.save(first, ifRevision: nil) else {
+            Issue.record("a plain write was refused")
+            return
+        }
+        #expect(plain > later)
+        #expect(try await store.loadShared(first.key).records.first == SharedRecord(first, revision: plain))
         await store.close()
     }
 
@@ -71,13 +79,13 @@ struct EtcdSharedStoreTests {
         let record = Self.record("dave", token: "t1")
         try await store.apply(.save(record))
         try await store.delete(record.key, ending: SessionEnding(kind: .kickedOffline, reason: "kicked by ops"))
-        let ended = try await store.loadShared()
+        let ended = try await store.loadShared(nil)
         #expect(ended.records.isEmpty)
         #expect(ended.endings[record.key] == SessionEnding(kind: .kickedOffline, reason: "kicked by ops"))
         #expect(ended.revision > 0)
 
         try await store.apply(.save(record))
-        let again = try await store.loadShared()
+        let again = try await store.loadShared(nil)
         #expect(again.records.map(\.record) == [record])
         #expect(again.endings[record.key] == nil, "a stored session kept the ending of its last logout")
         #expect(try !etcdctlDump(fleet, prefix: "/vaultd/endings/").contains("dave"))
@@ -232,7 +240,7 @@ struct EtcdSharedStoreTests {
             )
             let all = try await reader.loadAll().records.sorted { $0.key < $1.key }
             #expect(all == expected, "page size \(pageSize): \(all.count) of 300 read")
-            let shared = try await reader.loadShared()
+            let shared = try await reader.loadShared(nil)
             #expect(shared.records.count == 300, "page size \(pageSize)")
             #expect(Set(shared.records.map(\.revision)).count == 300, "each record at its own write's revision")
             await reader.close()

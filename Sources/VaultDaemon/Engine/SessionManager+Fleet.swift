@@ -87,11 +87,11 @@ extension StoreGate {
     }
 
     func loadShared() async throws(VaultError) -> SharedContents {
-        try await pass { () async throws(VaultError) in try await requireShared().loadShared() }
+        try await pass { () async throws(VaultError) in try await requireShared().loadShared(nil) }
     }
 
     func loadShared(_ key: SessionKey) async throws(VaultError) -> SharedRecord? {
-        try await pass { () async throws(VaultError) in try await requireShared().load(key) }
+        try await pass { () async throws(VaultError) in try await requireShared().loadShared(key).records.first }
     }
 
     func saveShared(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {

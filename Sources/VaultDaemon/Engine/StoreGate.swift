@@ -112,13 +112,15 @@ final class StoreGate: SessionStore {
         try await pass { () async throws(VaultError) in try await inner.loadAll() }
     }
 
-    /// A shared store's save is noted with its revision (`lastOwnWrite`).
+    /// A shared store's save is noted with its revision (`lastOwnWrite`), so
+    /// that older changes the feed brings before the write itself (another
+    /// host's earlier login or logout) do not undo it.
     func apply(_ change: StoreChange) async throws(VaultError) {
         guard let shared, case .save(let record) = change else {
             return try await pass { () async throws(VaultError) in try await inner.apply(change) }
         }
-        let revision = try await pass { () async throws(VaultError) in try await shared.put(record) }
-        noteOwnWrite(record.key, revision)
+        let answer = try await pass { () async throws(VaultError) in try await shared.save(record, ifRevision: nil) }
+        if case .saved(let revision) = answer { noteOwnWrite(record.key, revision) }
     }
 
     /// The revision of this host's latest write of `key` to a shared store

@@ -35,7 +35,7 @@ public struct SharedRecord: Sendable, Equatable {
     }
 }
 
-/// What a shared store holds, read at one revision (a reload).
+/// What a shared store holds, read at one revision (a reload, or one session).
 public struct SharedContents: Sendable {
     /// Every session's record.
     public var records: [SharedRecord]
@@ -52,8 +52,8 @@ public struct SharedContents: Sendable {
     }
 }
 
-/// The answer to a conditional write (etcd: a transaction comparing the
-/// key's `mod_revision`).
+/// The answer to a write (etcd: a transaction, comparing the key's
+/// `mod_revision` when the write is conditional).
 public enum ConditionalSave: Sendable, Equatable {
     /// Written; the record is now at `revision`.
     case saved(revision: StoreRevision)
@@ -99,37 +99,32 @@ public enum SharedChange: Sendable, Equatable {
     /// cannot say so leaves the waiters to that end.
     case unlocked(SessionKey)
     /// Changes were lost (the feed broke and could not resume, etcd's
-    /// compaction): reload everything with `loadShared()`.
+    /// compaction): reload everything with `loadShared(nil)`.
     case reset
 }
 
 /// A session store shared by several vaultd hosts (etcd). Every host serves
 /// from memory and follows the store through `changes()`; a refresh is made
 /// by the one host holding the account's refresh lock and written with
-/// `save(_:ifRevision:)`, so that no host hands out tokens the store did not
-/// take. A call that cannot reach the store (no quorum) fails with
-/// `storeUnavailable`, which makes the host read-only until it is back.
+/// `save(_:ifRevision:)` over the revision read, so that no host hands out
+/// tokens the store did not take. A call that cannot reach the store (no
+/// quorum) fails with `storeUnavailable`, which makes the host read-only
+/// until it is back.
 ///
 /// Shaped so that etcd maps one to one: revision = `mod_revision`,
-/// `save(_:ifRevision:)` = a txn comparing it, the lock = a key under a lease
-/// (TTL `lockTTLSeconds`), `changes()` = a watch resumed from the last
-/// revision (a compacted one gives `reset`).
+/// `save(_:ifRevision:)` = a txn comparing it, the lock = a key under a lease,
+/// `changes()` = a watch resumed from the last revision (a compacted one
+/// gives `reset`).
 public protocol SharedSessionStore: SessionStore {
-    /// This host's name, as other hosts see it holding a lock.
-    var host: String { get }
-    /// How long a lock outlives a holder that died.
-    var lockTTLSeconds: Double { get }
-    /// Everything the store holds, with revisions and the endings of sessions
-    /// deleted lately.
-    func loadShared() async throws(VaultError) -> SharedContents
-    /// One session's record and its revision; nil when there is none.
-    func load(_ key: SessionKey) async throws(VaultError) -> SharedRecord?
-    /// Writes `record` only when the stored record of its key is at
-    /// `ifRevision` (0: there is none).
-    func save(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave
-    /// Writes `record` whatever the store holds (a login, a logout's mark);
-    /// the revision it is now at. `apply(.save(_:))` is this without the answer.
-    func put(_ record: SessionRecord) async throws(VaultError) -> StoreRevision
+    /// What the store holds, read at one revision: with `key` nil, every
+    /// session's record and the endings of sessions deleted lately; with a
+    /// key, that session's record alone (none when there is none, no endings).
+    func loadShared(_ key: SessionKey?) async throws(VaultError) -> SharedContents
+    /// Writes `record` and removes its session's ending: with `ifRevision`
+    /// only when the stored record of its key is at that revision (0: there
+    /// is none), else whatever the store holds (a login, a logout's mark;
+    /// `apply(.save(_:))` is this without the answer).
+    func save(_ record: SessionRecord, ifRevision: StoreRevision?) async throws(VaultError) -> ConditionalSave
     /// Deletes the session's record and leaves `ending` for the other hosts;
     /// the revision of the delete.
     @discardableResult
@@ -143,8 +138,9 @@ public protocol SharedSessionStore: SessionStore {
     /// meanwhile sends no refresh. A lease that is not renewed ends at
     /// `expiresAt` (the default).
     func stillHolds(_ lease: RefreshLease, at now: Double) -> Bool
-    /// The changes after the last whole load (`loadAll`, `loadShared`; from
-    /// now on when there was none), in revision order, this host's own writes too.
+    /// The changes after the last whole load (`loadAll`, `loadShared(nil)`;
+    /// from now on when there was none), in revision order, this host's own
+    /// writes too.
     func changes() -> AsyncStream<SharedChange>
 }
 
