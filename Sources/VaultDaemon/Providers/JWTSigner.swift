@@ -19,9 +19,11 @@ enum JWTSigner {
 
     /// The file `JWTKeyFile=` names: an absolute path as it is, a relative
     /// one in `$CREDENTIALS_DIRECTORY` (systemd's credentials).
-    static func path(_ keyFile: String) throws(Failure) -> String {
+    static func path(
+        _ keyFile: String, credentials: String? = Environment.get("CREDENTIALS_DIRECTORY")
+    ) throws(Failure) -> String {
         if keyFile.hasPrefix("/") { return keyFile }
-        guard let directory = Environment.get("CREDENTIALS_DIRECTORY"), !directory.isEmpty else {
+        guard let directory = credentials, !directory.isEmpty else {
             throw Failure(
                 reason:
                     "JWTKeyFile=\(keyFile) is a relative path, which is taken in $CREDENTIALS_DIRECTORY, and that is not set (LoadCredential= sets it)"

@@ -101,7 +101,8 @@ public struct OAuth2Client: Sendable {
                 return .success(
                     (
                         [
-                            ("client_id", settings.clientID), ("client_assertion_type", OAuth2Client.clientAssertionType),
+                            ("client_id", settings.clientID),
+                            ("client_assertion_type", OAuth2Client.clientAssertionType),
                             ("client_assertion", assertion),
                         ], nil
                     ))
