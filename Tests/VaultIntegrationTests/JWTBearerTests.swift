@@ -254,6 +254,7 @@ struct JWTBearerTests {
         let registered = try TestKeyPair("EC", in: directory, name: "registered")
         let other = try TestKeyPair("EC", in: directory, name: "other")
         let bearer = use == "jwt-bearer"
+        let words = bearer ? "refused the JWT bearer assertion" : "refused the client assertion"
         let client = bearer ? bearerClient(registered) : keyClient(registered)
         let server = try AuthlibServer(directory: directory, extra: [client])
         let lines =
@@ -263,6 +264,7 @@ struct JWTBearerTests {
             fixture.socketPath, ["--json", "login", "oauth", uniqueName("wrong"), "--from-provider"])
         #expect(login.status == 1)
         #expect(login.stdout.contains(code) || login.stderr.contains(code), "\(login.stdout) \(login.stderr)")
+        #expect((login.stdout + login.stderr).contains(words), "\(login.stdout) \(login.stderr)")
         let seen = try requests(server, "token")
         #expect(seen.count == 1)
         #expect(seen.first?["error"]?.stringValue == error, "\(seen.first?.text ?? "")")

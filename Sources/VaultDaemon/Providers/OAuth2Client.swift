@@ -47,7 +47,11 @@ public struct OAuth2Client: Sendable {
         }
         var form = [("grant_type", OAuth2Client.jwtBearerGrantType), ("assertion", assertion)]
         if let scope = settings.scope { form.append(("scope", scope)) }
-        return await requestTokens(form)
+        // invalid_grant here is the assertion refused, not a grant revoked: say which.
+        return OAuth2Client.explained(
+            await requestTokens(form), code: "invalid_grant",
+            "the token endpoint refused the JWT bearer assertion (invalid_grant): signed with another key than the one registered, or an issuer, audience or subject it does not take"
+        )
     }
 
     /// The JWT bearer grant's `grant_type` (RFC 7523 section 2.1).
@@ -152,7 +156,19 @@ public struct OAuth2Client: Sendable {
         }
         // The body holds the new tokens: wipe it once they are taken.
         defer { response.body.wipe() }
-        return OAuth2Client.classify(status: response.status, body: response.body, retryAfter: response.retryAfter)
+        let outcome = OAuth2Client.classify(
+            status: response.status, body: response.body, retryAfter: response.retryAfter)
+        guard authMethod == .privateKeyJWT else { return outcome }
+        return OAuth2Client.explained(
+            outcome, code: "invalid_client",
+            "the token endpoint refused the client assertion (private_key_jwt, invalid_client): signed with another key than the one registered, or a client it does not know"
+        )
+    }
+
+    /// `outcome` with `reason` in place of its own when it is a refusal with `code`.
+    static func explained(_ outcome: RefreshOutcome, code: String, _ reason: String) -> RefreshOutcome {
+        guard case .permanent(code, _) = outcome else { return outcome }
+        return .permanent(code: code, reason: reason)
     }
 
     /// Sorts a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).
