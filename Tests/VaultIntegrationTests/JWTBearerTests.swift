@@ -272,6 +272,39 @@ struct JWTBearerTests {
         try expectNoSecrets(daemon.allOutput + login.stdout + login.stderr, [registered, other])
     }
 
+    @Test("Should take a relative JWTKeyFile= in $CREDENTIALS_DIRECTORY, as systemd's LoadCredential= gives it")
+    func credentialsDirectory() throws {
+        let directory = try TemporaryDirectory()
+        let key = try TestKeyPair("RSA", in: directory, name: "jwt")
+        let client = bearerClient(key)
+        let server = try AuthlibServer(directory: directory, extra: [client])
+        let fixture = try DaemonFixture(start: false)
+        var text = "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=\(client.id)\n"
+        text += "Grant=jwt-bearer\nJWTKeyFile=salesforce.pem\n"
+        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        // The store's own credential directory (the SQLite data key) when it has one, else one of the test's.
+        let store = try RunningDaemon.storeEnvironment(
+            socketPath: fixture.socketPath, engine: fixture.engine, dataKey: fixture.dataKey)
+        var credentials = store["CREDENTIALS_DIRECTORY"] ?? ""
+        if credentials.isEmpty {
+            credentials = fixture.directory.path("credentials")
+            #expect(mkdir(credentials, 0o700) == 0)
+        }
+        let credential = credentials + "/salesforce.pem"
+        try FileManager.default.copyItem(atPath: key.privateKey, toPath: credential)
+        #expect(chmod(credential, 0o400) == 0)
+        fixture.daemon = try RunningDaemon(
+            socketPath: fixture.socketPath, configPath: fixture.configPath,
+            environment: ["CREDENTIALS_DIRECTORY": credentials], engine: fixture.engine, dataKey: fixture.dataKey)
+        let user = uniqueName("sf")
+        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
+        #expect(login.status == 0, "\(login.stderr)")
+        #expect(try server.user(of: token(fixture, user)) == user)
+        _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
+        let daemon = try #require(fixture.daemon)
+        try expectNoSecrets(daemon.allOutput + login.stdout + login.stderr, [key])
+    }
+
     @Test("Should not send a request when the key file is readable by others, and say why without its bytes")
     func untrustedKeyFile() throws {
         let directory = try TemporaryDirectory()
