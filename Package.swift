@@ -36,6 +36,12 @@ let package = Package(
             pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"])]
         ),
+        // JWT signatures (RS256, ES256) of the JWT bearer grant and private_key_jwt.
+        .systemLibrary(
+            name: "CCrypto",
+            pkgConfig: "libcrypto",
+            providers: [.apt(["libssl-dev"])]
+        ),
         .target(name: "CShim"),
         // An HTTP client on libcurl, loaded with dlopen on first use.
         .target(name: "CHTTP", linkerSettings: [.linkedLibrary("dl")]),
@@ -67,7 +73,7 @@ let package = Package(
             dependencies: [
                 "Varlink", "VaultCore", "VaultProtocol", "VaultSystem", "VarlinkServer", "CSecret", "CSystemd", "CShim",
                 "CHTTP",
-                "CSQLite", "CSodium",
+                "CSQLite", "CSodium", "CCrypto",
             ]),
 
         // The fleet's shared store (`Store=etcd`): the etcd client, its watch and

@@ -167,7 +167,8 @@ public enum CommandTable {
                 `curl ... | vaultctl login PROVIDER USER` works. Never pass a token as an
                 argument. An account that is already logged in keeps its session.
                 With --from-provider nothing is read: the provider obtains the tokens
-                itself (oauth2: client credentials; exec: its helper's login).
+                itself (oauth2: its Grant=, client credentials or a JWT bearer assertion
+                for USER; exec: its helper's login).
                 With --replace a logged-in account gets the new tokens instead: they are
                 stored before vaultctl returns and served at once, subscribers see
                 tokenRefreshed (reason replaced), and a replaced refresh token is revoked

@@ -49,6 +49,9 @@ public enum TokenEndpointAuthMethod: String, Sendable, CaseIterable {
     case clientSecretPost = "client_secret_post"
     /// A public client: `client_id` in the body, no secret.
     case none
+    /// A JWT the client signs with its private key (`JWTKeyFile=`), as
+    /// `client_assertion` in the body (RFC 7523 section 2.2): no secret.
+    case privateKeyJWT = "private_key_jwt"
 
     /// The method used when `TokenEndpointAuthMethod=` is not set:
     /// `client_secret_basic` when the provider has a client secret
@@ -58,7 +61,17 @@ public enum TokenEndpointAuthMethod: String, Sendable, CaseIterable {
     }
 
     /// True when the method sends the client secret.
-    public var usesSecret: Bool { self != .none }
+    public var usesSecret: Bool { self == .clientSecretBasic || self == .clientSecretPost }
+}
+
+/// How an `oauth2` provider obtains tokens without a user's login
+/// (`Grant=`): for `vaultctl login --from-provider` and `AutoLogin=yes`.
+public enum OAuth2Grant: String, Sendable, CaseIterable {
+    /// `grant_type=client_credentials` (RFC 6749 section 4.4): the client's own token.
+    case clientCredentials = "client-credentials"
+    /// The JWT bearer grant (RFC 7523 section 2.1): an assertion signed with
+    /// `JWTKeyFile=` whose subject is the session's user.
+    case jwtBearer = "jwt-bearer"
 }
 
 /// The settings of an `oauth2` provider.
@@ -82,6 +95,16 @@ public struct OAuth2Settings: Sendable, Equatable {
     /// `TokenEndpointAuthMethod=`, when set; nil: the default by whether
     /// there is a secret (`TokenEndpointAuthMethod.defaultMethod(hasSecret:)`).
     public var tokenEndpointAuthMethod: TokenEndpointAuthMethod?
+    /// `Grant=`: how tokens are obtained without a user's login.
+    public var grant: OAuth2Grant = .clientCredentials
+    /// `JWTKeyFile=`: a PEM private key (RSA or EC P-256) that signs the JWT
+    /// bearer grant's assertions and `private_key_jwt` client assertions; a
+    /// relative path is taken in `$CREDENTIALS_DIRECTORY`. Never the key itself.
+    public var jwtKeyFile: String?
+    /// `JWTIssuer=`: the JWT bearer assertion's `iss`, when not the client id.
+    public var jwtIssuer: String?
+    /// `JWTAudience=`: the JWT bearer assertion's `aud`, when not the token URL's origin.
+    public var jwtAudience: String?
     /// How long one request to the token or revocation endpoint may take, in seconds.
     public var timeoutSeconds: Int64 = 30
     /// `AllowInsecureHTTP=yes`: `http://` endpoints on other hosts than
@@ -94,6 +117,13 @@ public struct OAuth2Settings: Sendable, Equatable {
         self.tokenURL = tokenURL
         self.clientID = clientID
     }
+
+    /// The JWT bearer assertion's issuer: `JWTIssuer=`, else the client id.
+    public var assertionIssuer: String { jwtIssuer ?? clientID }
+
+    /// The JWT bearer assertion's audience: `JWTAudience=`, else the token
+    /// URL's origin (`https://login.example.com` of `https://login.example.com/oauth/token`).
+    public var assertionAudience: String { jwtAudience ?? ProviderURL.origin(tokenURL) }
 }
 
 /// One `[Provider NAME]` section of the configuration.
@@ -139,6 +169,16 @@ extension ProviderConfig {
 
 /// What vaultd checks of a provider's endpoint URLs.
 public enum ProviderURL {
+    /// The scheme, host and port of `url`, without the path, query or
+    /// fragment: `https://host:8443` of `https://host:8443/token?x`.
+    public static func origin(_ url: String) -> String {
+        for scheme in ["https://", "http://"] where url.hasPrefix(scheme) {
+            let authority = url.dropFirst(scheme.count).prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+            return scheme + authority
+        }
+        return url
+    }
+
     /// True when `url` is `http://` to a loopback host: `localhost`, an IPv4
     /// address in 127.0.0.0/8 written as four decimal numbers, or `[::1]`.
     /// Anything else (another host, a user part hiding the host, a number
@@ -176,7 +216,7 @@ extension ConfigParser {
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
         "MaxSessionLifetime", "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Command", "Timeout",
-        "MaxConcurrentHelpers",
+        "MaxConcurrentHelpers", "Grant", "JWTKeyFile", "JWTIssuer", "JWTAudience",
         "MintUsers", "MintGroups",
     ]
     /// The keys only some types of provider take.
@@ -184,7 +224,8 @@ extension ConfigParser {
         .exec: ["Command", "Timeout", "MaxConcurrentHelpers", "DefaultLifetime"],
         .oauth2: [
             "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime",
-            "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Timeout",
+            "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Timeout", "Grant", "JWTKeyFile",
+            "JWTIssuer", "JWTAudience",
         ],
     ]
 
@@ -272,6 +313,7 @@ extension ConfigParser {
         if let entry = section.entries["TokenEndpointAuthMethod"] {
             settings.tokenEndpointAuthMethod = try authMethod(entry)
         }
+        try jwtSettings(name, section, into: &settings)
         settings.allowInsecureHTTP = allowInsecureHTTP
         if let timeout = section.entries["Timeout"] {
             settings.timeoutSeconds = try ConfigParser.timeout(timeout, key: "Timeout")
@@ -280,19 +322,52 @@ extension ConfigParser {
     }
 
     /// `TokenEndpointAuthMethod=`: one of RFC 7591's names vaultd speaks.
-    /// `private_key_jwt` is a name of RFC 7591 that needs a signing key
-    /// (`JWTKeyFile=`), which vaultd does not take yet: refused by name.
     static func authMethod(_ entry: Entry) throws(VaultError) -> TokenEndpointAuthMethod {
         let names = TokenEndpointAuthMethod.allCases.map(\.rawValue).joined(separator: ", ")
-        if entry.value == "private_key_jwt" {
-            throw entry.error(
-                "key 'TokenEndpointAuthMethod': private_key_jwt needs JWTKeyFile=, which is not yet supported; use one of: \(names)"
-            )
-        }
         guard let method = TokenEndpointAuthMethod(rawValue: entry.value) else {
             throw entry.error("key 'TokenEndpointAuthMethod': expected one of: \(names)")
         }
         return method
+    }
+
+    /// `Grant=`, `JWTKeyFile=`, `JWTIssuer=` and `JWTAudience=`: the key is
+    /// required by the JWT bearer grant and by `private_key_jwt`, and taken
+    /// by nothing else; the issuer and audience are the JWT bearer grant's.
+    static func jwtSettings(
+        _ name: String, _ section: ProviderSection, into settings: inout OAuth2Settings
+    ) throws(VaultError) {
+        if let entry = section.entries["Grant"] {
+            guard let grant = OAuth2Grant(rawValue: entry.value) else {
+                let names = OAuth2Grant.allCases.map(\.rawValue).joined(separator: ", ")
+                throw entry.error("key 'Grant': expected one of: \(names)")
+            }
+            settings.grant = grant
+        }
+        let signsClient = settings.tokenEndpointAuthMethod == .privateKeyJWT
+        let bearer = settings.grant == .jwtBearer
+        if let entry = section.entries["JWTKeyFile"] {
+            guard !entry.value.isEmpty else { throw entry.error("key 'JWTKeyFile': expected a file name") }
+            guard signsClient || bearer else {
+                throw entry.error(
+                    "key 'JWTKeyFile': [Provider \(name)] signs nothing with it; it is for Grant=jwt-bearer or TokenEndpointAuthMethod=private_key_jwt"
+                )
+            }
+            settings.jwtKeyFile = entry.value
+        } else if signsClient || bearer {
+            let user = bearer ? "Grant=jwt-bearer" : "TokenEndpointAuthMethod=private_key_jwt"
+            throw VaultError(
+                .invalidConfig,
+                "\(section.file):\(section.line): [Provider \(name)] with \(user) needs JWTKeyFile= (a PEM private key, RSA or EC P-256)"
+            )
+        }
+        for key in ["JWTIssuer", "JWTAudience"] {
+            guard let entry = section.entries[key] else { continue }
+            guard bearer else { throw entry.error("key '\(key)' is for Grant=jwt-bearer") }
+            guard !entry.value.isEmpty, !entry.value.contains(" ") else {
+                throw entry.error("key '\(key)': expected a value without spaces")
+            }
+            if key == "JWTIssuer" { settings.jwtIssuer = entry.value } else { settings.jwtAudience = entry.value }
+        }
     }
 
     /// The settings of a `Type=exec` section: its helper program and how it runs.

@@ -126,7 +126,8 @@ struct ConfigParserTests {
             error.message
                 == "\(file):3: unknown key 'Colour' in [Provider a] (known: Type, Description, SingleAccount, TokenURL, "
                 + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, "
-                + "TokenEndpointAuthMethod, AllowInsecureHTTP, Command, Timeout, MaxConcurrentHelpers, MintUsers, MintGroups)"
+                + "TokenEndpointAuthMethod, AllowInsecureHTTP, Command, Timeout, MaxConcurrentHelpers, Grant, JWTKeyFile, "
+                + "JWTIssuer, JWTAudience, MintUsers, MintGroups)"
         )
     }
 

@@ -4,23 +4,28 @@ import VaultCore
 private let file = "/etc/vaultd/vaultd.conf"
 
 /// An oauth2 provider `o` with `extra` lines after its required keys.
-private func oauth2(_ extra: String...) throws(VaultError) -> OAuth2Settings? {
+private func oauth2(_ extra: String...) throws(VaultError) -> OAuth2Settings? { try oauth2(extra) }
+
+/// An oauth2 provider `o` with `extra` lines after its required keys.
+private func oauth2(_ extra: [String]) throws(VaultError) -> OAuth2Settings? {
     let lines = ["[Provider o]", "Type=oauth2", "TokenURL=https://example.com/token", "ClientID=c"] + extra
     return try ConfigParser.parse(lines.joined(separator: "\n"), file: file).providers["o"]?.oauth2
 }
 
 /// `TokenEndpointAuthMethod=` (issue 32, item 1): RFC 7591's names, the
-/// default by whether there is a secret, and private_key_jwt refused by name.
+/// default by whether there is a secret; private_key_jwt with JWTKeyFile=
+/// (JWTBearerConfigTests).
 @Suite("TokenEndpointAuthMethod", .timeLimit(.minutes(5)))
 struct TokenEndpointAuthMethodTests {
     @Test(
         "Should read each method vaultd speaks by its RFC 7591 name",
         arguments: [
             ("client_secret_basic", TokenEndpointAuthMethod.clientSecretBasic),
-            ("client_secret_post", .clientSecretPost), ("none", .none),
+            ("client_secret_post", .clientSecretPost), ("none", .none), ("private_key_jwt", .privateKeyJWT),
         ])
     func names(name: String, method: TokenEndpointAuthMethod) throws {
-        #expect(try oauth2("TokenEndpointAuthMethod=\(name)")?.tokenEndpointAuthMethod == method)
+        let key = method == .privateKeyJWT ? ["JWTKeyFile=key.pem"] : []
+        #expect(try oauth2(["TokenEndpointAuthMethod=\(name)"] + key)?.tokenEndpointAuthMethod == method)
     }
 
     @Test("Should leave the method unset without the key: the default is chosen by whether there is a secret")
@@ -31,16 +36,6 @@ struct TokenEndpointAuthMethodTests {
         #expect(TokenEndpointAuthMethod.defaultMethod(hasSecret: false) == .none)
     }
 
-    @Test("Should refuse private_key_jwt, saying it needs JWTKeyFile=, which is not yet supported")
-    func privateKeyJWT() throws {
-        let error = try #require(throws: VaultError.self) { try oauth2("TokenEndpointAuthMethod=private_key_jwt") }
-        #expect(error.code == .invalidConfig)
-        #expect(
-            error.message
-                == "\(file):5: key 'TokenEndpointAuthMethod': private_key_jwt needs JWTKeyFile=, which is not yet supported; use one of: client_secret_basic, client_secret_post, none"
-        )
-    }
-
     @Test(
         "Should refuse any other value, naming the ones accepted",
         arguments: ["basic", "Client_Secret_Basic", "", "client_secret_jwt", "tls_client_auth"])
@@ -49,7 +44,7 @@ struct TokenEndpointAuthMethodTests {
         #expect(error.code == .invalidConfig)
         #expect(
             error.message
-                == "\(file):5: key 'TokenEndpointAuthMethod': expected one of: client_secret_basic, client_secret_post, none"
+                == "\(file):5: key 'TokenEndpointAuthMethod': expected one of: client_secret_basic, client_secret_post, none, private_key_jwt"
         )
     }
 

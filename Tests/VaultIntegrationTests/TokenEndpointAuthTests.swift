@@ -13,6 +13,10 @@ final class AuthlibServer {
         var secret: String?
         /// Its `token_endpoint_auth_method` (RFC 7591).
         var method: String
+        /// The PEM public key that checks its JWTs, and the key's kind (RSA or EC).
+        var publicKey: (path: String, type: String)? = nil
+        /// True when it may use the JWT bearer grant.
+        var jwtBearer = false
         var description: String { method }
     }
 
@@ -34,18 +38,25 @@ final class AuthlibServer {
     private let server: PythonServer
     var url: String { server.url }
 
-    /// Starts the server, its list of clients written in `directory`.
-    init(directory: TemporaryDirectory) throws {
+    /// Starts the server, its list of clients (`all` and `extra`) written in
+    /// `directory`, its access tokens living `lifetime` seconds.
+    init(directory: TemporaryDirectory, extra: [Registration] = [], lifetime: Int = 600) throws {
         guard let python = AuthlibServer.python else { throw HarnessError("no Authlib venv: run scripts/authlib-venv") }
         let clients = JSON.array(
-            AuthlibServer.all.map { client in
+            (AuthlibServer.all + extra).map { client in
                 var entry: [String: JSON] = ["client_id": .string(client.id), "method": .string(client.method)]
                 if let secret = client.secret { entry["client_secret"] = .string(secret) }
+                if let key = client.publicKey {
+                    entry["public_key"] = .string(key.path)
+                    entry["key_type"] = .string(key.type)
+                }
+                if client.jwtBearer { entry["jwt_bearer"] = true }
                 return .object(entry)
             })
         let path = directory.path("clients.json")
         try clients.text.write(toFile: path, atomically: true, encoding: .utf8)
-        server = try PythonServer("authlib_server.py", ["--clients", path], python: python)
+        server = try PythonServer(
+            "authlib_server.py", ["--clients", path, "--lifetime", String(lifetime)], python: python)
     }
 
     /// A token response with a refresh token for `client`, as an
@@ -67,6 +78,14 @@ final class AuthlibServer {
 
     private func stats() throws -> JSON {
         try JSON.parse(LoopbackHTTP.request("GET", url: url, path: "/control/stats").body)
+    }
+
+    /// The user `token` was issued to, when it works at the protected resource.
+    func user(of token: String) throws -> String? {
+        let response = try LoopbackHTTP.request(
+            "GET", url: url, path: "/resource", headers: ["Authorization": "Bearer \(token)"])
+        guard response.status == 200 else { return nil }
+        return try JSON.parse(response.body)["user"]?.stringValue
     }
 
     /// True when `token` works at the protected resource.

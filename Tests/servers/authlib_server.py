@@ -12,23 +12,34 @@ framework-agnostic server classes over Python's http.server.
   --clients FILE  a JSON list of clients: {"client_id", "client_secret"
                   (absent or null for a public client), "method"
                   (token_endpoint_auth_method: client_secret_basic,
-                  client_secret_post or none)}
+                  client_secret_post, private_key_jwt or none),
+                  "public_key" (a PEM public key file that checks the
+                  client's JWTs) and "key_type" (its kind: RSA or EC), "jwt_bearer" (true: the client
+                  may use the JWT bearer grant)}
   --lifetime S    the access tokens' expires_in (default 600)
 
-  POST /token     client_credentials (confidential clients) and
+  POST /token     client_credentials (confidential clients),
                   refresh_token, rotating the refresh token: the old one is
-                  revoked when a new one is issued
+                  revoked when a new one is issued, and the JWT bearer grant
+                  (RFC 7523 2.1; iss the client id, aud the server's origin,
+                  the token issued to the assertion's sub); private_key_jwt
+                  client authentication (RFC 7523 2.2; aud the token URL,
+                  each jti once) at /token and /revoke
   POST /revoke    RFC 7009, any of the three methods, each client by its own
-  GET  /resource  200 for a live access token (Authorization: Bearer), else 401
+  GET  /resource  200 and the token's user for a live access token
+                  (Authorization: Bearer), else 401
   POST /control/issue  {"client_id": ...}: a token response with a refresh
                   token, as an authorization code login would have given
                   (the token `vaultctl login` is handed); no client auth
   GET  /control/stats  every token and revocation request so far: endpoint,
                   grant_type, status, error, the client it authenticated and
-                  the method it did so with; which refresh tokens are live
+                  the method it did so with, the user a token was issued
+                  to, the unverified header and claims of the assertions;
+                  which refresh tokens are live
 """
 
 import argparse
+import base64
 import json
 import os
 import secrets
@@ -52,15 +63,19 @@ from authlib.oauth2.rfc6749 import (  # noqa: E402
 )
 from authlib.oauth2.rfc6750 import BearerTokenGenerator  # noqa: E402
 from authlib.oauth2.rfc7009 import RevocationEndpoint  # noqa: E402
+from authlib.oauth2.rfc7523 import JWTBearerClientAssertion, JWTBearerGrant  # noqa: E402
+from joserfc import jwk  # noqa: E402
 
-METHODS = ["client_secret_basic", "client_secret_post", "none"]
+METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
 
 
 class Client(ClientMixin):
-    def __init__(self, client_id, client_secret, method):
+    def __init__(self, client_id, client_secret, method, public_key=None, jwt_bearer=False):
         self.client_id = client_id
         self.client_secret = client_secret
         self.method = method
+        self.public_key = public_key
+        self.jwt_bearer = jwt_bearer
 
     def get_client_id(self):
         return self.client_id
@@ -88,12 +103,15 @@ class Client(ClientMixin):
     def check_grant_type(self, grant_type):
         if grant_type == "client_credentials":
             return self.method != "none"
+        if grant_type == JWTBearerGrant.GRANT_TYPE:
+            return self.jwt_bearer
         return grant_type == "refresh_token"
 
 
 class Token(TokenMixin):
-    def __init__(self, client_id, response, lifetime):
+    def __init__(self, client_id, response, lifetime, user=None):
         self.client_id = client_id
+        self.user = user or client_id
         self.access_token = response["access_token"]
         self.refresh_token = response.get("refresh_token")
         self.scope = response.get("scope", "")
@@ -118,7 +136,7 @@ class Token(TokenMixin):
         return self.access_revoked
 
     def get_user(self):
-        return self.client_id
+        return self.user
 
     def get_client(self):
         return STATE.clients.get(self.client_id)
@@ -131,6 +149,9 @@ class State:
         self.tokens = []
         self.requests = []
         self.lifetime = 600
+        # "http://127.0.0.1:PORT", once the server listens.
+        self.origin = None
+        self.jtis = set()
 
 
 STATE = State()
@@ -146,7 +167,7 @@ def find_token(value, kind):
 
 
 class ClientCredentialsGrant(grants.ClientCredentialsGrant):
-    TOKEN_ENDPOINT_AUTH_METHODS = ["client_secret_basic", "client_secret_post"]
+    TOKEN_ENDPOINT_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt"]
 
 
 class RefreshTokenGrant(grants.RefreshTokenGrant):
@@ -165,6 +186,64 @@ class RefreshTokenGrant(grants.RefreshTokenGrant):
     def revoke_old_credential(self, refresh_token):
         # Rotation: the refresh token just used works no more.
         refresh_token.refresh_revoked = True
+
+
+class JWTBearer(JWTBearerGrant):
+    """The JWT bearer grant: the assertion's signature is checked with the
+    client's public key, its iss must be the client id, its aud the server's
+    origin; the token is issued to its sub."""
+
+    def resolve_issuer_client(self, issuer):
+        client = STATE.clients.get(issuer)
+        return client if client is not None and client.jwt_bearer else None
+
+    def resolve_client_public_key(self, client):
+        return client.public_key
+
+    def authenticate_user(self, subject):
+        return subject
+
+    def has_granted_permission(self, client, user):
+        return True
+
+    def get_audiences(self):
+        return [STATE.origin]
+
+
+class PrivateKeyJWT(JWTBearerClientAssertion):
+    """private_key_jwt client authentication: iss and sub the client id, aud
+    the token endpoint's URL, signed with the client's key, each jti once."""
+
+    CLIENT_AUTH_METHOD = "private_key_jwt"
+
+    def get_audiences(self):
+        return [STATE.origin + "/token"]
+
+    def validate_jti(self, claims, jti):
+        if jti in STATE.jtis:
+            return False
+        STATE.jtis.add(jti)
+        return True
+
+    def resolve_client_public_key(self, client):
+        if client.public_key is None:
+            from authlib.oauth2.rfc6749 import InvalidClientError
+
+            raise InvalidClientError(description="The client has no public key.")
+        return client.public_key
+
+
+def unverified(assertion):
+    """The header and claims of a compact JWS, unverified: what vaultd sent."""
+    if not assertion:
+        return None
+    try:
+        parts = assertion.split(".")
+        decode = lambda part: json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+        return {"header": decode(parts[0]), "claims": decode(parts[1]), "signature_bytes":
+                len(base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4)))}
+    except Exception:  # noqa: BLE001 - anything that is no JWS
+        return {"malformed": True}
 
 
 class Revocation(RevocationEndpoint):
@@ -220,7 +299,8 @@ class Server(AuthorizationServer):
         return STATE.clients.get(client_id)
 
     def save_token(self, token, request):
-        STATE.tokens.append(Token(request.client.get_client_id(), token, STATE.lifetime))
+        user = getattr(request, "user", None)
+        STATE.tokens.append(Token(request.client.get_client_id(), token, STATE.lifetime, user))
 
     def create_oauth2_request(self, request):
         if isinstance(request, OAuth2Request):
@@ -250,6 +330,8 @@ def make_server():
     )
     server.register_grant(ClientCredentialsGrant)
     server.register_grant(RefreshTokenGrant)
+    server.register_grant(JWTBearer)
+    server.register_client_auth_method("private_key_jwt", PrivateKeyJWT())
     server.register_endpoint(Revocation)
     return server
 
@@ -299,6 +381,9 @@ class Handler(BaseHTTPRequestHandler):
                 "auth_method": request.auth_method if request is not None else None,
                 "basic": (self.headers.get("Authorization") or "").lower().startswith("basic "),
                 "secret_in_body": "client_secret" in form,
+                "user": getattr(request, "user", None) if request is not None else None,
+                "assertion": unverified(form.get("assertion")),
+                "client_assertion": unverified(form.get("client_assertion")),
             })
         self._send(status, body, headers)
 
@@ -333,7 +418,8 @@ class Handler(BaseHTTPRequestHandler):
             with STATE.lock:
                 token = find_token(value, "access_token") if value else None
                 live = token is not None and not token.is_revoked() and not token.is_expired()
-            self._send(200 if live else 401, {"ok": live})
+                user = token.user if live else None
+            self._send(200 if live else 401, {"ok": live, "user": user})
         else:
             self._send(404, {"error": "not_found"})
 
@@ -349,10 +435,17 @@ def main():
         for entry in json.load(file):
             if entry["method"] not in METHODS:
                 sys.exit("unknown method %r" % entry["method"])
-            STATE.clients[entry["client_id"]] = Client(entry["client_id"], entry.get("client_secret"), entry["method"])
+            public_key = None
+            if entry.get("public_key"):
+                with open(entry["public_key"], "rb") as key:
+                    public_key = jwk.import_key(key.read(), entry["key_type"])
+            STATE.clients[entry["client_id"]] = Client(
+                entry["client_id"], entry.get("client_secret"), entry["method"], public_key,
+                bool(entry.get("jwt_bearer")))
     STATE.lifetime = args.lifetime
     SERVER = make_server()
     httpd = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    STATE.origin = "http://127.0.0.1:%d" % httpd.server_address[1]
     httpd.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     print("LISTENING http://127.0.0.1:%d" % httpd.server_address[1], flush=True)

@@ -33,10 +33,36 @@ public struct OAuth2Client: Sendable {
         return await requestTokens(form)
     }
 
+    /// The JWT bearer grant (RFC 7523 section 2.1): an assertion signed with
+    /// `JWTKeyFile=`, issued by `JWTIssuer=` (the client id) to `JWTAudience=`
+    /// (the token URL's origin), whose subject is `subject`.
+    public func jwtBearer(subject: String) async -> RefreshOutcome {
+        let claims = JWTClaims(
+            issuer: settings.assertionIssuer, subject: subject, audience: settings.assertionAudience,
+            now: SystemWallClock().now().seconds)
+        let assertion: String
+        do { assertion = try JWTSigner.sign(claims, keyFile: settings.jwtKeyFile ?? "") } catch {
+            // Transient: putting the key file right lets the next try work.
+            return .transient(reason: "no JWT bearer assertion: \(error.reason)", retryAfter: nil)
+        }
+        var form = [("grant_type", OAuth2Client.jwtBearerGrantType), ("assertion", assertion)]
+        if let scope = settings.scope { form.append(("scope", scope)) }
+        // invalid_grant here is the assertion refused, not a grant revoked: say which.
+        return OAuth2Client.explained(
+            await requestTokens(form), code: "invalid_grant",
+            "the token endpoint refused the JWT bearer assertion (invalid_grant): signed with another key than the one registered, or an issuer, audience or subject it does not take"
+        )
+    }
+
+    /// The JWT bearer grant's `grant_type` (RFC 7523 section 2.1).
+    static let jwtBearerGrantType = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+    /// `client_assertion_type` of `private_key_jwt` (RFC 7523 section 2.2).
+    static let clientAssertionType = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+
     /// RFC 7009 revocation of a refresh token; true when the server accepted it.
     public func revoke(_ token: Secret) async -> Bool {
         guard let url = settings.revocationURL else { return true }
-        guard var authentication = clientAuthentication else { return false }
+        guard case .success(var authentication) = clientAuthentication() else { return false }
         defer { authentication.header?.wipe() }
         let form = [("token", token.revealed), ("token_type_hint", "refresh_token")] + authentication.form
         guard
@@ -55,19 +81,38 @@ public struct OAuth2Client: Sendable {
     }
 
     /// The client's credentials (RFC 6749 section 2.3.1): the form fields and
-    /// the `Authorization` header line of `authMethod`; nil when the method
-    /// needs a secret and there is none.
-    private var clientAuthentication: (form: [(String, String)], header: [UInt8]?)? {
+    /// the `Authorization` header line of `authMethod`; a failure when the
+    /// method needs a secret and there is none, or a key that cannot sign.
+    private func clientAuthentication() -> Result<(form: [(String, String)], header: [UInt8]?), JWTSigner.Failure> {
         switch authMethod {
-        case .none: return ([("client_id", settings.clientID)], nil)
+        case .none: return .success(([("client_id", settings.clientID)], nil))
         case .clientSecretPost:
-            guard let clientSecret else { return nil }
-            return ([("client_id", settings.clientID), ("client_secret", clientSecret.revealed)], nil)
+            guard let clientSecret else { return .failure(JWTSigner.Failure(reason: missingSecret)) }
+            return .success(([("client_id", settings.clientID), ("client_secret", clientSecret.revealed)], nil))
         case .clientSecretBasic:
-            guard let clientSecret else { return nil }
+            guard let clientSecret else { return .failure(JWTSigner.Failure(reason: missingSecret)) }
             var credentials = OAuth2Client.basicCredentials(clientID: settings.clientID, secret: clientSecret)
             defer { credentials.wipe() }
-            return ([], Array("Authorization: Basic ".utf8) + credentials)
+            return .success(([], Array("Authorization: Basic ".utf8) + credentials))
+        case .privateKeyJWT:
+            // RFC 7523 section 3: iss and sub are the client id; aud the token
+            // endpoint's URL (OpenID Connect Core 9), at the revocation endpoint too.
+            let claims = JWTClaims(
+                issuer: settings.clientID, subject: settings.clientID, audience: settings.tokenURL,
+                now: SystemWallClock().now().seconds)
+            do {
+                let assertion = try JWTSigner.sign(claims, keyFile: settings.jwtKeyFile ?? "")
+                return .success(
+                    (
+                        [
+                            ("client_id", settings.clientID),
+                            ("client_assertion_type", OAuth2Client.clientAssertionType),
+                            ("client_assertion", assertion),
+                        ], nil
+                    ))
+            } catch {
+                return .failure(JWTSigner.Failure(reason: "no client assertion (private_key_jwt): \(error.reason)"))
+            }
         }
     }
 
@@ -90,9 +135,13 @@ public struct OAuth2Client: Sendable {
     }
 
     private func requestTokens(_ parameters: [(String, String)]) async -> RefreshOutcome {
-        guard var authentication = clientAuthentication else {
-            // Transient: storing the secret puts it right without losing the session.
-            return .transient(reason: missingSecret, retryAfter: nil)
+        var authentication: (form: [(String, String)], header: [UInt8]?)
+        switch clientAuthentication() {
+        case .success(let made): authentication = made
+        case .failure(let failure):
+            // Transient: storing the secret or putting the key file right
+            // puts it right without losing the session.
+            return .transient(reason: failure.reason, retryAfter: nil)
         }
         defer { authentication.header?.wipe() }
         var response: HTTPResponse
@@ -107,7 +156,19 @@ public struct OAuth2Client: Sendable {
         }
         // The body holds the new tokens: wipe it once they are taken.
         defer { response.body.wipe() }
-        return OAuth2Client.classify(status: response.status, body: response.body, retryAfter: response.retryAfter)
+        let outcome = OAuth2Client.classify(
+            status: response.status, body: response.body, retryAfter: response.retryAfter)
+        guard authMethod == .privateKeyJWT else { return outcome }
+        return OAuth2Client.explained(
+            outcome, code: "invalid_client",
+            "the token endpoint refused the client assertion (private_key_jwt, invalid_client): signed with another key than the one registered, or a client it does not know"
+        )
+    }
+
+    /// `outcome` with `reason` in place of its own when it is a refusal with `code`.
+    static func explained(_ outcome: RefreshOutcome, code: String, _ reason: String) -> RefreshOutcome {
+        guard case .permanent(code, _) = outcome else { return outcome }
+        return .permanent(code: code, reason: reason)
     }
 
     /// Sorts a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).

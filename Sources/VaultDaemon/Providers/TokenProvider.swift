@@ -35,7 +35,13 @@ extension TokenProvider {
 }
 
 extension OAuth2Client: TokenProvider {
-    public func login(_ account: Account) async -> RefreshOutcome { await clientCredentials() }
+    /// `Grant=`: client credentials, or a JWT bearer assertion for the account's user.
+    public func login(_ account: Account) async -> RefreshOutcome {
+        switch settings.grant {
+        case .clientCredentials: return await clientCredentials()
+        case .jwtBearer: return await jwtBearer(subject: account.user)
+        }
+    }
 
     public func refresh(_ record: SessionRecord) async -> RefreshOutcome {
         guard let refreshToken = record.tokens.refreshToken else {
