@@ -52,7 +52,8 @@ extension ConfigParser {
     }
 
     /// `AutoLogin=yes` only for providers that log in without a user: oauth2
-    /// (client credentials) and exec (the helper's own credential).
+    /// (client credentials, or `Grant=jwt-bearer`) and exec (the helper's own
+    /// credential).
     /// `ReloginAfterKick=yes` only beside `AutoLogin=yes`.
     static func checkAutoLogin(_ accounts: [Account: [String: Entry]], _ config: VaultConfig) throws(VaultError) {
         for (account, entries) in accounts.sorted(by: { $0.key.description < $1.key.description }) {
@@ -71,7 +72,7 @@ extension ConfigParser {
             }
             guard provider.type == .oauth2 || provider.type == .exec else {
                 throw entry.error(
-                    "key 'AutoLogin': [Provider \(account.provider)] is Type=\(provider.type.rawValue), which cannot log in without a user; AutoLogin=yes needs Type=oauth2 (client credentials) or Type=exec (the helper's own credential)"
+                    "key 'AutoLogin': [Provider \(account.provider)] is Type=\(provider.type.rawValue), which cannot log in without a user; AutoLogin=yes needs Type=oauth2 (client credentials, or Grant=jwt-bearer) or Type=exec (the helper's own credential)"
                 )
             }
         }
