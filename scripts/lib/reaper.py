@@ -65,6 +65,11 @@ def main():
         sys.exit(f"reaper.py: prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
     command = os.fork()
     if command == 0:
+        # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays
+        # ignored across exec: the command gets the defaults a shell gives
+        # (`man | grep -q` failed the package's checks without this).
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         try:
             os.execvp(sys.argv[1], sys.argv[1:])
         except OSError as error:
