@@ -28,6 +28,9 @@ framework-agnostic server classes over Python's http.server.
   POST /revoke    RFC 7009, any of the three methods, each client by its own
   GET  /resource  200 and the token's user for a live access token
                   (Authorization: Bearer), else 401
+  Salesforce's paths as aliases: POST /services/oauth2/token (and the JWT
+                  bearer grant's answer has Salesforce's instance_url, the
+                  server's origin), GET /services/data/ as /resource
   POST /control/issue  {"client_id": ...}: a token response with a refresh
                   token, as an authorization code login would have given
                   (the token `vaultctl login` is handed); no client auth
@@ -337,6 +340,11 @@ def make_server():
 
 
 SERVER = None
+# Salesforce's paths, so that README's Salesforce example runs here as written
+# with only the origin changed: its token endpoint, and its REST API's root as
+# a protected resource.
+SALESFORCE_TOKEN_PATH = "/services/oauth2/token"
+SALESFORCE_RESOURCE_PATH = "/services/data/"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -372,6 +380,9 @@ class Handler(BaseHTTPRequestHandler):
                 status, body, headers = SERVER.create_endpoint_response("revocation", raw)
             request = raw.oauth
             client = request.client if request is not None else None
+            if status == 200 and form.get("grant_type") == JWTBearerGrant.GRANT_TYPE:
+                # Salesforce's token response names the org's own host.
+                body["instance_url"] = STATE.origin
             STATE.requests.append({
                 "endpoint": endpoint,
                 "grant_type": form.get("grant_type"),
@@ -389,7 +400,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path == "/token":
+        if self.path in ("/token", SALESFORCE_TOKEN_PATH):
             self._oauth("token", self._form(raw))
         elif self.path == "/revoke":
             self._oauth("revoke", self._form(raw))
@@ -412,7 +423,7 @@ class Handler(BaseHTTPRequestHandler):
                 live = [t.refresh_token for t in STATE.tokens if t.refresh_token and not t.refresh_revoked]
                 body = {"requests": list(STATE.requests), "live_refresh_tokens": live}
             self._send(200, body)
-        elif self.path == "/resource":
+        elif self.path in ("/resource", SALESFORCE_RESOURCE_PATH):
             auth = self.headers.get("Authorization") or ""
             value = auth[7:].strip() if auth[:7].lower() == "bearer " else None
             with STATE.lock:
