@@ -1,5 +1,7 @@
-/// Standard base64 (RFC 4648 section 4, padded): the bytes etcd's gateway
-/// carries, and HTTP Basic client authentication's credentials.
+/// Base64 (RFC 4648): the bytes etcd's gateway carries, HTTP Basic client
+/// authentication's credentials, and the parts of a JWT. It encodes the
+/// standard alphabet, padded (section 4), and decodes both alphabets, padded
+/// or not (section 5's base64url too).
 public enum Base64 {
     private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 
@@ -24,7 +26,9 @@ public enum Base64 {
         return out
     }
 
-    /// The bytes of base64 `text`, nil when it is not base64.
+    /// The bytes of base64 or base64url `text`, padded or not; nil when it is
+    /// neither (a character of neither alphabet, `=` before the end, more than
+    /// two of them, or a length no encoding gives).
     public static func decode(_ text: String) -> [UInt8]? {
         var values: [UInt8] = []
         var padding = 0

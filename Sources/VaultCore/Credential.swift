@@ -147,7 +147,7 @@ public enum JWT {
     /// token is not a JWT whose payload is a JSON object.
     public static func claims(of token: String) -> [String: JSON]? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, let payload = base64URLDecode(parts[1]),
+        guard parts.count == 3, let payload = Base64.decode(String(parts[1])),
             case .object(let claims)? = try? JSON.parse(payload)
         else { return nil }
         return claims
@@ -165,33 +165,6 @@ public enum JWT {
         // An exp past year 9999 is not a real expiry: treat the token as having none.
         guard let seconds, seconds <= UnixTime.latestExpiry.seconds else { return nil }
         return UnixTime(seconds: seconds)
-    }
-
-    /// Decodes unpadded base64url (RFC 4648 section 5).
-    public static func base64URLDecode(_ text: Substring) -> [UInt8]? {
-        var out: [UInt8] = []
-        out.reserveCapacity(text.utf8.count * 3 / 4)
-        var buffer: UInt32 = 0
-        var bits = 0
-        for c in text.utf8 {
-            let value: UInt8
-            switch c {
-            case UInt8(ascii: "A")...UInt8(ascii: "Z"): value = c - UInt8(ascii: "A")
-            case UInt8(ascii: "a")...UInt8(ascii: "z"): value = c - UInt8(ascii: "a") + 26
-            case UInt8(ascii: "0")...UInt8(ascii: "9"): value = c - UInt8(ascii: "0") + 52
-            case UInt8(ascii: "-"), UInt8(ascii: "+"): value = 62
-            case UInt8(ascii: "_"), UInt8(ascii: "/"): value = 63
-            case UInt8(ascii: "="): continue
-            default: return nil
-            }
-            buffer = buffer << 6 | UInt32(value)
-            bits += 6
-            if bits >= 8 {
-                bits -= 8
-                out.append(UInt8((buffer >> UInt32(bits)) & 0xFF))
-            }
-        }
-        return out
     }
 }
 

@@ -262,10 +262,24 @@ struct JWTTests {
 
     @Test("Should decode base64url and tolerate padding")
     func decode() {
-        #expect(JWT.base64URLDecode("aGVsbG8") == Array("hello".utf8))
-        #expect(JWT.base64URLDecode("aGVsbG8=") == Array("hello".utf8))
-        #expect(JWT.base64URLDecode("-_8") == [0xFB, 0xFF])
-        #expect(JWT.base64URLDecode("") == [])
-        #expect(JWT.base64URLDecode("a b") == nil)
+        #expect(Base64.decode("aGVsbG8") == Array("hello".utf8))
+        #expect(Base64.decode("aGVsbG8=") == Array("hello".utf8))
+        #expect(Base64.decode("-_8") == [0xFB, 0xFF])
+        #expect(Base64.decode("") == [])
+        #expect(Base64.decode("a b") == nil)
+    }
+
+    @Test(
+        "Should refuse a malformed base64url part: a length no encoding gives, '=' before the end, three '='",
+        arguments: ["aGVsb", "aGV=sbG8", "aGVsbA==="])
+    func malformedBase64(text: String) {
+        #expect(Base64.decode(text) == nil)
+    }
+
+    @Test("Should read no claims from a JWT whose payload is malformed base64url")
+    func malformedPayload() {
+        // {"exp":1} is eyJleHAiOjF9; one more character makes a length no encoding gives.
+        #expect(JWT.expiry(of: "e30.eyJleHAiOjF9.sig") == UnixTime(seconds: 1))
+        #expect(JWT.claims(of: "e30.eyJleHAiOjF9A.sig") == nil)
     }
 }

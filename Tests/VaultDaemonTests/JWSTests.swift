@@ -50,7 +50,7 @@ struct JWSTests {
         ] as [([UInt8], String)])
     func base64url(bytes: [UInt8], expected: String) {
         #expect(JWS.base64url(bytes) == expected)
-        #expect(JWT.base64URLDecode(Substring(expected)) == bytes)
+        #expect(Base64.decode(expected) == bytes)
     }
 
     @Test("Should sign a header with alg and typ, and the claims iss, sub, aud, iat, exp and jti")
@@ -59,9 +59,9 @@ struct JWSTests {
         let input = String(decoding: JWS.signingInput(.es256, claims), as: UTF8.self)
         let parts = input.split(separator: ".", omittingEmptySubsequences: false)
         #expect(parts.count == 2)
-        let header = try JSON.parse(try #require(JWT.base64URLDecode(parts[0])))
+        let header = try JSON.parse(try #require(Base64.decode(String(parts[0]))))
         #expect(header == ["alg": "ES256", "typ": "JWT"])
-        let payload = try JSON.parse(try #require(JWT.base64URLDecode(parts[1])))
+        let payload = try JSON.parse(try #require(Base64.decode(String(parts[1]))))
         #expect(payload["iss"]?.stringValue == "client")
         #expect(payload["sub"]?.stringValue == "alice")
         #expect(payload["aud"]?.stringValue == "https://as.example")
@@ -125,10 +125,10 @@ struct JWSTests {
         let jws = try JWTSigner.sign(claims, keyFile: key)
         let parts = jws.split(separator: ".", omittingEmptySubsequences: false)
         try #require(parts.count == 3)
-        let header = try JSON.parse(try #require(JWT.base64URLDecode(parts[0])))
+        let header = try JSON.parse(try #require(Base64.decode(String(parts[0]))))
         #expect(header["alg"]?.stringValue == algorithm.rawValue)
         #expect(JWT.claims(of: jws)?["sub"]?.stringValue == "alice")
-        var signature = try #require(JWT.base64URLDecode(parts[2]))
+        var signature = try #require(Base64.decode(String(parts[2])))
         if algorithm == .es256 {
             #expect(signature.count == 64, "ES256 is r || s, not DER")
             signature = der(raw: signature)
