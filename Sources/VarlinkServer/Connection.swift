@@ -2,7 +2,7 @@ import Glibc
 import Varlink
 import VaultSystem
 
-/// One client connection; touched only by the thread of the loop serving it.
+/// One client connection; touched only by the loop's thread.
 ///
 /// Its mutable state is marked `@exclusivity(unchecked)`: it is touched by
 /// the loop thread alone and never through overlapping accesses, and the

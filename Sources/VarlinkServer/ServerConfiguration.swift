@@ -6,11 +6,11 @@ public struct ServerHooks: Sendable {
     public var watchdogIntervalMilliseconds: Int?
     /// Must return promptly when the program is healthy.
     public var watchdogProbe: @Sendable () async -> Void
-    /// Called on the primary loop's thread after a probe returned.
+    /// Called on the loop's thread after a probe returned.
     public var watchdog: @Sendable () -> Void
-    /// Called on the primary loop's thread when SIGTERM or SIGINT arrives.
+    /// Called on the loop's thread when SIGTERM or SIGINT arrives.
     public var stopping: @Sendable () -> Void
-    /// Called on the primary loop's thread when SIGHUP arrives, with the server, so that
+    /// Called on the loop's thread when SIGHUP arrives, with the server, so that
     /// the reload can hand it new limits (`VarlinkServer.reload`).
     public var reload: @Sendable (VarlinkServer) -> Void
     /// Whether a caller other than root may use the connections kept for
@@ -87,13 +87,11 @@ public protocol ServerLog: Sendable {
     func debug(_ message: String, _ fields: [String: String])
 }
 
-/// A stream on the server: the connection it runs on and the loop serving
-/// it. Streams are written to on their loop's thread only, through the
-/// `VarlinkServer.Streams` of a job handed to that loop.
+/// A stream on the server: the connection it runs on. Streams are written
+/// to on the loop's thread only, through the `VarlinkServer.Streams` of a job
+/// handed to the loop (`VarlinkServer.onLoop(_:)`).
 public struct StreamID: Hashable, Sendable {
     let connection: UInt64
-    /// The loop the stream's connection is served on (`VarlinkServer.onLoop(_:_:)`).
-    public let loop: Int
 }
 
 /// How a handler starts a stream (a call with `more` answered by replies
@@ -101,10 +99,10 @@ public struct StreamID: Hashable, Sendable {
 public struct StreamStart: Sendable {
     /// The first reply; it is sent with `continues`.
     public var first: VarlinkReply
-    /// Called on the stream's loop thread once the first reply is queued:
+    /// Called on the loop's thread once the first reply is queued:
     /// from now on the stream may be written to.
     public var opened: @Sendable (StreamID) -> Void
-    /// Called on the stream's loop thread when the stream's connection is
+    /// Called on the loop's thread when the stream's connection is
     /// closed, or, without `opened` before it, when the stream never started
     /// (its first reply was over the connection's output bound): once for
     /// every start handed to the server.

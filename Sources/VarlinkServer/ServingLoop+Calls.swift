@@ -1,4 +1,5 @@
 import Varlink
+import VaultSystem
 
 /// The calls read on a connection, answered one at a time: checked,
 /// dispatched to the service, and the handler's outcome carried out.
@@ -30,7 +31,11 @@ extension ServingLoop {
                 )
                 return
             }
-            if message.count > VarlinkServer.inlineParseLimit, refusedUnparsed(message, on: connection) { continue }
+            if message.count > VarlinkServer.inlineParseLimit {
+                if refusedUnparsed(message, on: connection) { continue }
+                parseAside(message, of: connection)
+                break
+            }
             do throws(VarlinkCall.DecodingFailure) {
                 dispatch(
                     try VarlinkCall(message: message, methods: service.methodNames), size: message.count,
@@ -101,7 +106,7 @@ extension ServingLoop {
         case .stream(let start):
             var first = start.first
             first.continues = true
-            let stream = StreamID(connection: connection.id, loop: index)
+            let stream = StreamID(connection: connection.id)
             guard queueBounded(on: connection, method: call.method, { first.encode(into: &$0) }) else {
                 start.closed(stream)
                 return
@@ -119,6 +124,50 @@ extension ServingLoop {
                 self.complete(id, oneway ? nil : reply)
             }
         }
+    }
+
+    /// Has a message over `inlineParseLimit` bytes parsed off the loop, so
+    /// that no other client's call waits behind it (a megabyte of nested
+    /// JSON takes tens of milliseconds, many times that on a busy machine).
+    /// The connection waits as for a deferred call; large calls are parsed
+    /// one at a time, oldest first, on the cooperative pool, and each comes
+    /// back to the loop as a job (`parsedAside`).
+    private func parseAside(_ message: ArraySlice<UInt8>, of connection: Connection) {
+        connection.state = .waiting
+        asideParses.append((connection.id, Array(message)))
+        startParseAside()
+    }
+
+    /// Starts the oldest waiting large parse, unless one runs.
+    private func startParseAside() {
+        guard !parsingAside, !asideParses.isEmpty else { return }
+        parsingAside = true
+        let (id, message) = asideParses.removeFirst()
+        let methods = service.methodNames
+        Task.detached(priority: .low) { [self] in
+            var message = message
+            let parsed = Result { () throws(VarlinkCall.DecodingFailure) in
+                try VarlinkCall(message: message[...], methods: methods)
+            }
+            let size = message.count
+            // A Login's message holds tokens.
+            message.wipe()
+            self.onLoop { _ in self.parsedAside(id, parsed, size: size) }
+        }
+    }
+
+    /// Answers a large call parsed off the loop, then what its connection
+    /// sent after it, and starts the next large parse.
+    private func parsedAside(_ id: UInt64, _ parsed: Result<VarlinkCall, VarlinkCall.DecodingFailure>, size: Int) {
+        parsingAside = false
+        startParseAside()
+        guard let connection = connections[id], case .waiting = connection.state else { return }
+        connection.state = .open
+        switch parsed {
+        case .success(let call): dispatch(call, size: size, on: connection)
+        case .failure(let failure): refuse(failure, on: connection)
+        }
+        if !connection.isClosed { process(connection) }
     }
 
     /// Refuses a message over `inlineParseLimit` bytes at once, without a

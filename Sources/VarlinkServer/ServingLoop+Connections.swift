@@ -3,8 +3,7 @@ import Glibc
 import Varlink
 import VaultSystem
 
-/// A connection's life on the loop: accepted and admitted (the primary),
-/// served, closed.
+/// A connection's life on the loop: accepted and admitted, served, closed.
 extension ServingLoop {
     func acceptAll() {
         for _ in 0..<64 {
@@ -36,7 +35,7 @@ extension ServingLoop {
             var caller = Caller(uid: uid, gid: gid, pid: pid, groups: Array(groups.prefix(Int(groupCount))))
             let privileged = caller.isRoot || hooks.privileged(caller)
             let limits = self.limits
-            let (admission, loop) = server.admissions.withLock { $0.admit(caller, privileged: privileged, limits) }
+            let admission = admissions.admit(caller, privileged: privileged, limits)
             guard admission == .admit else {
                 refuse(fd, caller, admission)
                 continue
@@ -45,26 +44,14 @@ extension ServingLoop {
             let id = nextID
             nextID += 1
             caller.connection = id
-            let handover = Handover(id: id, fd: fd, caller: caller, privileged: privileged)
-            if loop != index, server.loops[loop].adopt(handover) { continue }
-            // This loop's, or one that stopped serving since it was picked.
-            if loop != index { server.admissions.withLock { $0.move(from: loop, to: index) } }
-            serve(handover)
-        }
-    }
-
-    /// Starts serving a connection accepted by the primary.
-    func serve(_ handover: Handover) {
-        let connection = Connection(
-            id: handover.id, fd: handover.fd, caller: handover.caller,
-            maximumMessageSize: VarlinkServer.maximumMessageSize)
-        connection.privileged = handover.privileged
-        connection.lastActivity = now
-        connections[handover.id] = connection
-        settleDeadline(connection)
-        connection.interest = VAULTD_EPOLLIN
-        if vaultd_epoll_add(epollFD, handover.fd, VAULTD_EPOLLIN, handover.id) != 0 {
-            disconnect(connection)
+            let connection = Connection(
+                id: id, fd: fd, caller: caller, maximumMessageSize: VarlinkServer.maximumMessageSize)
+            connection.privileged = privileged
+            connection.lastActivity = now
+            connections[id] = connection
+            settleDeadline(connection)
+            connection.interest = VAULTD_EPOLLIN
+            if vaultd_epoll_add(epollFD, fd, VAULTD_EPOLLIN, id) != 0 { disconnect(connection) }
         }
     }
 
@@ -77,7 +64,7 @@ extension ServingLoop {
         _ = reply.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, ServingLoop.sendFlags) }
         Glibc.close(fd)
         if now >= nextRefusalLog {
-            let open = server.admissions.withLock { $0.open }
+            let open = admissions.open
             log.warning(
                 "connection limit reached; connection refused",
                 [
@@ -101,16 +88,14 @@ extension ServingLoop {
         let closedStream = connection.streamClosed
         connection.streamClosed = nil
         connection.state = .closed
-        server.admissions.withLock {
-            $0.release(connection.caller.uid, privileged: connection.privileged, loop: index)
-        }
+        admissions.release(connection.caller.uid, privileged: connection.privileged)
         if connection.scheduledAt != nil { deadlines.cancel(.connection(connection.id)) }
         connection.output.wipe(0..<connection.output.count)
         connection.decoder.wipe()
         if connection.interest != nil { _ = vaultd_epoll_del(epollFD, connection.fd) }
         Glibc.close(connection.fd)
         connections[connection.id] = nil
-        closedStream?(StreamID(connection: connection.id, loop: index))
+        closedStream?(StreamID(connection: connection.id))
         service.connectionClosed?(connection.caller)
     }
 }

@@ -138,16 +138,15 @@ extension ServingLoop {
 }
 
 extension VarlinkServer {
-    /// Writes to the streams of one loop; handed to the jobs of
-    /// `VarlinkServer.onLoop`, on that loop's thread, and valid only while
-    /// the job runs. A stream of another loop is as good as gone here.
+    /// Writes to the streams; handed to the jobs of `VarlinkServer.onLoop`,
+    /// on the loop's thread, and valid only while the job runs.
     public struct Streams {
         unowned let loop: ServingLoop
 
         /// Queues `message` (a reply without its NUL) on `stream`; sent by
         /// `send`, or after the job. Nothing happens when the stream is gone.
         public func push(_ message: [UInt8], to stream: StreamID) {
-            guard stream.loop == loop.index, let connection = loop.connections[stream.connection],
+            guard let connection = loop.connections[stream.connection],
                 case .streaming = connection.state
             else { return }
             if connection.pendingOutput == 0 { loop.touchedStreams.append(connection) }
@@ -159,7 +158,7 @@ extension VarlinkServer {
         /// still queued on it; nil when the stream is gone.
         @discardableResult
         public func send(_ stream: StreamID) -> Int? {
-            guard stream.loop == loop.index, let connection = loop.connections[stream.connection],
+            guard let connection = loop.connections[stream.connection],
                 connection.isStream
             else { return nil }
             loop.flush(connection)
@@ -172,7 +171,7 @@ extension VarlinkServer {
         /// queue dropped, and `reply` sent last; the connection closes once it is
         /// out, or after `milliseconds` at most.
         public func end(_ stream: StreamID, with reply: VarlinkReply, within milliseconds: UInt64) {
-            guard stream.loop == loop.index, let connection = loop.connections[stream.connection],
+            guard let connection = loop.connections[stream.connection],
                 case .streaming = connection.state
             else { return }
             let rest = connection.output[connection.outputOffset...]

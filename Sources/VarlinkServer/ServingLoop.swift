@@ -4,21 +4,17 @@ import Synchronization
 import Varlink
 import VaultSystem
 
-/// One epoll loop of a `VarlinkServer`, on a thread of its own: it serves
-/// the connections handed to it (non-blocking sockets, one read per
-/// readiness, replies written as far as the peer takes them and the rest
-/// queued). Calls on one connection are answered in order (a deferred call
-/// holds back the next); one slow or stuck client never delays another.
-/// Loop 0, the primary, also accepts every connection (and hands each to the
-/// loop with the fewest), reads the signals and proves liveness to the
-/// watchdog; the others only serve.
+/// The epoll loop of a `VarlinkServer`: it accepts connections and serves
+/// them (non-blocking sockets, one read per readiness, replies written as
+/// far as the peer takes them and the rest queued), reads the signals and
+/// proves liveness to the watchdog. Calls on one connection are answered in
+/// order (a deferred call holds back the next); one slow or stuck client
+/// never delays another.
 ///
 /// The loop's own state is marked `@exclusivity(unchecked)`, as is each
 /// `Connection`'s: only the loop thread touches it, never through
 /// overlapping accesses, and the runtime's checks cost more than the serving.
 final class ServingLoop: @unchecked Sendable {
-    /// This loop's place in `VarlinkServer.loops`; 0 is the primary.
-    let index: Int
     unowned let server: VarlinkServer
     let service: VarlinkService
     let log: any ServerLog
@@ -28,7 +24,6 @@ final class ServingLoop: @unchecked Sendable {
     let epollFD: Int32
     private let wakeFD: Int32
     private let signalFD: Int32
-    private var isPrimary: Bool { index == 0 }
     @exclusivity(unchecked) var connections: [UInt64: Connection] = [:]
     @exclusivity(unchecked) var nextID: UInt64 = 16
     @exclusivity(unchecked) var stopping = false
@@ -38,12 +33,8 @@ final class ServingLoop: @unchecked Sendable {
     private let reloadedLimits = Mutex<ServingLimits?>(nil)
     /// Queued reply bytes past which a connection's input is no longer read.
     @exclusivity(unchecked) var outputHighWater: Int
-    /// Connections the primary accepted for this loop, not yet served here,
-    /// and whether the loop still takes them (false once its thread ended or
-    /// never started: the primary then serves the connection itself).
-    private let handedOver = Mutex<(open: Bool, list: [Handover])>((true, []))
-    /// The primary asked this loop to drain (a secondary's SIGTERM).
-    private let stopAsked = Mutex<Int?>(nil)
+    /// The open connections, counted for admission.
+    @exclusivity(unchecked) var admissions = Admissions()
     var nextRefusalLog: UInt64 = 0
     var nextReplyTooLargeLog: UInt64 = 0
     /// Every deadline of the loop, in monotonic milliseconds; the nearest one
@@ -57,6 +48,10 @@ final class ServingLoop: @unchecked Sendable {
     /// handed to the loop thread by worker tasks.
     private let completions = Mutex<[(UInt64, VarlinkReply?)]>([])
     var nextCallTooLargeLog: UInt64 = 0
+    /// Calls over `inlineParseLimit` bytes waiting for their parse off the
+    /// loop, oldest first; one is parsed at a time (`parsingAside`).
+    @exclusivity(unchecked) var asideParses: [(connection: UInt64, message: [UInt8])] = []
+    @exclusivity(unchecked) var parsingAside = false
     /// Work handed to the loop thread (writing to streams), in order.
     private let jobs = Mutex<[@Sendable (VarlinkServer.Streams) -> Void]>([])
     /// Streams written to by the job running now, settled after it.
@@ -69,13 +64,11 @@ final class ServingLoop: @unchecked Sendable {
     private static let wakeKey: UInt64 = 2
     private static let signalKey: UInt64 = 3
 
-    /// A loop of `server`; the primary (index 0) also watches `listenFD`
-    /// and `signalFD`.
+    /// The loop of `server`, watching `listenFD` and `signalFD`.
     init(
-        index: Int, server: VarlinkServer, listenFD: Int32, signalFD: Int32, service: VarlinkService,
+        server: VarlinkServer, listenFD: Int32, signalFD: Int32, service: VarlinkService,
         log: any ServerLog, errors: TransportErrors, hooks: ServerHooks, limits: ServingLimits
     ) throws(SystemError) {
-        self.index = index
         self.server = server
         self.hooks = hooks
         self.errors = errors
@@ -92,7 +85,6 @@ final class ServingLoop: @unchecked Sendable {
         guard vaultd_epoll_add(epollFD, wakeFD, VAULTD_EPOLLIN, ServingLoop.wakeKey) == 0 else {
             throw SystemError("epoll_ctl")
         }
-        guard isPrimary else { return }
         let flags = fcntl(listenFD, F_GETFL)
         _ = fcntl(listenFD, F_SETFL, flags | O_NONBLOCK)
         guard vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, ServingLoop.listenerKey) == 0,
@@ -106,14 +98,13 @@ final class ServingLoop: @unchecked Sendable {
         readBuffer.deallocate()
     }
 
-    /// Serves until SIGTERM or SIGINT (the primary) or until the primary
-    /// asks it to stop (the others), then (for at most `drainSeconds`)
+    /// Serves until SIGTERM or SIGINT, then (for at most `drainSeconds`)
     /// answers every call clients already sent, deferred ones included, and
-    /// sends every queued reply, and returns the signal (0 for the others).
+    /// sends every queued reply, and returns the signal.
     func run(drainSeconds: Int) -> Int32 {
         var events = [vaultd_event](repeating: vaultd_event(), count: 256)
         var stopSignal: Int32 = 0
-        if isPrimary, let interval = hooks.watchdogIntervalMilliseconds {
+        if let interval = hooks.watchdogIntervalMilliseconds {
             deadlines.schedule(.watchdog, at: Monotonic.milliseconds() + UInt64(interval))
         }
         while true {
@@ -138,7 +129,7 @@ final class ServingLoop: @unchecked Sendable {
                 let event = events[i]
                 switch event.data {
                 case ServingLoop.listenerKey: acceptAll()
-                case ServingLoop.wakeKey: drainCompletions(drainSeconds: drainSeconds)
+                case ServingLoop.wakeKey: drainCompletions()
                 case ServingLoop.signalKey: signalReady = true
                 default:
                     guard let connection = connections[event.data] else { continue }
@@ -150,9 +141,7 @@ final class ServingLoop: @unchecked Sendable {
                 if (signal == SIGTERM || signal == SIGINT) && !stopping {
                     stopSignal = signal
                     hooks.stopping()
-                    // Accepting ends first, so no connection is handed to a loop told to stop.
                     beginStopping(drainSeconds: drainSeconds)
-                    for loop in server.loops.dropFirst() { loop.askToStop(drainSeconds: drainSeconds) }
                 } else if signal == SIGHUP {
                     hooks.reload(server)
                 } else if signal > 0 {
@@ -161,26 +150,8 @@ final class ServingLoop: @unchecked Sendable {
             }
         }
         for connection in connections.values { disconnect(connection) }
-        retire()
         return stopSignal
     }
-
-    /// Takes no more connections: the loop's thread ended (or never started).
-    /// Connections handed over and not served are closed unread, and the
-    /// primary hands this loop nothing more. Thread-safe.
-    func retire() {
-        let left = takeHandovers(closing: true)
-        server.admissions.withLock { admissions in
-            for handover in left {
-                admissions.release(handover.caller.uid, privileged: handover.privileged, loop: index)
-            }
-            admissions.retire(index)
-        }
-        for handover in left { Glibc.close(handover.fd) }
-    }
-
-    /// Whether this loop serves (its thread runs and has not ended).
-    var isServing: Bool { handedOver.withLock { $0.open } }
 
     /// Runs `job` on the loop thread, where it may write to this loop's
     /// streams; jobs run in the order they were handed over. Thread-safe.
@@ -194,35 +165,6 @@ final class ServingLoop: @unchecked Sendable {
     func reload(_ limits: ServingLimits) {
         reloadedLimits.withLock { $0 = limits }
         wake()
-    }
-
-    /// Makes this loop drain and stop, as the primary does at SIGTERM. Thread-safe.
-    private func askToStop(drainSeconds: Int) {
-        stopAsked.withLock { $0 = drainSeconds }
-        wake()
-    }
-
-    /// Serves a connection the primary accepted; false when this loop no
-    /// longer serves (see `retire`). Thread-safe.
-    func adopt(_ handover: Handover) -> Bool {
-        let taken = handedOver.withLock { state -> Bool in
-            guard state.open else { return false }
-            state.list.append(handover)
-            return true
-        }
-        if taken { wake() }
-        return taken
-    }
-
-    /// The connections handed over since last asked (no allocation when none
-    /// were); with `closing`, none are taken from now on.
-    private func takeHandovers(closing: Bool = false) -> [Handover] {
-        handedOver.withLock { state in
-            if closing { state.open = false }
-            var taken: [Handover] = []
-            swap(&taken, &state.list)
-            return taken
-        }
     }
 
     private func wake() {
@@ -242,22 +184,15 @@ final class ServingLoop: @unchecked Sendable {
     private var watchdogProbeInFlight = false
 
     /// Proves the daemon serves before telling the watchdog: a probe runs through
-    /// the cooperative pool and the service's own state, then through every
-    /// other loop, and its completion comes back through this loop; only then
-    /// is WATCHDOG=1 sent. A stuck part means no ping.
+    /// the cooperative pool and the service's own state, and its completion
+    /// comes back through the loop; only then is WATCHDOG=1 sent. A stuck
+    /// part means no ping.
     func startWatchdogProbe() {
         guard !watchdogProbeInFlight else { return }
         watchdogProbeInFlight = true
         let probe = hooks.watchdogProbe
-        let others = Array(server.loops.dropFirst())
         Task { [self] in
             await probe()
-            // A loop that no longer serves (its thread ended) is not waited for.
-            for loop in others where loop.isServing {
-                await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-                    loop.onLoop { _ in done.resume() }
-                }
-            }
             self.complete(ServingLoop.watchdogProbeID, nil)
         }
     }
@@ -269,10 +204,8 @@ final class ServingLoop: @unchecked Sendable {
     private func beginStopping(drainSeconds: Int) {
         stopping = true
         deadlines.schedule(.drainEnd, at: Monotonic.milliseconds() + UInt64(drainSeconds) * 1000)
-        if isPrimary {
-            _ = vaultd_epoll_del(epollFD, listenFD)
-            log.notice("stopping: no new connections, answering calls in flight", [:])
-        }
+        _ = vaultd_epoll_del(epollFD, listenFD)
+        log.notice("stopping: no new connections, answering calls in flight", [:])
         // Streams get a last word; idle connections are closed now; busy ones after their reply.
         for connection in connections.values where connection.isStream {
             queue(errors.streamStopping, on: connection)
@@ -284,13 +217,11 @@ final class ServingLoop: @unchecked Sendable {
         for connection in connections.values where !connection.busy && !connection.isClosed { process(connection) }
     }
 
-    /// Takes what other threads handed to the loop (connections, replies of
-    /// deferred calls, stream jobs, reloaded limits, a secondary's stop) and
-    /// acts on it.
-    private func drainCompletions(drainSeconds: Int) {
+    /// Takes what other threads handed to the loop (replies of deferred
+    /// calls, stream jobs, reloaded limits) and acts on it.
+    private func drainCompletions() {
         var counter: UInt64 = 0
         _ = read(wakeFD, &counter, 8)
-        for handover in takeHandovers() { serve(handover) }
         let done: [(UInt64, VarlinkReply?)] = completions.withLock { list in
             let taken = list
             list.removeAll(keepingCapacity: true)
@@ -320,12 +251,6 @@ final class ServingLoop: @unchecked Sendable {
             connection.state = .open
             if let reply { queue(reply, on: connection) }
             if !connection.isClosed { process(connection) }
-        }
-        if let drainSeconds = stopAsked.withLock({ $0.take() }), !stopping {
-            // Every connection the primary handed over came before its ask:
-            // served now, so that the drain answers or closes each.
-            for handover in takeHandovers() { serve(handover) }
-            beginStopping(drainSeconds: drainSeconds)
         }
     }
 }

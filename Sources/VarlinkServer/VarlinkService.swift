@@ -68,7 +68,7 @@ public struct VarlinkService: Sendable {
     public var product: String
     public var version: String
     public var url: String
-    /// Called on the thread of the loop serving it once for every connection that
+    /// Called on the loop's thread once for every connection that
     /// closes, whoever closed it and why (the peer left, a timeout, a send
     /// that failed, the server stopping), with the caller of that connection
     /// (`Caller.connection` names it). A peer that leaves while a deferred

@@ -57,9 +57,6 @@ public struct VaultConfig: Sendable, Equatable {
     public var limits: UserLimits
     /// What one user may take of the socket server: connections, time, queued output.
     public var serving = ServingLimits()
-    /// How many threads serve the socket (`ServingThreads=`), each an epoll
-    /// loop of its own; nil: the server's default. Read at start only.
-    public var servingThreads: Int?
     /// The files this configuration was read from, in the order read (main
     /// files and drop-ins; see `ConfigSearch`). Empty for the built-in
     /// configuration and for one made in code.
@@ -100,7 +97,7 @@ public enum ConfigParser {
         [
             "StoreTimeout", "StoreScope", "AdminGroup", "SocketMode", "MaxSessionsPerUser", "MaxSessionSize",
             "ProviderRequestsPerMinute", "ProviderRequestBurst",
-            "MinRefreshInterval", "Store", "Database", "ServingThreads",
+            "MinRefreshInterval", "Store", "Database",
         ] + ServingLimits.keys
 
     /// Parses one file's `text`, read from `file` (used in error messages only).
@@ -117,7 +114,6 @@ public enum ConfigParser {
         config.etcd = try etcdSettings(merged.etcd)
         try limits(merged.vault, into: &config.limits)
         config.serving = try servingLimits(merged.vault)
-        config.servingThreads = try wholeNumber(merged.vault, "ServingThreads", in: 1...64)
         for (account, entries) in merged.accounts {
             config.accounts[account] = try accountSettings(account, entries)
         }

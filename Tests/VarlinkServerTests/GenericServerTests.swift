@@ -34,7 +34,7 @@ struct GenericServerTests {
             try client.call(#"{"method":"org.example.Echo.Watch","more":true}"#)
                 == #"{"continues":true,"parameters":{}}"#)
         let stream = try #require(harness.streams.opened.withLock { $0.first })
-        harness.server.onLoop(stream.loop) { streams in
+        harness.server.onLoop { streams in
             streams.push(Array(#"{"continues":true,"parameters":{"text":"one"}}"#.utf8), to: stream)
             _ = streams.send(stream)
             streams.end(stream, with: VarlinkReply(error: "org.example.Echo.Gone"), within: 1000)
@@ -46,65 +46,19 @@ struct GenericServerTests {
         #expect(harness.streams.closed.withLock { $0 } == [stream])
     }
 
-    @Test("Should hand connections to the loop serving the fewest, and write each stream only on its own loop")
-    func spreadsConnectionsOverLoops() throws {
-        let harness = try Harness(loops: 3)
-        #expect(harness.server.loopCount == 3)
-        var clients: [Client] = []
-        for _ in 0..<6 {
-            let client = try harness.connect()
-            #expect(
-                try client.call(#"{"method":"org.example.Echo.Watch","more":true}"#)
-                    == #"{"continues":true,"parameters":{}}"#)
-            clients.append(client)
-        }
-        let streams = harness.streams.opened.withLock { $0 }
-        #expect(streams.count == 6)
-        // Opened one after the other: two on each loop.
-        #expect(Dictionary(grouping: streams, by: \.loop).mapValues(\.count) == [0: 2, 1: 2, 2: 2])
-        // A loop's job sees its own streams only: another loop's is as good as gone.
-        let seen = Mutex<[Int: (own: Int?, other: Int?)]>([:])
-        let done = DispatchSemaphore(value: 0)
-        for (n, stream) in streams.enumerated() {
-            let other = streams.first { $0.loop != stream.loop }!
-            harness.server.onLoop(stream.loop) { loop in
-                loop.push(Array(#"{"continues":true,"parameters":{"text":"\#(n)"}}"#.utf8), to: other)
-                loop.push(Array(#"{"continues":true,"parameters":{"text":"\#(n)"}}"#.utf8), to: stream)
-                let own = loop.send(stream)
-                let theirs = loop.send(other)
-                seen.withLock { $0[n] = (own, theirs) }
-                done.signal()
-            }
-        }
-        for _ in streams { #expect(done.wait(timeout: .now() + 60) == .success) }
-        for n in 0..<streams.count {
-            let result = seen.withLock { $0[n] }
-            #expect(result?.own == 0, "stream \(n) written and sent on its loop")
-            #expect(result?.other == nil, "stream \(n)'s job cannot reach another loop's stream")
-        }
-        // Each client gets what its own stream's loop pushed, and nothing of the others.
-        for n in streams.indices {
-            #expect(try clients[n].read() == #"{"continues":true,"parameters":{"text":"\#(n)"}}"#)
-        }
-        for client in clients { close(client.fd) }
-        for _ in clients { #expect(harness.waitForClose()) }
-        #expect(harness.stop() == SIGTERM)
-        #expect(Set(harness.streams.closed.withLock { $0 }) == Set(streams))
-    }
-
-    @Test("Should count a connection closed on any loop out of the limits")
-    func admissionAcrossLoops() throws {
+    @Test("Should count a closed connection out of the limits")
+    func admissionCountsClosedConnections() throws {
         var limits = ServingLimits()
         limits.maxConnections = 2
         limits.reservedConnections = 0
-        let harness = try Harness(limits: limits, loops: 2)
+        let harness = try Harness(limits: limits)
         let first = try harness.connect()
         let second = try harness.connect()
         #expect(try first.call(#"{"method":"org.example.Echo.Who"}"#).hasPrefix(#"{"parameters""#))
         #expect(try second.call(#"{"method":"org.example.Echo.Who"}"#).hasPrefix(#"{"parameters""#))
         let third = try harness.connect()
         #expect(try third.read() == #"{"error":"org.example.Echo.Busy","parameters":{"why":"full"}}"#)
-        // One on each loop; either closing makes room.
+        // Either closing makes room.
         for leaving in [first, second] {
             close(leaving.fd)
             #expect(harness.waitForClose())
@@ -266,7 +220,7 @@ private final class Harness: Sendable {
     private let done = DispatchSemaphore(value: 0)
     private let result = Mutex<Int32>(0)
 
-    init(limits: ServingLimits = ServingLimits(), loops: Int = VarlinkServer.defaultLoopCount) throws {
+    init(limits: ServingLimits = ServingLimits()) throws {
         var template = Array("/tmp/varlink-test-XXXXXX".utf8CString)
         let directory = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
         path = directory + "/socket"
@@ -347,7 +301,7 @@ private final class Harness: Sendable {
             })
         server = try VarlinkServer(
             listenFD: listenFD, signalFD: pipeFDs[0], service: service, log: SilentLog(), errors: errors,
-            limits: limits, loops: loops)
+            limits: limits)
         DispatchQueue.global().async { [self] in
             let signal = server.run(drainSeconds: 2)
             result.withLock { $0 = signal }

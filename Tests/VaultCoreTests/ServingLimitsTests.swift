@@ -51,21 +51,6 @@ struct ServingLimitsTests {
         #expect(error?.message.contains(value) == false, "\(error?.message ?? "")")
     }
 
-    @Test("Should read ServingThreads= from 1 to 64, leave it to the server when absent, and refuse others by key")
-    func servingThreads() throws {
-        func threads(_ vault: String) throws(VaultError) -> Int? {
-            try ConfigParser.parse("[Vault]\n" + vault, file: "test.conf").servingThreads
-        }
-        #expect(try threads("") == nil)
-        #expect(try threads("ServingThreads=1") == 1)
-        #expect(try threads("ServingThreads=64") == 64)
-        for bad in ["0", "65", "two", "-1"] {
-            let error = #expect(throws: VaultError.self) { try threads("ServingThreads=\(bad)") }
-            #expect(error?.code == .invalidConfig)
-            #expect(error?.message.hasPrefix("test.conf:2: key 'ServingThreads'") == true, "\(error?.message ?? "")")
-        }
-    }
-
     @Test("Should keep the default per-user limit under the share of a small MaxConnections")
     func perUserFitsTheShare() throws {
         #expect(try parse("MaxConnections=80").maxConnectionsPerUser == 16)

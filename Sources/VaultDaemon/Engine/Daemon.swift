@@ -258,8 +258,7 @@ public enum Daemon {
         do {
             server = try VarlinkServer(
                 listenFD: listenFD, signalFD: signalFD, service: service, log: log,
-                errors: VaultMethods.transportErrors, hooks: hooks, limits: config.serving,
-                loops: config.servingThreads ?? VarlinkServer.defaultLoopCount)
+                errors: VaultMethods.transportErrors, hooks: hooks, limits: config.serving)
         } catch {
             throw VaultError(.internalError, "cannot start serving: \(error)")
         }
@@ -271,7 +270,6 @@ public enum Daemon {
                 "finishedLogouts": String(restored.finishedLogouts), "store": store.profile.location,
                 "providers": config.providers.keys.sorted().joined(separator: ","),
                 "config": config.sources.isEmpty ? ConfigSearch.builtInName : config.sources.joined(separator: ","),
-                "servingThreads": String(server.loopCount),
             ])
         notifier.ready(status: ServiceNotifier.statusLine(manager.table))
         let signal = server.run()

@@ -7,10 +7,9 @@ import VaultProtocol
 /// The subscriptions of `io.vaultd.Vault.Subscribe`: who watches what, how
 /// many each user holds, and the events streamed to them. The server gives
 /// the streams; the hub decides what goes on them and when a subscriber that
-/// does not read is dropped. Each serving loop's subscriptions and pending
-/// events are its own (`LoopShare`), touched by that loop's thread alone
-/// (handlers answered there, and jobs handed to it); only the per-uid counts
-/// are shared, under a lock.
+/// does not read is dropped. The subscriptions are touched by the serving
+/// loop's thread alone (handlers answered there, and jobs handed to it);
+/// the pending events and the per-uid counts are shared, under locks.
 public final class SubscriptionHub: Sendable {
     /// Open subscriptions per non-root uid, past which Subscribe is refused:
     /// with the queue limit, what one user can make vaultd hold for it.
@@ -29,35 +28,18 @@ public final class SubscriptionHub: Sendable {
         var filter: @Sendable (VaultEvent) -> Bool
     }
 
-    /// An event on its way to the loops, encoded by the first that needs it.
-    private final class Published: Sendable {
-        let event: VaultEvent
-        private let encoded = Mutex<[UInt8]?>(nil)
-
-        init(_ event: VaultEvent) { self.event = event }
-
-        /// The event's stream message (without its NUL), encoded once for all loops.
-        var message: [UInt8] {
-            encoded.withLock { message in
-                if let message { return message }
-                let made = VarlinkReply(parameters: ["event": event.json()], continues: true).encoded()
-                message = made
-                return made
-            }
-        }
-    }
-
-    /// What one serving loop holds of the hub.
+    /// What the serving loop holds of the hub.
     private final class LoopShare: @unchecked Sendable {
-        /// Events not streamed on this loop yet, in the order they were published.
-        let pending = Mutex<[Published]>([])
-        /// This loop's open subscriptions that still receive events; its thread only.
+        /// Events not streamed yet, in the order they were published.
+        let pending = Mutex<[VaultEvent]>([])
+        /// The open subscriptions that still receive events; the loop's thread only.
         var subscriptions: [StreamID: Subscription] = [:]
     }
 
     private let log: Logger
-    /// The server and a share per loop, once attached.
-    private let attached = Mutex<(server: VarlinkServer, loops: [LoopShare])?>(nil)
+    /// The server, once attached.
+    private let attached = Mutex<VarlinkServer?>(nil)
+    private let share = LoopShare()
     /// Open subscriptions per uid, dropped ones included until their
     /// connection closes, and those being opened (reserved by `subscribe`).
     private let perUID = Mutex<[UInt32: Int]>([:])
@@ -68,38 +50,28 @@ public final class SubscriptionHub: Sendable {
     /// Streams through `server` from now on; events published before have
     /// no subscriber anyway.
     public func attach(_ server: VarlinkServer) {
-        let loops = (0..<server.loopCount).map { _ in LoopShare() }
-        attached.withLock { $0 = (server, loops) }
-    }
-
-    /// The share of `loop`.
-    private func share(_ loop: Int) -> LoopShare? {
-        attached.withLock { $0?.loops[loop] }
+        attached.withLock { $0 = server }
     }
 
     /// Streams `event` to every subscriber whose filter passes it. Thread-safe;
     /// events reach each subscriber in the order they were published.
     public func publish(_ event: VaultEvent) {
-        guard let (server, loops) = attached.withLock({ $0 }) else { return }
-        let published = Published(event)
-        // A loop that no longer serves has no subscriber left, and would never deliver.
-        for (index, share) in loops.enumerated() where server.isServing(index) {
-            let first = share.pending.withLock { list in
-                list.append(published)
-                return list.count == 1
-            }
-            // One job per loop streams everything pending there when it runs.
-            if first { server.onLoop(index) { [self] streams in deliver(streams, share) } }
+        guard let server = attached.withLock({ $0 }) else { return }
+        let first = share.pending.withLock { list in
+            list.append(event)
+            return list.count == 1
         }
+        // One job streams everything pending when it runs.
+        if first { server.onLoop { [self] streams in deliver(streams) } }
     }
 
     /// The outcome of a Subscribe call of `caller`: the stream, starting with
-    /// `snapshot`, or `TooManySubscriptions`. On the caller's loop thread.
+    /// `snapshot`, or `TooManySubscriptions`. On the loop's thread.
     func subscribe(
         _ caller: Caller, snapshot: VarlinkReply, filter: @escaping @Sendable (VaultEvent) -> Bool
     ) -> HandlerOutcome {
         let uid = caller.uid
-        // Reserved now, so that two loops cannot both open the last one.
+        // Reserved now: the count includes streams not opened yet.
         let refused: Int? = perUID.withLock { counts in
             let open = counts[uid, default: 0]
             guard uid == 0 || open < SubscriptionHub.maximumPerUID else { return open }
@@ -117,10 +89,10 @@ public final class SubscriptionHub: Sendable {
             StreamStart(
                 first: snapshot,
                 opened: { [self] stream in
-                    share(stream.loop)?.subscriptions[stream] = Subscription(caller: caller, filter: filter)
+                    share.subscriptions[stream] = Subscription(caller: caller, filter: filter)
                 },
                 closed: { [self] stream in
-                    share(stream.loop)?.subscriptions[stream] = nil
+                    share.subscriptions[stream] = nil
                     perUID.withLock { counts in
                         counts[uid, default: 1] -= 1
                         if counts[uid] == 0 { counts[uid] = nil }
@@ -128,20 +100,22 @@ public final class SubscriptionHub: Sendable {
                 }))
     }
 
-    /// Appends each event pending on `share`'s loop, encoded once for all
-    /// loops, to the loop's subscribers that want it, and drops a subscriber
-    /// whose unsent bytes pass the limit, with a final error. On that loop's thread.
-    private func deliver(_ streams: VarlinkServer.Streams, _ share: LoopShare) {
-        let events: [Published] = share.pending.withLock { list in
+    /// Appends each pending event, encoded once, to the subscribers that
+    /// want it, and drops a subscriber whose unsent bytes pass the limit,
+    /// with a final error. On the loop's thread.
+    private func deliver(_ streams: VarlinkServer.Streams) {
+        let events: [VaultEvent] = share.pending.withLock { list in
             let taken = list
             list.removeAll(keepingCapacity: true)
             return taken
         }
         var touched: Set<StreamID> = []
-        for published in events {
+        for event in events {
             var message: [UInt8]?
-            for (stream, subscription) in share.subscriptions where subscription.filter(published.event) {
-                if message == nil { message = published.message }
+            for (stream, subscription) in share.subscriptions where subscription.filter(event) {
+                if message == nil {
+                    message = VarlinkReply(parameters: ["event": event.json()], continues: true).encoded()
+                }
                 streams.push(message!, to: stream)
                 touched.insert(stream)
             }
