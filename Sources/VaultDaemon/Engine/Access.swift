@@ -1,15 +1,16 @@
 import Glibc
+import Synchronization
 import VaultCore
 import VaultSystem
 
 /// The access policy in force, read by the serving loops at every call and
 /// replaced on reload.
 public final class PolicyBox: Sendable {
-    /// Read by every serving loop at every call (see `SleepingMutex`).
-    private let current: SleepingMutex<AccessPolicy>
+    /// Read by the serving loop at every call.
+    private let current: Mutex<AccessPolicy>
 
     /// Holds `policy`.
-    public init(_ policy: AccessPolicy) { current = SleepingMutex(policy) }
+    public init(_ policy: AccessPolicy) { current = Mutex(policy) }
 
     /// The policy in force.
     public var policy: AccessPolicy { current.withLock { $0 } }

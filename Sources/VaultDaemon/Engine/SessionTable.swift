@@ -1,3 +1,4 @@
+import Synchronization
 import Varlink
 import VaultCore
 import VaultProtocol
@@ -127,9 +128,8 @@ public final class SessionTable: Sendable {
         }
     }
 
-    /// Read by every serving loop at every call: a lock that sleeps, not one
-    /// that spins (see `SleepingMutex`).
-    private let contents = SleepingMutex(Contents())
+    /// Read by the serving loop at every call, written by the session manager.
+    private let contents = Mutex(Contents())
     private let didChange: @Sendable (SessionTable) -> Void
 
     /// An empty table; `didChange` runs after every change (e.g. to update STATUS=).

@@ -58,8 +58,8 @@ public final class Logger: Sendable {
     public func writes(_ severity: Level) -> Bool { severity <= level && target != .discard }
 
     /// Repeated token handouts, counted for the audit trail (see `Audit`);
-    /// counted by every serving loop at every handout (see `SleepingMutex`).
-    private let counts = SleepingMutex(CountState())
+    /// counted by the serving loop at every handout.
+    private let counts = Mutex(CountState())
     private struct CountState {
         var counts = HandoutCounts()
         var tickScheduled = false
