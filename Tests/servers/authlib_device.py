@@ -14,7 +14,8 @@ through control endpoints.
   POST /control/device/expire  {"user_code"}: the device code expires now
   POST /control/device/slow_down {"user_code"}: the next pending poll is
                   answered slow_down, however slow it came
-  GET  /control/device/codes   the user codes issued, oldest first
+  GET  /control/device/codes   the user codes issued, oldest first, and the
+                  device codes (for the tests' check that none leaks)
 
 A poll that comes sooner than the code's interval after the last one is
 answered slow_down (Authlib's should_slow_down), and the code's interval
@@ -100,7 +101,7 @@ def control(path, body):
     }
     if path == "/control/device/codes":
         with DEVICE.lock:
-            return 200, {"user_codes": list(DEVICE.user_codes)}
+            return 200, {"user_codes": list(DEVICE.user_codes), "device_codes": list(DEVICE.credentials)}
     action = actions.get(path)
     if action is None:
         return None
