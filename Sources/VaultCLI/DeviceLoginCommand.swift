@@ -21,7 +21,8 @@ extension VaultCtl {
         do throws(VaultClientError) {
             // A poll waits up to 25 seconds for its turn, then for the provider.
             vault = try VaultConnection(path: socketPath, timeoutSeconds: timeoutSeconds + 30)
-            start = try vault.startDeviceLogin(provider: provider, user: user, ownerUID: owner, replace: command.has("--replace"))
+            start = try vault.startDeviceLogin(
+                provider: provider, user: user, ownerUID: owner, replace: command.has("--replace"))
         } catch {
             return report(error)
         }

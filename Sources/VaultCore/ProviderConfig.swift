@@ -218,9 +218,9 @@ extension ConfigParser {
     /// The keys `[Provider NAME]` accepts.
     static let providerKeys = [
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
-        "MaxSessionLifetime", "DeviceAuthorizationURL", "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Command", "Timeout",
+        "MaxSessionLifetime", "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Command", "Timeout",
         "MaxConcurrentHelpers", "Grant", "JWTKeyFile", "JWTIssuer", "JWTAudience",
-        "MintUsers", "MintGroups",
+        "MintUsers", "MintGroups", "DeviceAuthorizationURL",
     ]
     /// The keys only some types of provider take.
     static let typeKeys: [ProviderType: Set<String>] = [

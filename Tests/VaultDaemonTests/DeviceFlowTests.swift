@@ -29,7 +29,8 @@ struct DeviceFlowTests {
     @Test("Should take 5 s without an interval, Google's verification_url, and keep the numbers in range")
     func defaultsAndClamps() throws {
         let made = try parse(
-            200, #"{"device_code":"d","user_code":"1234","verification_url":"https://g.example/device","expires_in":999999}"#
+            200,
+            #"{"device_code":"d","user_code":"1234","verification_url":"https://g.example/device","expires_in":999999}"#
         ).get()
         #expect(made.interval == 5)
         #expect(made.verificationURI == "https://g.example/device")

@@ -14,7 +14,9 @@ extension AuthlibServer {
         body["user"] = user.map(JSON.string)
         let response = try LoopbackHTTP.request(
             "POST", url: url, path: "/control/device/\(action)", body: JSON.object(body).serialized())
-        guard response.status == 200 else { throw HarnessError("/control/device/\(action) answered \(response.status)") }
+        guard response.status == 200 else {
+            throw HarnessError("/control/device/\(action) answered \(response.status)")
+        }
     }
 
     /// The device codes the server issued: none may show in any output.

@@ -304,6 +304,16 @@ class CannotRefresh(VaultdError):
     refresh token (ERR_CANNOT_REFRESH)."""
 
 
+class LoginDenied(VaultdError):
+    """The user refused the device login at the provider, OAuth 2.0's
+    access_denied (ERR_LOGIN_DENIED)."""
+
+
+class LoginExpired(VaultdError):
+    """The device login is over before the user finished it: its code
+    expired, or no such pending login is the caller's (ERR_LOGIN_EXPIRED)."""
+
+
 _ERRORS = {cls.__name__: cls for cls in VaultdError.__subclasses__()}
 
 

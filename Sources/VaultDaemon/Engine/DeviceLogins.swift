@@ -126,7 +126,8 @@ extension SessionManager {
         // A login that brings tokens: the device flow's are the user's, not minted.
         probe.tokenResponse = .object([:])
         let (account, provider, _) = try admitLogin(probe, caller: caller)
-        guard provider.oauth2?.deviceAuthorizationURL != nil, let client = client(for: account.provider) as? OAuth2Client
+        guard provider.oauth2?.deviceAuthorizationURL != nil,
+            let client = client(for: account.provider) as? OAuth2Client
         else {
             throw VaultError(
                 .invalidParameter,
