@@ -163,6 +163,31 @@ struct DeviceLoginTests {
             tokens: [accessToken] + (try server.liveRefreshTokens()))
     }
 
+    @Test("Should replace a logged-in session's tokens with --device --replace")
+    func replace() async throws {
+        let directory = try TemporaryDirectory()
+        let server = try AuthlibServer(directory: directory, arguments: ["--device-interval", "1"])
+        let fixture = try start(server, AuthlibServer.publicClient)
+        let user = uniqueName("again")
+        var tokens: [String] = []
+        for (flags, said) in [([String](), "logged in: "), (["--replace"], "replaced: ")] {
+            let (process, out, err) = try startInterruptible(
+                Binaries.vaultctl.path,
+                ["--socket", fixture.socketPath, "login", "oauth", user, "--device"] + flags)
+            defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
+            #expect(out.wait(for: "Ctrl-C cancels"), "\(out.text) \(err.text)")
+            let lines = out.text.split(separator: "\n").map(String.init)
+            let code = try #require(lines.firstIndex(of: "and enter the code:").map { lines[$0 + 1] })
+            try server.device("approve", code, user: user)
+            #expect(try reap(process, seconds: 30) == 0, "\(out.text) \(err.text)")
+            #expect(out.text.contains(said + "\(user) @ oauth"), "\(out.text)")
+            let token = try vaultctl(fixture.socketPath, ["token", "oauth", user])
+            tokens.append(token.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+        }
+        #expect(tokens[0] != tokens[1], "the replace serves the new token")
+        #expect(try server.user(of: tokens[1]) == user)
+    }
+
     @Test("Should poll again only 5 seconds later than the interval after slow_down")
     func slowDown() async throws {
         let directory = try TemporaryDirectory()
