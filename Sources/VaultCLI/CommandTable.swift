@@ -157,6 +157,7 @@ public enum CommandTable {
                 .flag("--from-provider", "the provider obtains the tokens; nothing is read"),
                 .flag("--replace", "replace the tokens of a session that is logged in already"),
                 .value("--profile-file", "FILE", .file, "the user's profile (name, avatar, metadata) as JSON"),
+                .flag("--device", "log in on another device: show an address and a code, wait for the user (RFC 8628)"),
             ],
             summary: "log in; the token comes on stdin or from FILE (or the provider obtains it)",
             details: """
@@ -169,6 +170,14 @@ public enum CommandTable {
                 With --from-provider nothing is read: the provider obtains the tokens
                 itself (oauth2: its Grant=, client credentials or a JWT bearer assertion
                 for USER; exec: its helper's login).
+                With --device (oauth2 providers with DeviceAuthorizationURL=) vaultd asks
+                the provider for a code: vaultctl prints the address to open and the code
+                to enter, each on a line of its own (and the address that holds the code,
+                when the provider gives one), then waits while vaultd polls the provider
+                at the pace it asks for, until the user approves or refuses
+                (ERR_LOGIN_DENIED) or the code expires (ERR_LOGIN_EXPIRED). Ctrl-C stops
+                the wait, and vaultd polls no more. The client secret and the device code
+                stay in vaultd.
                 With --replace a logged-in account gets the new tokens instead: they are
                 stored before vaultctl returns and served at once, subscribers see
                 tokenRefreshed (reason replaced), and a replaced refresh token is revoked
@@ -183,12 +192,13 @@ public enum CommandTable {
                 ("vaultctl login demo alice --token-file token.json", "log in with a token response from a file"),
                 ("vaultctl login cometchat alice --from-provider", "have the provider's helper log alice in"),
                 ("echo -n \"$NEW\" | vaultctl login --replace demo alice", "rotate alice's token by hand"),
+                ("vaultctl login corp alice --device", "log alice in at corp with a code entered in a browser"),
                 (
                     "vaultctl login demo alice --token-file t.json --profile-file alice.json",
                     "log in with alice's name and avatar"
                 ),
             ],
-            handler: { ctl, parsed in ctl.login(parsed) }),
+            handler: { ctl, parsed in parsed.has("--device") ? ctl.deviceLogin(parsed) : ctl.login(parsed) }),
         CommandSpec(
             name: "logout", required: [.provider, .user], optional: [], options: [],
             summary: "log out and delete the stored session",

@@ -34,6 +34,8 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case invalidClient
         case grantRevoked
         case cannotRefresh
+        case loginDenied
+        case loginExpired
 
         /// How a kind of failure is named on the wire and by the SDKs, and what
         /// it means: the `io.vaultd.Vault` error's name and doc comment, and
@@ -232,6 +234,22 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                     doc: """
                         The session cannot be refreshed: its provider has no way to (a static
                         provider) or it holds no refresh token. Log in again for new tokens.
+                        """)
+            case .loginDenied:
+                return Declaration(
+                    varlinkName: "LoginDenied", seedCode: "ERR_LOGIN_DENIED",
+                    doc: """
+                        The user refused the login at the provider (OAuth 2.0's access_denied, as
+                        the device flow's token endpoint answers it): nothing was logged in.
+                        """)
+            case .loginExpired:
+                return Declaration(
+                    varlinkName: "LoginExpired", seedCode: "ERR_LOGIN_EXPIRED",
+                    doc: """
+                        The interactive login is over before the user finished it: the device code
+                        expired (OAuth 2.0's expired_token, or its expires_in passed), or vaultd
+                        holds no pending login of that id for the caller (it finished, expired,
+                        vaultd restarted, or it is another user's). Start the login again.
                         """)
             case .tooManyRevocations:
                 return Declaration(

@@ -176,6 +176,8 @@ public enum VaultMethod: String, Sendable, CaseIterable {
     case setProviderSecret = "io.vaultd.Vault.SetProviderSecret"
     case reportRejected = "io.vaultd.Vault.ReportRejected"
     case setConnectionState = "io.vaultd.Vault.SetConnectionState"
+    case startDeviceLogin = "io.vaultd.Vault.StartDeviceLogin"
+    case pollDeviceLogin = "io.vaultd.Vault.PollDeviceLogin"
 
     /// The method's declaration: its doc comment, parameters and output.
     public var declaration: VarlinkMethodDeclaration {
@@ -415,6 +417,55 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     VarlinkField("ownerUid", .nullable(.int)),
                 ],
                 output: [])
+        case .startDeviceLogin:
+            return VarlinkMethodDeclaration(
+                "StartDeviceLogin",
+                doc: """
+                    Starts an OAuth 2.0 device login (RFC 8628) of an account at an oauth2
+                    provider with DeviceAuthorizationURL=: vaultd asks the provider for a user
+                    code, which the user enters at verificationUri (or opens
+                    verificationUriComplete), and keeps the device code itself. The caller must
+                    be one who may log the account in (as Login). login names the pending login
+                    for PollDeviceLogin: only the caller's uid (or root) may poll it; at most 4
+                    wait per uid (root excepted), held in memory until they end or expiresIn
+                    seconds pass (a restart of vaultd loses them).
+                    """,
+                parameters: [
+                    VarlinkField("provider", .string),
+                    VarlinkField("user", .string),
+                    VarlinkField("ownerUid", .nullable(.int)),
+                    VarlinkField("replace", .nullable(.bool)),
+                ],
+                output: [
+                    VarlinkField("login", .string),
+                    VarlinkField("userCode", .string),
+                    VarlinkField("verificationUri", .string),
+                    VarlinkField("verificationUriComplete", .nullable(.string)),
+                    VarlinkField("expiresIn", .int),
+                    VarlinkField("interval", .int),
+                ])
+        case .pollDeviceLogin:
+            return VarlinkMethodDeclaration(
+                "PollDeviceLogin",
+                doc: """
+                    Waits until the device login's next poll is due (interval seconds after the
+                    last, 5 more after each slow_down; at most 25 seconds per call), polls the
+                    provider's token endpoint once, and answers pending true while the user has
+                    not finished (call again), or the login done as Login with the token response
+                    does it (session, created, replaced). The user's refusal is LoginDenied, an
+                    expired device code (or an unknown login, or another user's) LoginExpired. A
+                    client that stops calling stops the polling.
+                    """,
+                parameters: [
+                    VarlinkField("login", .string)
+                ],
+                output: [
+                    VarlinkField("pending", .bool),
+                    VarlinkField("interval", .nullable(.int)),
+                    VarlinkField("session", .nullable(.named("Session"))),
+                    VarlinkField("created", .nullable(.bool)),
+                    VarlinkField("replaced", .nullable(.bool)),
+                ])
         }
     }
 }

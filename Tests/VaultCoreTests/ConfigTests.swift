@@ -127,7 +127,7 @@ struct ConfigParserTests {
                 == "\(file):3: unknown key 'Colour' in [Provider a] (known: Type, Description, SingleAccount, TokenURL, "
                 + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, "
                 + "TokenEndpointAuthMethod, AllowInsecureHTTP, Command, Timeout, MaxConcurrentHelpers, Grant, JWTKeyFile, "
-                + "JWTIssuer, JWTAudience, MintUsers, MintGroups)"
+                + "JWTIssuer, JWTAudience, MintUsers, MintGroups, DeviceAuthorizationURL)"
         )
     }
 

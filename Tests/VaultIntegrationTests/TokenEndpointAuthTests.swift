@@ -39,8 +39,11 @@ final class AuthlibServer {
     var url: String { server.url }
 
     /// Starts the server, its list of clients (`all` and `extra`) written in
-    /// `directory`, its access tokens living `lifetime` seconds.
-    init(directory: TemporaryDirectory, extra: [Registration] = [], lifetime: Int = 600) throws {
+    /// `directory`, its access tokens living `lifetime` seconds, with
+    /// `arguments` of its own (`--device-interval 1`).
+    init(directory: TemporaryDirectory, extra: [Registration] = [], lifetime: Int = 600, arguments: [String] = [])
+        throws
+    {
         guard let python = AuthlibServer.python else { throw HarnessError("no Authlib venv: run scripts/authlib-venv") }
         let clients = JSON.array(
             (AuthlibServer.all + extra).map { client in
@@ -56,7 +59,7 @@ final class AuthlibServer {
         let path = directory.path("clients.json")
         try clients.text.write(toFile: path, atomically: true, encoding: .utf8)
         server = try PythonServer(
-            "authlib_server.py", ["--clients", path, "--lifetime", String(lifetime)], python: python)
+            "authlib_server.py", ["--clients", path, "--lifetime", String(lifetime)] + arguments, python: python)
     }
 
     /// A token response with a refresh token for `client`, as an

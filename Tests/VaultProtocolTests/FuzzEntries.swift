@@ -168,6 +168,13 @@ enum ProtocolFuzzEntry {
             _ = try? Account.validate(provider: provider, user: user)
             _ = ClientConnectionState(rawValue: try p.string("state"))
             _ = try? ClientConnections.validate(name: try p.optionalString("client") ?? "x")
+        case .startDeviceLogin?:
+            let (provider, user) = try p.account()
+            _ = try p.optionalUID("ownerUid")
+            _ = try p.optionalBool("replace")
+            _ = try? Account.validate(provider: provider, user: user)
+        case .pollDeviceLogin?:
+            _ = try p.string("login")
         case nil:
             _ = try p.optionalString("interface")
         }

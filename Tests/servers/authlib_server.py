@@ -34,7 +34,12 @@ framework-agnostic server classes over Python's http.server.
   POST /control/issue  {"client_id": ...}: a token response with a refresh
                   token, as an authorization code login would have given
                   (the token `vaultctl login` is handed); no client auth
-  GET  /control/stats  every token and revocation request so far: endpoint,
+  POST /device_authorization, /control/device/...: the device authorization
+                  grant (RFC 8628), see authlib_device.py
+  --device-interval S, --device-expires-in S: its codes' interval and
+                  expires_in (default 5 and 1800)
+  GET  /control/stats  every token, revocation and device authorization
+                  request so far, each with its time (at, Unix seconds): endpoint,
                   grant_type, status, error, the client it authenticated and
                   the method it did so with, the user a token was issued
                   to, the unverified header and claims of the assertions;
@@ -68,6 +73,8 @@ from authlib.oauth2.rfc6750 import BearerTokenGenerator  # noqa: E402
 from authlib.oauth2.rfc7009 import RevocationEndpoint  # noqa: E402
 from authlib.oauth2.rfc7523 import JWTBearerClientAssertion, JWTBearerGrant  # noqa: E402
 from joserfc import jwk  # noqa: E402
+
+import authlib_device  # noqa: E402
 
 METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
 
@@ -108,6 +115,8 @@ class Client(ClientMixin):
             return self.method != "none"
         if grant_type == JWTBearerGrant.GRANT_TYPE:
             return self.jwt_bearer
+        if grant_type == authlib_device.DEVICE_CODE_GRANT_TYPE:
+            return True
         return grant_type == "refresh_token"
 
 
@@ -376,6 +385,8 @@ class Handler(BaseHTTPRequestHandler):
         with STATE.lock:
             if endpoint == "token":
                 status, body, headers = SERVER.create_token_response(raw)
+            elif endpoint == "device_authorization":
+                status, body, headers = SERVER.create_endpoint_response("device_authorization", raw)
             else:
                 status, body, headers = SERVER.create_endpoint_response("revocation", raw)
             request = raw.oauth
@@ -384,6 +395,7 @@ class Handler(BaseHTTPRequestHandler):
                 # Salesforce's token response names the org's own host.
                 body["instance_url"] = STATE.origin
             STATE.requests.append({
+                "at": time.time(),
                 "endpoint": endpoint,
                 "grant_type": form.get("grant_type"),
                 "status": status,
@@ -404,6 +416,11 @@ class Handler(BaseHTTPRequestHandler):
             self._oauth("token", self._form(raw))
         elif self.path == "/revoke":
             self._oauth("revoke", self._form(raw))
+        elif self.path == "/device_authorization":
+            self._oauth("device_authorization", self._form(raw))
+        elif self.path.startswith("/control/device/"):
+            answer = authlib_device.control(self.path, json.loads(raw or b"{}"))
+            self._send(*(answer or (404, {"error": "not_found"})))
         elif self.path == "/control/issue":
             client_id = json.loads(raw or b"{}").get("client_id")
             with STATE.lock:
@@ -418,7 +435,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": "not_found"})
 
     def do_GET(self):
-        if self.path == "/control/stats":
+        if self.path.startswith("/control/device/"):
+            self._send(*(authlib_device.control(self.path, {}) or (404, {"error": "not_found"})))
+        elif self.path == "/control/stats":
             with STATE.lock:
                 live = [t.refresh_token for t in STATE.tokens if t.refresh_token and not t.refresh_revoked]
                 body = {"requests": list(STATE.requests), "live_refresh_tokens": live}
@@ -441,6 +460,8 @@ def main():
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--clients", required=True)
     parser.add_argument("--lifetime", type=int, default=600)
+    parser.add_argument("--device-interval", type=int, default=5)
+    parser.add_argument("--device-expires-in", type=int, default=1800)
     args = parser.parse_args()
     with open(args.clients, encoding="utf-8") as file:
         for entry in json.load(file):
@@ -455,8 +476,10 @@ def main():
                 bool(entry.get("jwt_bearer")))
     STATE.lifetime = args.lifetime
     SERVER = make_server()
+    authlib_device.register(SERVER, args.device_interval, args.device_expires_in)
     httpd = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     STATE.origin = "http://127.0.0.1:%d" % httpd.server_address[1]
+    authlib_device.DEVICE.origin = STATE.origin
     httpd.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     print("LISTENING http://127.0.0.1:%d" % httpd.server_address[1], flush=True)

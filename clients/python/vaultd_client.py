@@ -47,6 +47,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Client",
     "ClientConnection",
+    "DeviceLoginPoll",
+    "DeviceLoginStart",
     "EVENT_KINDS",
     "Event",
     "EventStream",
@@ -304,6 +306,16 @@ class CannotRefresh(VaultdError):
     refresh token (ERR_CANNOT_REFRESH)."""
 
 
+class LoginDenied(VaultdError):
+    """The user refused the device login at the provider, OAuth 2.0's
+    access_denied (ERR_LOGIN_DENIED)."""
+
+
+class LoginExpired(VaultdError):
+    """The device login is over before the user finished it: its code
+    expired, or no such pending login is the caller's (ERR_LOGIN_EXPIRED)."""
+
+
 _ERRORS = {cls.__name__: cls for cls in VaultdError.__subclasses__()}
 
 
@@ -540,6 +552,33 @@ class LoginResult:
 
     session: Session
     created: bool
+    replaced: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceLoginStart:
+    """The answer to ``StartDeviceLogin`` (RFC 8628): show the user
+    ``verification_uri`` and ``user_code`` (or ``verification_uri_complete``),
+    then call ``poll_device_login(login)`` until it is done. The device code
+    stays in vaultd."""
+
+    login: str
+    user_code: str
+    verification_uri: str
+    expires_in: int
+    interval: int
+    verification_uri_complete: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class DeviceLoginPoll:
+    """The answer to ``PollDeviceLogin``: ``pending`` (call again; vaultd keeps
+    the pace, ``interval`` seconds apart) or the login, as ``Login`` answers it."""
+
+    pending: bool
+    interval: Optional[int] = None
+    session: Optional[Session] = None
+    created: bool = False
     replaced: bool = False
 
 
@@ -977,6 +1016,39 @@ class Client:
             session=self._session(reply, "Login"),
             created=created is True,
             replaced=replaced is True,
+        )
+
+    def start_device_login(
+        self, provider: str, user: str, *, owner_uid: Optional[int] = None, replace: Optional[bool] = None
+    ) -> DeviceLoginStart:
+        """Starts a device login (RFC 8628) at an oauth2 provider with
+        DeviceAuthorizationURL=: vaultd asks the provider for a user code and
+        keeps the device code. Only this uid (or root) may poll it."""
+        reply = self._vault("StartDeviceLogin", provider=provider, user=user, owner_uid=owner_uid, replace=replace)
+        r = _Reader(reply, "a StartDeviceLogin reply")
+        return DeviceLoginStart(
+            login=r.string("login"),
+            user_code=r.string("userCode"),
+            verification_uri=r.string("verificationUri"),
+            expires_in=r.integer("expiresIn"),
+            interval=r.integer("interval"),
+            verification_uri_complete=r.opt_string("verificationUriComplete"),
+        )
+
+    def poll_device_login(self, login: str) -> DeviceLoginPoll:
+        """One poll of a device login: vaultd answers once its poll of the
+        provider is due and done (up to 25 seconds plus one request: give the
+        Client a timeout of a minute or more), pending or the login. The
+        user's refusal raises LoginDenied, an expired code LoginExpired."""
+        reply = self._vault("PollDeviceLogin", login=login)
+        r = _Reader(reply, "a PollDeviceLogin reply")
+        if r.boolean("pending"):
+            return DeviceLoginPoll(pending=True, interval=r.opt_int("interval"))
+        return DeviceLoginPoll(
+            pending=False,
+            session=self._session(reply, "PollDeviceLogin"),
+            created=r.boolean("created"),
+            replaced=r.boolean("replaced"),
         )
 
     def logout(self, provider: str, user: str, *, owner_uid: Optional[int] = None) -> None:

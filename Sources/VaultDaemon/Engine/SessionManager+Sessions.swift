@@ -17,10 +17,11 @@ extension SessionManager {
         return (record, outcome != .existing)
     }
 
-    /// `login`, saying whether the session was created, already there, or
-    /// had its tokens replaced (`request.replace`, see SessionManager+Replace.swift).
-    func loginOrReplace(_ request: LoginRequest, caller: Caller) async throws(VaultError) -> (
-        SessionRecord, LoginOutcome
+    /// The account, provider and session a login of `request` by `caller`
+    /// would log in, when `caller` may: the checks every login passes first
+    /// (the device flow's too, before it asks the provider anything).
+    func admitLogin(_ request: LoginRequest, caller: Caller) throws(VaultError) -> (
+        Account, ProviderConfig, SessionKey
     ) {
         let account = try Account.validate(provider: request.provider, user: request.user)
         guard let provider = config.providers[account.provider] else {
@@ -47,6 +48,15 @@ extension SessionManager {
             Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.accessDenied.seedCode)
             throw AccessPolicy.mintDenied(account)
         }
+        return (account, provider, key)
+    }
+
+    /// `login`, saying whether the session was created, already there, or
+    /// had its tokens replaced (`request.replace`, see SessionManager+Replace.swift).
+    func loginOrReplace(_ request: LoginRequest, caller: Caller) async throws(VaultError) -> (
+        SessionRecord, LoginOutcome
+    ) {
+        let (account, provider, key) = try admitLogin(request, caller: caller)
         // Bounded: each pass waits for one in-flight operation to end.
         for _ in 0..<64 {
             if request.replace, let task = entries[key]?.refresh {

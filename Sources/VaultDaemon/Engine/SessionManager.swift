@@ -85,6 +85,8 @@ public actor SessionManager {
     /// The provider requests each user may still cause, and the queued
     /// revocations (see SessionManager+Traffic.swift).
     var traffic: ProviderTraffic
+    /// The device logins waiting for their user (DeviceLogins.swift).
+    var deviceLogins = DeviceLogins()
 
     /// A manager over `store`, reading time from `clock`; its work runs on
     /// `executor` when one is given (the simulation's), else on an ordinary

@@ -52,6 +52,8 @@ public enum VaultMethods {
         case .reportRejected: body = handlers.reportRejected
         case .forceLogout: body = handlers.forceLogout
         case .setConnectionState: body = handlers.setConnectionState
+        case .startDeviceLogin: body = handlers.startDeviceLogin
+        case .pollDeviceLogin: body = handlers.pollDeviceLogin
         case .subscribe: body = handlers.subscribe
         }
         return { call, caller in

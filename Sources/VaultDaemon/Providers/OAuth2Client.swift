@@ -83,7 +83,7 @@ public struct OAuth2Client: Sendable {
     /// The client's credentials (RFC 6749 section 2.3.1): the form fields and
     /// the `Authorization` header line of `authMethod`; a failure when the
     /// method needs a secret and there is none, or a key that cannot sign.
-    private func clientAuthentication() -> Result<(form: [(String, String)], header: [UInt8]?), JWTSigner.Failure> {
+    func clientAuthentication() -> Result<(form: [(String, String)], header: [UInt8]?), JWTSigner.Failure> {
         switch authMethod {
         case .none: return .success(([("client_id", settings.clientID)], nil))
         case .clientSecretPost:
