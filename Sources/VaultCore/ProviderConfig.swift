@@ -82,6 +82,9 @@ public struct OAuth2Settings: Sendable, Equatable {
     public var clientID: String
     /// The RFC 7009 revocation endpoint, used at logout.
     public var revocationURL: String?
+    /// `AuthorizationURL=`: the authorization endpoint (RFC 6749 section
+    /// 3.1) a browser login opens (`vaultctl login --browser`).
+    public var authorizationURL: String?
     /// The scope asked for, space separated.
     public var scope: String?
     /// `DefaultLifetime=`, in seconds, when set: the token lifetime assumed
@@ -217,7 +220,7 @@ extension ConfigParser {
         "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
         "MaxSessionLifetime", "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Command", "Timeout",
         "MaxConcurrentHelpers", "Grant", "JWTKeyFile", "JWTIssuer", "JWTAudience",
-        "MintUsers", "MintGroups",
+        "MintUsers", "MintGroups", "AuthorizationURL",
     ]
     /// The keys only some types of provider take.
     static let typeKeys: [ProviderType: Set<String>] = [
@@ -225,7 +228,7 @@ extension ConfigParser {
         .oauth2: [
             "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime",
             "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Timeout", "Grant", "JWTKeyFile",
-            "JWTIssuer", "JWTAudience",
+            "JWTIssuer", "JWTAudience", "AuthorizationURL",
         ],
     ]
 
@@ -306,6 +309,9 @@ extension ConfigParser {
         let tokenURL = try required("TokenURL")
         var settings = OAuth2Settings(tokenURL: try url(tokenURL, "TokenURL"), clientID: try required("ClientID").value)
         if let entry = section.entries["RevocationURL"] { settings.revocationURL = try url(entry, "RevocationURL") }
+        if let entry = section.entries["AuthorizationURL"] {
+            settings.authorizationURL = try url(entry, "AuthorizationURL")
+        }
         settings.scope = section.entries["Scope"]?.value
         if let lifetime = try duration("DefaultLifetime") { settings.defaultLifetime = lifetime }
         settings.maxSessionLifetime = try duration("MaxSessionLifetime")

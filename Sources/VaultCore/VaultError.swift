@@ -34,6 +34,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case invalidClient
         case grantRevoked
         case cannotRefresh
+        case authorizationFailed
 
         /// How a kind of failure is named on the wire and by the SDKs, and what
         /// it means: the `io.vaultd.Vault` error's name and doc comment, and
@@ -232,6 +233,15 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                     doc: """
                         The session cannot be refreshed: its provider has no way to (a static
                         provider) or it holds no refresh token. Log in again for new tokens.
+                        """)
+            case .authorizationFailed:
+                return Declaration(
+                    varlinkName: "AuthorizationFailed", seedCode: "ERR_AUTHORIZATION_FAILED",
+                    doc: """
+                        A browser login brought no authorization: the authorization server redirected
+                        with an error (access_denied when the user declined; its code is providerCode),
+                        or the redirect's state was not the login's (a redirect of another login, or a
+                        forged one). Nothing was sent to the token endpoint; log in again.
                         """)
             case .tooManyRevocations:
                 return Declaration(

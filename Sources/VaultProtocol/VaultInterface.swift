@@ -176,6 +176,8 @@ public enum VaultMethod: String, Sendable, CaseIterable {
     case setProviderSecret = "io.vaultd.Vault.SetProviderSecret"
     case reportRejected = "io.vaultd.Vault.ReportRejected"
     case setConnectionState = "io.vaultd.Vault.SetConnectionState"
+    case beginBrowserLogin = "io.vaultd.Vault.BeginBrowserLogin"
+    case finishBrowserLogin = "io.vaultd.Vault.FinishBrowserLogin"
 
     /// The method's declaration: its doc comment, parameters and output.
     public var declaration: VarlinkMethodDeclaration {
@@ -415,6 +417,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     VarlinkField("ownerUid", .nullable(.int)),
                 ],
                 output: [])
+        case .beginBrowserLogin, .finishBrowserLogin: return browserLoginDeclaration
         }
     }
 }

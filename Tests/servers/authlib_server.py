@@ -26,6 +26,9 @@ framework-agnostic server classes over Python's http.server.
                   client authentication (RFC 7523 2.2; aud the token URL,
                   each jti once) at /token and /revoke
   POST /revoke    RFC 7009, any of the three methods, each client by its own
+  GET  /authorize  the authorization code grant with PKCE, approved as the
+                  user POST /control/approve names (authlib_browser.py); the
+                  code's exchange at /token by any method
   GET  /resource  200 and the token's user for a live access token
                   (Authorization: Bearer), else 401
   POST /control/issue  {"client_id": ...}: a token response with a refresh
@@ -66,6 +69,8 @@ from authlib.oauth2.rfc7009 import RevocationEndpoint  # noqa: E402
 from authlib.oauth2.rfc7523 import JWTBearerClientAssertion, JWTBearerGrant  # noqa: E402
 from joserfc import jwk  # noqa: E402
 
+import authlib_browser  # noqa: E402
+
 METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
 
 
@@ -87,7 +92,7 @@ class Client(ClientMixin):
         return scope or ""
 
     def check_redirect_uri(self, redirect_uri):
-        return False
+        return authlib_browser.loopback_redirect(redirect_uri)
 
     def check_client_secret(self, client_secret):
         return self.client_secret is not None and secrets.compare_digest(
@@ -98,13 +103,15 @@ class Client(ClientMixin):
         return method == self.method
 
     def check_response_type(self, response_type):
-        return False
+        return response_type == "code"
 
     def check_grant_type(self, grant_type):
         if grant_type == "client_credentials":
             return self.method != "none"
         if grant_type == JWTBearerGrant.GRANT_TYPE:
             return self.jwt_bearer
+        if grant_type == "authorization_code":
+            return True
         return grant_type == "refresh_token"
 
 
@@ -287,7 +294,7 @@ class Request(OAuth2Request):
 
     @property
     def args(self):
-        return {}
+        return self._form if self.method == "GET" else {}
 
     @property
     def form(self):
@@ -333,6 +340,7 @@ def make_server():
     server.register_grant(JWTBearer)
     server.register_client_auth_method("private_key_jwt", PrivateKeyJWT())
     server.register_endpoint(Revocation)
+    authlib_browser.register(server, STATE)
     return server
 
 
@@ -393,6 +401,8 @@ class Handler(BaseHTTPRequestHandler):
             self._oauth("token", self._form(raw))
         elif self.path == "/revoke":
             self._oauth("revoke", self._form(raw))
+        elif self.path == "/control/approve":
+            self._send(200, authlib_browser.control(json.loads(raw or b"{}")))
         elif self.path == "/control/issue":
             client_id = json.loads(raw or b"{}").get("client_id")
             with STATE.lock:
@@ -407,7 +417,14 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": "not_found"})
 
     def do_GET(self):
-        if self.path == "/control/stats":
+        if self.path.startswith("/authorize?"):
+            query = {k: v[0] for k, v in parse_qs(self.path.split("?", 1)[1], keep_blank_values=True).items()}
+            with STATE.lock:
+                status, body, headers = authlib_browser.authorize(SERVER, HTTPRequest(self, query))
+                STATE.requests.append({"endpoint": "authorize", "status": status,
+                                       "client_id": query.get("client_id"), "error": None})
+            self._send(status, body, headers)
+        elif self.path == "/control/stats":
             with STATE.lock:
                 live = [t.refresh_token for t in STATE.tokens if t.refresh_token and not t.refresh_revoked]
                 body = {"requests": list(STATE.requests), "live_refresh_tokens": live}

@@ -53,6 +53,8 @@ public enum VaultMethods {
         case .forceLogout: body = handlers.forceLogout
         case .setConnectionState: body = handlers.setConnectionState
         case .subscribe: body = handlers.subscribe
+        case .beginBrowserLogin: body = handlers.beginBrowserLogin
+        case .finishBrowserLogin: body = handlers.finishBrowserLogin
         }
         return { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in try body(p, caller) }
