@@ -68,7 +68,8 @@ public enum LoopbackRedirect: Equatable, Sendable {
 
     /// A provider's words for a terminal: control characters dropped, at most 200 characters.
     static func printable(_ text: String) -> String {
-        String(String.UnicodeScalarView(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }).prefix(200))
+        String(
+            String.UnicodeScalarView(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }).prefix(200))
     }
 }
 

@@ -217,10 +217,11 @@ public enum ProviderURL {
 extension ConfigParser {
     /// The keys `[Provider NAME]` accepts.
     static let providerKeys = [
-        "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
+        "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "AuthorizationURL", "Scope",
+        "DefaultLifetime",
         "MaxSessionLifetime", "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Command", "Timeout",
         "MaxConcurrentHelpers", "Grant", "JWTKeyFile", "JWTIssuer", "JWTAudience",
-        "MintUsers", "MintGroups", "AuthorizationURL",
+        "MintUsers", "MintGroups",
     ]
     /// The keys only some types of provider take.
     static let typeKeys: [ProviderType: Set<String>] = [

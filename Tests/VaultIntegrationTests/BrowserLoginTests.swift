@@ -32,7 +32,9 @@ func queryItems(_ url: String) -> [String: String] {
 /// `url` with the query parameter `name` set to `value`.
 func replacingQuery(_ url: String, _ name: String, with value: String) -> String {
     var components = URLComponents(string: url)!
-    components.queryItems = (components.queryItems ?? []).map { $0.name == name ? URLQueryItem(name: name, value: value) : $0 }
+    components.queryItems = (components.queryItems ?? []).map {
+        $0.name == name ? URLQueryItem(name: name, value: value) : $0
+    }
     // '+' is a space to form decoders: keep it literal.
     components.percentEncodedQuery = components.percentEncodedQuery?.replacingOccurrences(of: "+", with: "%2B")
     return components.string!
@@ -98,7 +100,8 @@ struct BrowserLoginTests {
             let path = String(url.dropFirst(server.url.count))
             let response = try LoopbackHTTP.request("GET", url: server.url, path: path)
             guard response.status == 302, let location = response.headers["location"] else {
-                throw HarnessError("/authorize answered \(response.status): \(String(decoding: response.body, as: UTF8.self))")
+                throw HarnessError(
+                    "/authorize answered \(response.status): \(String(decoding: response.body, as: UTF8.self))")
             }
             return location
         }
@@ -191,7 +194,8 @@ struct BrowserLoginTests {
         #expect(try login.deliver(altered) == 400)
         let result = try login.finish()
         #expect(result.status == 1)
-        #expect(result.stderr.contains("ERR_AUTHORIZATION_FAILED") && result.stderr.contains("state"), "\(result.stderr)")
+        #expect(
+            result.stderr.contains("ERR_AUTHORIZATION_FAILED") && result.stderr.contains("state"), "\(result.stderr)")
         #expect(try setup.server.codeExchanges().isEmpty, "no token request was made")
         #expect(try vaultctl(setup.fixture.socketPath, ["status", "corp", user]).status != 0)
         expectNoSecrets(setup.daemonOutput + result.stdout + result.stderr, [code, setup.client.secret ?? ""])
@@ -225,7 +229,8 @@ struct BrowserLoginTests {
         #expect(try login.deliver(location) == 200)
         let result = try login.finish()
         #expect(result.status == 1)
-        #expect(result.stderr.contains("ERR_GRANT_REVOKED") && result.stderr.contains("invalid_grant"), "\(result.stderr)")
+        #expect(
+            result.stderr.contains("ERR_GRANT_REVOKED") && result.stderr.contains("invalid_grant"), "\(result.stderr)")
         #expect(result.stderr.contains("verifier"), "\(result.stderr)")
         let exchanges = try setup.server.codeExchanges()
         #expect(exchanges.count == 1)
@@ -247,11 +252,14 @@ struct BrowserLoginTests {
         #expect(try second.deliver(second.redirectURI + "?code=\(code)&state=\(stateOfSecond)") == 200)
         let result = try second.finish()
         #expect(result.status == 1)
-        #expect(result.stderr.contains("ERR_GRANT_REVOKED") && result.stderr.contains("invalid_grant"), "\(result.stderr)")
+        #expect(
+            result.stderr.contains("ERR_GRANT_REVOKED") && result.stderr.contains("invalid_grant"), "\(result.stderr)")
         let exchanges = try setup.server.codeExchanges()
         #expect(exchanges.count == 2)
         #expect(exchanges.last?["error"]?.stringValue == "invalid_grant")
-        #expect(exchanges.last?["error_description"]?.stringValue?.contains("code") == true, "\(exchanges.last?.text ?? "")")
+        #expect(
+            exchanges.last?["error_description"]?.stringValue?.contains("code") == true, "\(exchanges.last?.text ?? "")"
+        )
     }
 
     /// Sends `calls` over one connection as the local user `name`

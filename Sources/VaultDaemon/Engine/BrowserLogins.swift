@@ -128,7 +128,8 @@ extension VaultMethods.Handlers {
             let checked = try Account.validate(provider: account.provider, user: account.user)
             guard BrowserFlow.isLoopbackRedirect(redirectURI) else {
                 throw VaultError(
-                    .invalidParameter, "redirectUri must be a loopback listener's, http://127.0.0.1:PORT/ (RFC 8252 7.3)")
+                    .invalidParameter,
+                    "redirectUri must be a loopback listener's, http://127.0.0.1:PORT/ (RFC 8252 7.3)")
             }
             let (client, _) = try await manager.browserLoginClient(checked, requested: requested, caller: caller)
             let verifier = Secret(BrowserFlow.randomText(bytes: 32))
