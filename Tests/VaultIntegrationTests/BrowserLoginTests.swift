@@ -308,6 +308,46 @@ struct BrowserLoginTests {
         expectNoSecrets(setup.daemonOutput, [code])
     }
 
+    @Test(
+        "Should say when xdg-open is missing or fails, and go on waiting for the redirect",
+        arguments: ["exit 3", nil] as [String?])
+    func opener(script: String?) throws {
+        let setup = try Setup()
+        let user = uniqueName("open")
+        try setup.server.approve(as: user)
+        let bin = setup.directory.path("bin")
+        try FileManager.default.createDirectory(atPath: bin, withIntermediateDirectories: true)
+        if let script { try writeExecutable("#!/bin/sh\n\(script)\n", to: bin + "/xdg-open") }
+        let (process, out, err) = try startInterruptible(
+            "/usr/bin/env",
+            [
+                "PATH=\(bin)", Binaries.vaultctl.path, "--socket", setup.fixture.socketPath, "login", "corp", user,
+                "--browser",
+            ])
+        let login = Login(process: process, out: out, err: err, url: "")
+        let told = script == nil ? "cannot run xdg-open" : "xdg-open exited with 3"
+        #expect(err.wait(for: told), "\(err.text)")
+        guard out.wait(for: "\n"), let url = out.text.split(separator: "\n").first else {
+            process.terminate()
+            throw HarnessError("no URL: \(out.text)")
+        }
+        #expect(try login.deliver(try setup.authorize(String(url))) == 200)
+        let result = try login.finish()
+        #expect(result.status == 0, "\(result.stderr)")
+    }
+
+    @Test("Should report a bad AuthorizationURL= at --check-config, naming file, line and key")
+    func checkConfig() throws {
+        let directory = try TemporaryDirectory()
+        let path = directory.path("vaultd.conf")
+        try
+            "[Provider corp]\nType=oauth2\nTokenURL=https://login.example.com/token\nClientID=c\nAuthorizationURL=http://login.example.com/authorize\n"
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        let result = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+        #expect(result.status != 0)
+        #expect(result.stderr.contains("\(path):5: key 'AuthorizationURL'"), "\(result.stderr)")
+    }
+
     @Test("Should end on Ctrl-C while it waits, and answer 404 to what is not the redirect")
     func interrupted() throws {
         let setup = try Setup()
