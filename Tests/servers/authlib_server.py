@@ -37,7 +37,8 @@ framework-agnostic server classes over Python's http.server.
   GET  /control/stats  every token and revocation request so far: endpoint,
                   grant_type, status, error, the client it authenticated and
                   the method it did so with, the user a token was issued
-                  to, the unverified header and claims of the assertions;
+                  to, the unverified header and claims of the assertions,
+                  a code exchange's code, code_verifier and redirect_uri;
                   which refresh tokens are live
 """
 

@@ -54,6 +54,8 @@ OUTPUTS = {
     "GetToken": (Token, {"token": "value"}),
     "Subscribe": (vaultd_client.EventStream, {"sessions": "snapshot", "event": "__next__"}),
     "ReportRejected": (None, {"outcome": "the returned string"}),
+    "BeginBrowserLogin": (vaultd_client.BrowserLoginStart, {}),
+    "FinishBrowserLogin": (LoginResult, {}),
 }
 
 
