@@ -55,7 +55,21 @@ func base64url(_ bytes: [UInt8]) -> String {
     "Browser login with PKCE against Authlib", .requiresKeyring, .requiresAuthlib, .ownThreads,
     .timeLimit(.minutes(5)))
 struct BrowserLoginTests {
-    /// A vaultd whose provider `corp` is `client` at `server`, with AuthorizationURL=.
+    /// The README's example of a browser login's provider: a public client
+    /// (PKCE is its proof), as the test runs it with the example host
+    /// replaced by the Authlib server's; `vaultctl login corp alice --browser`.
+    static let readmeExample = """
+        [Provider corp]
+        Type=oauth2
+        AuthorizationURL=https://login.example.com/authorize
+        TokenURL=https://login.example.com/token
+        ClientID=vaultd-public
+        Scope=profile
+
+        """
+
+    /// A vaultd whose provider `corp` is `client` at `server`: the README's
+    /// example, with the client's id, and its secret when it has one.
     final class Setup {
         let server: AuthlibServer
         let fixture: DaemonFixture
@@ -67,9 +81,11 @@ struct BrowserLoginTests {
             server = try AuthlibServer(directory: directory)
             fixture = try DaemonFixture(start: false)
             self.client = client
-            var text = "[Vault]\nMinRefreshInterval=0\n" + (socketMode ? "SocketMode=0666\n" : "") + "\n"
-            text += "[Provider corp]\nType=oauth2\nAuthorizationURL=\(server.url)/authorize\n"
-            text += "TokenURL=\(server.url)/token\nClientID=\(client.id)\nScope=profile\n"
+            var text = socketMode ? "[Vault]\nSocketMode=0666\n\n" : ""
+            text += BrowserLoginTests.readmeExample.replacingOccurrences(
+                of: "https://login.example.com", with: server.url
+            )
+            .replacingOccurrences(of: "ClientID=vaultd-public", with: "ClientID=\(client.id)")
             if let secret = client.secret {
                 let path = fixture.directory.path("client-secret")
                 try secret.write(toFile: path, atomically: true, encoding: .utf8)
@@ -179,7 +195,9 @@ struct BrowserLoginTests {
         let token = try vaultctl(setup.fixture.socketPath, ["token", "corp", user]).stdout
             .trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(try setup.server.user(of: token) == user)
-        let secrets = [code, verifier, token] + (client.secret.map { [$0] } ?? [])
+        let refreshTokens = try setup.server.liveRefreshTokens()
+        #expect(refreshTokens.count == 1, "the token response's refresh token")
+        let secrets = [code, verifier, token] + refreshTokens + (client.secret.map { [$0] } ?? [])
         expectNoSecrets(setup.daemonOutput + result.stdout + result.stderr, secrets)
     }
 
