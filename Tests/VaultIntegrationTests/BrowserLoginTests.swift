@@ -201,6 +201,25 @@ struct BrowserLoginTests {
         expectNoSecrets(setup.daemonOutput + result.stdout + result.stderr, secrets)
     }
 
+    @Test("Should replace a logged-in session's tokens with --replace")
+    func replace() throws {
+        let setup = try Setup(AuthlibServer.publicClient)
+        let user = uniqueName("again")
+        try setup.server.approve(as: user)
+        for (extra, said) in [([], "logged in: "), (["--replace"], "replaced: ")] {
+            let login = try setup.start(user, extra)
+            #expect(try login.deliver(try setup.authorize(login.url)) == 200)
+            let result = try login.finish()
+            #expect(result.status == 0, "\(result.stderr)")
+            #expect(result.stdout.contains(said + "\(user) @ corp"), "\(result.stdout)")
+        }
+        let token = try vaultctl(setup.fixture.socketPath, ["token", "corp", user]).stdout
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let exchanges = try setup.server.codeExchanges()
+        #expect(exchanges.count == 2)
+        #expect(try setup.server.user(of: token) == user)
+    }
+
     @Test("Should refuse a redirect whose state was altered, and send nothing to the token endpoint")
     func alteredState() throws {
         let setup = try Setup()
