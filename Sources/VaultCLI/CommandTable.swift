@@ -158,6 +158,8 @@ public enum CommandTable {
                 .flag("--replace", "replace the tokens of a session that is logged in already"),
                 .value("--profile-file", "FILE", .file, "the user's profile (name, avatar, metadata) as JSON"),
                 .flag("--device", "log in on another device: show an address and a code, wait for the user (RFC 8628)"),
+                .flag("--browser", "log in in a browser: authorization code with PKCE, redirected to vaultctl"),
+                .flag("--no-open", "with --browser: only print the URL, do not run xdg-open"),
             ],
             summary: "log in; the token comes on stdin or from FILE (or the provider obtains it)",
             details: """
@@ -186,11 +188,20 @@ public enum CommandTable {
                 CometChat's User fields (name, avatar, role, metadata, ...); uid, when
                 given, must be USER. It wins over the profile the provider's helper
                 answers or an id_token in the token response describes.
+                With --browser (an oauth2 provider with AuthorizationURL=) nothing is
+                read either: vaultctl listens on 127.0.0.1 on a free port, prints the
+                authorization URL on a line of its own and opens it with xdg-open (not
+                with --no-open: then open it yourself, on this machine). Once you
+                approve, the browser is sent back to vaultctl with a code, which vaultd
+                exchanges with its PKCE verifier (S256) and the client's credentials.
+                A redirect with another state, an error (access_denied) or a code the
+                token endpoint refuses fails; the login expires after 10 minutes.
                 """,
             examples: [
                 ("echo -n \"$TOKEN\" | vaultctl login demo alice", "log in with a bare token"),
                 ("vaultctl login demo alice --token-file token.json", "log in with a token response from a file"),
                 ("vaultctl login cometchat alice --from-provider", "have the provider's helper log alice in"),
+                ("vaultctl login corp alice --browser", "log alice in at corp in a browser (PKCE)"),
                 ("echo -n \"$NEW\" | vaultctl login --replace demo alice", "rotate alice's token by hand"),
                 ("vaultctl login corp alice --device", "log alice in at corp with a code entered in a browser"),
                 (
@@ -198,7 +209,11 @@ public enum CommandTable {
                     "log in with alice's name and avatar"
                 ),
             ],
-            handler: { ctl, parsed in parsed.has("--device") ? ctl.deviceLogin(parsed) : ctl.login(parsed) }),
+            handler: { ctl, parsed in
+                if parsed.has("--device") { return ctl.deviceLogin(parsed) }
+                if parsed.has("--browser") || parsed.has("--no-open") { return ctl.browserLogin(parsed) }
+                return ctl.login(parsed)
+            }),
         CommandSpec(
             name: "logout", required: [.provider, .user], optional: [], options: [],
             summary: "log out and delete the stored session",

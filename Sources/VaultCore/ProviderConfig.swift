@@ -85,6 +85,9 @@ public struct OAuth2Settings: Sendable, Equatable {
     /// `DeviceAuthorizationURL=`: the RFC 8628 device authorization endpoint
     /// of `vaultctl login --device`.
     public var deviceAuthorizationURL: String?
+    /// `AuthorizationURL=`: the authorization endpoint (RFC 6749 section
+    /// 3.1) a browser login opens (`vaultctl login --browser`).
+    public var authorizationURL: String?
     /// The scope asked for, space separated.
     public var scope: String?
     /// `DefaultLifetime=`, in seconds, when set: the token lifetime assumed
@@ -217,7 +220,8 @@ public enum ProviderURL {
 extension ConfigParser {
     /// The keys `[Provider NAME]` accepts.
     static let providerKeys = [
-        "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime",
+        "Type", "Description", "SingleAccount", "TokenURL", "ClientID", "RevocationURL", "AuthorizationURL", "Scope",
+        "DefaultLifetime",
         "MaxSessionLifetime", "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Command", "Timeout",
         "MaxConcurrentHelpers", "Grant", "JWTKeyFile", "JWTIssuer", "JWTAudience",
         "MintUsers", "MintGroups", "DeviceAuthorizationURL",
@@ -228,7 +232,7 @@ extension ConfigParser {
         .oauth2: [
             "TokenURL", "ClientID", "RevocationURL", "Scope", "DefaultLifetime", "MaxSessionLifetime",
             "ClientSecretFile", "TokenEndpointAuthMethod", "AllowInsecureHTTP", "Timeout", "Grant", "JWTKeyFile",
-            "JWTIssuer", "JWTAudience", "DeviceAuthorizationURL",
+            "JWTIssuer", "JWTAudience", "DeviceAuthorizationURL", "AuthorizationURL",
         ],
     ]
 
@@ -311,6 +315,9 @@ extension ConfigParser {
         if let entry = section.entries["RevocationURL"] { settings.revocationURL = try url(entry, "RevocationURL") }
         if let entry = section.entries["DeviceAuthorizationURL"] {
             settings.deviceAuthorizationURL = try url(entry, "DeviceAuthorizationURL")
+        }
+        if let entry = section.entries["AuthorizationURL"] {
+            settings.authorizationURL = try url(entry, "AuthorizationURL")
         }
         settings.scope = section.entries["Scope"]?.value
         if let lifetime = try duration("DefaultLifetime") { settings.defaultLifetime = lifetime }

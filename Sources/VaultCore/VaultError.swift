@@ -36,6 +36,7 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
         case cannotRefresh
         case loginDenied
         case loginExpired
+        case authorizationFailed
 
         /// How a kind of failure is named on the wire and by the SDKs, and what
         /// it means: the `io.vaultd.Vault` error's name and doc comment, and
@@ -250,6 +251,15 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                         expired (OAuth 2.0's expired_token, or its expires_in passed), or vaultd
                         holds no pending login of that id for the caller (it finished, expired,
                         vaultd restarted, or it is another user's). Start the login again.
+                        """)
+            case .authorizationFailed:
+                return Declaration(
+                    varlinkName: "AuthorizationFailed", seedCode: "ERR_AUTHORIZATION_FAILED",
+                    doc: """
+                        A browser login brought no authorization: the authorization server redirected
+                        with an error (access_denied when the user declined; its code is providerCode),
+                        or the redirect's state was not the login's (a redirect of another login, or a
+                        forged one). Nothing was sent to the token endpoint; log in again.
                         """)
             case .tooManyRevocations:
                 return Declaration(

@@ -178,6 +178,8 @@ public enum VaultMethod: String, Sendable, CaseIterable {
     case setConnectionState = "io.vaultd.Vault.SetConnectionState"
     case startDeviceLogin = "io.vaultd.Vault.StartDeviceLogin"
     case pollDeviceLogin = "io.vaultd.Vault.PollDeviceLogin"
+    case beginBrowserLogin = "io.vaultd.Vault.BeginBrowserLogin"
+    case finishBrowserLogin = "io.vaultd.Vault.FinishBrowserLogin"
 
     /// The method's declaration: its doc comment, parameters and output.
     public var declaration: VarlinkMethodDeclaration {
@@ -466,6 +468,7 @@ public enum VaultMethod: String, Sendable, CaseIterable {
                     VarlinkField("created", .nullable(.bool)),
                     VarlinkField("replaced", .nullable(.bool)),
                 ])
+        case .beginBrowserLogin, .finishBrowserLogin: return browserLoginDeclaration
         }
     }
 }

@@ -125,7 +125,7 @@ struct ConfigParserTests {
         #expect(
             error.message
                 == "\(file):3: unknown key 'Colour' in [Provider a] (known: Type, Description, SingleAccount, TokenURL, "
-                + "ClientID, RevocationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, "
+                + "ClientID, RevocationURL, AuthorizationURL, Scope, DefaultLifetime, MaxSessionLifetime, ClientSecretFile, "
                 + "TokenEndpointAuthMethod, AllowInsecureHTTP, Command, Timeout, MaxConcurrentHelpers, Grant, JWTKeyFile, "
                 + "JWTIssuer, JWTAudience, MintUsers, MintGroups, DeviceAuthorizationURL)"
         )

@@ -13,6 +13,8 @@ enum LoopbackHTTP {
     struct Response {
         var status: Int
         var body: [UInt8]
+        /// The header fields, by their names in lowercase (the last of a repeated one).
+        var headers: [String: String] = [:]
     }
 
     /// Sends `method path` to the server at `url` (`http://127.0.0.1:PORT`)
@@ -63,9 +65,15 @@ enum LoopbackHTTP {
         }
         let separator: [UInt8] = [13, 10, 13, 10]
         guard let end = answer.indices.first(where: { answer[$0...].starts(with: separator) }),
-            let statusLine = String(decoding: answer[..<end], as: UTF8.self).split(separator: "\r\n").first,
-            let status = Int(statusLine.split(separator: " ").dropFirst().first ?? "")
+            case let lines = String(decoding: answer[..<end], as: UTF8.self).split(separator: "\r\n"),
+            let statusLine = lines.first, let status = Int(statusLine.split(separator: " ").dropFirst().first ?? "")
         else { throw HarnessError("no HTTP answer from \(url)\(path)") }
-        return Response(status: status, body: Array(answer[(end + 4)...]))
+        var headers: [String: String] = [:]
+        for line in lines.dropFirst() {
+            guard let colon = line.firstIndex(of: ":") else { continue }
+            headers[line[..<colon].lowercased()] = line[line.index(after: colon)...]
+                .trimmingCharacters(in: .whitespaces)
+        }
+        return Response(status: status, body: Array(answer[(end + 4)...]), headers: headers)
     }
 }

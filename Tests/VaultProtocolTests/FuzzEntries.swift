@@ -175,6 +175,14 @@ enum ProtocolFuzzEntry {
             _ = try? Account.validate(provider: provider, user: user)
         case .pollDeviceLogin?:
             _ = try p.string("login")
+        case .beginBrowserLogin?:
+            let (provider, user) = try p.account()
+            _ = try p.optionalUID("ownerUid")
+            _ = try p.string("redirectUri")
+            _ = try p.optionalBool("replace")
+            _ = try? Account.validate(provider: provider, user: user)
+        case .finishBrowserLogin?:
+            _ = (try p.string("login"), try p.string("code"), try p.string("state"))
         case nil:
             _ = try p.optionalString("interface")
         }

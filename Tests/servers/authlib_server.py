@@ -26,6 +26,9 @@ framework-agnostic server classes over Python's http.server.
                   client authentication (RFC 7523 2.2; aud the token URL,
                   each jti once) at /token and /revoke
   POST /revoke    RFC 7009, any of the three methods, each client by its own
+  GET  /authorize  the authorization code grant with PKCE, approved as the
+                  user POST /control/approve names (authlib_browser.py); the
+                  code's exchange at /token by any method
   GET  /resource  200 and the token's user for a live access token
                   (Authorization: Bearer), else 401
   Salesforce's paths as aliases: POST /services/oauth2/token (and the JWT
@@ -42,7 +45,8 @@ framework-agnostic server classes over Python's http.server.
                   request so far, each with its time (at, Unix seconds): endpoint,
                   grant_type, status, error, the client it authenticated and
                   the method it did so with, the user a token was issued
-                  to, the unverified header and claims of the assertions;
+                  to, the unverified header and claims of the assertions,
+                  a code exchange's code, code_verifier and redirect_uri;
                   which refresh tokens are live
 """
 
@@ -75,6 +79,7 @@ from authlib.oauth2.rfc7523 import JWTBearerClientAssertion, JWTBearerGrant  # n
 from joserfc import jwk  # noqa: E402
 
 import authlib_device  # noqa: E402
+import authlib_browser  # noqa: E402
 
 METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
 
@@ -97,7 +102,7 @@ class Client(ClientMixin):
         return scope or ""
 
     def check_redirect_uri(self, redirect_uri):
-        return False
+        return authlib_browser.loopback_redirect(redirect_uri)
 
     def check_client_secret(self, client_secret):
         return self.client_secret is not None and secrets.compare_digest(
@@ -108,14 +113,14 @@ class Client(ClientMixin):
         return method == self.method
 
     def check_response_type(self, response_type):
-        return False
+        return response_type == "code"
 
     def check_grant_type(self, grant_type):
         if grant_type == "client_credentials":
             return self.method != "none"
         if grant_type == JWTBearerGrant.GRANT_TYPE:
             return self.jwt_bearer
-        if grant_type == authlib_device.DEVICE_CODE_GRANT_TYPE:
+        if grant_type in (authlib_device.DEVICE_CODE_GRANT_TYPE, "authorization_code"):
             return True
         return grant_type == "refresh_token"
 
@@ -299,7 +304,7 @@ class Request(OAuth2Request):
 
     @property
     def args(self):
-        return {}
+        return self._form if self.method == "GET" else {}
 
     @property
     def form(self):
@@ -345,6 +350,7 @@ def make_server():
     server.register_grant(JWTBearer)
     server.register_client_auth_method("private_key_jwt", PrivateKeyJWT())
     server.register_endpoint(Revocation)
+    authlib_browser.register(server, STATE)
     return server
 
 
@@ -400,6 +406,10 @@ class Handler(BaseHTTPRequestHandler):
                 "grant_type": form.get("grant_type"),
                 "status": status,
                 "error": body.get("error") if isinstance(body, dict) else None,
+                "error_description": body.get("error_description") if isinstance(body, dict) else None,
+                "code": form.get("code"),
+                "code_verifier": form.get("code_verifier"),
+                "redirect_uri": form.get("redirect_uri"),
                 "client_id": client.get_client_id() if client else None,
                 "auth_method": request.auth_method if request is not None else None,
                 "basic": (self.headers.get("Authorization") or "").lower().startswith("basic "),
@@ -421,6 +431,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path.startswith("/control/device/"):
             answer = authlib_device.control(self.path, json.loads(raw or b"{}"))
             self._send(*(answer or (404, {"error": "not_found"})))
+        elif self.path == "/control/approve":
+            self._send(200, authlib_browser.control(json.loads(raw or b"{}")))
         elif self.path == "/control/issue":
             client_id = json.loads(raw or b"{}").get("client_id")
             with STATE.lock:
@@ -437,6 +449,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path.startswith("/control/device/"):
             self._send(*(authlib_device.control(self.path, {}) or (404, {"error": "not_found"})))
+        elif self.path.startswith("/authorize?"):
+            query = {k: v[0] for k, v in parse_qs(self.path.split("?", 1)[1], keep_blank_values=True).items()}
+            with STATE.lock:
+                status, body, headers = authlib_browser.authorize(SERVER, HTTPRequest(self, query))
+                STATE.requests.append({"endpoint": "authorize", "status": status,
+                                       "client_id": query.get("client_id"), "error": None})
+            self._send(status, body, headers)
         elif self.path == "/control/stats":
             with STATE.lock:
                 live = [t.refresh_token for t in STATE.tokens if t.refresh_token and not t.refresh_revoked]

@@ -45,6 +45,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 __version__ = "0.1.0"
 
 __all__ = [
+    "BrowserLoginStart",
     "Client",
     "ClientConnection",
     "DeviceLoginPoll",
@@ -316,6 +317,12 @@ class LoginExpired(VaultdError):
     expired, or no such pending login is the caller's (ERR_LOGIN_EXPIRED)."""
 
 
+class AuthorizationFailed(VaultdError):
+    """A browser login brought no authorization: an error redirect (the
+    server's code as provider_code) or another login's state
+    (ERR_AUTHORIZATION_FAILED)."""
+
+
 _ERRORS = {cls.__name__: cls for cls in VaultdError.__subclasses__()}
 
 
@@ -580,6 +587,18 @@ class DeviceLoginPoll:
     session: Optional[Session] = None
     created: bool = False
     replaced: bool = False
+
+
+@dataclass(frozen=True)
+class BrowserLoginStart:
+    """The answer to ``BeginBrowserLogin``: the pending login's id, the
+    authorization URL to open, the state its redirect must bring back and when
+    vaultd drops it (Unix seconds). The PKCE verifier stays in vaultd."""
+
+    login: str
+    authorization_url: str
+    state: str
+    expires_at: int
 
 
 @dataclass(frozen=True)
@@ -1236,6 +1255,37 @@ class Client:
         ``client`` (default: the executable's name). The report lasts as long
         as this Client's connection."""
         self._vault("SetConnectionState", provider=provider, user=user, state=state, client=client, owner_uid=owner_uid)
+
+    def begin_browser_login(
+        self,
+        provider: str,
+        user: str,
+        *,
+        redirect_uri: str,
+        owner_uid: Optional[int] = None,
+        replace: Optional[bool] = None,
+    ) -> BrowserLoginStart:
+        """Begins a browser login (authorization code with PKCE) of an oauth2
+        provider with AuthorizationURL=; ``redirect_uri`` is the caller's
+        loopback listener, ``http://127.0.0.1:PORT/``."""
+        reply = self._vault(
+            "BeginBrowserLogin", provider=provider, user=user, redirect_uri=redirect_uri, owner_uid=owner_uid,
+            replace=replace,
+        )
+        values = [reply.get(name) for name in ("login", "authorizationUrl", "state", "expiresAt")]
+        if not all(isinstance(v, str) for v in values[:3]) or not isinstance(values[3], int):
+            raise VaultdProtocolError("vaultd answered BeginBrowserLogin without its fields")
+        return BrowserLoginStart(*values)
+
+    def finish_browser_login(self, login: str, *, code: str, state: str) -> LoginResult:
+        """Finishes the browser login ``login`` with the code and state its
+        redirect brought: vaultd exchanges the code and logs the account in."""
+        reply = self._vault("FinishBrowserLogin", login=login, code=code, state=state)
+        return LoginResult(
+            session=self._session(reply, "FinishBrowserLogin"),
+            created=reply.get("created") is True,
+            replaced=reply.get("replaced") is True,
+        )
 
     # MARK: org.varlink.service
 

@@ -55,6 +55,8 @@ public enum VaultMethods {
         case .startDeviceLogin: body = handlers.startDeviceLogin
         case .pollDeviceLogin: body = handlers.pollDeviceLogin
         case .subscribe: body = handlers.subscribe
+        case .beginBrowserLogin: body = handlers.beginBrowserLogin
+        case .finishBrowserLogin: body = handlers.finishBrowserLogin
         }
         return { call, caller in
             parse(call) { (p) throws(ParameterReader.Invalid) -> HandlerOutcome in try body(p, caller) }

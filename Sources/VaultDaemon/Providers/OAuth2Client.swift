@@ -134,25 +134,35 @@ public struct OAuth2Client: Sendable {
         return Base64.encodedBytes(pair)
     }
 
-    private func requestTokens(_ parameters: [(String, String)]) async -> RefreshOutcome {
+    /// Posts `parameters` and the client's authentication (`authMethod`) to
+    /// the token endpoint: its answer, whose body (tokens) the caller wipes,
+    /// or why no request went out or no answer came.
+    func postTokenRequest(_ parameters: [(String, String)]) async -> Result<HTTPResponse, JWTSigner.Failure> {
         var authentication: (form: [(String, String)], header: [UInt8]?)
         switch clientAuthentication() {
         case .success(let made): authentication = made
-        case .failure(let failure):
-            // Transient: storing the secret or putting the key file right
-            // puts it right without losing the session.
-            return .transient(reason: failure.reason, retryAfter: nil)
+        case .failure(let failure): return .failure(failure)
         }
         defer { authentication.header?.wipe() }
-        var response: HTTPResponse
         do {
-            response = try await HTTPClient.postForm(
-                settings.tokenURL, parameters + authentication.form, authorization: authentication.header,
-                timeoutSeconds: timeoutSeconds)
+            return .success(
+                try await HTTPClient.postForm(
+                    settings.tokenURL, parameters + authentication.form, authorization: authentication.header,
+                    timeoutSeconds: timeoutSeconds))
         } catch {
-            // Each kind is worth retrying: none says the grant is gone, and
-            // logging a session out over a network or TLS fault would lose it.
-            return .transient(reason: "the token endpoint failed: \(error.reason)", retryAfter: nil)
+            return .failure(JWTSigner.Failure(reason: "the token endpoint failed: \(error.reason)"))
+        }
+    }
+
+    private func requestTokens(_ parameters: [(String, String)]) async -> RefreshOutcome {
+        var response: HTTPResponse
+        switch await postTokenRequest(parameters) {
+        case .success(let answer): response = answer
+        case .failure(let failure):
+            // Each kind is worth retrying: storing the secret or putting the
+            // key file right puts it right, and none says the grant is gone
+            // (logging a session out over a network or TLS fault would lose it).
+            return .transient(reason: failure.reason, retryAfter: nil)
         }
         // The body holds the new tokens: wipe it once they are taken.
         defer { response.body.wipe() }

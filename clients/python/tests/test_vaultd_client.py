@@ -56,6 +56,8 @@ OUTPUTS = {
     "ReportRejected": (None, {"outcome": "the returned string"}),
     "StartDeviceLogin": (vaultd_client.DeviceLoginStart, {}),
     "PollDeviceLogin": (vaultd_client.DeviceLoginPoll, {}),
+    "BeginBrowserLogin": (vaultd_client.BrowserLoginStart, {}),
+    "FinishBrowserLogin": (LoginResult, {}),
 }
 
 
