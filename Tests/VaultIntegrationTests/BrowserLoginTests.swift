@@ -55,10 +55,10 @@ func base64url(_ bytes: [UInt8]) -> String {
     "Browser login with PKCE against Authlib", .requiresKeyring, .requiresAuthlib, .ownThreads,
     .timeLimit(.minutes(5)))
 struct BrowserLoginTests {
-    /// The README's example of a browser login's provider: a public client
-    /// (PKCE is its proof), as the test runs it with the example host
-    /// replaced by the Authlib server's; `vaultctl login corp alice --browser`.
-    static let readmeExample = """
+    /// The provider of these tests: a public client (PKCE is its proof),
+    /// its host replaced by the Authlib server's (README's own example runs
+    /// in FirstLoginExamplesTests).
+    static let providerSection = """
         [Provider corp]
         Type=oauth2
         AuthorizationURL=https://login.example.com/authorize
@@ -68,8 +68,8 @@ struct BrowserLoginTests {
 
         """
 
-    /// A vaultd whose provider `corp` is `client` at `server`: the README's
-    /// example, with the client's id, and its secret when it has one.
+    /// A vaultd whose provider `corp` is `client` at `server`: `providerSection`
+    /// with the client's id, and its secret when it has one.
     final class Setup {
         let server: AuthlibServer
         let fixture: DaemonFixture
@@ -82,7 +82,7 @@ struct BrowserLoginTests {
             fixture = try DaemonFixture(start: false)
             self.client = client
             var text = socketMode ? "[Vault]\nSocketMode=0666\n\n" : ""
-            text += BrowserLoginTests.readmeExample.replacingOccurrences(
+            text += BrowserLoginTests.providerSection.replacingOccurrences(
                 of: "https://login.example.com", with: server.url
             )
             .replacingOccurrences(of: "ClientID=vaultd-public", with: "ClientID=\(client.id)")

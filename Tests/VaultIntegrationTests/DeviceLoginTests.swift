@@ -340,41 +340,4 @@ struct DeviceLoginTests {
         let mixed = try vaultctl(fixture.socketPath, ["login", "oauth", "x", "--device", "--from-provider"])
         #expect(mixed.status == 2, "\(mixed.stderr)")
     }
-
-    /// The README's device login example, as it is written there: a public
-    /// client (`none`), as CLI clients of identity providers are registered.
-    static let readmeConfig = """
-        [Provider corp]
-        Type=oauth2
-        TokenURL=https://login.example.com/token
-        DeviceAuthorizationURL=https://login.example.com/device_authorization
-        ClientID=vaultd-cli
-        Scope=openid offline_access
-
-        """
-
-    @Test("Should run the README's device login example as it is written")
-    func readmeExample() async throws {
-        let directory = try TemporaryDirectory()
-        let cli = AuthlibServer.Registration(id: "vaultd-cli", secret: nil, method: "none")
-        let server = try AuthlibServer(directory: directory, extra: [cli], arguments: ["--device-interval", "1"])
-        let fixture = try DaemonFixture(start: false)
-        try DeviceLoginTests.readmeConfig.replacingOccurrences(of: "https://login.example.com", with: server.url)
-            .write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
-        let (process, out, err) = try startInterruptible(
-            Binaries.vaultctl.path, ["--socket", fixture.socketPath, "login", "corp", "alice", "--device"])
-        defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
-        #expect(out.wait(for: "Ctrl-C cancels"), "\(out.text) \(err.text)")
-        let lines = out.text.split(separator: "\n").map(String.init)
-        let code = try #require(lines.firstIndex(of: "and enter the code:").map { lines[$0 + 1] })
-        try server.device("approve", code, user: "alice")
-        #expect(try reap(process, seconds: 30) == 0, "\(out.text) \(err.text)")
-        #expect(out.text.contains("logged in: alice @ corp"), "\(out.text)")
-        let token = try vaultctl(fixture.socketPath, ["token", "corp", "alice"])
-        #expect(try server.user(of: token.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) == "alice")
-        let grant = try server.devicePolls().last
-        #expect(grant?["status"]?.integerValue == 200)
-        _ = try vaultctl(fixture.socketPath, ["logout", "corp", "alice"])
-    }
 }
