@@ -247,10 +247,11 @@ public struct VaultError: Error, Sendable, Equatable, CustomStringConvertible {
                 return Declaration(
                     varlinkName: "LoginExpired", seedCode: "ERR_LOGIN_EXPIRED",
                     doc: """
-                        The interactive login is over before the user finished it: the device code
-                        expired (OAuth 2.0's expired_token, or its expires_in passed), or vaultd
-                        holds no pending login of that id for the caller (it finished, expired,
-                        vaultd restarted, or it is another user's). Start the login again.
+                        The interactive login (device or browser) is over before it was finished:
+                        vaultd holds no pending login of that id for the caller (it finished,
+                        expired, vaultd restarted, or it is another user's), or the device code
+                        expired (OAuth 2.0's expired_token, or its expires_in passed). Start the
+                        login again.
                         """)
             case .authorizationFailed:
                 return Declaration(

@@ -40,7 +40,7 @@ extension VaultMethod {
                 in as Login does with the token response (same checks, limits and events);
                 the reply is Login's. Only the user who began the login (or root) may finish
                 it; for anyone else, as for an expired or finished one, the login is unknown
-                (InvalidParameter). state must be the login's (AuthorizationFailed). A login
+                (LoginExpired). state must be the login's (AuthorizationFailed). A login
                 is finished once, whether the exchange works or not; a code the token endpoint
                 refuses (used already, or a verifier that does not match) is GrantRevoked
                 with providerCode invalid_grant.

@@ -6,8 +6,8 @@ import VaultCore
 
 /// The browser login's pure pieces (issue 32, item 3): PKCE's S256
 /// challenge, the authorization URL, the loopback redirect URIs vaultd
-/// takes, and the table of pending logins.
-@Suite("Browser login: PKCE, the authorization URL, pending logins", .timeLimit(.minutes(5)))
+/// takes (the table of pending logins: PendingLoginsTests).
+@Suite("Browser login: PKCE, the authorization URL, loopback redirects", .timeLimit(.minutes(5)))
 struct BrowserFlowTests {
     @Test("Should make RFC 7636 appendix B's challenge of its verifier")
     func appendixB() {
@@ -55,30 +55,5 @@ struct BrowserFlowTests {
         ])
     func loopbackRedirect(uri: String, taken: Bool) {
         #expect(BrowserFlow.isLoopbackRedirect(uri) == taken)
-    }
-
-    func pending(_ id: String, uid: UInt32, expiresAt: Int64 = 1_000) -> PendingBrowserLogin {
-        PendingBrowserLogin(
-            id: id, account: Account(provider: "p", user: "u"), ownerUID: nil, uid: uid, replace: false,
-            expiresAt: UnixTime(seconds: expiresAt), verifier: Secret("v"), state: "s",
-            redirectURI: "http://127.0.0.1:1/")
-    }
-
-    @Test("Should keep 4 pending logins a uid but root, hand each once to its uid or root, and drop expired ones")
-    func pendingLogins() throws {
-        let logins = BrowserLogins()
-        let now = UnixTime(seconds: 100)
-        for i in 0..<4 { try logins.add(pending("a\(i)", uid: 1000), now: now) }
-        #expect(throws: VaultError.self) { try logins.add(pending("a4", uid: 1000), now: now) }
-        try logins.add(pending("b0", uid: 1001), now: now)
-        for i in 0..<8 { try logins.add(pending("r\(i)", uid: 0), now: now) }
-        // Another uid: unknown, and the login stays.
-        #expect(logins.take("a0", uid: 1001, now: now) == nil)
-        #expect(logins.take("a0", uid: 1000, now: now)?.id == "a0")
-        #expect(logins.take("a0", uid: 1000, now: now) == nil)
-        #expect(logins.take("a1", uid: 0, now: now)?.id == "a1")
-        // Expired: gone, and its place free again.
-        #expect(logins.take("a2", uid: 1000, now: UnixTime(seconds: 1_000)) == nil)
-        for i in 5..<9 { try logins.add(pending("a\(i)", uid: 1000), now: UnixTime(seconds: 1_000)) }
     }
 }

@@ -5,7 +5,8 @@ import VaultCore
 @testable import VaultDaemon
 
 /// The device authorization grant's parsing (RFC 8628 sections 3.2 and 3.5)
-/// and the table of pending device logins.
+/// and its classification of poll answers (the table of pending logins:
+/// PendingLoginsTests).
 @Suite("Device flow")
 struct DeviceFlowTests {
     func parse(_ status: Int, _ body: String) -> Result<DeviceAuthorization, VaultError> {
@@ -117,40 +118,5 @@ struct DeviceFlowTests {
             }
             #expect(error.code == .networkError)
         }
-    }
-
-    func pending(uid: UInt32, expiresIn seconds: Int64 = 60, now: ContinuousClock.Instant) -> DeviceLogins.Pending {
-        DeviceLogins.Pending(
-            request: LoginRequest(provider: "oauth", user: "alice"), caller: Caller(uid: uid, gid: uid, pid: 1),
-            deviceCode: Secret("dc"), interval: 5, nextPollAt: now, expiresAt: now + .seconds(seconds))
-    }
-
-    @Test("Should hold at most 4 pending logins per uid, root excepted, with ids of 128 random bits")
-    func perUserLimit() throws {
-        var logins = DeviceLogins()
-        let now = ContinuousClock.now
-        var ids: Set<String> = []
-        for _ in 0..<DeviceLogins.perUser { ids.insert(try logins.add(pending(uid: 1000, now: now), now: now)) }
-        #expect(ids.count == 4)
-        #expect(ids.allSatisfy { $0.count == 22 })
-        #expect(throws: VaultError(.invalidParameter, "")) { try logins.add(pending(uid: 1000, now: now), now: now) }
-        _ = try logins.add(pending(uid: 1001, now: now), now: now)
-        for _ in 0..<6 { _ = try logins.add(pending(uid: 0, now: now), now: now) }
-    }
-
-    @Test("Should let only the starter's uid or root poll, one poll at a time, and forget expired logins")
-    func claims() throws {
-        var logins = DeviceLogins()
-        let now = ContinuousClock.now
-        let id = try logins.add(pending(uid: 1000, now: now), now: now)
-        #expect(throws: DeviceLogins.unknown()) { try logins.claim(id, uid: 1001, now: now) }
-        #expect(throws: DeviceLogins.unknown()) { try logins.claim("no-such-id", uid: 1000, now: now) }
-        let claimed = try logins.claim(id, uid: 1000, now: now)
-        #expect(throws: VaultError(.loginInProgress, "")) { try logins.claim(id, uid: 0, now: now) }
-        logins.release(id, claimed)
-        _ = try logins.claim(id, uid: 0, now: now)
-        let short = try logins.add(pending(uid: 1000, expiresIn: 1, now: now), now: now)
-        #expect(throws: DeviceLogins.unknown()) { try logins.claim(short, uid: 1000, now: now + .seconds(2)) }
-        #expect(logins.pending[short] == nil)
     }
 }

@@ -334,14 +334,14 @@ struct BrowserLoginTests {
 
         // Another uid: the login is unknown to it, and stays pending.
         let stranger = try calls(as: TestUsers.b, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
-        #expect(stranger.first?["error"]?.stringValue == "io.vaultd.Vault.InvalidParameter", "\(stranger)")
+        #expect(stranger.first?["error"]?.stringValue == "io.vaultd.Vault.LoginExpired", "\(stranger)")
         #expect(try setup.server.codeExchanges().isEmpty)
         let mine = try calls(as: TestUsers.a, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
         #expect(mine.first?["error"] == nil, "\(mine)")
         #expect(mine.first?["parameters"]?["session"]?["ownerUid"]?.integerValue == Int64(TestUsers.uid(TestUsers.a)!))
         // Finished: once.
         let again = try calls(as: TestUsers.a, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
-        #expect(again.first?["error"]?.stringValue == "io.vaultd.Vault.InvalidParameter", "\(again)")
+        #expect(again.first?["error"]?.stringValue == "io.vaultd.Vault.LoginExpired", "\(again)")
         expectNoSecrets(setup.daemonOutput, [code])
     }
 

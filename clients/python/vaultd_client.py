@@ -313,8 +313,9 @@ class LoginDenied(VaultdError):
 
 
 class LoginExpired(VaultdError):
-    """The device login is over before the user finished it: its code
-    expired, or no such pending login is the caller's (ERR_LOGIN_EXPIRED)."""
+    """The interactive login (device or browser) is over before it was
+    finished: no such pending login is the caller's (it finished, expired, or
+    vaultd restarted), or the device code expired (ERR_LOGIN_EXPIRED)."""
 
 
 class AuthorizationFailed(VaultdError):

@@ -1,75 +1,27 @@
-import Synchronization
 import Varlink
 import VarlinkServer
 import VaultCore
 import VaultProtocol
 
-/// A browser login begun and not finished: what vaultd keeps of it between
-/// `BeginBrowserLogin` and `FinishBrowserLogin`. The verifier and the state
-/// never leave vaultd but in the authorization URL's challenge and state.
-struct PendingBrowserLogin: Sendable {
-    /// The login's id, 128 random bits in base64url, as the client names it.
-    var id: String
-    var account: Account
-    /// Whose session, when the caller named one (`ownerUid`).
-    var ownerUID: UInt32?
-    /// The uid that began it: only it, or root, may finish it.
-    var uid: UInt32
-    var replace: Bool
-    var expiresAt: UnixTime
+/// What a browser login keeps of its own between `BeginBrowserLogin` and
+/// `FinishBrowserLogin` (`PendingLogins`). The verifier and the state never
+/// leave vaultd but in the authorization URL's challenge and state.
+struct BrowserLogin: Sendable {
+    /// How long a browser login may wait for its redirect.
+    static let lifetimeSeconds: Int64 = 600
+
     /// The PKCE code verifier (RFC 7636 section 4.1).
     var verifier: Secret
     var state: String
     var redirectURI: String
 }
 
-/// The browser logins pending, in memory only (a restart loses them): at
-/// most `perUID` per uid but root's, each dropped when it expires or is
-/// finished, whether its exchange works or not.
-final class BrowserLogins: Sendable {
-    /// How long a browser login may wait for its redirect.
-    static let lifetimeSeconds: Int64 = 600
-    /// The most browser logins one uid (but root) may have pending.
-    static let perUID = 4
-
-    private let pending = Mutex<[String: PendingBrowserLogin]>([:])
-
-    /// Keeps `login`, or throws when its uid has `perUID` pending already.
-    func add(_ login: PendingBrowserLogin, now: UnixTime) throws(VaultError) {
-        let refused = pending.withLock { table -> Bool in
-            table = table.filter { $0.value.expiresAt > now }
-            let mine = table.values.filter { $0.uid == login.uid }.count
-            guard login.uid == 0 || mine < Self.perUID else { return true }
-            table[login.id] = login
-            return false
-        }
-        if refused {
-            throw VaultError(
-                .invalidParameter,
-                "uid \(login.uid) has \(Self.perUID) browser logins pending, the most one user may; finish one, or wait until one expires (\(Self.lifetimeSeconds / 60) minutes after it began)"
-            )
-        }
-    }
-
-    /// Takes the pending login `id` out, when it lives and `uid` may finish
-    /// it (the uid that began it, or root); nil otherwise, alike for an
-    /// unknown, expired, finished or another user's login.
-    func take(_ id: String, uid: UInt32, now: UnixTime) -> PendingBrowserLogin? {
-        pending.withLock { table -> PendingBrowserLogin? in
-            table = table.filter { $0.value.expiresAt > now }
-            guard let login = table[id], uid == 0 || login.uid == uid else { return nil }
-            table[id] = nil
-            return login
-        }
-    }
-
-    /// The error of a login `take` did not find.
-    static func unknown() -> VaultError {
-        VaultError(
-            .invalidParameter,
-            "no such browser login pending: it expired (\(lifetimeSeconds / 60) minutes after it began), was finished already, was begun by another user or before vaultd restarted; log in again"
-        )
-    }
+/// What `BeginBrowserLogin` answers.
+struct BrowserLoginStart: Sendable {
+    var id: String
+    var authorizationURL: String
+    var state: String
+    var expiresAt: UnixTime
 }
 
 extension SessionManager {
@@ -96,24 +48,56 @@ extension SessionManager {
         return (client, key)
     }
 
-    /// Finishes `pending`: exchanges `code` at the token endpoint (one
-    /// provider request of the caller's) and logs the account in with the
-    /// token response, as `Login` does.
-    func finishBrowserLogin(_ pending: PendingBrowserLogin, code: Secret, caller: Caller) async throws(VaultError)
-        -> (SessionRecord, LoginOutcome)
+    /// Begins a browser login of `request` (no token) for `caller`: a new
+    /// code verifier and state kept under a new id, and the authorization URL.
+    func beginBrowserLogin(_ request: LoginRequest, redirectURI: String, caller: Caller) throws(VaultError)
+        -> BrowserLoginStart
     {
-        let (client, key) = try browserLoginClient(pending.account, requested: pending.ownerUID, caller: caller)
+        let account = Account(provider: request.provider, user: request.user)
+        let (client, _) = try browserLoginClient(account, requested: request.ownerUID, caller: caller)
+        let flow = BrowserLogin(
+            verifier: Secret(BrowserFlow.randomText(bytes: 32)), state: BrowserFlow.randomText(bytes: 16),
+            redirectURI: redirectURI)
+        let now = clock.now()
+        let expiresAt = now.adding(seconds: BrowserLogin.lifetimeSeconds)
+        let id = try browserLogins.add(request, flow, caller: caller, expiresAt: expiresAt, now: now)
+        dropPendingLogins(at: expiresAt)
+        let url = BrowserFlow.authorizationURL(
+            client.settings, redirectURI: redirectURI, state: flow.state,
+            challenge: BrowserFlow.challenge(of: flow.verifier))
+        return BrowserLoginStart(id: id, authorizationURL: url, state: flow.state, expiresAt: expiresAt)
+    }
+
+    /// Finishes the browser login `id` (taken out, whether the exchange
+    /// works or not) once `state` is its own: exchanges `code` at the token
+    /// endpoint (one provider request of the caller's) and logs the account
+    /// in with the token response, as `Login` does.
+    func finishBrowserLogin(_ id: String, code: Secret, state: String, caller: Caller) async throws(VaultError)
+        -> (SessionRecord, LoginOutcome, replace: Bool)
+    {
+        let pending = try browserLogins.take(id, uid: caller.uid, now: clock.now())
+        guard SHA256.constantTimeEqual(Array(state.utf8), Array(pending.flow.state.utf8)) else {
+            throw VaultError(
+                .authorizationFailed,
+                "the redirect's state is not this browser login's (a redirect of another login, or a forged one); nothing was sent to the token endpoint; log in again"
+            )
+        }
+        guard !code.isEmpty, code.utf8Count <= 4096 else {
+            throw VaultError(.invalidParameter, "the authorization code must be 1 to 4096 bytes")
+        }
+        var request = pending.request
+        let account = Account(provider: request.provider, user: request.user)
+        let (client, key) = try browserLoginClient(account, requested: request.ownerUID, caller: caller)
         try chargeProviderRequest(
-            chargedUID(.peer(caller), owner: key.owner), "the code exchange of \(pending.account)'s browser login")
-        switch await client.exchangeCode(code, verifier: pending.verifier, redirectURI: pending.redirectURI) {
+            chargedUID(.peer(caller), owner: key.owner), "the code exchange of \(account)'s browser login")
+        switch await client.exchangeCode(code, verifier: pending.flow.verifier, redirectURI: pending.flow.redirectURI) {
         case .failed(let error):
             Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
             throw error
         case .tokens(let response):
-            let request = LoginRequest(
-                provider: pending.account.provider, user: pending.account.user, tokenResponse: response,
-                ownerUID: pending.ownerUID, replace: pending.replace)
-            return try await loginOrReplace(request, caller: caller)
+            request.tokenResponse = response
+            let (record, outcome) = try await loginOrReplace(request, caller: caller)
+            return (record, outcome, request.replace)
         }
     }
 }
@@ -131,19 +115,12 @@ extension VaultMethods.Handlers {
                     .invalidParameter,
                     "redirectUri must be a loopback listener's, http://127.0.0.1:PORT/ (RFC 8252 7.3)")
             }
-            let (client, _) = try await manager.browserLoginClient(checked, requested: requested, caller: caller)
-            let verifier = Secret(BrowserFlow.randomText(bytes: 32))
-            let login = PendingBrowserLogin(
-                id: BrowserFlow.randomText(bytes: 16), account: checked, ownerUID: requested, uid: caller.uid,
-                replace: replace, expiresAt: UnixTime(seconds: clock.now().seconds + BrowserLogins.lifetimeSeconds),
-                verifier: verifier, state: BrowserFlow.randomText(bytes: 16), redirectURI: redirectURI)
-            try browserLogins.add(login, now: clock.now())
-            let url = BrowserFlow.authorizationURL(
-                client.settings, redirectURI: redirectURI, state: login.state,
-                challenge: BrowserFlow.challenge(of: verifier))
+            let request = LoginRequest(
+                provider: checked.provider, user: checked.user, ownerUID: requested, replace: replace)
+            let start = try await manager.beginBrowserLogin(request, redirectURI: redirectURI, caller: caller)
             return VarlinkReply(parameters: [
-                "login": .string(login.id), "authorizationUrl": .string(url), "state": .string(login.state),
-                "expiresAt": .int(login.expiresAt.seconds),
+                "login": .string(start.id), "authorizationUrl": .string(start.authorizationURL),
+                "state": .string(start.state), "expiresAt": .int(start.expiresAt.seconds),
             ])
         }
     }
@@ -152,23 +129,12 @@ extension VaultMethods.Handlers {
     func finishBrowserLogin(_ p: ParameterReader, _ caller: Caller) throws(ParameterReader.Invalid) -> HandlerOutcome {
         let (id, code, state) = (try p.string("login"), Secret(try p.string("code")), try p.string("state"))
         return VaultMethods.answered { () async throws(VaultError) -> VarlinkReply in
-            guard let pending = browserLogins.take(id, uid: caller.uid, now: clock.now()) else {
-                throw BrowserLogins.unknown()
-            }
-            guard SHA256.constantTimeEqual(Array(state.utf8), Array(pending.state.utf8)) else {
-                throw VaultError(
-                    .authorizationFailed,
-                    "the redirect's state is not this browser login's (a redirect of another login, or a forged one); nothing was sent to the token endpoint; log in again"
-                )
-            }
-            guard !code.isEmpty, code.utf8Count <= 4096 else {
-                throw VaultError(.invalidParameter, "the authorization code must be 1 to 4096 bytes")
-            }
-            let (record, outcome) = try await manager.finishBrowserLogin(pending, code: code, caller: caller)
+            let (record, outcome, replace) = try await manager.finishBrowserLogin(
+                id, code: code, state: state, caller: caller)
             var parameters: [String: JSON] = [
                 "session": record.wireJSON(state: .logged), "created": .bool(outcome != .existing),
             ]
-            if pending.replace { parameters["replaced"] = .bool(outcome == .replaced) }
+            if replace { parameters["replaced"] = .bool(outcome == .replaced) }
             return VarlinkReply(parameters: parameters)
         }
     }

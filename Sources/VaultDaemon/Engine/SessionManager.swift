@@ -85,8 +85,10 @@ public actor SessionManager {
     /// The provider requests each user may still cause, and the queued
     /// revocations (see SessionManager+Traffic.swift).
     var traffic: ProviderTraffic
-    /// The device logins waiting for their user (DeviceLogins.swift).
-    var deviceLogins = DeviceLogins()
+    /// The interactive logins waiting for their user (PendingLogins.swift):
+    /// the device flow's (DeviceLogins.swift), the browser login's (BrowserLogins.swift).
+    var deviceLogins = PendingLogins<DeviceLogin>(kind: "device")
+    var browserLogins = PendingLogins<BrowserLogin>(kind: "browser")
 
     /// A manager over `store`, reading time from `clock`; its work runs on
     /// `executor` when one is given (the simulation's), else on an ordinary

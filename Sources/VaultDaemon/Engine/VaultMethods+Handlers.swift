@@ -15,8 +15,6 @@ extension VaultMethods {
         let policy: PolicyBox
         let clock: any WallClock
         let hub: SubscriptionHub
-        /// The browser logins begun and not finished (`BrowserLogins.swift`).
-        let browserLogins = BrowserLogins()
 
         /// `Login`: the session logged in (or replaced, with `replace`), and whether it is new.
         func login(_ p: ParameterReader, _ caller: Caller) throws(ParameterReader.Invalid) -> HandlerOutcome {

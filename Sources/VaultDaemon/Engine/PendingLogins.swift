@@ -1,0 +1,101 @@
+import Varlink
+import VaultCore
+
+/// The interactive logins of one kind (the device flow's, the browser
+/// login's) begun and waiting for their user, by id: held in the manager's
+/// memory only (a restart loses them), each only its starter's uid's (or
+/// root's) to continue, at most `perUser` per uid (root excepted), dropped
+/// when they end and at their expiry. `Flow` is what the kind keeps of its
+/// own, its secrets among it: they never leave vaultd but for the provider.
+struct PendingLogins<Flow: Sendable>: Sendable {
+    /// One login waiting for its user.
+    struct Login: Sendable {
+        /// The login as the caller asked for it (no token: that comes later).
+        var request: LoginRequest
+        /// Who began it.
+        var caller: Caller
+        var expiresAt: UnixTime
+        var flow: Flow
+    }
+
+    /// Pending logins of one kind one uid (but root) may hold.
+    static var perUser: Int { 4 }
+
+    /// The kind, as messages name it: "device", "browser".
+    let kind: String
+    private(set) var logins: [String: Login] = [:]
+
+    /// An empty table of logins of `kind`.
+    init(kind: String) { self.kind = kind }
+
+    /// The error of an id that is unknown, expired, finished or another
+    /// uid's: the same for each, so that no caller learns another's logins.
+    func unknown() -> VaultError {
+        VaultError(
+            .loginExpired,
+            "no \(kind) login of this id is pending for you: it was finished, it expired, or vaultd restarted; start the login again"
+        )
+    }
+
+    /// Keeps a login under a new random id (128 bits, base64url), once the
+    /// expired ones are gone; refused when the caller's uid holds `perUser`.
+    mutating func add(_ request: LoginRequest, _ flow: Flow, caller: Caller, expiresAt: UnixTime, now: UnixTime)
+        throws(VaultError) -> String
+    {
+        dropExpired(now: now)
+        let uid = caller.uid
+        if uid != 0, logins.values.count(where: { $0.caller.uid == uid }) >= Self.perUser {
+            throw VaultError(
+                .invalidParameter,
+                "uid \(uid) has \(Self.perUser) \(kind) logins pending already, the most one user may; finish one, or let one expire, first"
+            )
+        }
+        var id = JWS.newID()
+        // 128 random bits do not collide; the loop only makes it certain.
+        for _ in 0..<4 where logins[id] != nil { id = JWS.newID() }
+        logins[id] = Login(request: request, caller: caller, expiresAt: expiresAt, flow: flow)
+        return id
+    }
+
+    /// The login `id`, when it lives and `uid` may continue it (the uid that
+    /// began it, or root); `unknown()` otherwise.
+    mutating func login(_ id: String, uid: UInt32, now: UnixTime) throws(VaultError) -> Login {
+        dropExpired(now: now)
+        guard let login = logins[id], uid == 0 || login.caller.uid == uid else { throw unknown() }
+        return login
+    }
+
+    /// The login `id` taken out, as `login` finds it.
+    mutating func take(_ id: String, uid: UInt32, now: UnixTime) throws(VaultError) -> Login {
+        let login = try login(id, uid: uid, now: now)
+        logins[id] = nil
+        return login
+    }
+
+    /// Stores `flow` as login `id`'s, when it is still pending.
+    mutating func update(_ id: String, _ flow: Flow) { logins[id]?.flow = flow }
+
+    /// Removes the login `id`.
+    mutating func remove(_ id: String) { logins[id] = nil }
+
+    /// Removes every login past its expiry.
+    mutating func dropExpired(now: UnixTime) { logins = logins.filter { $0.value.expiresAt > now } }
+}
+
+extension SessionManager {
+    /// Drops the pending logins past their expiry once `expiresAt` comes,
+    /// even when nobody continues them (their secrets go with them).
+    func dropPendingLogins(at expiresAt: UnixTime) {
+        Task { [weak self, clock] in
+            try? await clock.sleep(until: Double(expiresAt.seconds))
+            await self?.dropExpiredLogins()
+        }
+    }
+
+    /// Removes the device and browser logins past their expiry.
+    func dropExpiredLogins() {
+        let now = clock.now()
+        deviceLogins.dropExpired(now: now)
+        browserLogins.dropExpired(now: now)
+    }
+}
