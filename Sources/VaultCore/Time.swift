@@ -37,7 +37,13 @@ public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible 
     /// 0...`longestTimerMilliseconds`, so that a deadline in year 9999 or at
     /// `Int64.max` seconds never overflows the conversion.
     public static func timerMilliseconds(until deadline: UnixTime, now: Double) -> Int64 {
-        let delay = (Double(deadline.seconds) - now) * 1000
+        timerMilliseconds(untilSeconds: Double(deadline.seconds), now: now)
+    }
+
+    /// `timerMilliseconds(until:now:)` of a deadline with a fraction of a
+    /// second (seconds since the epoch).
+    public static func timerMilliseconds(untilSeconds deadline: Double, now: Double) -> Int64 {
+        let delay = (deadline - now) * 1000
         guard delay > 0 else { return 0 }  // also NaN
         guard delay < Double(longestTimerMilliseconds) else { return longestTimerMilliseconds }
         return Int64(delay.rounded(.up))
@@ -93,11 +99,12 @@ extension WallClock {
     /// Whole seconds, for clocks that know no better.
     public func preciseNow() -> Double { Double(now().seconds) }
 
-    /// Sleeps in real time, in steps of at most a day, until the deadline.
+    /// Sleeps in real time, in steps of at most a day, until the deadline,
+    /// to the millisecond (a deadline rounded up to its second woke a 50 ms
+    /// wait up to a second late).
     public func sleep(until deadline: Double) async throws {
         for _ in 0..<4096 {
-            let milliseconds = UnixTime.timerMilliseconds(
-                until: UnixTime(seconds: Int64(min(max(deadline, 0), 1e15).rounded(.up))), now: preciseNow())
+            let milliseconds = UnixTime.timerMilliseconds(untilSeconds: deadline, now: preciseNow())
             if milliseconds == 0 { return }
             try await Task.sleep(for: .milliseconds(milliseconds))
         }

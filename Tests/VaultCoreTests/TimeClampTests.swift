@@ -28,6 +28,17 @@ struct TimeClampTests {
         #expect(UnixTime.timerMilliseconds(until: UnixTime(seconds: deadline), now: now) == expected)
     }
 
+    @Test(
+        "Should wait to the millisecond for a deadline with a fraction, not to its next second",
+        arguments: [
+            (100.05, 100.0, 50), (100.0, 99.5, 500), (100.25, 100.25, 0),
+            (1e300, 0.0, UnixTime.longestTimerMilliseconds),
+            (-1e300, 0.0, 0), (Double.nan, 0.0, 0),
+        ] as [(Double, Double, Int64)])
+    func fractionalDeadline(deadline: Double, now: Double, expected: Int64) {
+        #expect(UnixTime.timerMilliseconds(untilSeconds: deadline, now: now) == expected)
+    }
+
     @Test("Should cap Retry-After at an hour in the backoff")
     func retryAfterCapped() {
         #expect(RefreshPolicy.backoff(attempt: 1, random: 0, retryAfter: .max) == RefreshPolicy.longestRetryAfter)

@@ -180,6 +180,8 @@ struct DeviceLoginTests {
             let code = try #require(lines.firstIndex(of: "and enter the code:").map { lines[$0 + 1] })
             try server.device("approve", code, user: user)
             #expect(try reap(process, seconds: 30) == 0, "\(out.text) \(err.text)")
+            // Its last line may still be in the pipe when it has exited.
+            _ = out.waitForEnd(seconds: 5)
             #expect(out.text.contains(said + "\(user) @ oauth"), "\(out.text)")
             let token = try vaultctl(fixture.socketPath, ["token", "oauth", user])
             tokens.append(token.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
