@@ -309,6 +309,48 @@ struct DeviceLoginTests {
         #expect(result.created && result.session.account.user == user)
     }
 
+    /// The errors of `count` StartDeviceLogin calls made as the second test
+    /// user (nil for a call that worked), and the device authorization
+    /// requests the server took.
+    func startsAsOtherUser(count: Int, vault: String) throws -> (errors: [String?], requests: Int) {
+        try TestUsers.ensure()
+        let directory = try TemporaryDirectory()
+        let server = try AuthlibServer(directory: directory, arguments: ["--device-interval", "1"])
+        let fixture = try start(server, AuthlibServer.basic, vault: "SocketMode=0666\n" + vault)
+        let call = JSON.object([
+            "method": "io.vaultd.Vault.StartDeviceLogin",
+            "parameters": .object(["provider": "oauth", "user": .string(uniqueName("cap"))]),
+        ])
+        let script = Binaries.packageRoot.appendingPathComponent("Tests/python/varlink_calls.py").path
+        let uid = try #require(TestUsers.uid(TestUsers.a))
+        let gid = try #require(TestUsers.gid(TestUsers.a))
+        let r = try runCommand(
+            URL(fileURLWithPath: "/usr/bin/setpriv"),
+            ["--reuid=\(uid)", "--regid=\(gid)", "--init-groups", "/usr/bin/python3", script, fixture.socketPath],
+            input: Array(repeating: call.text, count: count).joined(separator: "\n"))
+        #expect(r.status == 0, "\(r.stderr)")
+        let errors = try r.stdout.split(separator: "\n").map {
+            try JSON.parse(String($0))["reply"]?["error"]?.stringValue
+        }
+        let requests = try server.requests().filter { $0["endpoint"]?.stringValue == "device_authorization" }.count
+        return (errors, requests)
+    }
+
+    @Test(
+        "Should ask the provider nothing for a uid holding its 4 pending logins, and charge each start",
+        .enabled(if: getuid() == 0, "needs root to create users"))
+    func startsBounded() throws {
+        let capped = try startsAsOtherUser(count: 6, vault: "ProviderRequestBurst=100")
+        #expect(
+            capped.errors == [
+                nil, nil, nil, nil, "io.vaultd.Vault.InvalidParameter", "io.vaultd.Vault.InvalidParameter",
+            ])
+        #expect(capped.requests == 4, "a refused start reached the provider")
+        let charged = try startsAsOtherUser(count: 3, vault: "ProviderRequestsPerMinute=1\nProviderRequestBurst=2")
+        #expect(charged.errors == [nil, nil, "io.vaultd.Vault.TooManyProviderRequests"])
+        #expect(charged.requests == 2, "a start past the budget reached the provider")
+    }
+
     @Test(
         "Should refuse a bad DeviceAuthorizationURL at --check-config, naming file, line and key",
         arguments: ["ftp://idp.example/device", "http://idp.example/device", "https://idp.example/a b"])

@@ -50,7 +50,7 @@ extension SessionManager {
         var probe = request
         // A login that brings tokens: the device flow's are the user's, not minted.
         probe.tokenResponse = .object([:])
-        let (account, provider, _) = try admitLogin(probe, caller: caller)
+        let (account, provider, key) = try admitLogin(probe, caller: caller)
         guard provider.oauth2?.deviceAuthorizationURL != nil,
             let client = client(for: account.provider) as? OAuth2Client
         else {
@@ -59,6 +59,10 @@ extension SessionManager {
                 "provider '\(account.provider)' has no device login: it needs Type=oauth2 and DeviceAuthorizationURL= in its [Provider] section"
             )
         }
+        // Nothing goes to the provider for a uid at its cap, and each start is
+        // one of the caller's provider requests (ProviderRequestsPerMinute=).
+        try deviceLogins.checkRoom(for: caller, now: clock.now())
+        try chargeProviderRequest(chargedUID(.peer(caller), owner: key.owner), "the device login of \(account)")
         let authorization: DeviceAuthorization
         switch await client.authorizeDevice() {
         case .success(let made): authorization = made

@@ -42,6 +42,18 @@ struct PendingLogins<Flow: Sendable>: Sendable {
     mutating func add(_ request: LoginRequest, _ flow: Flow, caller: Caller, expiresAt: UnixTime, now: UnixTime)
         throws(VaultError) -> String
     {
+        try checkRoom(for: caller, now: now)
+        var id = JWS.newID()
+        // 128 random bits do not collide; the loop only makes it certain.
+        for _ in 0..<4 where logins[id] != nil { id = JWS.newID() }
+        logins[id] = Login(request: request, caller: caller, expiresAt: expiresAt, flow: flow)
+        return id
+    }
+
+    /// Throws when the caller's uid (but root) holds `perUser` logins
+    /// already, once the expired ones are gone: asked before anything is
+    /// sent to the provider, and again by `add`.
+    mutating func checkRoom(for caller: Caller, now: UnixTime) throws(VaultError) {
         dropExpired(now: now)
         let uid = caller.uid
         if uid != 0, logins.values.count(where: { $0.caller.uid == uid }) >= Self.perUser {
@@ -50,11 +62,6 @@ struct PendingLogins<Flow: Sendable>: Sendable {
                 "uid \(uid) has \(Self.perUser) \(kind) logins pending already, the most one user may; finish one, or let one expire, first"
             )
         }
-        var id = JWS.newID()
-        // 128 random bits do not collide; the loop only makes it certain.
-        for _ in 0..<4 where logins[id] != nil { id = JWS.newID() }
-        logins[id] = Login(request: request, caller: caller, expiresAt: expiresAt, flow: flow)
-        return id
     }
 
     /// The login `id`, when it lives and `uid` may continue it (the uid that
