@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import Testing
 import Varlink
+import VaultClient
 import VaultCore
 
 extension AuthlibServer {
@@ -343,6 +344,26 @@ struct BrowserLoginTests {
         let again = try calls(as: TestUsers.a, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
         #expect(again.first?["error"]?.stringValue == "io.vaultd.Vault.LoginExpired", "\(again)")
         expectNoSecrets(setup.daemonOutput, [code])
+    }
+
+    @Test(
+        "Should log a browser login in as the uid that began it when root brings its code",
+        .enabled(if: getuid() == 0, "needs root"))
+    func rootFinishes() throws {
+        try TestUsers.ensure()
+        let setup = try Setup(AuthlibServer.publicClient, socketMode: true)
+        let user = uniqueName("theirs")
+        try setup.server.approve(as: user)
+        let begin: JSON = ["provider": "corp", "user": .string(user), "redirectUri": "http://127.0.0.1:9/"]
+        let begun = try calls(as: TestUsers.a, setup.fixture.socketPath, [("BeginBrowserLogin", begin)])
+        let parameters = try #require(begun.first?["parameters"], "\(begun)")
+        let location = try setup.authorize(try #require(parameters["authorizationUrl"]?.stringValue))
+        let vault = try VaultConnection(path: setup.fixture.socketPath, timeoutSeconds: 60)
+        let result = try vault.finishBrowserLogin(
+            login: try #require(parameters["login"]?.stringValue),
+            code: Secret(try #require(queryItems(location)["code"])),
+            state: try #require(parameters["state"]?.stringValue))
+        #expect(result.session.ownerUID == TestUsers.uid(TestUsers.a), "the session is its starter's, not root's")
     }
 
     @Test(

@@ -70,8 +70,8 @@ extension SessionManager {
 
     /// Finishes the browser login `id` (taken out, whether the exchange
     /// works or not) once `state` is its own: exchanges `code` at the token
-    /// endpoint (one provider request of the caller's) and logs the account
-    /// in with the token response, as `Login` does.
+    /// endpoint (one provider request of the login's starter) and logs the
+    /// account in with the token response, as `Login` does, as the starter.
     func finishBrowserLogin(_ id: String, code: Secret, state: String, caller: Caller) async throws(VaultError)
         -> (SessionRecord, LoginOutcome, replace: Bool)
     {
@@ -85,18 +85,21 @@ extension SessionManager {
         guard !code.isEmpty, code.utf8Count <= 4096 else {
             throw VaultError(.invalidParameter, "the authorization code must be 1 to 4096 bytes")
         }
+        // The login is its starter's, as a device login is, whoever (the
+        // starter or root) brings the code.
+        let starter = pending.caller
         var request = pending.request
         let account = Account(provider: request.provider, user: request.user)
-        let (client, key) = try browserLoginClient(account, requested: request.ownerUID, caller: caller)
+        let (client, key) = try browserLoginClient(account, requested: request.ownerUID, caller: starter)
         try chargeProviderRequest(
-            chargedUID(.peer(caller), owner: key.owner), "the code exchange of \(account)'s browser login")
+            chargedUID(.peer(starter), owner: key.owner), "the code exchange of \(account)'s browser login")
         switch await client.exchangeCode(code, verifier: pending.flow.verifier, redirectURI: pending.flow.redirectURI) {
         case .failed(let error):
-            Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
+            Audit.log(log, "Login", key, by: .peer(starter), result: error.code.seedCode)
             throw error
         case .tokens(let response):
             request.tokenResponse = response
-            let (record, outcome) = try await loginOrReplace(request, caller: caller)
+            let (record, outcome) = try await loginOrReplace(request, caller: starter)
             return (record, outcome, request.replace)
         }
     }
