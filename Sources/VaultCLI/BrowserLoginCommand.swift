@@ -67,7 +67,10 @@ extension VaultCtl {
             switch line.map({ LoopbackRedirect.parse(requestLine: $0) }) ?? .other {
             case .other:
                 LoopbackListener.answer(client, status: "404 Not Found", "Not the redirect vaultctl waits for.")
-            case .error(let code, let description, _):
+            case .error(let code, let description, let state):
+                // An error redirect of another login (or anyone's forgery) neither
+                // ends this one with the words it brings nor is shown.
+                guard Self.isThisLogins(state, start) else { return Self.refuseForeign(client) }
                 LoopbackListener.answer(
                     client, status: "200 OK", "The login was refused. Go back to the terminal to see why.")
                 let said = description.map { ": " + LoopbackRedirect.printable($0) } ?? ""
@@ -79,17 +82,7 @@ extension VaultCtl {
                         providerCode: ProviderFailure.providerCode(code, kind: .authorizationFailed),
                         providerMessage: description.map(LoopbackRedirect.printable)))
             case .code(let code, let state):
-                let expected = Array(start.state.utf8)
-                guard let state, SHA256.constantTimeEqual(Array(state.utf8), expected) else {
-                    LoopbackListener.answer(
-                        client, status: "400 Bad Request",
-                        "This redirect does not belong to the login vaultctl started. Go back to the terminal.")
-                    return .failure(
-                        VaultError(
-                            .authorizationFailed,
-                            "the redirect's state is not the one of this login (a redirect of another login, or a forged one); its code was not used"
-                        ))
-                }
+                guard Self.isThisLogins(state, start) else { return Self.refuseForeign(client) }
                 LoopbackListener.answer(
                     client, status: "200 OK", "vaultctl has the authorization. Go back to the terminal.")
                 return .success(Secret(code))
@@ -99,6 +92,24 @@ extension VaultCtl {
             VaultError(
                 .authorizationFailed,
                 "no redirect came before the login expired at \(Format.time(start.expiresAt.seconds)); log in again"))
+    }
+
+    /// True when a redirect's `state` is the login's (compared in constant time).
+    static func isThisLogins(_ state: String?, _ start: BrowserLoginStart) -> Bool {
+        guard let state else { return false }
+        return SHA256.constantTimeEqual(Array(state.utf8), Array(start.state.utf8))
+    }
+
+    /// Answers a redirect whose state is not the login's, and ends the login.
+    static func refuseForeign(_ client: Int32) -> Result<Secret, VaultError> {
+        LoopbackListener.answer(
+            client, status: "400 Bad Request",
+            "This redirect does not belong to the login vaultctl started. Go back to the terminal.")
+        return .failure(
+            VaultError(
+                .authorizationFailed,
+                "the redirect's state is not the one of this login (a redirect of another login, or a forged one); nothing it brought was used"
+            ))
     }
 
     /// Runs `xdg-open url`, its output discarded; nil (having said so) when it cannot be run.

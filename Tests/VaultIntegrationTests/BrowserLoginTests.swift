@@ -256,6 +256,23 @@ struct BrowserLoginTests {
         #expect(try setup.server.codeExchanges().isEmpty)
     }
 
+    @Test("Should neither show nor end the login with the words of an error redirect of another state")
+    func foreignErrorRedirect() throws {
+        let setup = try Setup()
+        try setup.server.approve(deny: true)
+        let login = try setup.start(uniqueName("foreign"))
+        let location = try setup.authorize(login.url)
+        // The listener's address, with an error and words of another's choosing.
+        let base = String(location.prefix { $0 != "?" })
+        let forged = base + "?error=access_denied&error_description=Open%20evil.example&state=forged-0123456789"
+        #expect(queryItems(location)["error"] == "access_denied", "\(location)")
+        #expect(try login.deliver(forged) == 400)
+        let result = try login.finish()
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("state is not the one of this login"), "\(result.stderr)")
+        #expect(!result.stderr.contains("evil.example"), "\(result.stderr)")
+    }
+
     @Test("Should be refused by the server when the code was issued for another challenge (a wrong verifier)")
     func wrongVerifier() throws {
         let setup = try Setup()
