@@ -54,6 +54,22 @@ enum TestUsers {
     static func gid(_ name: String) -> gid_t? { getpwnam(name).map { $0.pointee.pw_gid } }
 }
 
+/// Sends `calls` (method names of io.vaultd.Vault and their parameters) over
+/// one connection as the local user `name` (Tests/python/varlink_calls.py):
+/// each reply, with its error or its parameters.
+func varlinkCalls(as name: String, _ socket: String, _ calls: [(String, JSON)]) throws -> [JSON] {
+    guard let uid = TestUsers.uid(name), let gid = TestUsers.gid(name) else { throw HarnessError("no \(name)") }
+    let script = Binaries.packageRoot.appendingPathComponent("Tests/python/varlink_calls.py").path
+    let input = calls.map { method, parameters in
+        JSON.object(["method": .string("io.vaultd.Vault.\(method)"), "parameters": parameters]).text
+    }.joined(separator: "\n")
+    let r = try runCommand(
+        URL(fileURLWithPath: "/usr/bin/setpriv"),
+        ["--reuid=\(uid)", "--regid=\(gid)", "--init-groups", "/usr/bin/python3", script, socket], input: input)
+    guard r.status == 0 else { throw HarnessError("varlink_calls.py: \(r.stderr)") }
+    return try r.stdout.split(separator: "\n").map { try JSON.parse(String($0))["reply"] ?? .null }
+}
+
 /// Runs vaultctl against `socket` as the local user `name` (setpriv, with its groups).
 func vaultctl(as name: String, _ socket: String, _ arguments: [String], input: String? = nil) throws -> CommandResult {
     guard let uid = TestUsers.uid(name), let gid = TestUsers.gid(name) else { throw HarnessError("no user \(name)") }

@@ -317,21 +317,6 @@ struct BrowserLoginTests {
         )
     }
 
-    /// Sends `calls` over one connection as the local user `name`
-    /// (Tests/python/varlink_calls.py): each reply's error, or its parameters.
-    func calls(as name: String, _ socket: String, _ calls: [(String, JSON)]) throws -> [JSON] {
-        guard let uid = TestUsers.uid(name), let gid = TestUsers.gid(name) else { throw HarnessError("no \(name)") }
-        let script = Binaries.packageRoot.appendingPathComponent("Tests/python/varlink_calls.py").path
-        let input = calls.map { method, parameters in
-            JSON.object(["method": .string("io.vaultd.Vault.\(method)"), "parameters": parameters]).text
-        }.joined(separator: "\n")
-        let r = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"),
-            ["--reuid=\(uid)", "--regid=\(gid)", "--init-groups", "/usr/bin/python3", script, socket], input: input)
-        guard r.status == 0 else { throw HarnessError("varlink_calls.py: \(r.stderr)") }
-        return try r.stdout.split(separator: "\n").map { try JSON.parse(String($0))["reply"] ?? .null }
-    }
-
     @Test(
         "Should let only the uid that began a browser login finish it", .enabled(if: getuid() == 0, "needs root"))
     func otherUID() throws {
@@ -342,7 +327,7 @@ struct BrowserLoginTests {
         let account: [String: JSON] = ["provider": "corp", "user": .string(user)]
         var begin = account
         begin["redirectUri"] = "http://127.0.0.1:9/"
-        let begun = try calls(as: TestUsers.a, setup.fixture.socketPath, [("BeginBrowserLogin", .object(begin))])
+        let begun = try varlinkCalls(as: TestUsers.a, setup.fixture.socketPath, [("BeginBrowserLogin", .object(begin))])
         let parameters = try #require(begun.first?["parameters"], "\(begun)")
         let id = try #require(parameters["login"]?.stringValue)
         let state = try #require(parameters["state"]?.stringValue)
@@ -351,14 +336,14 @@ struct BrowserLoginTests {
         let finish = JSON.object(["login": .string(id), "code": .string(code), "state": .string(state)])
 
         // Another uid: the login is unknown to it, and stays pending.
-        let stranger = try calls(as: TestUsers.b, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
+        let stranger = try varlinkCalls(as: TestUsers.b, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
         #expect(stranger.first?["error"]?.stringValue == "io.vaultd.Vault.LoginExpired", "\(stranger)")
         #expect(try setup.server.codeExchanges().isEmpty)
-        let mine = try calls(as: TestUsers.a, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
+        let mine = try varlinkCalls(as: TestUsers.a, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
         #expect(mine.first?["error"] == nil, "\(mine)")
         #expect(mine.first?["parameters"]?["session"]?["ownerUid"]?.integerValue == Int64(TestUsers.uid(TestUsers.a)!))
         // Finished: once.
-        let again = try calls(as: TestUsers.a, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
+        let again = try varlinkCalls(as: TestUsers.a, setup.fixture.socketPath, [("FinishBrowserLogin", finish)])
         #expect(again.first?["error"]?.stringValue == "io.vaultd.Vault.LoginExpired", "\(again)")
         expectNoSecrets(setup.daemonOutput, [code])
     }
@@ -372,7 +357,7 @@ struct BrowserLoginTests {
         let user = uniqueName("theirs")
         try setup.server.approve(as: user)
         let begin: JSON = ["provider": "corp", "user": .string(user), "redirectUri": "http://127.0.0.1:9/"]
-        let begun = try calls(as: TestUsers.a, setup.fixture.socketPath, [("BeginBrowserLogin", begin)])
+        let begun = try varlinkCalls(as: TestUsers.a, setup.fixture.socketPath, [("BeginBrowserLogin", begin)])
         let parameters = try #require(begun.first?["parameters"], "\(begun)")
         let location = try setup.authorize(try #require(parameters["authorizationUrl"]?.stringValue))
         let vault = try VaultConnection(path: setup.fixture.socketPath, timeoutSeconds: 60)

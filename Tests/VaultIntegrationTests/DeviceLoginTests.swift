@@ -285,19 +285,10 @@ struct DeviceLoginTests {
         let user = uniqueName("mine")
         let vault = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 60)
         let start = try vault.startDeviceLogin(provider: "oauth", user: user)
-        let calls = JSON.object([
-            "method": "io.vaultd.Vault.PollDeviceLogin", "parameters": .object(["login": .string(start.login)]),
-        ])
-        let script = Binaries.packageRoot.appendingPathComponent("Tests/python/varlink_calls.py").path
-        let uid = try #require(TestUsers.uid(TestUsers.a))
-        let gid = try #require(TestUsers.gid(TestUsers.a))
-        let r = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"),
-            ["--reuid=\(uid)", "--regid=\(gid)", "--init-groups", "/usr/bin/python3", script, fixture.socketPath],
-            input: calls.text)
-        #expect(r.status == 0, "\(r.stderr)")
-        let reply = try JSON.parse(r.stdout.split(separator: "\n").first.map(String.init) ?? "")["reply"]
-        #expect(reply?["error"]?.stringValue == "io.vaultd.Vault.LoginExpired", "\(r.stdout)")
+        let replies = try varlinkCalls(
+            as: TestUsers.a, fixture.socketPath, [("PollDeviceLogin", .object(["login": .string(start.login)]))])
+        let reply = replies.first
+        #expect(reply?["error"]?.stringValue == "io.vaultd.Vault.LoginExpired", "\(replies)")
         #expect(try server.devicePolls().isEmpty, "another uid's poll reached the provider")
         // The owner still may: pending, then done once approved.
         #expect(try vault.pollDeviceLogin(start.login) == .pending(interval: 1))
@@ -317,21 +308,10 @@ struct DeviceLoginTests {
         let directory = try TemporaryDirectory()
         let server = try AuthlibServer(directory: directory, arguments: ["--device-interval", "1"])
         let fixture = try start(server, AuthlibServer.basic, vault: "SocketMode=0666\n" + vault)
-        let call = JSON.object([
-            "method": "io.vaultd.Vault.StartDeviceLogin",
-            "parameters": .object(["provider": "oauth", "user": .string(uniqueName("cap"))]),
-        ])
-        let script = Binaries.packageRoot.appendingPathComponent("Tests/python/varlink_calls.py").path
-        let uid = try #require(TestUsers.uid(TestUsers.a))
-        let gid = try #require(TestUsers.gid(TestUsers.a))
-        let r = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"),
-            ["--reuid=\(uid)", "--regid=\(gid)", "--init-groups", "/usr/bin/python3", script, fixture.socketPath],
-            input: Array(repeating: call.text, count: count).joined(separator: "\n"))
-        #expect(r.status == 0, "\(r.stderr)")
-        let errors = try r.stdout.split(separator: "\n").map {
-            try JSON.parse(String($0))["reply"]?["error"]?.stringValue
-        }
+        let start: JSON = ["provider": "oauth", "user": .string(uniqueName("cap"))]
+        let replies = try varlinkCalls(
+            as: TestUsers.a, fixture.socketPath, Array(repeating: ("StartDeviceLogin", start), count: count))
+        let errors = replies.map { $0["error"]?.stringValue }
         let requests = try server.requests().filter { $0["endpoint"]?.stringValue == "device_authorization" }.count
         return (errors, requests)
     }
