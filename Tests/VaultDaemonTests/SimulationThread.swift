@@ -114,8 +114,20 @@ enum SimulationRun {
         "replay: VAULTD_SIM_ONE_THREAD=1 SWIFT_DETERMINISTIC_HASHING=1 VAULTD_SIM_SEED=\(seed) swift test --filter \(suite)"
     }
 
-    /// Writes `trace` whole to `VAULTD_SIM_TRACE`, when one seed is replayed.
+    /// Writes `trace` whole to `VAULTD_SIM_TRACE`, when one seed is replayed;
+    /// appends its digest to `VAULTD_SIM_DIGESTS`, one line a seed, so that
+    /// a change meant to keep the behaviour can be checked against every seed
+    /// of a run before it.
     static func keep(_ trace: [String]) {
+        if let path = environment["VAULTD_SIM_DIGESTS"],
+            let file = FileHandle(forWritingAtPath: path)
+                ?? (FileManager.default.createFile(atPath: path, contents: nil)
+                    ? FileHandle(forWritingAtPath: path) : nil)
+        {
+            file.seekToEndOfFile()
+            file.write(Data((String(digest(trace), radix: 16) + "\n").utf8))
+            file.closeFile()
+        }
         guard environment["VAULTD_SIM_SEED"] != nil, let path = environment["VAULTD_SIM_TRACE"] else { return }
         try? (trace.joined(separator: "\n") + "\n").write(toFile: path, atomically: false, encoding: .utf8)
     }
