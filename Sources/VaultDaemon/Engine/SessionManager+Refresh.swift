@@ -109,31 +109,7 @@ extension SessionManager {
             }
             if entries[key]?.id == entry.id { entries[key]?.unqueue = nil }
         }
-        if fleet != nil { return await persistShared(key, entryID: entry.id) }
-        // What is served now, read after the await above: a refresh may have
-        // written newer tokens meanwhile, and writing the record read before it
-        // would put the older tokens (a rotated-away refresh token) back.
-        guard var record = entries[key]?.record, entries[key]?.id == entry.id else { return }
-        for _ in 0..<3 {
-            do throws(VaultError) {
-                try await store.apply(.save(record))
-            } catch {
-                await handle(key, .saveFailed(now: clock.now()))
-                return
-            }
-            // Only what is served now counts as saved. When the tokens changed
-            // while this write was out, the newer write may have gone ahead of
-            // it (a refresh's write is urgent): write what is served again.
-            guard let served = entries[key]?.record, entries[key]?.id == entry.id else { return }
-            if served.tokens == record.tokens {
-                await handle(key, .saved)
-                await revokeReplacedTokens(key)
-                return
-            }
-            record = served
-        }
-        // Still changing after three writes: tried again later, like a failed write.
-        await handle(key, .saveFailed(now: clock.now()))
+        await sharing.persist(key, entryID: entry.id, self)
     }
 
     /// Logs the session out as vaultd itself.
@@ -171,7 +147,7 @@ extension SessionManager {
         let account = key.account
         if let caller, !policy.policy.mayManage(caller, key) { throw AccessPolicy.notYours(key) }
         if let task = entries[key]?.replace { _ = await task.value }
-        if entries[key] == nil { try await catchUpShared(key) }
+        if entries[key] == nil { try await sharing.catchUp(key, self) }
         guard let entry = entries[key], let record = entry.record else { throw .notLoggedIn(account) }
         if let task = entry.refresh { return try await task.value.get() }
         let now = clock.now()
@@ -208,12 +184,9 @@ extension SessionManager {
         }
         await handle(key, .refreshStarted)
         let id = entry.id
-        let shared = fleet != nil
-        if shared { fleet?.refreshing += 1 }
+        sharing.refreshDecided(key)
         let task = Task { () -> Result<SessionRecord, VaultError> in
-            shared
-                ? await self.performFleetRefresh(key, entryID: id, provider: provider, snapshot: record)
-                : await self.performRefresh(key, entryID: id, provider: provider, snapshot: record)
+            await self.sharing.refresh(key, entryID: id, provider: provider, snapshot: record, self)
         }
         entries[key]?.refresh = task
         return try await task.value.get()
@@ -294,12 +267,11 @@ extension SessionManager {
     /// Asks the provider, writes the new tokens before anyone gets them, and
     /// feeds the outcome to the session's `SessionTimers`. Tokens obtained for
     /// a session that ended (or was replaced) meanwhile are revoked.
-    /// In a fleet, `ifRevision` is the revision of the stored record read
-    /// under the account's refresh lock: the new tokens are written only over
-    /// it, and on a conflict the stored record is served instead of them.
+    /// `write` stores the new record as a single host or a fleet's host
+    /// does (`StoreSharing.refresh`).
     func performRefresh(
         _ key: SessionKey, entryID: UInt64, provider: any TokenProvider, snapshot: SessionRecord,
-        ifRevision: StoreRevision? = nil
+        write: (SessionRecord) async -> RefreshWrite
     ) async -> Result<SessionRecord, VaultError> {
         let account = key.account
         let outcome = await provider.refresh(snapshot)
@@ -332,31 +304,11 @@ extension SessionManager {
                 issuedAt: now, expiresIn: expiresIn, embedded: JWT.expiry(of: tokens.accessToken.revealed),
                 defaultLifetime: config.providers[account.provider]?.defaultLifetime)
             // Write-through before anyone gets the new access token: a rotated
-            // refresh token that is not stored would be lost at a crash. The write
-            // goes ahead of every store call waiting (it waits for the one in
-            // progress only), unless an earlier write of this session is still out
-            // (its tokens were unsaved): that one holds older tokens and must land first.
-            let store = self.store
-            let record = updated
-            let write = { () async -> VaultError? in
-                do throws(VaultError) {
-                    try await store.apply(.save(record))
-                    return nil
-                } catch {
-                    return error
-                }
-            }
+            // refresh token that is not stored would be lost at a crash.
             let failure: VaultError?
-            if let ifRevision {
-                switch await saveShared(record, ifRevision: ifRevision, refreshedFrom: snapshot.tokens) {
-                case .saved: failure = nil
-                case .conflict(let stored, let revision):
-                    return await refreshConflicted(key, entryID: entryID, stored: stored, revision: revision)
-                case .failed(let error): failure = error
-                }
-            } else {
-                let mustFollow = entries[key]?.timers.status.unsaved == true
-                failure = mustFollow ? await write() : await BlockingExecutor.urgent(write)
+            switch await write(updated) {
+            case .written(let outcome): failure = outcome
+            case .superseded(let answer): return answer
             }
             let saved = failure == nil
             if let failure {
@@ -386,17 +338,6 @@ extension SessionManager {
                     expiresAt: updated.expiresAt))
             await handle(key, .refreshed(facts(updated, refreshedAt: now), saved: saved, now: now))
             await noteReplaced(key, old: current, new: tokens, saved: saved, provider: provider)
-            if ifRevision != nil, let failure {
-                // A fleet's refresh is acknowledged once its tokens are in the
-                // shared store: until then only this host has them, and its
-                // death loses them (with rotation, the grant). Served from here
-                // meanwhile, written when the store is back.
-                return .failure(
-                    VaultError(
-                        failure.code,
-                        "\(account) was refreshed, but the new tokens could not be written to the shared store (\(failure.message)); this host serves them and writes them once the store answers"
-                    ))
-            }
             return .success(updated)
         case .transient(let reason, let retryAfter, let code):
             let failure = ProviderFailure.transient(
@@ -447,7 +388,7 @@ extension SessionManager {
     ) async -> Result<SessionRecord, VaultError> {
         let sameSession = entries[key]?.id == entryID
         let newer = sameSession ? entries[key]?.record : nil
-        if case .refreshed(let tokens, _, _) = outcome, newer == nil || fleet == nil {
+        if case .refreshed(let tokens, _, _) = outcome, newer == nil || sharing.revokesSupersededTokens {
             await revokeOrphaned(tokens, of: snapshot)
         }
         if sameSession { await handle(key, .refreshAbandoned) }

@@ -375,7 +375,7 @@ extension SessionManager {
             // A fleet's host: another host may have logged it in a moment ago,
             // ahead of this host's feed (as for Refresh and GetToken).
             do throws(VaultError) {
-                try await catchUpShared(key)
+                try await sharing.catchUp(key, self)
             } catch {
                 Audit.log(log, action, key, by: principal, result: error.code.seedCode)
                 throw error
@@ -438,11 +438,7 @@ extension SessionManager {
         do throws(VaultError) {
             try await store.apply(.save(marked))
             if let revocation { try await store.apply(.savePendingRevocation(revocation)) }
-            if fleet != nil {
-                try await gate.deleteShared(key, ending: SessionEnding(kind: what.event, reason: reason))
-            } else {
-                try await store.apply(.delete(key))
-            }
+            try await sharing.delete(key, ending: SessionEnding(kind: what.event, reason: reason), self)
         } catch {
             // Served again: put the store back as it was. Should it not let us, the
             // record is written again until it does (a mark left in the store would

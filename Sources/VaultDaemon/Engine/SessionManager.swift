@@ -79,9 +79,11 @@ public actor SessionManager {
     /// `GetToken` calls waiting for the automatic login of their account, by id.
     var loginWaiters: [UInt64: LoginWaiter] = [:]
     var nextWaiterID: UInt64 = 0
-    /// What a host of a fleet keeps about the shared store; nil on a single
-    /// host (see SessionManager+Fleet.swift).
-    var fleet: FleetState?
+    /// What a single host and a host of a fleet do differently (`SingleHost`,
+    /// `FleetHost`), chosen once by the store.
+    let sharing: any StoreSharing
+    /// True when this manager is one host of a fleet.
+    public nonisolated let isFleetHost: Bool
     /// The provider requests each user may still cause, and the queued
     /// revocations (see SessionManager+Traffic.swift).
     var traffic: ProviderTraffic
@@ -124,7 +126,9 @@ public actor SessionManager {
             self.executor = home.unownedExecutor
         }
         self.table = SessionTable(didChange: tableDidChange)
-        self.fleet = (store as? any SharedSessionStore).map(FleetState.init)
+        let shared = store as? any SharedSessionStore
+        self.sharing = shared.map(FleetHost.init) ?? SingleHost()
+        self.isFleetHost = shared != nil
         gate.onChange { [weak self] in
             guard let self else { return }
             Task { await self.storeHealthChanged() }
@@ -280,8 +284,7 @@ public actor SessionManager {
         timer = nil
         wakeAllLoginWaiters()
         if let id = probeTask { background[id]?.cancel() }
-        // The feed never ends by itself: other hosts' changes stop here.
-        if let id = fleet?.follower { background[id]?.cancel() }
+        sharing.stopFollowing(self)
         // Refreshed tokens held only in memory while the store is gone: one
         // last look whether it is back, so that they are not lost at the exit.
         if gate.health.state != .available, entries.values.contains(where: { $0.timers.status.unsaved }) {
@@ -292,23 +295,8 @@ public actor SessionManager {
         // refresh token lost here would end the session at the next start.
         for key in entries.keys {
             // Read again at each step: the awaits below let refreshes finish.
-            guard let entry = entries[key], entry.timers.status.unsaved, let record = entry.record else { continue }
-            if fleet != nil {
-                // Over the revision last seen: another host may have rotated these tokens away since.
-                await persistShared(key, entryID: entry.id)
-                if entries[key]?.id == entry.id, entries[key]?.timers.status.unsaved == true {
-                    log.error(
-                        "refreshed tokens could not be stored before stopping", fields(key, event: "tokenRefreshed"))
-                }
-                continue
-            }
-            do throws(VaultError) {
-                try await store.apply(.save(record))
-            } catch {
-                log.error(
-                    "refreshed tokens could not be stored before stopping",
-                    fields(key, event: "tokenRefreshed", code: error.code))
-            }
+            guard let entry = entries[key], entry.timers.status.unsaved, entry.record != nil else { continue }
+            await sharing.saveBeforeStopping(key, entryID: entry.id, self)
         }
         let deadline = clock.preciseNow() + graceSeconds
         for _ in 0..<100_000 {
@@ -319,6 +307,15 @@ public actor SessionManager {
         // helper) is left behind: what it was doing is in the store already.
         for task in background.values { task.cancel() }
     }
+
+    /// Follows the other hosts' changes in the background until shutdown,
+    /// on a host of a fleet. Call once, after `restore()`.
+    public func followSharedStore() { sharing.follow(self) }
+
+    /// Reads `key` from the store when this host does not know the session
+    /// and another host of its fleet may have logged it in; nothing on a
+    /// single host. Throws the store's error.
+    public func catchUpShared(_ key: SessionKey) async throws(VaultError) { try await sharing.catchUp(key, self) }
 
     /// Runs `body` as background work owned by the manager; returns its id
     /// (nil when stopping, and nothing runs).

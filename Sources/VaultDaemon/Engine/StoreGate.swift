@@ -164,7 +164,8 @@ extension SessionManager {
             case .probe(let at):
                 scheduleProbe(at: at)
             case .writeThrough:
-                await writeThrough()
+                // The store is back: make it hold what vaultd serves.
+                await sharing.writeThrough(self)
             }
         }
     }
@@ -213,63 +214,5 @@ extension SessionManager {
         probeTask = nil
         await gate.probeAndRecord(random: random())
         await storeHealthChanged()
-    }
-
-    /// The store is back: makes it hold what vaultd serves. Records written
-    /// while it was gone (refreshed tokens, a failed logout's record put back)
-    /// are written, and a record it holds that vaultd does not serve (a login
-    /// refused while its write was cut off, which landed all the same) is
-    /// removed. Sessions with a login or logout in flight are left to it. A
-    /// host of a fleet catches up with the store first and writes only what
-    /// it could not write itself: the store may hold other hosts' sessions.
-    func writeThrough() async {
-        // A fleet's store holds other hosts' changes too: catch up with it
-        // first, then write what this host could not (over the revision it
-        // last saw, `persistShared`: another host's newer change wins).
-        if fleet != nil {
-            await reloadShared()
-            for key in entries.keys.sorted() {
-                guard let entry = entries[key], entry.record != nil, entry.login == nil, entry.logout == nil,
-                    entry.replace == nil, entry.refresh == nil, entry.timers.status.unsaved || entry.unqueue != nil
-                else { continue }
-                await persist(key)
-            }
-            return
-        }
-        let contents: StoreContents
-        do throws(VaultError) {
-            contents = try await store.loadAll()
-        } catch {
-            // Gone again: the health probes anew, and this runs when it is back.
-            return
-        }
-        var stored: [SessionKey: SessionRecord] = [:]
-        for record in contents.records { stored[record.key] = record }
-        var written = 0
-        for key in entries.keys.sorted() {
-            guard let entry = entries[key], let record = entry.record, entry.login == nil, entry.logout == nil
-            else { continue }
-            let held = stored[key]
-            if entry.timers.status.unsaved || entry.unqueue != nil || held?.tokens != record.tokens
-                || held?.phase != .active
-            {
-                await persist(key)
-                written += 1
-            }
-        }
-        var removed = 0
-        for key in stored.keys.sorted() where entries[key] == nil {
-            do throws(VaultError) {
-                try await store.apply(.delete(key))
-                removed += 1
-            } catch {
-                log.warning(
-                    "a stored session vaultd does not serve could not be removed",
-                    fields(key, event: "storeChanged", code: error.code))
-            }
-        }
-        log.notice(
-            "wrote through to the secret store what it lacked",
-            ["event": "storeChanged", "written": String(written), "removed": String(removed)])
     }
 }
