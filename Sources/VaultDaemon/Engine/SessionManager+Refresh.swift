@@ -9,16 +9,18 @@ extension SessionManager {
 
     /// Feeds `event` to the session's `SessionTimers` and performs what it
     /// returns: deadlines into the queue, refreshes and save retries as
-    /// background work, an end as vaultd's own logout (awaited).
-    func handle(_ key: SessionKey, _ event: SessionTimers.Event) async {
+    /// background work, an end as vaultd's own logout (begun now, finished
+    /// in the background). It does not wait for anything: the session's
+    /// state changes in one step.
+    func handle(_ key: SessionKey, _ event: SessionTimers.Event) {
         guard var entry = entries[key] else { return }
         let actions = entry.timers.handle(event)
         entries[key] = entry
-        await perform(actions, for: key)
+        perform(actions, for: key)
     }
 
     /// Does what the timers of the session `key` (its entry updated) asked for.
-    func perform(_ actions: [SessionTimers.Action], for key: SessionKey) async {
+    func perform(_ actions: [SessionTimers.Action], for key: SessionKey) {
         var ending: (reason: String, kind: EventKind)?
         for action in actions {
             switch action {
@@ -44,7 +46,7 @@ extension SessionManager {
         }
         publishView(key)
         rearmTimer()
-        if let ending { await end(key, reason: ending.reason, kind: ending.kind) }
+        if let ending { end(key, reason: ending.reason, kind: ending.kind) }
     }
 
     /// Sleeps on the injected clock until the nearest deadline, then does
@@ -78,7 +80,7 @@ extension SessionManager {
                 continue
             }
             guard let record = entries[work.key]?.record else { continue }
-            await handle(work.key, .due(work.timer, now: now, expired: record.isExpired(at: now)))
+            handle(work.key, .due(work.timer, now: now, expired: record.isExpired(at: now)))
         }
         runningDueWork = false
         rearmTimer()
@@ -92,7 +94,7 @@ extension SessionManager {
             _ = try await refresh(key, caller: nil)
         } catch  where error.code == .cannotRefresh {
             guard let record = entries[key]?.record, entries[key]?.refresh == nil else { return }
-            await handle(key, .refreshImpossible(expired: record.isExpired(at: clock.now())))
+            handle(key, .refreshImpossible(expired: record.isExpired(at: clock.now())))
         } catch {
             // Reported by the refresh itself (its outcome went to the timers).
         }
@@ -104,7 +106,7 @@ extension SessionManager {
         if let revocation = entry.unqueue {
             // A failed logout's revocation must not outlive it.
             guard (try? await store.apply(.deletePendingRevocation(revocation))) != nil else {
-                await handle(key, .saveFailed(now: clock.now()))
+                handle(key, .saveFailed(now: clock.now()))
                 return
             }
             if entries[key]?.id == entry.id { entries[key]?.unqueue = nil }
@@ -112,22 +114,45 @@ extension SessionManager {
         await sharing.persist(key, entryID: entry.id, self)
     }
 
-    /// Logs the session out as vaultd itself.
-    func end(_ key: SessionKey, reason: String, kind: EventKind) async {
-        var cause = entries[key]?.endCause
-        if reason == "maxSessionLifetime",
-            let seconds = config.providers[key.account.provider]?.oauth2?.maxSessionLifetime
-        {
-            cause = EndCause(message: "the session reached its MaxSessionLifetime= of \(seconds) s; log in again")
-        }
+    /// Logs the session out as vaultd itself. What does not wait happens
+    /// now (`beginLogout`: the token is withdrawn, subscribers are told); the
+    /// store's part finishes in the background, and an end that failed there
+    /// is tried again later (`SessionTimers`' `endFailed`).
+    func end(_ key: SessionKey, reason: String, kind: EventKind) {
+        let lifetime =
+            reason == "maxSessionLifetime" ? config.providers[key.account.provider]?.oauth2?.maxSessionLifetime : nil
+        let cause =
+            lifetime.map { EndCause(message: "the session reached its MaxSessionLifetime= of \($0) s; log in again") }
+            ?? entries[key]?.endCause
+        let begun: LogoutStart
         do throws(VaultError) {
-            try await performLogout(key, by: .vaultd, reason: reason, kind: kind, cause: cause)
+            begun = try beginLogout(key, by: .vaultd, reason: reason, kind: kind, cause: cause)
         } catch {
-            log.error("a session could not be ended", fields(key, event: kind.rawValue, by: .vaultd, code: error.code))
-            if error.code != .notLoggedIn {
-                await handle(key, .endFailed(reason: reason, kind: kind, now: clock.now()))
+            return endFailed(key, reason: reason, kind: kind, error)
+        }
+        switch begun {
+        case .started(let task), .inFlight(let task):
+            spawn {
+                if case .failure(let error) = await task.value {
+                    await self.endFailed(key, reason: reason, kind: kind, error)
+                }
+            }
+        case .afterChangeInFlight, .again:
+            spawn {
+                do throws(VaultError) {
+                    try await self.performLogout(key, by: .vaultd, reason: reason, kind: kind, cause: cause)
+                } catch {
+                    await self.endFailed(key, reason: reason, kind: kind, error)
+                }
             }
         }
+    }
+
+    /// vaultd's own end of `key` failed: logged, and tried again later
+    /// unless the session is gone.
+    private func endFailed(_ key: SessionKey, reason: String, kind: EventKind, _ error: VaultError) {
+        log.error("a session could not be ended", fields(key, event: kind.rawValue, by: .vaultd, code: error.code))
+        if error.code != .notLoggedIn { handle(key, .endFailed(reason: reason, kind: kind, now: clock.now())) }
     }
 
     // MARK: Refresh
@@ -182,7 +207,7 @@ extension SessionManager {
             try chargeProviderRequest(
                 caller.flatMap { chargedUID(.peer($0), owner: key.owner) }, "the refresh of \(account)")
         }
-        await handle(key, .refreshStarted)
+        handle(key, .refreshStarted)
         let id = entry.id
         sharing.refreshDecided(key)
         let task = Task { () -> Result<SessionRecord, VaultError> in
@@ -321,7 +346,7 @@ extension SessionManager {
                 // current record back if it is another session's.
                 if let again = entries[key]?.record { try? await store.apply(.save(again)) }
                 await revokeOrphaned(tokens, of: snapshot)
-                if entries[key]?.id == entryID { await handle(key, .refreshAbandoned) }
+                if entries[key]?.id == entryID { handle(key, .refreshAbandoned) }
                 return .failure(.notLoggedIn(account))
             }
             entries[key]?.machine.refreshed(updated)
@@ -336,13 +361,13 @@ extension SessionManager {
                 VaultEvent(
                     kind: .tokenRefreshed, account: account, ownerUID: key.owner, time: now,
                     expiresAt: updated.expiresAt))
-            await handle(key, .refreshed(facts(updated, refreshedAt: now), saved: saved, now: now))
+            handle(key, .refreshed(facts(updated, refreshedAt: now), saved: saved, now: now))
             await noteReplaced(key, old: current, new: tokens, saved: saved, provider: provider)
             return .success(updated)
         case .transient(let reason, let retryAfter, let code):
             let failure = ProviderFailure.transient(
                 code: code, reason: reason, message: "refreshing \(account) failed: \(reason)")
-            await handle(
+            handle(
                 key,
                 .refreshFailed(
                     failure, retryAfter: retryAfter, random: random(), now: now, expired: current.isExpired(at: now)))
@@ -362,7 +387,7 @@ extension SessionManager {
             let refusal = ProviderFailure.refusal(
                 code: code, reason: reason, message: "the provider refused to refresh \(account); log in again")
             entries[key]?.endCause = EndCause(refusal)
-            await handle(key, .refreshRefused(code: code, reason: reason))
+            handle(key, .refreshRefused(code: code, reason: reason))
             return .failure(refusal)
         }
     }
@@ -391,7 +416,7 @@ extension SessionManager {
         if case .refreshed(let tokens, _, _) = outcome, newer == nil || sharing.revokesSupersededTokens {
             await revokeOrphaned(tokens, of: snapshot)
         }
-        if sameSession { await handle(key, .refreshAbandoned) }
+        if sameSession { handle(key, .refreshAbandoned) }
         if let newer { return .success(newer) }
         return .failure(.notLoggedIn(key.account))
     }

@@ -74,7 +74,7 @@ extension SessionManager {
         } catch {
             entries[key]?.machine.replaceFinished(nil)
             // Deadlines that came due while the provider was asked were dropped: schedule anew.
-            await handle(
+            handle(
                 key, .stored(facts(old, refreshedAt: old.tokens.issuedAt ?? old.createdAt), now: clock.now()))
             return failReplace(key, old, caller, error)
         }
@@ -99,11 +99,11 @@ extension SessionManager {
             if let stillQueued, entries[key]?.unqueue == nil { entries[key]?.unqueue = stillQueued }
             let now = clock.now()
             // Deadlines that came due during the replace were dropped: schedule anew.
-            await handle(key, .stored(facts(old, refreshedAt: old.tokens.issuedAt ?? old.createdAt), now: now))
+            handle(key, .stored(facts(old, refreshedAt: old.tokens.issuedAt ?? old.createdAt), now: now))
             if !restored || stillQueued != nil {
-                await handle(key, .storeStale(now: now))
+                handle(key, .storeStale(now: now))
             } else if entries[key]?.timers.status.unsaved == true {
-                await handle(key, .saved)
+                handle(key, .saved)
             }
             return failReplace(key, old, caller, error)
         }
@@ -119,7 +119,7 @@ extension SessionManager {
             }
         }
         let now = clock.now()
-        await handle(key, .replaced(facts(new, refreshedAt: now), now: now))
+        handle(key, .replaced(facts(new, refreshedAt: now), now: now))
         log.info("tokens replaced", fields(key, event: "tokenRefreshed", by: .peer(caller)))
         events(
             VaultEvent(

@@ -86,7 +86,7 @@ extension SessionManager {
                     }
                     // A refresh may have replaced the tokens meanwhile: look again.
                     guard entries[key]?.record?.tokens == record.tokens else { continue }
-                    await handle(key, .saved)
+                    handle(key, .saved)
                 }
                 Audit.log(log, "Login", key, by: .peer(caller), result: "ok")
                 return (record, .existing)
@@ -274,7 +274,7 @@ extension SessionManager {
         entries[key]?.machine.loginSucceeded(record)
         renewParkedEntry(key)
         // Scheduled before it is published, so that the view shows when the refresh is due.
-        await handle(key, .stored(facts(record, refreshedAt: clock.now()), now: clock.now()))
+        handle(key, .stored(facts(record, refreshedAt: clock.now()), now: clock.now()))
         log.info("logged in", fields(key, event: "loginSuccess", by: principal))
         emit(.loginSuccess, key)
         Audit.log(log, "Login", key, by: principal, result: "ok")
@@ -382,41 +382,67 @@ extension SessionManager {
             }
         }
         for _ in 0..<64 {
-            if let refusal = gate.health.refusal, let entry = entries[key], entry.record != nil, entry.logout == nil {
-                // Refused before the token is withdrawn: a logout the store cannot
-                // take would be served again, and back after a restart.
-                Audit.log(log, action, key, by: principal, result: refusal.code.seedCode)
-                throw refusal
-            }
-            var entry = entries[key] ?? makeEntry(account)
-            let step = entry.machine.logoutRequested()
-            entries[key] = entry
-            switch step {
-            case .fail(let error):
-                forget(key)
-                Audit.log(log, action, key, by: principal, result: error.code.seedCode)
-                throw error
-            case .joinInFlight:
-                guard let task = entries[key]?.logout else { continue }
-                return try await task.value.get()
-            case .waitThenRetry:
-                await waitForChangeInFlight(key)
-                continue
-            case .startLogout(let record):
-                // Nobody gets the token from here on, even before the store answered,
-                // and every subscriber learns so now: the store's writes take tens of
-                // milliseconds (gnome-keyring rewrites its file), a client should not
-                // go on using the token meanwhile.
-                table.publish(key, SessionView(state: .logout, record: nil))
-                emit(LogoutKind(reason: reason, kind: kind).event, key, reason: reason, cause: cause)
-                let task = Task { () -> Result<Void, VaultError> in
-                    await self.commitLogout(record, by: principal, reason: reason, kind: kind)
-                }
-                entries[key]?.logout = task
-                return try await task.value.get()
+            switch try beginLogout(key, by: principal, reason: reason, kind: kind, cause: cause) {
+            case .started(let task), .inFlight(let task): return try await task.value.get()
+            case .afterChangeInFlight: await waitForChangeInFlight(key)
+            case .again: continue
             }
         }
         throw VaultError(.loginInProgress, "\(account) kept changing while logging out; try again")
+    }
+
+    /// How `beginLogout` went.
+    enum LogoutStart {
+        /// Begun by this call: the task ends once the store and the table agree.
+        case started(Task<Result<Void, VaultError>, Never>)
+        /// Another logout of the session is in flight: its task.
+        case inFlight(Task<Result<Void, VaultError>, Never>)
+        /// A login or replace of the session is in flight: begin again after it.
+        case afterChangeInFlight
+        /// The session changed meanwhile: begin again now.
+        case again
+    }
+
+    /// The part of a logout that does not wait: refused while the store
+    /// cannot take it, else the token is withdrawn from the table, every
+    /// subscriber told, and the store's part (`commitLogout`) started.
+    /// Throws (and audits) when there is nothing to log out.
+    func beginLogout(
+        _ key: SessionKey, by principal: Principal, reason: String?, kind: EventKind?, cause: EndCause?
+    ) throws(VaultError) -> LogoutStart {
+        let action = LogoutKind(reason: reason, kind: kind).auditAction
+        if let refusal = gate.health.refusal, let entry = entries[key], entry.record != nil, entry.logout == nil {
+            // Refused before the token is withdrawn: a logout the store cannot
+            // take would be served again, and back after a restart.
+            Audit.log(log, action, key, by: principal, result: refusal.code.seedCode)
+            throw refusal
+        }
+        var entry = entries[key] ?? makeEntry(key.account)
+        let step = entry.machine.logoutRequested()
+        entries[key] = entry
+        switch step {
+        case .fail(let error):
+            forget(key)
+            Audit.log(log, action, key, by: principal, result: error.code.seedCode)
+            throw error
+        case .joinInFlight:
+            guard let task = entries[key]?.logout else { return .again }
+            return .inFlight(task)
+        case .waitThenRetry:
+            return .afterChangeInFlight
+        case .startLogout(let record):
+            // Nobody gets the token from here on, even before the store answered,
+            // and every subscriber learns so now: the store's writes take tens of
+            // milliseconds (gnome-keyring rewrites its file), a client should not
+            // go on using the token meanwhile.
+            table.publish(key, SessionView(state: .logout, record: nil))
+            emit(LogoutKind(reason: reason, kind: kind).event, key, reason: reason, cause: cause)
+            let task = Task { () -> Result<Void, VaultError> in
+                await self.commitLogout(record, by: principal, reason: reason, kind: kind)
+            }
+            entries[key]?.logout = task
+            return .started(task)
+        }
     }
 
     /// Marks the stored record logging-out, with the revocation it needs,
@@ -457,9 +483,9 @@ extension SessionManager {
             entries[key]?.machine.logoutFinished(succeeded: false)
             entries[key]?.unqueue = stillQueued
             // Deadlines that came due while the logout was out were dropped: schedule anew.
-            await handle(
+            handle(
                 key, .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
-            if !restored || stillQueued != nil { await handle(key, .storeStale(now: clock.now())) }
+            if !restored || stillQueued != nil { handle(key, .storeStale(now: clock.now())) }
             log.error("logout failed", fields(key, event: "logoutFailed", by: principal, code: error.code))
             emit(.logoutFailed, key, reason: reason, cause: EndCause(error))
             Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)

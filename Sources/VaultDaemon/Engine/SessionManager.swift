@@ -236,7 +236,7 @@ public actor SessionManager {
                 // came (a key stored twice leaves the later record served).
                 table.publish(views)
                 views.removeAll(keepingCapacity: true)
-                await perform(actions, for: key)
+                perform(actions, for: key)
                 continue
             }
             for case .schedule(let timer, let at) in actions {
@@ -326,7 +326,7 @@ public actor SessionManager {
         let id = nextBackgroundID
         background[id] = Task {
             await body()
-            await self.finished(id)
+            self.finished(id)
         }
         return id
     }

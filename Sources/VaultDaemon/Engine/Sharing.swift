@@ -101,7 +101,7 @@ final class SingleHost: StoreSharing {
             do throws(VaultError) {
                 try await manager.store.apply(.save(record))
             } catch {
-                await manager.handle(key, .saveFailed(now: manager.clock.now()))
+                manager.handle(key, .saveFailed(now: manager.clock.now()))
                 return
             }
             // Only what is served now counts as saved. When the tokens changed
@@ -109,14 +109,14 @@ final class SingleHost: StoreSharing {
             // it (a refresh's write is urgent): write what is served again.
             guard let served = manager.entries[key]?.record, manager.entries[key]?.id == entryID else { return }
             if served.tokens == record.tokens {
-                await manager.handle(key, .saved)
+                manager.handle(key, .saved)
                 await manager.revokeReplacedTokens(key)
                 return
             }
             record = served
         }
         // Still changing after three writes: tried again later, like a failed write.
-        await manager.handle(key, .saveFailed(now: manager.clock.now()))
+        manager.handle(key, .saveFailed(now: manager.clock.now()))
     }
 
     func delete(_ key: SessionKey, ending: SessionEnding, _ manager: isolated SessionManager) async throws(VaultError) {

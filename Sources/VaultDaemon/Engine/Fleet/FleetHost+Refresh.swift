@@ -126,7 +126,7 @@ extension FleetHost {
     private func endRefresh(_ key: SessionKey, _ entryID: UInt64, _ manager: isolated SessionManager) async {
         guard manager.entries[key]?.id == entryID else { return }
         manager.entries[key]?.refresh = nil
-        await manager.handle(key, .refreshAbandoned)
+        manager.handle(key, .refreshAbandoned)
     }
 
     /// A refresh that could not take the lock or read the store: a failure
@@ -142,7 +142,7 @@ extension FleetHost {
         manager.log.warning(
             "the shared store could not be reached to refresh; the current token is still served",
             manager.fields(key, event: "connectFailed", code: error.code))
-        await manager.handle(
+        manager.handle(
             key,
             .refreshFailed(
                 error, retryAfter: nil, random: manager.random(), now: now, expired: record.isExpired(at: now)))
@@ -223,12 +223,12 @@ extension FleetHost {
         do throws(VaultError) {
             stored = try await manager.gate.loadShared(key)
         } catch {
-            await manager.handle(key, .saveFailed(now: manager.clock.now()))
+            manager.handle(key, .saveFailed(now: manager.clock.now()))
             return
         }
         guard manager.entries[key]?.id == entryID, let served = manager.entries[key]?.record else { return }
         if let stored, stored.record.phase == .active, stored.record.tokens == served.tokens {
-            await manager.handle(key, .saved)
+            manager.handle(key, .saved)
             return
         }
         let known = knownRevision(key, manager)
@@ -238,12 +238,12 @@ extension FleetHost {
         }
         switch await save(served, ifRevision: stored.revision, refreshedFrom: stored.record.tokens, manager) {
         case .saved:
-            await manager.handle(key, .saved)
+            manager.handle(key, .saved)
             await manager.revokeReplacedTokens(key)
         case .conflict:
             await resync(key, ending: nil, manager)
         case .failed:
-            await manager.handle(key, .saveFailed(now: manager.clock.now()))
+            manager.handle(key, .saveFailed(now: manager.clock.now()))
         }
     }
 
@@ -263,11 +263,11 @@ extension FleetHost {
         if let stored, stored.phase == .active {
             await applyPut(stored, revision: revision, manager)
             if let served = manager.entries[key]?.record, served.tokens == stored.tokens {
-                await manager.handle(key, .refreshAbandoned)
+                manager.handle(key, .refreshAbandoned)
                 return .success(served)
             }
         }
-        if manager.entries[key]?.id == entryID { await manager.handle(key, .refreshAbandoned) }
+        if manager.entries[key]?.id == entryID { manager.handle(key, .refreshAbandoned) }
         return .failure(.notLoggedIn(key.account))
     }
 }

@@ -125,7 +125,7 @@ final class FleetHost: StoreSharing {
             fresh.machine.loginSucceeded(record)
             manager.entries[key] = fresh
             manager.renewParkedEntry(key)
-            await manager.handle(
+            manager.handle(
                 key, .stored(manager.facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: now))
             manager.log.info("logged in on another host", manager.fields(key, event: "loginSuccess"))
             manager.emit(.loginSuccess, key)
@@ -143,8 +143,8 @@ final class FleetHost: StoreSharing {
             // A fresh timed life (an end this host could not store while it
             // was cut off is the old tokens'), refreshed now.
             let newFacts = manager.facts(record, refreshedAt: record.tokens.issuedAt ?? now)
-            await manager.handle(key, .replaced(newFacts, now: now))
-            await manager.handle(key, .refreshed(newFacts, saved: true, now: now))
+            manager.handle(key, .replaced(newFacts, now: now))
+            manager.handle(key, .refreshed(newFacts, saved: true, now: now))
         case .loggingIn, .loggingOut, .replacing:
             return
         }
