@@ -63,14 +63,14 @@ extension SessionManager {
         let deadline = Double(next.deadline.seconds)
         timer = Task {
             do { try await clock.sleep(until: deadline) } catch { return }
-            await self.runDueWork()
+            self.runDueWork()
         }
     }
 
     /// Does what is due at the clock's now: ends sessions whose token expired
     /// (or whose maximum lifetime passed), starts refreshes, retries unsaved
     /// writes. The timer calls it; the simulation calls it after moving its clock.
-    public func runDueWork() async {
+    public func runDueWork() {
         let now = clock.now()
         // The timer running this is not re-armed (cancelled) halfway through.
         runningDueWork = true

@@ -36,7 +36,7 @@ extension FleetHost {
             }
             if current.tokens != snapshot.tokens {
                 // Another host's tokens arrived while this one waited.
-                await endRefresh(key, entryID, manager)
+                endRefresh(key, entryID, manager)
                 return .success(current)
             }
             let answer: RefreshLockAnswer
@@ -44,7 +44,7 @@ extension FleetHost {
             do throws(VaultError) {
                 answer = try await manager.gate.acquireRefreshLock(key)
             } catch {
-                return await refreshFailed(key, entryID, error, manager)
+                return refreshFailed(key, entryID, error, manager)
             }
             switch answer {
             case .heldBy(let host, let until):
@@ -60,19 +60,19 @@ extension FleetHost {
                     stored = try await manager.gate.loadShared(key)
                 } catch {
                     try? await manager.gate.releaseRefreshLock(key, lease: lease)
-                    return await refreshFailed(key, entryID, error, manager)
+                    return refreshFailed(key, entryID, error, manager)
                 }
                 guard let stored, stored.record.phase == .active else {
                     // Ended on another host: its delete reaches this one through the feed.
                     try? await manager.gate.releaseRefreshLock(key, lease: lease)
-                    await endRefresh(key, entryID, manager)
+                    endRefresh(key, entryID, manager)
                     return .failure(.notLoggedIn(account))
                 }
                 if stored.record.tokens != current.tokens {
                     // Refreshed on another host, and the feed has not told this one yet.
                     try? await manager.gate.releaseRefreshLock(key, lease: lease)
-                    await applyPut(stored.record, revision: stored.revision, manager)
-                    await endRefresh(key, entryID, manager)
+                    applyPut(stored.record, revision: stored.revision, manager)
+                    endRefresh(key, entryID, manager)
                     guard let served = manager.entries[key]?.record else { return .failure(.notLoggedIn(account)) }
                     return .success(served)
                 }
@@ -115,7 +115,7 @@ extension FleetHost {
                 return result
             }
         }
-        return await refreshFailed(
+        return refreshFailed(
             key, entryID,
             VaultError(.networkError, "refreshing \(account) waited for other hosts too long; it is tried again"),
             manager)
@@ -123,7 +123,7 @@ extension FleetHost {
 
     /// The refresh in flight of this entry is over, without tokens of its
     /// own (any it adopted told the timers already; this one is a no-op then).
-    private func endRefresh(_ key: SessionKey, _ entryID: UInt64, _ manager: isolated SessionManager) async {
+    private func endRefresh(_ key: SessionKey, _ entryID: UInt64, _ manager: isolated SessionManager) {
         guard manager.entries[key]?.id == entryID else { return }
         manager.entries[key]?.refresh = nil
         manager.handle(key, .refreshAbandoned)
@@ -133,7 +133,7 @@ extension FleetHost {
     /// the session's timers back off from; the current token is still served.
     private func refreshFailed(
         _ key: SessionKey, _ entryID: UInt64, _ error: VaultError, _ manager: isolated SessionManager
-    ) async -> Result<SessionRecord, VaultError> {
+    ) -> Result<SessionRecord, VaultError> {
         if manager.entries[key]?.id == entryID { manager.entries[key]?.refresh = nil }
         guard manager.entries[key]?.id == entryID, let record = manager.entries[key]?.record else {
             return .failure(.notLoggedIn(key.account))
@@ -261,7 +261,7 @@ extension FleetHost {
             manager.fields(key, event: "tokenRefreshed"))
         guard manager.entries[key]?.id == entryID else { return .failure(.notLoggedIn(key.account)) }
         if let stored, stored.phase == .active {
-            await applyPut(stored, revision: revision, manager)
+            applyPut(stored, revision: revision, manager)
             if let served = manager.entries[key]?.record, served.tokens == stored.tokens {
                 manager.handle(key, .refreshAbandoned)
                 return .success(served)

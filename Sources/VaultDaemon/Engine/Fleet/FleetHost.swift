@@ -90,9 +90,9 @@ final class FleetHost: StoreSharing {
     /// Applies one change of the shared store's feed.
     func apply(_ change: SharedChange, _ manager: isolated SessionManager) async {
         switch change {
-        case .put(let record, let revision): await applyPut(record, revision: revision, manager)
+        case .put(let record, let revision): applyPut(record, revision: revision, manager)
         case .deleted(let key, let ending, let revision):
-            await applyDelete(key, ending: ending, revision: revision, manager)
+            applyDelete(key, ending: ending, revision: revision, manager)
         case .unlocked(let key): wakeWaiters(key)
         case .reset: await reload(manager)
         }
@@ -104,7 +104,7 @@ final class FleetHost: StoreSharing {
     /// in flight here is left to it; a logout's mark is left to its delete.
     func applyPut(
         _ record: SessionRecord, revision: StoreRevision, force: Bool = false, _ manager: isolated SessionManager
-    ) async {
+    ) {
         let key = record.key
         if !force, revision <= knownRevision(key, manager) { return }
         if record.phase == .active, let own = writing[key], own == record.tokens {
@@ -156,7 +156,7 @@ final class FleetHost: StoreSharing {
     func applyDelete(
         _ key: SessionKey, ending: SessionEnding?, revision: StoreRevision, force: Bool = false,
         _ manager: isolated SessionManager
-    ) async {
+    ) {
         if !force, revision <= knownRevision(key, manager) { return }
         if deferWhileBusy(key, ending: ending, manager) { return }
         revisions[key] = max(revision, revisions[key] ?? 0)
@@ -225,7 +225,7 @@ final class FleetHost: StoreSharing {
                 self.lookedUp[key] = nil
                 throw error
             }
-            if let stored { await self.applyPut(stored.record, revision: stored.revision, force: true, manager) }
+            if let stored { self.applyPut(stored.record, revision: stored.revision, force: true, manager) }
         }
         catchingUp[key] = reading
         try await Self.finished(reading)
@@ -252,9 +252,9 @@ final class FleetHost: StoreSharing {
             return
         }
         if let stored {
-            await applyPut(stored.record, revision: stored.revision, force: true, manager)
+            applyPut(stored.record, revision: stored.revision, force: true, manager)
         } else {
-            await applyDelete(key, ending: ending, revision: revisions[key] ?? 0, force: true, manager)
+            applyDelete(key, ending: ending, revision: revisions[key] ?? 0, force: true, manager)
         }
     }
 
@@ -272,10 +272,10 @@ final class FleetHost: StoreSharing {
         var stored = Set<SessionKey>()
         for shared in contents.records {
             stored.insert(shared.record.key)
-            await applyPut(shared.record, revision: shared.revision, manager)
+            applyPut(shared.record, revision: shared.revision, manager)
         }
         for key in manager.entries.keys.sorted() where !stored.contains(key) && manager.entries[key]?.record != nil {
-            await applyDelete(key, ending: contents.endings[key], revision: contents.revision, manager)
+            applyDelete(key, ending: contents.endings[key], revision: contents.revision, manager)
         }
         manager.log.notice(
             "caught up with the shared store",
