@@ -132,13 +132,13 @@ extension SessionManager {
         }
         switch begun {
         case .started(let task), .inFlight(let task):
-            spawn {
+            spawn(evenWhenStopping: true) {
                 if case .failure(let error) = await task.value {
                     await self.endFailed(key, reason: reason, kind: kind, error)
                 }
             }
         case .afterChangeInFlight, .again:
-            spawn {
+            spawn(evenWhenStopping: true) {
                 do throws(VaultError) {
                     try await self.performLogout(key, by: .vaultd, reason: reason, kind: kind, cause: cause)
                 } catch {

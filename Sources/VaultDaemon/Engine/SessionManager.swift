@@ -318,10 +318,11 @@ public actor SessionManager {
     public func catchUpShared(_ key: SessionKey) async throws(VaultError) { try await sharing.catchUp(key, self) }
 
     /// Runs `body` as background work owned by the manager; returns its id
-    /// (nil when stopping, and nothing runs).
+    /// (nil when stopping, and nothing runs, unless `evenWhenStopping`: the
+    /// rest of a change already begun, which shutdown's grace waits for).
     @discardableResult
-    func spawn(_ body: @escaping @Sendable () async -> Void) -> UInt64? {
-        guard !stopping else { return nil }
+    func spawn(evenWhenStopping: Bool = false, _ body: @escaping @Sendable () async -> Void) -> UInt64? {
+        guard !stopping || evenWhenStopping else { return nil }
         nextBackgroundID += 1
         let id = nextBackgroundID
         background[id] = Task {

@@ -8,8 +8,8 @@ import VaultCore
 /// (`FleetHost`, Engine/Fleet/) shares one with other hosts. The manager
 /// holds one of the two, chosen once by its store, and branches on neither.
 ///
-/// Every requirement runs on the manager (`isolated`), whose state it reads
-/// and changes as the manager's own methods do.
+/// The requirements that take the manager run on it (`isolated`), and
+/// read and change its state as its own methods do.
 protocol StoreSharing: AnyObject {
     /// Tokens obtained by a refresh whose session changed meanwhile are
     /// revoked even when the session is still served with newer tokens:

@@ -100,6 +100,12 @@ extension FleetHost {
                         return .written(failure: error)
                     }
                 }
+                // A refresh that ended the session (refused, or expired meanwhile)
+                // holds the lock until the logout reached the store: no host may
+                // refresh from the record still stored.
+                if manager.entries[key]?.id == entryID, let logout = manager.entries[key]?.logout {
+                    _ = await logout.value
+                }
                 // Rotated tokens the store did not take keep the lock until its
                 // lease ends: no host may refresh from the stored, rotated-away token.
                 if !(manager.entries[key]?.id == entryID && manager.entries[key]?.timers.status.unsaved == true) {
