@@ -99,7 +99,7 @@ extension SessionManager {
             throw error
         case .tokens(let response):
             request.tokenResponse = response
-            let (record, outcome) = try await loginOrReplace(request, caller: starter)
+            let (record, outcome) = try await finishInteractiveLogin(request, caller: starter)
             return (record, outcome, request.replace)
         }
     }

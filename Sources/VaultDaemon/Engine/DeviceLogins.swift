@@ -117,7 +117,7 @@ extension SessionManager {
             deviceLogins.remove(id)
             var request = pending.request
             request.tokenResponse = response
-            let (record, outcome) = try await loginOrReplace(request, caller: pending.caller)
+            let (record, outcome) = try await finishInteractiveLogin(request, caller: pending.caller)
             return .done(record, outcome)
         case .pending, .slowDown, .transient:
             if case .slowDown = answer { login.interval += 5 }

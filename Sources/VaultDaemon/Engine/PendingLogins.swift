@@ -106,3 +106,49 @@ extension SessionManager {
         browserLogins.dropExpired(now: now)
     }
 }
+
+extension SessionManager {
+    /// Logs in with the token response an interactive login (device,
+    /// browser) obtained for `caller`, as `Login` with it does. Tokens that
+    /// do not become the session (the account was logged in already and
+    /// kept its session, or the login was refused) are revoked: nobody else
+    /// holds them, and they would stay valid at the provider.
+    func finishInteractiveLogin(_ request: LoginRequest, caller: Caller) async throws(VaultError) -> (
+        SessionRecord, LoginOutcome
+    ) {
+        do throws(VaultError) {
+            let (record, outcome) = try await loginOrReplace(request, caller: caller)
+            if outcome == .existing { await revokeUnused(request, caller: caller) }
+            return (record, outcome)
+        } catch {
+            await revokeUnused(request, caller: caller)
+            throw error
+        }
+    }
+
+    /// Queues in the store, then starts, the revocation of the tokens
+    /// `request`'s token response holds, when its provider revokes tokens.
+    private func revokeUnused(_ request: LoginRequest, caller: Caller) async {
+        let account = Account(provider: request.provider, user: request.user)
+        guard let response = request.tokenResponse, let provider = client(for: account.provider),
+            let credential = try? LoginCredential(tokenResponse: response)
+        else { return }
+        let owner = (try? policy.policy.owner(of: account, for: caller, requested: request.ownerUID)) ?? caller.uid
+        let record = SessionRecord(
+            account: account, user: UserProfile(uid: account.user), tokens: credential.tokens, createdAt: clock.now(),
+            expiresAt: nil, ownerUID: owner)
+        guard provider.revokes(record) else { return }
+        log.info(
+            "an interactive login's tokens did not become the session; they are revoked",
+            fields(record.key, event: "revokeUnused"))
+        let revocation = PendingRevocation(queueing: record)
+        do throws(VaultError) {
+            try await store.apply(.savePendingRevocation(revocation))
+        } catch {
+            log.warning(
+                "a revocation could not be queued in the store; it is attempted all the same",
+                fields(record.key, event: "revokeUnused", code: error.code))
+        }
+        startRevocation(revocation, provider: provider, chargedTo: chargedUID(.peer(caller), owner: owner))
+    }
+}

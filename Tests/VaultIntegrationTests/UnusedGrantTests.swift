@@ -1,0 +1,58 @@
+import Foundation
+import Testing
+import Varlink
+
+/// Tokens an interactive login obtained that did not become the session are
+/// revoked at the provider, against Authlib.
+@Suite("Interactive logins' unused tokens", .serialized)
+struct UnusedGrantTests {
+    /// A device login of `user` through vaultctl, approved at `server`: its status and stdout.
+    func deviceLogin(_ fixture: DaemonFixture, _ server: AuthlibServer, _ user: String) throws -> (Int32, String) {
+        let (process, out, err) = try startInterruptible(
+            Binaries.vaultctl.path, ["--socket", fixture.socketPath, "login", "oauth", user, "--device"])
+        defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
+        guard out.wait(for: "Ctrl-C cancels") else { throw HarnessError("no code shown: \(out.text) \(err.text)") }
+        let lines = out.text.split(separator: "\n").map(String.init)
+        let code = try #require(lines.firstIndex(of: "and enter the code:").map { lines[$0 + 1] })
+        try server.device("approve", code, user: user)
+        let status = try reap(process, seconds: 30)
+        _ = out.waitForEnd(seconds: 5)
+        _ = err.waitForEnd(seconds: 5)
+        return (status, out.text + err.text)
+    }
+
+    @Test(
+        "Should revoke the tokens of a device login whose account was logged in already, and keep serving the session"
+    )
+    func deviceLoginOfLoggedInAccount() async throws {
+        let directory = try TemporaryDirectory()
+        let server = try AuthlibServer(directory: directory, arguments: ["--device-interval", "1"])
+        let fixture = try DaemonFixture(start: false)
+        let client = AuthlibServer.publicClient
+        try """
+        [Provider oauth]
+        Type=oauth2
+        TokenURL=\(server.url)/token
+        DeviceAuthorizationURL=\(server.url)/device_authorization
+        RevocationURL=\(server.url)/revoke
+        ClientID=\(client.id)
+        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.start()
+        let user = uniqueName("twice")
+
+        let (first, firstOut) = try deviceLogin(fixture, server, user)
+        #expect(first == 0 && firstOut.contains("logged in: \(user) @ oauth"), "\(firstOut)")
+        let served = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
+        let kept = try server.liveRefreshTokens()
+        #expect(kept.count == 1, "the first login holds one grant")
+
+        let (second, secondOut) = try deviceLogin(fixture, server, user)
+        #expect(second == 0 && secondOut.contains("already logged in: \(user) @ oauth"), "\(secondOut)")
+        // The second grant is revoked; the first, which the session holds, is not.
+        let live = try await eventually(tries: 250, { try server.liveRefreshTokens() }, until: { $0.count == 1 })
+        #expect(live == kept, "only the session's own refresh token is still live")
+        let revoked = try server.requests().filter { $0["endpoint"]?.stringValue == "revoke" }
+        #expect(revoked.count == 1, "\(revoked.map(\.text))")
+        #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout == served, "the session goes on")
+    }
+}
