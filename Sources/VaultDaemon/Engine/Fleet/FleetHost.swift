@@ -213,7 +213,9 @@ final class FleetHost: StoreSharing {
         if let last = lookedUp[key], now - last < 1 { return }
         if lookedUp.count >= 1024 { lookedUp = [:] }
         lookedUp[key] = now
-        // On the manager: the record is applied before any waiter resumes.
+        // On the manager: the record is applied before any waiter resumes. A
+        // task runs isolated to the isolated parameter it uses in its body
+        // (a capture list does not count), hence the first line.
         let reading = Task { () async throws in
             _ = manager
             defer { self.catchingUp[key] = nil }
