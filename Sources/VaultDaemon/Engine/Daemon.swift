@@ -1,7 +1,6 @@
 import CShim
 import Dispatch
 import Glibc
-import Synchronization
 import VarlinkServer
 import VaultCore
 import VaultProtocol
@@ -188,97 +187,29 @@ public enum Daemon {
         }
         if let job = options.storeJob { return try runStoreJob(job, options: options, config: config, log: log) }
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
-        let notifier = ServiceNotifier()
-
-        let store = try openStore(options, config: config, log: log, openShared: openShared)
-        let clock = SystemWallClock()
-        let policy = try PolicyResolver.resolve(config)
-        let hub = SubscriptionHub(log: log)
-        // The store's part of STATUS=, kept beside the sessions' counts.
-        let storeStatus = Mutex("")
-        let statusTable = Mutex<SessionTable?>(nil)
-        let manager = SessionManager(
-            store: store, config: config, clock: clock, log: log, policy: policy,
-            tableDidChange: { table in
-                if notifier.isActive {
-                    notifier.status(ServiceNotifier.statusLine(table) + storeStatus.withLock { $0 })
-                }
-            },
-            storeDidChange: { state in
-                let line = Daemon.storeStatusLine(state, fleet: store is any SharedSessionStore)
-                storeStatus.withLock { $0 = line }
-                if notifier.isActive, let table = statusTable.withLock({ $0 }) {
-                    notifier.status(ServiceNotifier.statusLine(table) + line)
-                }
-            },
-            events: { event in hub.publish(event) })
-        statusTable.withLock { $0 = manager.table }
-        let restored = try blocking { () async throws(VaultError) in
-            try await manager.loadProviderSecrets()
-            let restored = try await manager.restore()
-            // A host of a fleet follows the others from what it restored on.
-            await manager.followSharedStore()
-            await manager.resumePendingRevocations()
-            return restored
+        let context = DaemonContext(
+            options: options, config: config, tokenFilePlans: tokenFilePlans, signalFD: signalFD, startup: startup,
+            notifier: ServiceNotifier(), hub: SubscriptionHub(log: log), log: log)
+        let store = StoreService { () throws(VaultError) in
+            try openStore(options, config: config, log: log, openShared: openShared)
         }
-        // Token files follow the table from here on, starting with the sessions restored.
-        let tokenFiles = TokenFiles(table: manager.table, log: log, events: { event in hub.publish(event) })
-        manager.table.observe { key in tokenFiles.changed(key) }
-        tokenFiles.update(TokenFiles.targets(tokenFilePlans, policy: policy))
-
-        // From here the serving loop reads the signals; no socket file exists yet.
-        startup?.handOff()
-        let listenFD: Int32
-        let socketDescription: String
-        var ownsSocketFile = false
-        if let activated = try SocketActivation.listeningSocket() {
-            listenFD = activated
-            socketDescription = "passed by systemd"
-        } else {
-            let path = options.socketPath ?? SocketPath.default(environment: Environment.all(), uid: getuid())
-            listenFD = try Listener.bind(path, mode: config.socketMode)
-            socketDescription = path
-            ownsSocketFile = true
-        }
-        defer {
-            if ownsSocketFile { unlink(socketDescription) }
-            close(listenFD)
-        }
-        let service = VaultMethods.service(manager: manager, clock: clock, hub: hub)
-        let hooks = ServerHooks(
-            watchdogIntervalMilliseconds: notifier.watchdogIntervalMilliseconds,
-            watchdogProbe: { await manager.ping() },
-            watchdog: { notifier.watchdog() },
-            stopping: { notifier.stopping() },
-            reload: { server in
-                reload(options, manager: manager, server: server, notifier: notifier, tokenFiles: tokenFiles, log: log)
-            },
-            privileged: { caller in manager.policy.policy.isAdmin(caller) })
-        let server: VarlinkServer
-        do {
-            server = try VarlinkServer(
-                listenFD: listenFD, signalFD: signalFD, service: service, log: log,
-                errors: VaultMethods.transportErrors, hooks: hooks, limits: config.serving)
-        } catch {
-            throw VaultError(.internalError, "cannot start serving: \(error)")
-        }
-        hub.attach(server)
+        let sessions = Sessions(context, store: store)
+        let socket = Socket(context)
+        let server = Server(context, socket: socket, sessions: sessions)
+        // In this order: nothing listens before the sessions are restored.
+        let services: [any DaemonService] = [context.notifier, store, sessions, socket, server]
+        try services.start()
         log.notice(
             "ready",
             [
-                "socket": socketDescription, "sessions": String(restored.restored),
-                "finishedLogouts": String(restored.finishedLogouts), "store": store.profile.location,
+                "socket": socket.description, "sessions": String(sessions.restored.restored),
+                "finishedLogouts": String(sessions.restored.finishedLogouts), "store": store.store.profile.location,
                 "providers": config.providers.keys.sorted().joined(separator: ","),
                 "config": config.sources.isEmpty ? ConfigSearch.builtInName : config.sources.joined(separator: ","),
             ])
-        notifier.ready(status: ServiceNotifier.statusLine(manager.table))
+        context.notifier.ready(status: ServiceNotifier.statusLine(sessions.manager.table))
         let signal = server.run()
-        // Background work (refreshes, revocations, save retries) gets what is
-        // left of the drain time; revocations are queued in the store already.
-        try? blocking { () async throws(VaultError) in await manager.shutdown(graceSeconds: 5) }
-        try? blocking { () async throws(VaultError) in await store.close() }
-        tokenFiles.waitIdle(seconds: 2)
-        notifier.flush()
+        services.stop()
         log.notice("stopped", ["signal": String(signal)])
         return 0
     }
@@ -468,7 +399,9 @@ public enum Daemon {
     }
 
     /// Runs async start-up work from the main thread (which is not part of
-    /// Swift's cooperative pool) and waits for it.
+    /// Swift's cooperative pool) and waits for it. The main thread stays
+    /// synchronous: it serves, and an async main resumes after its first
+    /// await on a dispatch worker thread, not on the main thread (Linux).
     static func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws(VaultError) -> T) throws(VaultError)
         -> T
     {
