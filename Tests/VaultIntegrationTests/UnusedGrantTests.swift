@@ -4,7 +4,7 @@ import Varlink
 
 /// Tokens an interactive login obtained that did not become the session are
 /// revoked at the provider, against Authlib.
-@Suite("Interactive logins' unused tokens", .serialized)
+@Suite("Interactive logins' unused tokens", .requiresKeyring, .requiresAuthlib, .ownThreads, .timeLimit(.minutes(5)))
 struct UnusedGrantTests {
     /// A device login of `user` through vaultctl, approved at `server`: its status and stdout.
     func deviceLogin(_ fixture: DaemonFixture, _ server: AuthlibServer, _ user: String) throws -> (Int32, String) {
