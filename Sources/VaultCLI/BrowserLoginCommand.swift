@@ -19,6 +19,11 @@ extension VaultCtl {
             return usage("login: --from-provider and --browser exclude each other", command: "login")
         }
         let (provider, user) = (command.arguments[0], command.arguments[1])
+        do throws(VaultClientError) {
+            if let done = alreadyLoggedIn(try connect(), provider, user, command) { return done }
+        } catch {
+            return report(error)
+        }
         let listener: LoopbackListener
         switch LoopbackListener.open() {
         case .success(let opened): listener = opened

@@ -21,6 +21,7 @@ extension VaultCtl {
         do throws(VaultClientError) {
             // A poll waits up to 25 seconds for its turn, then for the provider.
             vault = try VaultConnection(path: socketPath, timeoutSeconds: timeoutSeconds + 30)
+            if let done = alreadyLoggedIn(vault, provider, user, command) { return done }
             start = try vault.startDeviceLogin(
                 provider: provider, user: user, ownerUID: owner, replace: command.has("--replace"))
         } catch {
@@ -63,5 +64,21 @@ extension VaultCtl {
         let minutes = (start.expiresIn + 59) / 60
         lines.append("Waiting for the login (the code is valid for \(minutes) min; Ctrl-C cancels)...")
         output.out(lines.joined(separator: "\n"))
+    }
+
+    /// An interactive login (--device, --browser) of an account that has a
+    /// session already ends before it begins, as `login` does: "already
+    /// logged in", and nothing for the user to approve. With --replace, or
+    /// when there is no session the caller can read, nil: go on. (vaultd
+    /// revokes the tokens of one that began anyway and finds the session.)
+    func alreadyLoggedIn(_ vault: VaultConnection, _ provider: String, _ user: String, _ command: ParsedCommand)
+        -> ExitCode?
+    {
+        guard !command.has("--replace"),
+            let session = try? vault.session(provider: provider, user: user, ownerUID: owner), session.state == .logged
+        else { return nil }
+        let result = LoginResult(session: session, created: false)
+        output.out(json ? loginJSON(result).text : "\(loginWhat(result)): \(describe(session))")
+        return .ok
     }
 }

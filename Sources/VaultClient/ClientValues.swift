@@ -192,6 +192,11 @@ public struct LoginResult: Sendable, Equatable {
     public var created: Bool
     /// True when a login with `replace` replaced the tokens of a logged-in session.
     public var replaced: Bool = false
+
+    /// What a `Login` reply says: `session`, and whether it was `created` or `replaced`.
+    public init(session: Session, created: Bool, replaced: Bool = false) {
+        (self.session, self.created, self.replaced) = (session, created, replaced)
+    }
 }
 
 /// An access token from `GetToken`. The token is a `Secret`: printing it shows it masked.

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import Varlink
+import VaultClient
 
 /// Tokens an interactive login obtained that did not become the session are
 /// revoked at the provider, against Authlib.
@@ -21,38 +22,70 @@ struct UnusedGrantTests {
         return (status, out.text + err.text)
     }
 
-    @Test(
-        "Should revoke the tokens of a device login whose account was logged in already, and keep serving the session"
-    )
-    func deviceLoginOfLoggedInAccount() async throws {
-        let directory = try TemporaryDirectory()
-        let server = try AuthlibServer(directory: directory, arguments: ["--device-interval", "1"])
+    /// A running vaultd whose provider `oauth` is Authlib's public client, with device logins and revocation.
+    func start(_ server: AuthlibServer) throws -> DaemonFixture {
         let fixture = try DaemonFixture(start: false)
-        let client = AuthlibServer.publicClient
         try """
         [Provider oauth]
         Type=oauth2
         TokenURL=\(server.url)/token
         DeviceAuthorizationURL=\(server.url)/device_authorization
+        AuthorizationURL=\(server.url)/authorize
         RevocationURL=\(server.url)/revoke
-        ClientID=\(client.id)
+        ClientID=\(AuthlibServer.publicClient.id)
         """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
         try fixture.start()
-        let user = uniqueName("twice")
+        return fixture
+    }
 
+    @Test(
+        "Should revoke the tokens of a device login that finds its account logged in meanwhile, and keep serving the session"
+    )
+    func deviceLoginOvertaken() async throws {
+        let directory = try TemporaryDirectory()
+        let server = try AuthlibServer(directory: directory, arguments: ["--device-interval", "1"])
+        let fixture = try start(server)
+        let user = uniqueName("overtaken")
+        // A client starts a device login; before its user approves, the
+        // account is logged in by another one.
+        let vault = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 40)
+        let late = try vault.startDeviceLogin(provider: "oauth", user: user)
         let (first, firstOut) = try deviceLogin(fixture, server, user)
         #expect(first == 0 && firstOut.contains("logged in: \(user) @ oauth"), "\(firstOut)")
         let served = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
         let kept = try server.liveRefreshTokens()
         #expect(kept.count == 1, "the first login holds one grant")
 
-        let (second, secondOut) = try deviceLogin(fixture, server, user)
-        #expect(second == 0 && secondOut.contains("already logged in: \(user) @ oauth"), "\(secondOut)")
-        // The second grant is revoked; the first, which the session holds, is not.
+        try server.device("approve", late.userCode, user: user)
+        var result: LoginResult?
+        for _ in 0..<20 where result == nil {
+            if case .done(let done) = try vault.pollDeviceLogin(late.login) { result = done }
+        }
+        #expect(result?.created == false, "the late login keeps the session there is")
+        // The late grant is revoked; the first, which the session holds, is not.
         let live = try await eventually(tries: 250, { try server.liveRefreshTokens() }, until: { $0.count == 1 })
         #expect(live == kept, "only the session's own refresh token is still live")
         let revoked = try server.requests().filter { $0["endpoint"]?.stringValue == "revoke" }
         #expect(revoked.count == 1, "\(revoked.map(\.text))")
         #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout == served, "the session goes on")
+    }
+
+    @Test(
+        "Should answer --device and --browser of a logged-in account at once with its session, asking the provider nothing"
+    )
+    func deviceLoginOfLoggedInAccount() async throws {
+        let directory = try TemporaryDirectory()
+        let server = try AuthlibServer(directory: directory, arguments: ["--device-interval", "1"])
+        let fixture = try start(server)
+        let user = uniqueName("twice")
+        let (first, firstOut) = try deviceLogin(fixture, server, user)
+        #expect(first == 0 && firstOut.contains("logged in: \(user) @ oauth"), "\(firstOut)")
+        for flags in [["--device"], ["--browser", "--no-open"]] {
+            let again = try vaultctl(fixture.socketPath, ["login", "oauth", user] + flags)
+            #expect(again.status == 0, "\(flags): \(again.stderr)")
+            #expect(again.stdout.contains("already logged in: \(user) @ oauth"), "\(flags): \(again.stdout)")
+        }
+        let starts = try server.requests().filter { $0["endpoint"]?.stringValue == "device_authorization" }
+        #expect(starts.count == 1, "only the first login asked for a device code")
     }
 }
