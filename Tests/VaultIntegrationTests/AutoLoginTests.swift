@@ -77,8 +77,7 @@ struct AutoLoginTests {
         try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 1)
         #expect(try kinds(3, on: watcher) == ["connectionChanged", "tokenInvalid", "loginSuccess"])
-        let second = try vaultctl(fixture.socketPath, ["token", "oauth", user])
-        #expect(second.status == 0, "\(second.stderr)")
+        let second = try expectSuccess(vaultctl(fixture.socketPath, ["token", "oauth", user]))
         #expect(second.stdout != first.stdout, "a new grant")
         #expect(try await logins(server) == 2)
         // A logout a client asks for is left alone.
@@ -152,13 +151,11 @@ struct AutoLoginTests {
                 { try status(fixture, user) }, until: { $0["consecutiveFailures"]?.integerValue == 1 })
             let retryAt = try #require(parked["nextRetryAt"]?.integerValue, "\(change): \(parked)")
             #expect(retryAt >= Int64(Date().timeIntervalSince1970) + 500, "\(change): \(parked)")
-            let listed = try vaultctl(fixture.socketPath, ["--json", "list"])
-            #expect(listed.status == 0, "\(listed.stderr)")
+            let listed = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "list"]))
             #expect(!listed.stdout.contains(user), "a failed login is no session: \(listed.stdout)")
             let logins = try await logins(server)
             if change == "provider-secret" {
-                let stored = try vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "new-secret")
-                #expect(stored.status == 0, "\(stored.stderr)")
+                try expectSuccess(vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "new-secret"))
             } else {
                 kill(try #require(fixture.daemon).process.processIdentifier, SIGHUP)
             }
@@ -228,8 +225,7 @@ struct AutoLoginTests {
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
         try fixture.start()
-        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user])
-        #expect(token.status == 0, "\(token.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["token", "oauth", user]))
         #expect(try await logins(server) == 2, "the failed login and its retry")
         let client = try fixture.client()
         // waitSeconds 0: no waiting (here there is a session, so it is served).

@@ -193,8 +193,7 @@ struct BrowserLoginTests {
         #expect(verifier.count >= 43)
         #expect(base64url(VaultCore.SHA256.hash(Array(verifier.utf8))) == query["code_challenge"])
 
-        let token = try vaultctl(setup.fixture.socketPath, ["token", "corp", user]).stdout
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let token = try setup.fixture.token("corp", user)
         #expect(try setup.server.user(of: token) == user)
         let refreshTokens = try setup.server.liveRefreshTokens()
         #expect(refreshTokens.count == 1, "the token response's refresh token")
@@ -214,8 +213,7 @@ struct BrowserLoginTests {
             #expect(result.status == 0, "\(result.stderr)")
             #expect(result.stdout.contains(said + "\(user) @ corp"), "\(result.stdout)")
         }
-        let token = try vaultctl(setup.fixture.socketPath, ["token", "corp", user]).stdout
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let token = try setup.fixture.token("corp", user)
         let exchanges = try setup.server.codeExchanges()
         #expect(exchanges.count == 2)
         #expect(try setup.server.user(of: token) == user)

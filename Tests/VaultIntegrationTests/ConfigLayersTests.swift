@@ -61,18 +61,17 @@ struct ConfigLayersTests {
     @Test("Should list /etc's file, then the user's, in --check-config; root reads /etc only")
     func checkConfigListsFiles() throws {
         let layers = try Layers()
-        let check = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"), layers.asUser + [Binaries.vaultd.path, "--check-config"],
-            environment: layers.environment)
-        #expect(check.status == 0, "\(check.stderr)")
+        let check = try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/setpriv"), layers.asUser + [Binaries.vaultd.path, "--check-config"],
+                environment: layers.environment))
         let userLines: [String] = [
             "read: \(layers.systemFile)", "read: \(layers.userFile)", "store: secret-service (scope default)",
             "configuration is valid: 2 provider(s)",
         ]
         #expect(check.stdout.split(separator: "\n").map(String.init) == userLines, "\(check.stdout)")
 
-        let asRoot = try runCommand(Binaries.vaultd, ["--check-config"], environment: layers.environment)
-        #expect(asRoot.status == 0, "\(asRoot.stderr)")
+        let asRoot = try expectSuccess(runCommand(Binaries.vaultd, ["--check-config"], environment: layers.environment))
         let rootLines: [String] = [
             "read: \(layers.systemFile)", "store: secret-service (scope default)",
             "configuration is valid: 1 provider(s)",
@@ -120,10 +119,10 @@ struct ConfigLayersTests {
         let layers = try Layers()
         try FileManager.default.removeItem(atPath: layers.systemFile)
         try FileManager.default.removeItem(atPath: layers.userFile)
-        let check = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"), layers.asUser + [Binaries.vaultd.path, "--check-config"],
-            environment: layers.environment)
-        #expect(check.status == 0, "\(check.stderr)")
+        let check = try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/setpriv"), layers.asUser + [Binaries.vaultd.path, "--check-config"],
+                environment: layers.environment))
         #expect(check.stdout.hasPrefix("read: (built-in)\n"), "\(check.stdout)")
         #expect(
             check.stderr.contains("warning: no configuration file found")

@@ -154,11 +154,14 @@ struct ConfigTrustTests {
         let made = try setup.asUser(
             "mkdir -m 700 \(xdg)/vaultd && printf '[Provider mine]\\nType=static\\n' > \(xdg)/vaultd/vaultd.conf")
         #expect(made.status == 0, "\(made.stderr)")
-        let check = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"),
-            ["--reuid=\(setup.uid)", "--regid=\(setup.gid)", "--clear-groups", Binaries.vaultd.path, "--check-config"],
-            environment: ["VAULTD_SYSTEM_CONFIG_DIR": setup.directory.url.path, "XDG_CONFIG_HOME": xdg])
-        #expect(check.status == 0, "\(check.stderr)")
+        let check = try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/setpriv"),
+                [
+                    "--reuid=\(setup.uid)", "--regid=\(setup.gid)", "--clear-groups", Binaries.vaultd.path,
+                    "--check-config",
+                ],
+                environment: ["VAULTD_SYSTEM_CONFIG_DIR": setup.directory.url.path, "XDG_CONFIG_HOME": xdg]))
         #expect(check.stdout.contains("read: \(xdg)/vaultd/vaultd.conf"), "\(check.stdout)")
     }
 }

@@ -16,8 +16,7 @@ struct ConnectionStateTests {
     func loggedIn(_ prefix: String) throws -> (ConfiguredDaemon, String) {
         let d = try ConfiguredDaemon(config: "[Provider demo]\nType=static\n")
         let user = uniqueName(prefix)
-        let login = try vaultctl(d.socketPath, ["login", "demo", user], input: ConnectionStateTests.token)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(d.socketPath, ["login", "demo", user], input: ConnectionStateTests.token))
         return (d, user)
     }
 
@@ -68,13 +67,12 @@ struct ConnectionStateTests {
         let fixture = try DaemonFixture(oauthServer: server)
         try fixture.start()
         let user = uniqueName("source")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant())
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
-        let report = try vaultctl(
-            fixture.socketPath, ["connection-state", "oauth", user, "connectFailed", "--client", "sh-bot"])
-        #expect(report.status == 0, "\(report.stderr)")
+        try expectSuccess(
+            vaultctl(
+                fixture.socketPath, ["connection-state", "oauth", user, "connectFailed", "--client", "sh-bot"]))
         var seen: [VaultEvent] = []
         for _ in 0..<10 where !seen.contains(where: { $0.source == .client && $0.reason == "clientGone" }) {
             seen.append(try watcher.event())
@@ -94,8 +92,7 @@ struct ConnectionStateTests {
         let fixture = try DaemonFixture(oauthServer: server)
         try fixture.start()
         let user = uniqueName("change")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant())
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
         // The first refresh connects; the second finds the session connected.
         for _ in 0..<2 { #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0) }

@@ -24,8 +24,8 @@ struct DaemonTests {
     func loginRestartLogout() async throws {
         let fixture = try fixture()
         let user = uniqueName("alice")
-        let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token + "\n")
-        #expect(login.status == 0, "\(login.stderr)")
+        let login = try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token + "\n"))
         #expect(login.stdout.contains("logged in: \(user) @ demo"))
 
         let status = try vaultctl(fixture.socketPath, ["--json", "status", "demo", user])
@@ -36,8 +36,7 @@ struct DaemonTests {
 
         #expect(fixture.daemon?.stop() == 0)
         try fixture.start()
-        let after = try vaultctl(fixture.socketPath, ["--json", "status", "demo", user])
-        #expect(after.status == 0, "\(after.stderr)")
+        let after = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "status", "demo", user]))
         #expect(try JSON.parse(after.stdout)["session"]?["state"]?.stringValue == "logged")
         let token = try vaultctl(fixture.socketPath, ["token", "demo", user])
         #expect(token.stdout == DaemonTests.token + "\n")
@@ -48,8 +47,7 @@ struct DaemonTests {
             #expect(try secretToolSearch(provider: "demo", user: user).contains("label = vaultd: \(user) @ demo"))
         }
 
-        let logout = try vaultctl(fixture.socketPath, ["logout", "demo", user])
-        #expect(logout.status == 0, "\(logout.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["logout", "demo", user]))
         #expect(try await fixture.store.holds(provider: "demo", user: user) == false)
         let gone = try vaultctl(fixture.socketPath, ["status", "demo", user])
         #expect(gone.status == 1)
@@ -144,8 +142,7 @@ struct DaemonTests {
             "instance_url":"https://example.my.salesforce.com","issued_at":"\(Int(Date().timeIntervalSince1970) * 1000)",\
             "expires_in":7200,"token_type":"Bearer","scope":"api refresh_token"}
             """
-        let login = try vaultctl(fixture.socketPath, ["--json", "login", "demo", user], input: response)
-        #expect(login.status == 0, "\(login.stderr)")
+        let login = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "login", "demo", user], input: response))
         let session = try JSON.parse(login.stdout)["session"]
         #expect(session?["hasRefreshToken"]?.boolValue == true)
         #expect(session?["instanceUrl"]?.stringValue == "https://example.my.salesforce.com")
@@ -190,13 +187,13 @@ struct DaemonTests {
             tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
             expiresAt: nil, ownerUID: getuid())
         #expect(try storeRecordWithSecretTool(record, scope: fixture.scope).status == 0)
-        let garbage = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/secret-tool"),
-            [
-                "store", "--label=vaultd: \(broken) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
-                "user", broken, "owner_uid", String(getuid()), "scope", fixture.scope,
-            ], input: "not a record")
-        #expect(garbage.status == 0, "\(garbage.stderr)")
+        try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/secret-tool"),
+                [
+                    "store", "--label=vaultd: \(broken) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
+                    "user", broken, "owner_uid", String(getuid()), "scope", fixture.scope,
+                ], input: "not a record"))
         let daemon = try fixture.start()
         #expect(
             daemon.output.text.contains(

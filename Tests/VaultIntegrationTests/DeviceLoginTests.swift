@@ -44,18 +44,10 @@ struct DeviceLoginTests {
     func start(_ server: AuthlibServer, _ client: AuthlibServer.Registration, vault: String = "") throws
         -> DaemonFixture
     {
-        let fixture = try DaemonFixture(start: false)
-        var text = "[Vault]\nMinRefreshInterval=0\n\(vault)\n\n[Provider oauth]\nType=oauth2\n"
-        text += "TokenURL=\(server.url)/token\nDeviceAuthorizationURL=\(server.url)/device_authorization\n"
-        text += "ClientID=\(client.id)\n"
-        if let secret = client.secret {
-            let path = fixture.directory.path("client-secret")
-            try secret.write(toFile: path, atomically: true, encoding: .utf8)
-            text += "ClientSecretFile=\(path)\nTokenEndpointAuthMethod=\(client.method)\n"
-        }
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
-        return fixture
+        try server.daemon(
+            client, vault: vault, revocation: false,
+            lines: ["DeviceAuthorizationURL=\(server.url)/device_authorization"]
+                + (client.secret == nil ? [] : ["TokenEndpointAuthMethod=\(client.method)"]))
     }
 
     /// A `vaultctl login oauth USER --device` that waits, and what it showed.
@@ -141,8 +133,7 @@ struct DeviceLoginTests {
         #expect(status == 0, "\(out) \(err)")
         #expect(out.contains("logged in: \(user) @ oauth"), "\(out)")
 
-        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user])
-        #expect(token.status == 0, "\(token.stderr)")
+        let token = try expectSuccess(vaultctl(fixture.socketPath, ["token", "oauth", user]))
         let accessToken = token.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(try server.user(of: accessToken) == user, "the token is the approving user's")
 

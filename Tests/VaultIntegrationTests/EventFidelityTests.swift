@@ -35,8 +35,7 @@ struct EventFidelityTests {
         let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
         let grant = try await server.grant()
         #expect(try vaultctl(fixture.socketPath, ["login", "oauth", user], input: grant).status == 0)
-        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let token = try fixture.token("oauth", user)
         try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 1)
         let event = try #require(try next(.tokenInvalid, on: watcher))

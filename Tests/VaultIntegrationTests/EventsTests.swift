@@ -338,8 +338,7 @@ struct EventsTests {
         #expect(textOut.wait(for: other), "\(textOut.text) \(textErr.text)")
 
         #expect(try vaultctl(d.socketPath, ["login", "demo", user], input: EventsTests.token).status == 0)
-        let kick = try vaultctl(d.socketPath, ["kick", "demo", user, "--reason", "admin"])
-        #expect(kick.status == 0, "\(kick.stderr)")
+        try expectSuccess(vaultctl(d.socketPath, ["kick", "demo", user, "--reason", "admin"]))
         let status = try vaultctl(d.socketPath, ["status", "demo", user])
         #expect(status.status == 1)
         #expect(status.stderr.contains("ERR_NOT_LOGGED_IN"))

@@ -14,8 +14,7 @@ struct ExecTests {
         let fixture = try DaemonFixture(oauthServer: server)
         try fixture.start()
         let user = uniqueName("exec")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         return (fixture, user)
     }
 

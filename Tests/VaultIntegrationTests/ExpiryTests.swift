@@ -17,9 +17,10 @@ struct ExpiryTests {
         #expect(snapshot?.parameters["sessions"] != nil)
 
         let expiresAt = Int64(Date().timeIntervalSince1970) + 2
-        let login = try vaultctl(
-            fixture.socketPath, ["login", "demo", user, "--expires-at", String(expiresAt)], input: DaemonTests.token)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            vaultctl(
+                fixture.socketPath, ["login", "demo", user, "--expires-at", String(expiresAt)], input: DaemonTests.token
+            ))
         #expect(try watcher.nextReply()?.parameters["event"]?["kind"]?.stringValue == "loginSuccess")
 
         // The next event comes when the daemon's timer fires: bounded by the socket's 10 s receive timeout.

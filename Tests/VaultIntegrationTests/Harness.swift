@@ -258,6 +258,16 @@ func feed(_ handle: FileHandle, _ text: String) {
     try? handle.write(contentsOf: Data(text.utf8))
 }
 
+/// Checks that `result` ended with status 0, saying `comment` and its
+/// standard error when not; returns it.
+@discardableResult
+func expectSuccess(
+    _ result: CommandResult, _ comment: String? = nil, sourceLocation: SourceLocation = #_sourceLocation
+) -> CommandResult {
+    #expect(result.status == 0, "\(comment.map { $0 + ": " } ?? "")\(result.stderr)", sourceLocation: sourceLocation)
+    return result
+}
+
 /// Runs vaultctl against `socket`.
 func vaultctl(_ socket: String, _ arguments: [String], input: String? = nil) throws -> CommandResult {
     try runCommand(Binaries.vaultctl, ["--socket", socket] + arguments, input: input)
@@ -317,6 +327,11 @@ final class DaemonFixture {
     }
 
     func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath, timeoutSeconds: 60) }
+
+    /// The token `vaultctl token PROVIDER USER` prints, without its newline.
+    func token(_ provider: String, _ user: String) throws -> String {
+        try vaultctl(socketPath, ["token", provider, user]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
 
     /// The store scope of this fixture's daemons.
     var scope: String { RunningDaemon.scope(for: socketPath) }

@@ -46,11 +46,6 @@ struct HelperExpiryTests {
         return data.compactMap { $0["authToken"]?.stringValue }
     }
 
-    func token(_ fixture: DaemonFixture, _ user: String) throws -> String {
-        try vaultctl(fixture.socketPath, ["token", "cometchat", user]).stdout.trimmingCharacters(
-            in: .whitespacesAndNewlines)
-    }
-
     func status(_ fixture: DaemonFixture, _ user: String) throws -> JSON {
         try JSON.parse(Array(vaultctl(fixture.socketPath, ["--json", "status", "cometchat", user]).stdout.utf8))
     }
@@ -61,12 +56,11 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns)
         try fixture.start()
         #expect(try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"]).status == 0)
-        let first = try token(fixture, "alice")
+        let first = try fixture.token("cometchat", "alice")
         #expect(try liveTokens(standIns, "alice") == [first])
 
-        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "cometchat", "alice"])
-        #expect(refreshed.status == 0, "\(refreshed.stderr)")
-        let second = try token(fixture, "alice")
+        try expectSuccess(vaultctl(fixture.socketPath, ["refresh", "cometchat", "alice"]))
+        let second = try fixture.token("cometchat", "alice")
         #expect(second != first && second.hasPrefix("cc_alice_"))
         // The replaced token is deleted in the background, right after the refresh.
         let live = try await eventually({ try liveTokens(standIns, "alice") }, until: { $0 == [second] })
@@ -90,7 +84,7 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns, extra: "DefaultLifetime=3s")
         try fixture.start()
         #expect(try vaultctl(fixture.socketPath, ["login", "cometchat", "bob", "--from-provider"]).status == 0)
-        let first = try token(fixture, "bob")
+        let first = try fixture.token("cometchat", "bob")
         #expect(try status(fixture, "bob")["session"]?["expiresAt"] != nil, "DefaultLifetime= gives an expiry")
         // A scheduled refresh (at 80-90% of 3 s), and its replaced token deleted: bounded at 20 s.
         let tokens = try await eventually(
@@ -124,9 +118,9 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns, command: wrapper)
         let daemon = try fixture.start()
         #expect(try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"]).status == 0)
-        let first = try token(fixture, "alice")
+        let first = try fixture.token("cometchat", "alice")
         #expect(try vaultctl(fixture.socketPath, ["refresh", "cometchat", "alice"]).status == 0)
-        let second = try token(fixture, "alice")
+        let second = try fixture.token("cometchat", "alice")
         // The first attempt failed (queued and retried with backoff); the process dies.
         #expect(daemon.output.wait(for: "revocations blocked by the test"), "\(daemon.output.text)")
         #expect(try liveTokens(standIns, "alice").sorted() == [first, second].sorted())
@@ -136,7 +130,7 @@ struct HelperExpiryTests {
         try fixture.start()
         let live = try await eventually({ try liveTokens(standIns, "alice") }, until: { $0 == [second] })
         #expect(live == [second], "the queued revocation of the replaced token ran after the restart")
-        #expect(try token(fixture, "alice") == second, "the session goes on with the new token")
+        #expect(try fixture.token("cometchat", "alice") == second, "the session goes on with the new token")
         #expect(try vaultctl(fixture.socketPath, ["logout", "cometchat", "alice"]).status == 0)
     }
 

@@ -49,8 +49,7 @@ struct HelperSecurityTests {
             sys.exit(1)
             """)
         let fixture = try ConfiguredDaemon(config: "[Provider leaky]\nType=exec\nCommand=\(path)\n")
-        let login = try vaultctl(fixture.socketPath, ["login", "leaky", "alice", "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "leaky", "alice", "--from-provider"]))
         let refresh = try vaultctl(fixture.socketPath, ["refresh", "leaky", "alice"])
         #expect(refresh.status == 1)
         let failedLogin = try vaultctl(fixture.socketPath, ["login", "leaky", "bob", "--from-provider"])
@@ -145,13 +144,13 @@ struct HelperSecurityTests {
         guard let uid = TestUsers.uid(TestUsers.a), let gid = TestUsers.gid(TestUsers.a) else {
             throw HarnessError("no user \(TestUsers.a)")
         }
-        let login = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"),
-            [
-                "--reuid=\(uid)", "--regid=\(gid)", "--init-groups", Binaries.vaultctl.path, "--socket",
-                fixture.socketPath, "login", "fast", "alice", "--from-provider",
-            ], seconds: 15)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/setpriv"),
+                [
+                    "--reuid=\(uid)", "--regid=\(gid)", "--init-groups", Binaries.vaultctl.path, "--socket",
+                    fixture.socketPath, "login", "fast", "alice", "--from-provider",
+                ], seconds: 15))
         #expect(slowLogins.allSatisfy { $0.isRunning }, "the slow logins are still in flight")
         #expect(started() == 4, "MaxConcurrentHelpers defaults to 4: \(started()) slow helpers started")
 

@@ -16,15 +16,13 @@ struct ProfileTests {
 
     /// What `--json status PROVIDER USER` (GetSession) answers: the session.
     func session(_ fixture: DaemonFixture, _ provider: String, _ user: String) throws -> JSON {
-        let result = try vaultctl(fixture.socketPath, ["--json", "status", provider, user])
-        #expect(result.status == 0, "\(result.stderr)")
+        let result = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "status", provider, user]))
         return try JSON.parse(result.stdout)["session"] ?? .null
     }
 
     /// The profile of `provider USER` in `vaultctl list --json`.
     func listed(_ fixture: DaemonFixture, _ provider: String, _ user: String) throws -> JSON? {
-        let result = try vaultctl(fixture.socketPath, ["--json", "list"])
-        #expect(result.status == 0, "\(result.stderr)")
+        let result = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "list"]))
         let sessions = try JSON.parse(result.stdout)["sessions"]?.arrayValue ?? []
         return sessions.first {
             $0["provider"]?.stringValue == provider && $0["user"]?.stringValue == user
@@ -56,9 +54,9 @@ struct ProfileTests {
         try
             #"{"name": "Alice Liddell", "avatar": "https://example.com/alice.png", "role": "admin", "metadata": {"team": "red"}}"#
             .write(toFile: file, atomically: true, encoding: .utf8)
-        let login = try vaultctl(
-            fixture.socketPath, ["login", "demo", user, "--profile-file", file], input: "tok_\(user)")
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            vaultctl(
+                fixture.socketPath, ["login", "demo", user, "--profile-file", file], input: "tok_\(user)"))
 
         let profile = try session(fixture, "demo", user)["profile"]
         #expect(profile?["uid"]?.stringValue == user, "a file without uid gets the user's")
@@ -136,8 +134,7 @@ struct ProfileTests {
         try fixture.start()
 
         let user = uniqueName("bob")
-        let login = try vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"]))
         let profile = try session(fixture, "chat", user)["profile"]
         #expect(profile?["uid"]?.stringValue == user)
         #expect(profile?["name"]?.stringValue == "Bob Builder")
@@ -157,8 +154,8 @@ struct ProfileTests {
         let other = uniqueName("carol")
         let file = dir.path("carol.json")
         try #"{"name": "Carol"}"#.write(toFile: file, atomically: true, encoding: .utf8)
-        let own = try vaultctl(fixture.socketPath, ["login", "chat", other, "--from-provider", "--profile-file", file])
-        #expect(own.status == 0, "\(own.stderr)")
+        try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "chat", other, "--from-provider", "--profile-file", file]))
         let carol = try session(fixture, "chat", other)["profile"]
         #expect(carol?["name"]?.stringValue == "Carol")
         #expect(carol?["avatar"] == nil)
@@ -173,8 +170,7 @@ struct ProfileTests {
             toFile: fixture.configPath, atomically: true, encoding: .utf8)
         let daemon = try fixture.start()
         let user = uniqueName("dave")
-        let login = try vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"]))
         let profile = try session(fixture, "chat", user)["profile"]
         #expect(profile == .object(["uid": .string(user)]))
         #expect(daemon.output.wait(for: "profile.name must be a string"), "\(daemon.output.text)")
@@ -190,8 +186,7 @@ struct ProfileTests {
         let user = uniqueName("jane")
         let response = try await server.grant()
         let idToken = try #require(try JSON.parse(response)["id_token"]?.stringValue)
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: response)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: response))
         let profile = try session(fixture, "oauth", user)["profile"]
         #expect(profile?["uid"]?.stringValue == user, "the uid is the session's user, not the token's sub")
         #expect(profile?["name"]?.stringValue == "Jane Doe")
@@ -212,8 +207,7 @@ struct ProfileTests {
 
         // vaultd mints by client credentials: the same claims.
         let minted = uniqueName("mint")
-        let fromProvider = try vaultctl(fixture.socketPath, ["login", "oauth", minted, "--from-provider"])
-        #expect(fromProvider.status == 0, "\(fromProvider.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", minted, "--from-provider"]))
         let mintedProfile = try session(fixture, "oauth", minted)["profile"]
         #expect(mintedProfile?["uid"]?.stringValue == minted)
         #expect(mintedProfile?["name"]?.stringValue == "Jane Doe")

@@ -94,8 +94,7 @@ struct RefreshTests {
         let (fixture, _) = try start(server)
         let user = uniqueName("auto")
         let watcher = try subscribe(fixture.socketPath, user)
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant())
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let first = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
         let refreshed = try #require(try next("tokenRefreshed", on: watcher))
         #expect(refreshed["expiresAt"]?.integerValue != nil)
@@ -119,9 +118,10 @@ struct RefreshTests {
         let (fixture, _) = try start(server)
         let user = uniqueName("storm")
         let soon = Int64(Date().timeIntervalSince1970) + 120
-        let login = try vaultctl(
-            fixture.socketPath, ["login", "oauth", user, "--expires-at", String(soon)], input: try await server.grant())
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            vaultctl(
+                fixture.socketPath, ["login", "oauth", user, "--expires-at", String(soon)],
+                input: try await server.grant()))
         _ = try await server.post("/control/reset")
         // 200 calls asking for more than any token of this provider lives.
         let client = try VarlinkClient(path: fixture.socketPath, timeoutSeconds: 60)
@@ -181,8 +181,7 @@ struct RefreshTests {
         let (fixture, _) = try start(server)
         let user = uniqueName("flaky")
         let watcher = try subscribe(fixture.socketPath, user)
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         // Retry-After: 20 leaves the eager call below a wide margin before the
         // scheduled retry, even on a loaded machine (2 s and 6 s were seen too short).
         try await server.post("/control/mode", json: ["mode": "error429", "count": 1, "retry_after": 20])
@@ -201,8 +200,7 @@ struct RefreshTests {
         #expect(session["consecutiveFailures"]?.integerValue == 1)
         let retryAt = try #require(session["nextRetryAt"]?.integerValue)
         #expect(retryAt >= Int64(Date().timeIntervalSince1970) + 1, "Retry-After: 20 is honoured")
-        #expect(
-            try vaultctl(fixture.socketPath, ["token", "oauth", user]).status == 0, "the old token is still served")
+        try expectSuccess(vaultctl(fixture.socketPath, ["token", "oauth", user]), "the old token is still served")
         // The scheduled retry succeeds by itself.
         #expect(try next("tokenRefreshed", on: watcher) != nil)
         let after = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)
@@ -215,8 +213,7 @@ struct RefreshTests {
         let server = try TokenServer(["--lifetime", "600"])
         let (fixture, _) = try start(server, extra: "Timeout=1s\n")
         let user = uniqueName("stalled")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         try await server.post("/control/mode", json: ["mode": "hang", "count": 1, "hang_seconds": 30])
         let started = Date()
         let failed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
@@ -234,8 +231,7 @@ struct RefreshTests {
         let (fixture, _) = try start(server)
         let user = uniqueName("revoked")
         let watcher = try subscribe(fixture.socketPath, user)
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
         let refused = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
         #expect(refused.status == 1)
@@ -252,15 +248,12 @@ struct RefreshTests {
         let user = uniqueName("cc")
         let refused = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
         #expect(refused.status == 1, "no client secret yet: invalid_client")
-        let stored = try vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "s3cr3t-client\n")
-        #expect(stored.status == 0, "\(stored.stderr)")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "s3cr3t-client\n"))
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]))
         // After a restart the secret comes back from the store: a refresh authenticates.
         fixture.daemon?.stop()
         let daemon = try fixture.start()
-        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(refreshed.status == 0, "\(refreshed.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["refresh", "oauth", user]))
         #expect(!daemon.allOutput.contains("s3cr3t-client"))
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
     }
@@ -271,8 +264,7 @@ struct RefreshTests {
         let (fixture, _) = try start(server, extra: "MaxSessionLifetime=2s\n")
         let user = uniqueName("capped")
         let watcher = try subscribe(fixture.socketPath, user)
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let ended = try #require(try next("tokenInvalid", on: watcher))
         #expect(ended["reason"]?.stringValue == "maxSessionLifetime")
         #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stderr.contains("ERR_NOT_LOGGED_IN"))
@@ -287,8 +279,7 @@ struct RefreshTests {
         try await server.post("/control/mode", json: ["mode": "error500", "target": "revoke"])
         // Two sessions of the same account end while the revocation endpoint fails.
         for cycle in 1...2 {
-            #expect(
-                try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+            try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
             #expect(
                 try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0,
                 "a failed revocation does not block")
@@ -320,13 +311,13 @@ struct RefreshTests {
             account: Account(provider: "oauth", user: user), user: UserProfile(uid: user), tokens: tokens,
             createdAt: UnixTime(seconds: 1), expiresAt: nil, ownerUID: getuid())
         // As an earlier vaultd queued it: no revocation id, in its attributes or its document.
-        let stored = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/secret-tool"),
-            [
-                "store", "--label=vaultd: revocation pending", "xdg:schema", "io.vaultd.PendingRevocation",
-                "provider", "oauth", "user", user, "scope", fixture.scope,
-            ], input: record.storedJSON().text)
-        #expect(stored.status == 0, "\(stored.stderr)")
+        try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/secret-tool"),
+                [
+                    "store", "--label=vaultd: revocation pending", "xdg:schema", "io.vaultd.PendingRevocation",
+                    "provider", "oauth", "user", user, "scope", fixture.scope,
+                ], input: record.storedJSON().text))
         try fixture.start()
         let revoked = try await eventually({ try await server.revocations() }, until: { !$0.isEmpty })
         #expect(revoked.first?["token"]?.stringValue == "lgcyrt", "\(revoked)")
@@ -345,8 +336,7 @@ struct RefreshTests {
         let server = try TokenServer(["--lifetime", "600"])
         let (fixture, _) = try start(server, revocation: true)
         let user = uniqueName("orphan")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         // The token endpoint issues new tokens at once but answers only once
         // released, after the logout below (a fixed 8 s hold was seen too short
         // for the logout on a loaded CI machine).
@@ -372,8 +362,7 @@ struct RefreshTests {
         let server = try TokenServer(["--lifetime", "600"])
         let (fixture, _) = try start(server, revocation: true)
         let user = uniqueName("bye")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
         // Revocation runs after the logout is acknowledged: wait for it, bounded.
         let revoked = try await eventually({ try await server.revocations() }, until: { !$0.isEmpty })
@@ -385,8 +374,7 @@ struct RefreshTests {
         let server = try TokenServer(["--lifetime", "3600"])
         let (fixture, _) = try start(server)
         let user = uniqueName("due")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         func refreshAt() throws -> Int64? {
             let status = try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user])
             return try JSON.parse(status.stdout)["session"]?["refreshAt"]?.integerValue

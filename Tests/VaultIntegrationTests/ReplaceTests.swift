@@ -123,8 +123,8 @@ struct ReplaceTests {
         let d = try ConfiguredDaemon(config: "[Vault]\nSocketMode=0666\n\n[Provider demo]\nType=static\n")
         let user = uniqueName("replace-uid")
         let uidA = try #require(TestUsers.uid(TestUsers.a))
-        let login = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_owner_a1b2c3d4e5")
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_owner_a1b2c3d4e5"))
         let r = try vaultctl(
             as: TestUsers.b, d.socketPath, ["--owner", String(uidA), "login", "--replace", "demo", user],
             input: "tok_intruder_b1b2c3d4")
@@ -185,8 +185,7 @@ struct ReportRejectedTests {
     func staticSessionEnds() async throws {
         let fixture = try DaemonFixture()
         let user = uniqueName("rejected-static")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "demo", user], input: "tok_static_abcdefgh1234").status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "demo", user], input: "tok_static_abcdefgh1234"))
         let watcher = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30).subscribe(
             provider: "demo", user: user)
         let other = try vaultctl(

@@ -255,8 +255,8 @@ struct ServiceManagerTests {
         #expect(notify.wait(for: "READY=1") != nil)
         #expect(daemon.output.wait(for: "configuration reloaded"))
 
-        let second = try vaultctl(fixture.socketPath, ["login", "second", user], input: DaemonTests.token)
-        #expect(second.status == 0, "\(second.stderr)")
+        try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "second", user], input: DaemonTests.token))
         let gone = try vaultctl(fixture.socketPath, ["login", "demo", uniqueName("new")], input: DaemonTests.token)
         #expect(gone.stderr.contains("ERR_PROVIDER_NOT_FOUND"))
         let kept = try vaultctl(fixture.socketPath, ["token", "demo", user])
@@ -303,8 +303,7 @@ struct ServiceManagerTests {
         #expect(notify.wait(for: "RELOADING=1") != nil)
         #expect(notify.wait(for: "READY=1") != nil)
         let other = "tok_reload_other_owner_abcdefgh"
-        let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: other)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "demo", user], input: other))
         for _ in 0..<4 {
             try asker.send(getToken)
             #expect(try asker.nextReply()?.parameters["token"]?.stringValue == other)
@@ -349,8 +348,7 @@ struct ServiceManagerTests {
             toFile: config + ".d/10-extra.conf", atomically: true, encoding: .utf8)
         try "[Vault]\nStoreTimeout=7s\n".write(toFile: config + ".d/20-later.conf", atomically: true, encoding: .utf8)
         try "[Provider ignored]\n".write(toFile: config + ".d/README", atomically: true, encoding: .utf8)
-        let check = try runCommand(Binaries.vaultd, ["--check-config", "--config", config])
-        #expect(check.status == 0, "\(check.stderr)")
+        let check = try expectSuccess(runCommand(Binaries.vaultd, ["--check-config", "--config", config]))
         #expect(check.stdout.contains("2 provider(s)"))
         try "[Provider extra]\nWrong=1\n".write(toFile: config + ".d/30-bad.conf", atomically: true, encoding: .utf8)
         let bad = try runCommand(Binaries.vaultd, ["--check-config", "--config", config])

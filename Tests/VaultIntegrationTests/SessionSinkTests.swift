@@ -54,21 +54,22 @@ struct SessionSinkTests {
         let fixture = try DaemonFixture(oauthServer: server)
         try fixture.start()
         let user = uniqueName("sink")
-        let login = try vaultctl(
-            fixture.socketPath, ["login", "oauth", user], input: try await grant(server, scope: "api refresh_token"))
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            vaultctl(
+                fixture.socketPath, ["login", "oauth", user], input: try await grant(server, scope: "api refresh_token")
+            ))
         let fields = try expected(fixture, user)
         #expect(fields["scope"] == "api refresh_token", "GetToken tells the scope: \(fields)")
         #expect(fields["instance_url"] == server.url && fields["type"] == "Bearer", "\(fields)")
         #expect(fields["expires_at"] != nil)
 
-        let run = try vaultctl(
-            fixture.socketPath,
-            [
-                "exec", "--env", "SF_URL=instance_url", "--env", "WHO=user", "--env", "BEARER=token", "oauth", user,
-                "--", "/usr/bin/env", "-0",
-            ])
-        #expect(run.status == 0, "\(run.stderr)")
+        let run = try expectSuccess(
+            vaultctl(
+                fixture.socketPath,
+                [
+                    "exec", "--env", "SF_URL=instance_url", "--env", "WHO=user", "--env", "BEARER=token", "oauth", user,
+                    "--", "/usr/bin/env", "-0",
+                ]))
         #expect(environment(run.stdout) == variables(fields), "\(run.stderr)")
         #expect(
             environment(run.stdout, ["SF_URL", "WHO", "BEARER"])
@@ -94,14 +95,14 @@ struct SessionSinkTests {
                 .status == 0)
         let fields = try expected(fixture, user)
         #expect(fields["instance_url"] == nil && fields["scope"] == nil, "\(fields)")
-        let run = try runCommand(
-            Binaries.vaultctl,
-            [
-                "--socket", fixture.socketPath, "exec", "--env", "URL=instance_url", "oauth", user, "--",
-                "/usr/bin/env", "-0",
-            ],
-            environment: ["VAULTD_INSTANCE_URL": "https://stale.example", "VAULTD_SCOPE": "stale", "URL": "stale"])
-        #expect(run.status == 0, "\(run.stderr)")
+        let run = try expectSuccess(
+            runCommand(
+                Binaries.vaultctl,
+                [
+                    "--socket", fixture.socketPath, "exec", "--env", "URL=instance_url", "oauth", user, "--",
+                    "/usr/bin/env", "-0",
+                ],
+                environment: ["VAULTD_INSTANCE_URL": "https://stale.example", "VAULTD_SCOPE": "stale", "URL": "stale"]))
         #expect(
             environment(run.stdout, SessionField.allCases.map(\.variable) + ["URL"]) == variables(fields),
             "\(run.stderr)")

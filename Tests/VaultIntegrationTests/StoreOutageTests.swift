@@ -223,8 +223,7 @@ struct StoreOutageTests {
 
         try fixture.keyring.killKeyring()
         // The provider rotates the refresh token; only vaultd's memory holds the new one now.
-        let refresh = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(refresh.status == 0, "\(refresh.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["refresh", "oauth", user]))
         let during = try fixture.token(user, provider: "oauth").stdout
         #expect(during != before)
         #expect(try await fixture.waitForStore("unavailable") == "unavailable")

@@ -108,10 +108,6 @@ struct TokenFileTests {
         return fixture
     }
 
-    func token(_ fixture: DaemonFixture, _ provider: String, _ user: String) throws -> String {
-        try vaultctl(fixture.socketPath, ["token", provider, user]).stdout.trimmingCharacters(in: .newlines)
-    }
-
     /// Waits (bounded) until the file at `path` holds `expected` (nil: is gone).
     func fileBecomes(_ path: String, _ expected: String?) async throws -> String? {
         try await eventually({ content(path) }, until: { $0 == expected })
@@ -129,9 +125,8 @@ struct TokenFileTests {
         let fixture = try start(server, [("oauth \(user)", "TokenFile=\(path)")])
         #expect(content(path) == nil)
 
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        var expected = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        var expected = try fixture.token("oauth", user)
         #expect(!expected.isEmpty)
         #expect(try await fileBecomes(path, expected) == expected, "\(fixture.daemon!.output.text)")
         let st = try #require(status(path))
@@ -142,17 +137,17 @@ struct TokenFileTests {
         var issued: Set<String> = [expected]
         for _ in 0..<15 {
             #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
-            let next = try token(fixture, "oauth", user)
+            let next = try fixture.token("oauth", user)
             #expect(next != expected, "the refresh gave a new token")
             expected = next
             issued.insert(next)
             #expect(try await fileBecomes(path, expected) == expected)
         }
         // A replacement by hand (login --replace) is a change like a refresh.
-        let replace = try vaultctl(
-            fixture.socketPath, ["login", "--replace", "oauth", user], input: try await server.grant())
-        #expect(replace.status == 0, "\(replace.stderr)")
-        let replaced = try token(fixture, "oauth", user)
+        try expectSuccess(
+            vaultctl(
+                fixture.socketPath, ["login", "--replace", "oauth", user], input: try await server.grant()))
+        let replaced = try fixture.token("oauth", user)
         #expect(replaced != expected)
         issued.insert(replaced)
         expected = replaced
@@ -169,9 +164,8 @@ struct TokenFileTests {
         #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
         #expect(try await fileBecomes(path, nil) == nil, "removed at logout")
 
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        let again = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let again = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, again) == again)
         #expect(try vaultctl(fixture.socketPath, ["kick", "oauth", user]).status == 0)
         #expect(try await fileBecomes(path, nil) == nil, "removed at a kick")
@@ -189,8 +183,7 @@ struct TokenFileTests {
         let expiring = directory.file("expiring.token")
         let fixture = try start(
             server, [("oauth \(user)", "TokenFile=\(refused)"), ("demo \(user)", "TokenFile=\(expiring)")])
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let expiresAt = Int(Date().timeIntervalSince1970) + 3
         #expect(
             try vaultctl(
@@ -220,9 +213,8 @@ struct TokenFileTests {
         let stale = directory.file("stale.token")
         let fixture = try start(
             server, [("oauth \(user)", "TokenFile=\(path)"), ("oauth nobody-\(user)", "TokenFile=\(stale)")])
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        let live = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let live = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, live) == live)
 
         #expect(fixture.daemon!.stop() == 0)
@@ -251,15 +243,14 @@ struct TokenFileTests {
         let user = uniqueName("tokenfile")
         let path = directory.file("t.token")
         let fixture = try start(server, [("oauth \(user)", "TokenFile=\(path)")])
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        let first = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let first = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, first) == first)
 
         // A directory others may write is refused before each write, as at the check.
         #expect(chmod(directory.path, 0o777) == 0)
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
-        let second = try token(fixture, "oauth", user)
+        let second = try fixture.token("oauth", user)
         let output = fixture.daemon!.output
         #expect(output.wait(for: "error: the token file could not be written"), "\(output.text)")
         #expect(content(path) == first, "the failed write left the old file as it was")
@@ -267,7 +258,7 @@ struct TokenFileTests {
 
         #expect(chmod(directory.path, 0o700) == 0)
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
-        let third = try token(fixture, "oauth", user)
+        let third = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, third) == third, "written at the next change")
     }
 
@@ -355,9 +346,8 @@ struct TokenFileTests {
         let path = directory.file("t.token")
         let fixture = try start(
             server, [("oauth \(user)", "TokenFile=\(path)\nTokenFileOwner=65534\nTokenFileMode=0640")])
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        let live = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let live = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, live) == live)
         let st = try #require(status(path))
         #expect(st.st_uid == 65534 && st.st_mode & 0o7777 == 0o640)
@@ -439,8 +429,7 @@ struct TokenFileTests {
 
         try "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenPath)\nTokenFileOnDisk=yes\n"
             .write(toFile: config, atomically: true, encoding: .utf8)
-        let accepted = try runCommand(Binaries.vaultd, ["--config", config, "--check-config"])
-        #expect(accepted.status == 0, "\(accepted.stderr)")
+        try expectSuccess(runCommand(Binaries.vaultd, ["--config", config, "--check-config"]))
         #expect(status(tokenPath) == nil, "the check writes nothing")
     }
 }

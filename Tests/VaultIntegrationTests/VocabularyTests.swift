@@ -111,8 +111,7 @@ struct VocabularyTests {
         var seen: [String: Pair] = [:]
         for (index, surface) in ["vaultctl", "swift", "python"].enumerated() {
             let user = uniqueName("revoked\(index)")
-            #expect(
-                try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+            try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
             let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 30)
             try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
             switch surface {
@@ -143,8 +142,7 @@ struct VocabularyTests {
         var users: [String] = []
         for index in 0..<3 {
             let user = uniqueName("down\(index)")
-            #expect(
-                try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+            try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
             users.append(user)
         }
         try await server.post("/control/mode", json: ["mode": "error500"])
