@@ -11,9 +11,13 @@ import VaultProtocol
 @Suite("Automatic login and login backoff", .serialized, .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)))
 struct AutoLoginTests {
     /// A fixture whose provider `oauth` logs in at `server` by client
-    /// credentials, and whose account `oauth USER` vaultd keeps logged in.
-    func fixture(_ server: TokenServer, user: String, extra: String = "") throws -> DaemonFixture {
-        try DaemonFixture(oauthServer: server, extra: "\n[Account oauth \(user)]\nAutoLogin=yes\n\(extra)\n")
+    /// credentials, and whose account `oauth USER` vaultd keeps logged in;
+    /// started unless `start` is false.
+    func fixture(_ server: TokenServer, user: String, extra: String = "", start: Bool = true) throws -> DaemonFixture {
+        let fixture = try DaemonFixture(
+            oauthServer: server, extra: "\n[Account oauth \(user)]\nAutoLogin=yes\n\(extra)\n")
+        if start { try fixture.start() }
+        return fixture
     }
 
     /// How many client-credentials requests the server took.
@@ -47,7 +51,6 @@ struct AutoLoginTests {
         let server = try TokenServer(["--lifetime", "600"])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         let token = try await eventually(
             { try vaultctl(fixture.socketPath, ["token", "oauth", user]) }, until: { $0.status == 0 })
         #expect(token.status == 0, "\(token.stderr)")
@@ -70,7 +73,6 @@ struct AutoLoginTests {
         let server = try TokenServer(["--lifetime", "600"])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         let first = try await eventually(
             { try vaultctl(fixture.socketPath, ["token", "oauth", user]) }, until: { $0.status == 0 })
         let watcher = try subscribe(fixture.socketPath, user)
@@ -94,7 +96,6 @@ struct AutoLoginTests {
         try await server.post("/control/mode", json: ["mode": "error429", "retry_after": 4])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         let started = Date()
         let failed = try await eventually(
             { try status(fixture, user) }, until: { $0["consecutiveFailures"]?.integerValue == 1 })
@@ -137,7 +138,7 @@ struct AutoLoginTests {
     func backoffEndsWithNewCredentials() async throws {
         let server = try TokenServer(["--lifetime", "600"])
         let user = uniqueName("bot")
-        let fixture = try fixture(server, user: user)
+        let fixture = try fixture(server, user: user, start: false)
         for (round, change) in ["provider-secret", "reload"].enumerated() {
             // Ten minutes of Retry-After: only a change of credentials brings the next login sooner.
             try await server.post("/control/mode", json: ["mode": "error429", "count": 1, "retry_after": 600])
@@ -174,7 +175,6 @@ struct AutoLoginTests {
         try await server.post("/control/mode", json: ["mode": "error500"])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         let started = Date()
         _ = try await eventually({ try await logins(server) }, until: { $0 >= 1 })
         // Waits of 1..2, 1..4, 1..8 s: in 8 s at most 8 requests even at the
@@ -202,7 +202,6 @@ struct AutoLoginTests {
         try await server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 3])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         let asked = Date()
         let token = try vaultctl(fixture.socketPath, ["token", "oauth", user])
         let waited = Date().timeIntervalSince(asked)
@@ -224,7 +223,6 @@ struct AutoLoginTests {
         try await server.post("/control/mode", json: ["mode": "error500", "count": 1])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         try expectSuccess(vaultctl(fixture.socketPath, ["token", "oauth", user]))
         #expect(try await logins(server) == 2, "the failed login and its retry")
         let client = try fixture.client()
@@ -246,15 +244,16 @@ struct AutoLoginTests {
             .write(toFile: openim, atomically: true, encoding: .utf8)
         // The stand-in knows alice and bob; the fixture's own store scope keeps this bob apart.
         let user = "bob"
-        try """
-        [Provider openim]
-        Type=exec
-        Command=\(examples)/openim-helper --config \(openim)
-        Timeout=15s
+        try fixture.configure(
+            """
+            [Provider openim]
+            Type=exec
+            Command=\(examples)/openim-helper --config \(openim)
+            Timeout=15s
 
-        [Account openim \(user)]
-        AutoLogin=yes
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            [Account openim \(user)]
+            AutoLogin=yes
+            """)
         try fixture.start()
         let token = try await eventually(
             tries: 500, interval: .milliseconds(20), { try vaultctl(fixture.socketPath, ["token", "openim", user]) },
@@ -268,9 +267,8 @@ struct AutoLoginTests {
     func checkConfigRefusesStatic() throws {
         let directory = try TemporaryDirectory()
         let path = directory.path("vaultd.conf")
-        try "[Provider demo]\nType=static\n\n[Account demo bot]\nAutoLogin=yes\n".write(
-            toFile: path, atomically: true, encoding: .utf8)
-        let result = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+        let result = try checkConfigText(
+            "[Provider demo]\nType=static\n\n[Account demo bot]\nAutoLogin=yes\n", at: path)
         #expect(result.status != 0)
         #expect(result.stderr.contains("\(path):5: key 'AutoLogin'"), "\(result.stderr)")
         #expect(result.stderr.contains("Type=static"), "\(result.stderr)")

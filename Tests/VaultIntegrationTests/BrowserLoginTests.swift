@@ -94,7 +94,7 @@ struct BrowserLoginTests {
             }
             // client_secret_basic is the default with a secret.
             if client.method == "client_secret_post" { text += "TokenEndpointAuthMethod=client_secret_post\n" }
-            try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            try fixture.configure(text)
             if socketMode { chmod(fixture.directory.url.path, 0o755) }
             try fixture.start()
         }
@@ -398,10 +398,9 @@ struct BrowserLoginTests {
     func checkConfig() throws {
         let directory = try TemporaryDirectory()
         let path = directory.path("vaultd.conf")
-        try
-            "[Provider corp]\nType=oauth2\nTokenURL=https://login.example.com/token\nClientID=c\nAuthorizationURL=http://login.example.com/authorize\n"
-            .write(toFile: path, atomically: true, encoding: .utf8)
-        let result = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+        let result = try checkConfigText(
+            "[Provider corp]\nType=oauth2\nTokenURL=https://login.example.com/token\nClientID=c\nAuthorizationURL=http://login.example.com/authorize\n",
+            at: path)
         #expect(result.status != 0)
         #expect(result.stderr.contains("\(path):5: key 'AuthorizationURL'"), "\(result.stderr)")
     }

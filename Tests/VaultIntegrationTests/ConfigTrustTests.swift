@@ -160,8 +160,7 @@ struct ConfigTrustTests {
                 [
                     "--reuid=\(setup.uid)", "--regid=\(setup.gid)", "--clear-groups", Binaries.vaultd.path,
                     "--check-config",
-                ],
-                environment: ["VAULTD_SYSTEM_CONFIG_DIR": setup.directory.url.path, "XDG_CONFIG_HOME": xdg]))
+                ], environment: ["VAULTD_SYSTEM_CONFIG_DIR": setup.directory.url.path, "XDG_CONFIG_HOME": xdg]))
         #expect(check.stdout.contains("read: \(xdg)/vaultd/vaultd.conf"), "\(check.stdout)")
     }
 }

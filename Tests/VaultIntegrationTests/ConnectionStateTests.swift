@@ -71,8 +71,7 @@ struct ConnectionStateTests {
         let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
         try expectSuccess(
-            vaultctl(
-                fixture.socketPath, ["connection-state", "oauth", user, "connectFailed", "--client", "sh-bot"]))
+            vaultctl(fixture.socketPath, ["connection-state", "oauth", user, "connectFailed", "--client", "sh-bot"]))
         var seen: [VaultEvent] = []
         for _ in 0..<10 where !seen.contains(where: { $0.source == .client && $0.reason == "clientGone" }) {
             seen.append(try watcher.event())

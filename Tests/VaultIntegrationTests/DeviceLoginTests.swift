@@ -328,15 +328,13 @@ struct DeviceLoginTests {
     func checkConfig(_ url: String) throws {
         let directory = try TemporaryDirectory()
         let path = directory.path("vaultd.conf")
-        try
-            "[Provider corp]\nType=oauth2\nTokenURL=https://idp.example/token\nClientID=c\nDeviceAuthorizationURL=\(url)\n"
-            .write(toFile: path, atomically: true, encoding: .utf8)
-        let result = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+        let result = try checkConfigText(
+            "[Provider corp]\nType=oauth2\nTokenURL=https://idp.example/token\nClientID=c\nDeviceAuthorizationURL=\(url)\n",
+            at: path)
         #expect(result.status != 0)
         #expect(result.stderr.contains("\(path):5: key 'DeviceAuthorizationURL'"), "\(result.stderr)")
-        try "[Provider corp]\nType=static\nDeviceAuthorizationURL=https://idp.example/device\n"
-            .write(toFile: path, atomically: true, encoding: .utf8)
-        let wrongType = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+        let wrongType = try checkConfigText(
+            "[Provider corp]\nType=static\nDeviceAuthorizationURL=https://idp.example/device\n", at: path)
         #expect(wrongType.stderr.contains("is for Type=oauth2"), "\(wrongType.stderr)")
     }
 
@@ -344,10 +342,10 @@ struct DeviceLoginTests {
     func noDeviceEndpoint() throws {
         let directory = try TemporaryDirectory()
         let server = try AuthlibServer(directory: directory)
-        let fixture = try DaemonFixture(start: false)
-        try "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=\(AuthlibServer.publicClient.id)\n"
-            .write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
+        let fixture = try DaemonFixture(
+            config:
+                "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=\(AuthlibServer.publicClient.id)\n"
+        )
         let r = try vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("nodev"), "--device"])
         #expect(r.status == 1)
         #expect(r.stderr.contains("DeviceAuthorizationURL="), "\(r.stderr)")

@@ -27,17 +27,18 @@ struct ExecProviderTests {
         try
             #"{"api_url": "\#(standIns.url)/openim", "admin_user_id": "imAdmin", "secret": "openIM123", "platform_id": 5}"#
             .write(toFile: openim, atomically: true, encoding: .utf8)
-        try """
-        [Provider cometchat]
-        Type=exec
-        Command=\(examples)/cometchat-helper --config \(cometchat)
-        Timeout=15s
+        try fixture.configure(
+            """
+            [Provider cometchat]
+            Type=exec
+            Command=\(examples)/cometchat-helper --config \(cometchat)
+            Timeout=15s
 
-        [Provider openim]
-        Type=exec
-        Command=\(examples)/openim-helper --config \(openim)
-        Timeout=15s
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            [Provider openim]
+            Type=exec
+            Command=\(examples)/openim-helper --config \(openim)
+            Timeout=15s
+            """)
         try fixture.start()
         return fixture
     }
@@ -95,8 +96,7 @@ struct ExecProviderTests {
         let fixture = try DaemonFixture(start: false)
         let helper = fixture.directory.path("\(name)-helper")
         try writeExecutable(script(fixture), to: helper)
-        try "[Provider \(name)]\nType=exec\nCommand=\(helper)\n\(extraConfig)".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure("[Provider \(name)]\nType=exec\nCommand=\(helper)\n\(extraConfig)")
         try fixture.start()
         try expectSuccess(vaultctl(fixture.socketPath, ["login", name, "alice", "--from-provider"]))
         return (fixture, try fixture.token(name, "alice"))

@@ -261,11 +261,17 @@ func feed(_ handle: FileHandle, _ text: String) {
 /// Checks that `result` ended with status 0, saying `comment` and its
 /// standard error when not; returns it.
 @discardableResult
-func expectSuccess(
-    _ result: CommandResult, _ comment: String? = nil, sourceLocation: SourceLocation = #_sourceLocation
-) -> CommandResult {
+func expectSuccess(_ result: CommandResult, _ comment: String? = nil, sourceLocation: SourceLocation = #_sourceLocation)
+    -> CommandResult
+{
     #expect(result.status == 0, "\(comment.map { $0 + ": " } ?? "")\(result.stderr)", sourceLocation: sourceLocation)
     return result
+}
+
+/// `vaultd --config PATH --check-config` once `text` is written to `path`.
+func checkConfigText(_ text: String, at path: String) throws -> CommandResult {
+    try text.write(toFile: path, atomically: true, encoding: .utf8)
+    return try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
 }
 
 /// Runs vaultctl against `socket`.
@@ -315,9 +321,20 @@ final class DaemonFixture {
         engine: StoreEngine = TestStore.engine, dataKey: TestDataKey = .credential
     ) throws {
         try self.init(start: false, engine: engine, dataKey: dataKey)
-        try ("[Vault]\nMinRefreshInterval=0\n\n" + server.providerSection(revocation: revocation) + extra)
-            .write(toFile: configPath, atomically: true, encoding: .utf8)
+        try configure("[Vault]\nMinRefreshInterval=0\n\n" + server.providerSection(revocation: revocation) + extra)
     }
+
+    /// A fixture whose configuration is `config`, started unless `start` is false.
+    convenience init(
+        config: String, start: Bool = true, engine: StoreEngine = TestStore.engine, dataKey: TestDataKey = .credential
+    ) throws {
+        try self.init(start: false, engine: engine, dataKey: dataKey)
+        try configure(config)
+        if start { try self.start() }
+    }
+
+    /// Writes `text` as this fixture's configuration, for its next start or reload.
+    func configure(_ text: String) throws { try text.write(toFile: configPath, atomically: true, encoding: .utf8) }
 
     @discardableResult
     func start() throws -> RunningDaemon {

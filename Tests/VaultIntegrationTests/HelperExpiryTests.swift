@@ -24,16 +24,17 @@ struct HelperExpiryTests {
         let settings = fixture.directory.path("cometchat.json")
         try #"{"base_url": "\#(standIns.url)/cometchat/v3", "api_key": "\#(apiKey)"}"#.write(
             toFile: settings, atomically: true, encoding: .utf8)
-        try """
-        [Vault]
-        MinRefreshInterval=0
+        try fixture.configure(
+            """
+            [Vault]
+            MinRefreshInterval=0
 
-        [Provider cometchat]
-        Type=exec
-        Command=\(command ?? "\(Self.examples)/cometchat-helper") --config \(settings)
-        Timeout=15s
-        \(extra)
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            [Provider cometchat]
+            Type=exec
+            Command=\(command ?? "\(Self.examples)/cometchat-helper") --config \(settings)
+            Timeout=15s
+            \(extra)
+            """)
         return fixture
     }
 
@@ -188,8 +189,7 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns)
         let daemon = try fixture.start()
         let good = try String(contentsOfFile: fixture.configPath, encoding: .utf8)
-        try good.replacingOccurrences(of: "\(Self.examples)/cometchat-helper", with: missing).write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(good.replacingOccurrences(of: "\(Self.examples)/cometchat-helper", with: missing))
         kill(daemon.process.processIdentifier, SIGHUP)
         #expect(daemon.output.wait(for: "reload refused"), "\(daemon.output.text)")
         #expect(daemon.output.text.contains("the helper program cannot be found"))

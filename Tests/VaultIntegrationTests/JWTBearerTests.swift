@@ -237,7 +237,7 @@ struct JWTBearerTests {
         let fixture = try DaemonFixture(start: false)
         var text = "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=\(client.id)\n"
         text += "Grant=jwt-bearer\nJWTKeyFile=salesforce.pem\n"
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(text)
         // The store's own credential directory (the SQLite data key) when it has one, else one of the test's.
         let store = try RunningDaemon.storeEnvironment(
             socketPath: fixture.socketPath, engine: fixture.engine, dataKey: fixture.dataKey)

@@ -32,8 +32,7 @@ struct OwnershipTests {
         let uidB = Int64(TestUsers.uid(TestUsers.b)!)
         // The attacker (a) logs the account in first.
         try expectSuccess(
-            vaultctl(
-                as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_attacker_a1b2c3d4e5"))
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_attacker_a1b2c3d4e5"))
         // The real user (b) and root still log in their own sessions of it.
         let second = try vaultctl(
             as: TestUsers.b, d.socketPath, ["login", "demo", user], input: "tok_victim_b1b2c3d4e5")
@@ -155,16 +154,14 @@ struct OwnershipTests {
         #expect(third.stderr.contains("MaxSessionsPerUser"))
         // Another user is not affected, nor root.
         try expectSuccess(
-            vaultctl(
-                as: TestUsers.b, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789"))
+            vaultctl(as: TestUsers.b, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789"))
         for name in names {
             #expect(try vaultctl(d.socketPath, ["login", "demo", name], input: "tok_limit_123456789").status == 0)
         }
         // After a logout there is room again.
         #expect(try vaultctl(as: TestUsers.a, d.socketPath, ["logout", "demo", names[0]]).status == 0)
         try expectSuccess(
-            vaultctl(
-                as: TestUsers.a, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789"))
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789"))
 
         // A record past MaxSessionSize= (a big profile) is refused, for root too.
         let client = try d.client()

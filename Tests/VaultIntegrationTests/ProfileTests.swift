@@ -55,8 +55,7 @@ struct ProfileTests {
             #"{"name": "Alice Liddell", "avatar": "https://example.com/alice.png", "role": "admin", "metadata": {"team": "red"}}"#
             .write(toFile: file, atomically: true, encoding: .utf8)
         try expectSuccess(
-            vaultctl(
-                fixture.socketPath, ["login", "demo", user, "--profile-file", file], input: "tok_\(user)"))
+            vaultctl(fixture.socketPath, ["login", "demo", user, "--profile-file", file], input: "tok_\(user)"))
 
         let profile = try session(fixture, "demo", user)["profile"]
         #expect(profile?["uid"]?.stringValue == user, "a file without uid gets the user's")
@@ -121,17 +120,16 @@ struct ProfileTests {
             dir,
             profile: #"{"name": "Bob Builder", "avatar": "https://example.com/bob.png", "metadata": {"team": "blue"}}"#)
         let bot = uniqueName("bot")
-        let fixture = try DaemonFixture(start: false)
-        try """
-        [Provider chat]
-        Type=exec
-        Command=\(command)
-        Timeout=15s
+        let fixture = try DaemonFixture(
+            config: """
+                [Provider chat]
+                Type=exec
+                Command=\(command)
+                Timeout=15s
 
-        [Account chat \(bot)]
-        AutoLogin=yes
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
+                [Account chat \(bot)]
+                AutoLogin=yes
+                """)
 
         let user = uniqueName("bob")
         try expectSuccess(vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"]))
@@ -165,9 +163,8 @@ struct ProfileTests {
     func malformedHelperProfile() throws {
         let dir = try TemporaryDirectory()
         let command = try helper(dir, profile: #"{"name": 42}"#)
-        let fixture = try DaemonFixture(start: false)
-        try "[Provider chat]\nType=exec\nCommand=\(command)\nTimeout=15s\n".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let fixture = try DaemonFixture(
+            config: "[Provider chat]\nType=exec\nCommand=\(command)\nTimeout=15s\n", start: false)
         let daemon = try fixture.start()
         let user = uniqueName("dave")
         try expectSuccess(vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"]))

@@ -52,8 +52,7 @@ struct PythonClientTests {
         // the build needs no network (--no-build-isolation --no-index).
         try expectSuccess(
             runCommand(
-                URL(fileURLWithPath: "/usr/bin/python3"), ["-m", "venv", "--system-site-packages", venv],
-                seconds: 120))
+                URL(fileURLWithPath: "/usr/bin/python3"), ["-m", "venv", "--system-site-packages", venv], seconds: 120))
         let installed = try runCommand(
             python,
             [

@@ -65,7 +65,7 @@ struct RefreshTests {
     ) {
         let fixture = try DaemonFixture(start: false)
         let text = server.providerSection(revocation: revocation) + extra
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(text)
         return (fixture, try fixture.start())
     }
 
@@ -301,9 +301,7 @@ struct RefreshTests {
         .secretServiceOnly)
     func legacyQueuedRevocation() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(start: false)
-        try server.providerSection(revocation: true).write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let fixture = try DaemonFixture(config: server.providerSection(revocation: true), start: false)
         let user = uniqueName("legacy")
         var tokens = TokenSet(accessToken: Secret("legacy_access_abcdefghijklmnop"))
         tokens.refreshToken = Secret("lgcyrt_refresh_abcdefghijklmnop")

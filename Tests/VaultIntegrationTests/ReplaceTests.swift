@@ -79,10 +79,7 @@ struct ReplaceTests {
     @Test("Should revoke the replaced refresh token at the provider and serve the new grant's token")
     func replaceRevokesOldGrant() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(start: false)
-        try server.providerSection(revocation: true).write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
+        let fixture = try DaemonFixture(config: server.providerSection(revocation: true))
         let user = uniqueName("replace-oauth")
         let first = try await server.grant()
         let firstJSON = try JSON.parse(first)

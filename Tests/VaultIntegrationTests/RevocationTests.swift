@@ -15,8 +15,7 @@ struct RevocationTests {
     /// A fixture whose one provider, `oauth`, revokes at `server`'s /revoke.
     func start(_ server: TokenServer, engine: StoreEngine) throws -> (DaemonFixture, RunningDaemon) {
         let fixture = try DaemonFixture(start: false, engine: engine)
-        try server.providerSection(revocation: true).write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(server.providerSection(revocation: true))
         return (fixture, try fixture.start())
     }
 

@@ -152,8 +152,7 @@ struct SQLiteEngineTests {
     )
     func lockedByAnotherProgram() async throws {
         let fixture = try DaemonFixture(start: false, engine: .sqlite)
-        try "[Vault]\nStoreTimeout=2\n\n[Provider demo]\nType=static\n".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure("[Vault]\nStoreTimeout=2\n\n[Provider demo]\nType=static\n")
         try fixture.start()
         let first = uniqueName("first")
         let second = uniqueName("second")

@@ -134,8 +134,7 @@ struct StartupTests {
         #expect(collector.text.contains("socket=\(runtime)/vaultd/socket"))
         // An empty VAULTD_SOCKET counts as unset.
         try expectSuccess(
-            runCommand(
-                Binaries.vaultctl, ["list"], environment: ["XDG_RUNTIME_DIR": runtime, "VAULTD_SOCKET": ""]))
+            runCommand(Binaries.vaultctl, ["list"], environment: ["XDG_RUNTIME_DIR": runtime, "VAULTD_SOCKET": ""]))
     }
 
     @Test("Should exit 3 from vaultctl, naming the socket, when vaultd is not running")

@@ -162,16 +162,14 @@ struct SystemdUnitTests {
         try expectSuccess(
             runCommand(
                 URL(fileURLWithPath: "/bin/sh"),
-                ["-c", command.replacingOccurrences(of: "/etc/vaultd/", with: "\(etc)/")],
-                environment: environment))
+                ["-c", command.replacingOccurrences(of: "/etc/vaultd/", with: "\(etc)/")], environment: environment))
         let credential = "\(etc)/data-key.cred"
         let attributes = try FileManager.default.attributesOfItem(atPath: credential)
         #expect((attributes[.posixPermissions] as? Int) == 0o600, "\(attributes)")
         // systemd decrypts it (as LoadCredentialEncrypted= does) into exactly 32 bytes.
         let plain = dir.path("data-key")
         try expectSuccess(
-            runCommand(
-                Self.creds, ["decrypt", "--name=data-key", credential, plain], environment: environment))
+            runCommand(Self.creds, ["decrypt", "--name=data-key", credential, plain], environment: environment))
         #expect(FileManager.default.contents(atPath: plain)?.count == 32)
         // Under another name (the unit's ID must be data-key) it is refused.
         let renamed = try runCommand(

@@ -143,7 +143,7 @@ final class AuthlibServer {
             text += "ClientSecretFile=\(path)\n"
         }
         text += lines.map { $0 + "\n" }.joined() + after
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(text)
         try fixture.start()
         return fixture
     }

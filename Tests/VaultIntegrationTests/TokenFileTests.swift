@@ -103,7 +103,7 @@ struct TokenFileTests {
         var text = try String(contentsOfFile: fixture.configPath, encoding: .utf8)
         text += "\n\n[Provider demo]\nType=static\n"
         for (header, lines) in accounts { text += "\n[Account \(header)]\n\(lines)\n" }
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(text)
         try fixture.start()
         return fixture
     }
@@ -145,8 +145,7 @@ struct TokenFileTests {
         }
         // A replacement by hand (login --replace) is a change like a refresh.
         try expectSuccess(
-            vaultctl(
-                fixture.socketPath, ["login", "--replace", "oauth", user], input: try await server.grant()))
+            vaultctl(fixture.socketPath, ["login", "--replace", "oauth", user], input: try await server.grant()))
         let replaced = try fixture.token("oauth", user)
         #expect(replaced != expected)
         issued.insert(replaced)
@@ -228,7 +227,7 @@ struct TokenFileTests {
         let moved = directory.file("moved.token")
         var text = try String(contentsOfFile: fixture.configPath, encoding: .utf8)
         text = text.replacingOccurrences(of: "TokenFile=\(path)", with: "TokenFile=\(moved)")
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(text)
         kill(fixture.daemon!.process.processIdentifier, SIGHUP)
         _ = try await eventually({ (content(path), content(moved)) }, until: { $0.0 == nil && $0.1 == live })
         #expect(content(path) == nil && content(moved) == live, "\(fixture.daemon!.output.text)")
@@ -276,17 +275,18 @@ struct TokenFileTests {
         let path = directory.file("t.token")
         let fixture = try DaemonFixture(start: false)
         #expect(chmod(fixture.directory.url.path, 0o755) == 0)
-        try """
-        [Vault]
-        SocketMode=0666
+        try fixture.configure(
+            """
+            [Vault]
+            SocketMode=0666
 
-        [Provider demo]
-        Type=static
+            [Provider demo]
+            Type=static
 
-        [Account demo \(user)]
-        Owner=\(TestUsers.a)
-        TokenFile=\(path)
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            [Account demo \(user)]
+            Owner=\(TestUsers.a)
+            TokenFile=\(path)
+            """)
         let notify = try NotifyListener(path: fixture.directory.path("notify"))
         let daemon = try RunningDaemon(
             socketPath: fixture.socketPath, configPath: fixture.configPath, environment: ["NOTIFY_SOCKET": notify.path])
@@ -362,8 +362,7 @@ struct TokenFileTests {
         let fixture = try DaemonFixture(start: false)
         let user = uniqueName("tokenfile")
         let path = directory.file("t.token")
-        try "[Provider demo]\nType=static\n\n[Account demo \(user)]\nTokenFile=\(path)\n".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure("[Provider demo]\nType=static\n\n[Account demo \(user)]\nTokenFile=\(path)\n")
         let daemon = try fixture.start()
         let secret = MemoryWipeTests.randomToken("tokfile")
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: secret).status == 0)
@@ -389,9 +388,8 @@ struct TokenFileTests {
         let directory = try TemporaryDirectory()
         let config = directory.path("vaultd.conf")
         func check(_ tokenFile: String) throws -> CommandResult {
-            try "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenFile)\n".write(
-                toFile: config, atomically: true, encoding: .utf8)
-            return try runCommand(Binaries.vaultd, ["--config", config, "--check-config"])
+            return try checkConfigText(
+                "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenFile)\n", at: config)
         }
         let shared = try check("/dev/shm/\(uniqueName("alice")).token")
         #expect(shared.status == 1, "\(shared.stdout)")
@@ -420,16 +418,16 @@ struct TokenFileTests {
         let directory = try TemporaryDirectory()
         let config = directory.path("vaultd.conf")
         let tokenPath = directory.path("alice.token")
-        try "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenPath)\n".write(
-            toFile: config, atomically: true, encoding: .utf8)
-        let refused = try runCommand(Binaries.vaultd, ["--config", config, "--check-config"])
+        let refused = try checkConfigText(
+            "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenPath)\n", at: config)
         #expect(refused.status == 1, "\(refused.stdout)\(refused.stderr)")
         #expect(refused.stderr.contains("\(config):5: key 'TokenFile': \(directory.url.path) is on a disk file system"))
         #expect(refused.stderr.contains("TokenFileOnDisk=yes"), "\(refused.stderr)")
 
-        try "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenPath)\nTokenFileOnDisk=yes\n"
-            .write(toFile: config, atomically: true, encoding: .utf8)
-        try expectSuccess(runCommand(Binaries.vaultd, ["--config", config, "--check-config"]))
+        try expectSuccess(
+            checkConfigText(
+                "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenPath)\nTokenFileOnDisk=yes\n",
+                at: config))
         #expect(status(tokenPath) == nil, "the check writes nothing")
     }
 }

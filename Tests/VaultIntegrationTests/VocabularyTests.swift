@@ -70,6 +70,19 @@ struct VocabularyTests {
             code: session?["lastErrorCode"]?.stringValue, providerCode: session?["lastProviderCode"]?.stringValue)
     }
 
+    /// What refreshing `oauth USER` on `socket` answers through `surface`:
+    /// vaultctl, the Swift client library or the Python one.
+    static func refresh(_ user: String, on socket: String, through surface: String) throws -> Pair {
+        switch surface {
+        case "vaultctl": return cli(try vaultctl(socket, ["refresh", "oauth", user]).stderr)
+        case "swift":
+            return swift { () throws(VaultClientError) in
+                _ = try VaultConnection(path: socket, timeoutSeconds: 30).refresh(provider: "oauth", user: user)
+            }
+        default: return try python(socket, #"refresh("oauth", "\#(user)")"#)
+        }
+    }
+
     /// The first event of `kind` on `watcher`, bounded.
     static func event(_ kind: EventKind, _ watcher: RecordedStream, reason: String? = nil) throws -> Pair {
         for _ in 0..<20 {
@@ -114,16 +127,7 @@ struct VocabularyTests {
             try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
             let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 30)
             try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
-            switch surface {
-            case "vaultctl":
-                seen[surface] = Self.cli(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).stderr)
-            case "swift":
-                seen[surface] = Self.swift { () throws(VaultClientError) in
-                    _ = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30).refresh(
-                        provider: "oauth", user: user)
-                }
-            default: seen[surface] = try Self.python(fixture.socketPath, #"refresh("oauth", "\#(user)")"#)
-            }
+            seen[surface] = try Self.refresh(user, on: fixture.socketPath, through: surface)
             seen["event \(surface)"] = try Self.event(.tokenInvalid, watcher)
         }
         for (surface, pair) in seen { #expect(pair == expected, "\(surface)") }
@@ -148,16 +152,7 @@ struct VocabularyTests {
         try await server.post("/control/mode", json: ["mode": "error500"])
         for (user, surface) in zip(users, ["vaultctl", "swift", "python"]) {
             let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 30)
-            switch surface {
-            case "vaultctl":
-                seen[surface] = Self.cli(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).stderr)
-            case "swift":
-                seen[surface] = Self.swift { () throws(VaultClientError) in
-                    _ = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30).refresh(
-                        provider: "oauth", user: user)
-                }
-            default: seen[surface] = try Self.python(fixture.socketPath, #"refresh("oauth", "\#(user)")"#)
-            }
+            seen[surface] = try Self.refresh(user, on: fixture.socketPath, through: surface)
             seen["event \(surface)"] = try Self.event(.connectionChanged, watcher, reason: "connectFailed")
             seen["GetSession \(surface)"] = try Self.session(fixture.socketPath, "oauth", user)
         }
