@@ -51,10 +51,7 @@ struct AutoLoginTests {
         let server = try TokenServer(["--lifetime", "600"])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        let token = try await eventually(
-            { try vaultctl(fixture.socketPath, ["token", "oauth", user]) }, until: { $0.status == 0 })
-        #expect(token.status == 0, "\(token.stderr)")
-        #expect(try await server.accepts(token.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
+        #expect(try await server.accepts(fixture.awaitToken("oauth", user)))
         #expect(try await logins(server) == 1)
         let session = try status(fixture, user)
         #expect(session["state"]?.stringValue == "logged")
@@ -121,10 +118,7 @@ struct AutoLoginTests {
         #expect(again >= 2)
         #expect(waited >= 3, "the second login came after \(waited)s, before Retry-After")
         try await server.post("/control/mode", json: ["mode": "normal"])
-        let token = try await eventually(
-            tries: 600, interval: .milliseconds(50), { try vaultctl(fixture.socketPath, ["token", "oauth", user]) },
-            until: { $0.status == 0 })
-        #expect(token.status == 0, "\(token.stderr)")
+        _ = try await fixture.awaitToken("oauth", user, tries: 600, interval: .milliseconds(50))
         #expect(try await logins(server) >= again + 1)
         let logged = try status(fixture, user)
         #expect(logged["state"]?.stringValue == "logged")
@@ -255,11 +249,7 @@ struct AutoLoginTests {
             AutoLogin=yes
             """)
         try fixture.start()
-        let token = try await eventually(
-            tries: 500, interval: .milliseconds(20), { try vaultctl(fixture.socketPath, ["token", "openim", user]) },
-            until: { $0.status == 0 })
-        #expect(token.status == 0, "\(token.stderr)")
-        #expect(!token.stdout.isEmpty)
+        #expect(try await !fixture.awaitToken("openim", user, tries: 500).isEmpty)
         _ = try vaultctl(fixture.socketPath, ["logout", "openim", user])
     }
 

@@ -350,6 +350,19 @@ final class DaemonFixture {
         try vaultctl(socketPath, ["token", provider, user]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
+    /// Waits (bounded) until `vaultctl token PROVIDER USER` succeeds, as for
+    /// a session vaultd logs in by itself; checks that it did, and returns the token.
+    func awaitToken(
+        _ provider: String, _ user: String, tries: Int = 200, interval: Duration = .milliseconds(20),
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws -> String {
+        let result = try await eventually(
+            tries: tries, interval: interval, { try vaultctl(socketPath, ["token", provider, user]) },
+            until: { $0.status == 0 })
+        #expect(result.status == 0, "\(result.stderr)", sourceLocation: sourceLocation)
+        return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
     /// The store scope of this fixture's daemons.
     var scope: String { RunningDaemon.scope(for: socketPath) }
 

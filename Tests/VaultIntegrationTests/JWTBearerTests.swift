@@ -143,10 +143,7 @@ struct JWTBearerTests {
         let fixture = try server.daemon(
             client, lines: ["Grant=jwt-bearer", "JWTKeyFile=\(key.privateKey)"],
             after: "\n[Account oauth \(user)]\nAutoLogin=yes\n")
-        let first = try await eventually(
-            { try vaultctl(fixture.socketPath, ["token", "oauth", user]) }, until: { $0.status == 0 })
-        #expect(first.status == 0, "\(first.stderr)")
-        let firstToken = first.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let firstToken = try await fixture.awaitToken("oauth", user)
         #expect(try server.user(of: firstToken) == user)
         // No refresh token: the refresh is a new JWT bearer grant for the same user.
         let refreshed = try expectSuccess(vaultctl(fixture.socketPath, ["refresh", "oauth", user]))

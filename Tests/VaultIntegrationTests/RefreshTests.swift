@@ -63,10 +63,8 @@ struct RefreshTests {
     func start(_ server: TokenServer, revocation: Bool = false, extra: String = "") throws -> (
         DaemonFixture, RunningDaemon
     ) {
-        let fixture = try DaemonFixture(start: false)
-        let text = server.providerSection(revocation: revocation) + extra
-        try fixture.configure(text)
-        return (fixture, try fixture.start())
+        let fixture = try DaemonFixture(config: server.providerSection(revocation: revocation) + extra)
+        return (fixture, fixture.daemon!)
     }
 
     func subscribe(_ socket: String, _ user: String) throws -> VarlinkClient {

@@ -44,8 +44,8 @@ private func currentToken(_ socket: String, _ provider: String, _ user: String) 
 struct ReplaceTests {
     @Test("Should answer a plain login 'already logged in', and replace the token with --replace: served, stored, told")
     func replaceStatic() async throws {
-        let fixture = try DaemonFixture(start: false)
-        let daemon = try fixture.start()
+        let fixture = try DaemonFixture()
+        let daemon = fixture.daemon!
         let user = uniqueName("replace")
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: "tok_first_abcdefgh1234").status == 0)
         let watcher = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30).subscribe(
