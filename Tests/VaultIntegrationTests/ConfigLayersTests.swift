@@ -98,13 +98,11 @@ struct ConfigLayersTests {
         }
         // SingleAccount=yes from the user's file: the second login switches accounts.
         #expect(try ctl(["login", "alpha", first], input: token).status == 0)
-        let switched = try ctl(["login", "alpha", second], input: token)
-        #expect(switched.status == 0, "\(switched.stderr)")
+        try expectSuccess(ctl(["login", "alpha", second], input: token))
         let gone = try ctl(["status", "alpha", first])
         #expect(gone.stderr.contains("ERR_NOT_LOGGED_IN"), "the user's SingleAccount=yes is in force: \(gone)")
         // The provider only the user's file declares.
-        let beta = try ctl(["login", "beta", first], input: token)
-        #expect(beta.status == 0, "\(beta.stderr)")
+        try expectSuccess(ctl(["login", "beta", first], input: token))
 
         let unknown = try ctl(["login", "gamma", first], input: token)
         #expect(unknown.status == 1)

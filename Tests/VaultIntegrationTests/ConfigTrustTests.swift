@@ -54,8 +54,7 @@ struct ConfigTrustTests {
         let setup = try Setup()
         #expect(try setup.check().status == 0)
         #expect(chmod(setup.dropIns, 0o1777) == 0)
-        let written = try setup.asUser("umask 0; cat > \(setup.dropIns)/50-mine.conf", input: Self.grant)
-        #expect(written.status == 0, "\(written.stderr)")
+        try expectSuccess(setup.asUser("umask 0; cat > \(setup.dropIns)/50-mine.conf", input: Self.grant))
         let refused = try setup.check()
         #expect(refused.status == 1, "\(refused.stdout)")
         #expect(
@@ -87,8 +86,7 @@ struct ConfigTrustTests {
         let setup = try Setup()
         let home = setup.directory.path("home")
         #expect(mkdir(home, 0o755) == 0 && chown(home, setup.uid, setup.gid) == 0)
-        let made = try setup.asUser("cat > \(home)/mine.conf", input: Self.grant)
-        #expect(made.status == 0, "\(made.stderr)")
+        try expectSuccess(setup.asUser("cat > \(home)/mine.conf", input: Self.grant))
         // Root's own symlink into the user's directory: the file is theirs.
         #expect(Glibc.symlink(home + "/mine.conf", setup.dropIns + "/50-link.conf") == 0)
         let into = try setup.check()
@@ -110,8 +108,7 @@ struct ConfigTrustTests {
 
         // Root's symlink to root's file is followed.
         #expect(lchown(setup.dropIns + "/50-link.conf", 0, 0) == 0)
-        let roots = try setup.check()
-        #expect(roots.status == 0, "\(roots.stderr)")
+        let roots = try expectSuccess(setup.check())
         #expect(roots.stdout.contains("configuration is valid: 2 provider(s)"), "\(roots.stdout)")
     }
 
@@ -151,9 +148,9 @@ struct ConfigTrustTests {
         let setup = try Setup()
         let xdg = setup.directory.path("xdg")
         #expect(mkdir(xdg, 0o755) == 0 && chown(xdg, setup.uid, setup.gid) == 0)
-        let made = try setup.asUser(
-            "mkdir -m 700 \(xdg)/vaultd && printf '[Provider mine]\\nType=static\\n' > \(xdg)/vaultd/vaultd.conf")
-        #expect(made.status == 0, "\(made.stderr)")
+        try expectSuccess(
+            setup.asUser(
+                "mkdir -m 700 \(xdg)/vaultd && printf '[Provider mine]\\nType=static\\n' > \(xdg)/vaultd/vaultd.conf"))
         let check = try expectSuccess(
             runCommand(
                 URL(fileURLWithPath: "/usr/bin/setpriv"),

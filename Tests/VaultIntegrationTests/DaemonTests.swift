@@ -182,10 +182,7 @@ struct DaemonTests {
         let fixture = try DaemonFixture(start: false)
         let good = uniqueName("good")
         let broken = uniqueName("broken")
-        let record = SessionRecord(
-            account: Account(provider: "demo", user: good), user: UserProfile(uid: good),
-            tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
-            expiresAt: nil, ownerUID: getuid())
+        let record = storedSession("demo", good, tokens: TokenSet(accessToken: Secret(DaemonTests.token)))
         #expect(try storeRecordWithSecretTool(record, scope: fixture.scope).status == 0)
         try expectSuccess(
             runCommand(
@@ -209,10 +206,7 @@ struct DaemonTests {
     func halfLoggedOutRecordIsFinished() async throws {
         let fixture = try fixture(start: false)
         let user = uniqueName("half")
-        var record = SessionRecord(
-            account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
-            tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
-            expiresAt: nil, ownerUID: getuid())
+        var record = storedSession("demo", user, tokens: TokenSet(accessToken: Secret(DaemonTests.token)))
         record.phase = .loggingOut
         try await fixture.store.seed(record)
         #expect(try await fixture.store.holds(provider: "demo", user: user))

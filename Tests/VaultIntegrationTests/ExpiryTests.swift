@@ -45,10 +45,9 @@ struct ExpiryTests {
     func expiredWhileDown() async throws {
         let fixture = try DaemonFixture(start: false)
         let user = uniqueName("stale")
-        let record = SessionRecord(
-            account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
-            tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
-            expiresAt: UnixTime(seconds: Int64(Date().timeIntervalSince1970) - 60), ownerUID: getuid())
+        let record = storedSession(
+            "demo", user, tokens: TokenSet(accessToken: Secret(DaemonTests.token)),
+            expiresAt: UnixTime(seconds: Int64(Date().timeIntervalSince1970) - 60))
         try await fixture.store.seed(record)
         let daemon = try fixture.start()
         #expect(daemon.output.wait(for: "event=tokenExpired"), "\(daemon.output.text)")

@@ -462,6 +462,14 @@ final class PythonServer {
     }
 }
 
+/// A session of `provider USER` owned by this process's uid, as a store
+/// holds it: created at 1 s, with `tokens`, expiring at `expiresAt`.
+func storedSession(_ provider: String, _ user: String, tokens: TokenSet, expiresAt: UnixTime? = nil) -> SessionRecord {
+    SessionRecord(
+        account: Account(provider: provider, user: user), user: UserProfile(uid: user), tokens: tokens,
+        createdAt: UnixTime(seconds: 1), expiresAt: expiresAt, ownerUID: getuid())
+}
+
 /// Writes `record` straight into the keyring with secret-tool, as vaultd would
 /// have, in the store scope `scope`: for tests of what vaultd finds at start-up.
 func storeRecordWithSecretTool(_ record: SessionRecord, scope: String) throws -> CommandResult {

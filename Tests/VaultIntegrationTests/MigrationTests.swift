@@ -213,8 +213,7 @@ struct MigrationTests {
     func bothWays() async throws {
         let fixture = try MigrationFixture()
         try await fixture.populate(on: "secret-service")
-        let there = try fixture.migrate("secret-service", "sqlite")
-        #expect(there.status == 0, "\(there.stderr)")
+        let there = try expectSuccess(fixture.migrate("secret-service", "sqlite"))
         #expect(there.stdout.contains("migrated 3 sessions, 1 queued revocations, 1 client secrets"), "\(there.stdout)")
         #expect(try fixture.isWhole("sqlite"), "\(fixture.state("sqlite"))")
         #expect(try fixture.isEmpty("secret-service"), "\(fixture.state("secret-service"))")
@@ -225,8 +224,7 @@ struct MigrationTests {
             again.status == 0 && again.stdout.contains("nothing to migrate"),
             "a finished migration run again: \(again.stderr)")
 
-        let back = try fixture.migrate("sqlite", "secret-service")
-        #expect(back.status == 0, "\(back.stderr)")
+        try expectSuccess(fixture.migrate("sqlite", "secret-service"))
         let backAgain = try fixture.migrate("sqlite", "secret-service")
         #expect(backAgain.status == 0 && backAgain.stdout.contains("nothing to migrate"), "\(backAgain.stderr)")
         #expect(try fixture.isWhole("secret-service"), "\(fixture.state("secret-service"))")
@@ -248,8 +246,7 @@ struct MigrationTests {
     func fromSQLite() async throws {
         let fixture = try MigrationFixture()
         try await fixture.populate(on: "sqlite")
-        let moved = try fixture.migrate("sqlite", "secret-service")
-        #expect(moved.status == 0, "\(moved.stderr)")
+        try expectSuccess(fixture.migrate("sqlite", "secret-service"))
         try await fixture.verifyServed(on: "secret-service")
     }
 

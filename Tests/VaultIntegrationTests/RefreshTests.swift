@@ -303,9 +303,7 @@ struct RefreshTests {
         let user = uniqueName("legacy")
         var tokens = TokenSet(accessToken: Secret("legacy_access_abcdefghijklmnop"))
         tokens.refreshToken = Secret("lgcyrt_refresh_abcdefghijklmnop")
-        let record = SessionRecord(
-            account: Account(provider: "oauth", user: user), user: UserProfile(uid: user), tokens: tokens,
-            createdAt: UnixTime(seconds: 1), expiresAt: nil, ownerUID: getuid())
+        let record = storedSession("oauth", user, tokens: tokens)
         // As an earlier vaultd queued it: no revocation id, in its attributes or its document.
         try expectSuccess(
             runCommand(

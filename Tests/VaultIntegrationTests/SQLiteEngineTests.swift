@@ -90,13 +90,9 @@ struct SQLiteEngineTests {
         let broken = uniqueName("broken")
         for user in [good, broken] {
             try await fixture.store.seed(
-                SessionRecord(
-                    account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
-                    tokens: TokenSet(accessToken: Secret(Self.token)), createdAt: UnixTime(seconds: 1),
-                    expiresAt: nil, ownerUID: getuid()))
+                storedSession("demo", user, tokens: TokenSet(accessToken: Secret(Self.token))))
         }
-        let damage = try damageRow(SQLiteFiles(socketPath: fixture.socketPath).database, user: broken)
-        #expect(damage.status == 0, "\(damage.stderr)")
+        try expectSuccess(damageRow(SQLiteFiles(socketPath: fixture.socketPath).database, user: broken))
         let daemon = try fixture.start()
         #expect(
             daemon.output.text.contains("a stored item could not be read as a session and is ignored"),
