@@ -13,8 +13,7 @@ import VaultProtocol
 struct EventFidelityTests {
     /// A daemon whose one provider, `oauth`, is an oauth2 provider at `server`.
     func start(_ server: TokenServer) throws -> DaemonFixture {
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         return fixture
     }
 

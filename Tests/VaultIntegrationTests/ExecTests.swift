@@ -11,8 +11,7 @@ import VaultCore
 struct ExecTests {
     /// A daemon with one oauth2 provider, and a session logged in there.
     func start(_ server: TokenServer) async throws -> (DaemonFixture, String) {
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("exec")
         try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         return (fixture, user)

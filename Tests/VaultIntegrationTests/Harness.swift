@@ -312,16 +312,17 @@ final class DaemonFixture {
         if start { try self.start() }
     }
 
-    /// A fixture (not started) whose one provider, `oauth`, refreshes at
-    /// `server` (and revokes there, with `revocation`), whose clients may
-    /// refresh as often as they ask (`MinRefreshInterval=0`), with `extra`
-    /// configuration after the provider's section.
+    /// A fixture (started only when `start`) whose one provider, `oauth`,
+    /// refreshes at `server` (and revokes there, with `revocation`), whose
+    /// clients may refresh as often as they ask (`MinRefreshInterval=0`),
+    /// with `extra` configuration after the provider's section.
     convenience init(
-        oauthServer server: TokenServer, revocation: Bool = false, extra: String = "",
+        oauthServer server: TokenServer, revocation: Bool = false, extra: String = "", start: Bool = false,
         engine: StoreEngine = TestStore.engine, dataKey: TestDataKey = .credential
     ) throws {
-        try self.init(start: false, engine: engine, dataKey: dataKey)
-        try configure("[Vault]\nMinRefreshInterval=0\n\n" + server.providerSection(revocation: revocation) + extra)
+        try self.init(
+            config: "[Vault]\nMinRefreshInterval=0\n\n" + server.providerSection(revocation: revocation) + extra,
+            start: start, engine: engine, dataKey: dataKey)
     }
 
     /// A fixture whose configuration is `config`, started unless `start` is false.

@@ -25,8 +25,8 @@ struct KeepAliveTests {
         let refreshes = Soak.size(short: 4, long: 30)
         let server = try TokenServer(["--lifetime", "3", "--no-client-refresh-token"])
         let user = uniqueName("bot")
-        let fixture = try DaemonFixture(oauthServer: server, extra: "\n[Account oauth \(user)]\nAutoLogin=yes\n")
-        try fixture.start()
+        let fixture = try DaemonFixture(
+            oauthServer: server, extra: "\n[Account oauth \(user)]\nAutoLogin=yes\n", start: true)
         let socket = fixture.socketPath
         _ = try await fixture.awaitToken("oauth", user)
         let watcher = try subscription(socket, provider: "oauth", user: user, timeoutSeconds: 30).watcher

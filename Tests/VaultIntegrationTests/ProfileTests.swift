@@ -176,8 +176,7 @@ struct ProfileTests {
     @Test("Should read an id_token's claims into the profile, from a client's token response and a minted one")
     func idTokenProfile() async throws {
         let server = try TokenServer(["--lifetime", "600", "--id-token", Self.claims])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
 
         // The client pipes the token endpoint's answer, id_token included.
         let user = uniqueName("jane")

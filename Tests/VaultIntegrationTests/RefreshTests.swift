@@ -67,6 +67,21 @@ struct RefreshTests {
         return (fixture, fixture.daemon!)
     }
 
+    /// A server whose tokens live `lifetime` seconds, a daemon of `start`'s
+    /// on it, and a user named after `prefix` logged in there with a grant.
+    func loggedIn(
+        _ prefix: String, lifetime: Int = 600, revocation: Bool = false, extra: String = "",
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws -> (TokenServer, DaemonFixture, String) {
+        let server = try TokenServer(["--lifetime", String(lifetime)])
+        let (fixture, _) = try start(server, revocation: revocation, extra: extra)
+        let user = uniqueName(prefix)
+        try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()),
+            sourceLocation: sourceLocation)
+        return (server, fixture, user)
+    }
+
     func subscribe(_ socket: String, _ user: String) throws -> VarlinkClient {
         // Generous: a refresh or a retry may be tens of seconds away on a loaded machine.
         try subscription(socket, provider: "oauth", user: user, timeoutSeconds: 90).watcher
@@ -208,10 +223,7 @@ struct RefreshTests {
 
     @Test("Should give up on a token endpoint that does not answer within Timeout=, keeping the session")
     func unansweredRequestTimesOut() async throws {
-        let server = try TokenServer(["--lifetime", "600"])
-        let (fixture, _) = try start(server, extra: "Timeout=1s\n")
-        let user = uniqueName("stalled")
-        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let (server, fixture, user) = try await loggedIn("stalled", extra: "Timeout=1s\n")
         try await server.post("/control/mode", json: ["mode": "hang", "count": 1, "hang_seconds": 30])
         let started = Date()
         let failed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
@@ -327,10 +339,7 @@ struct RefreshTests {
 
     @Test("Should revoke the tokens of a refresh that finished after its session was logged out")
     func refreshOutlivingItsSession() async throws {
-        let server = try TokenServer(["--lifetime", "600"])
-        let (fixture, _) = try start(server, revocation: true)
-        let user = uniqueName("orphan")
-        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let (server, fixture, user) = try await loggedIn("orphan", revocation: true)
         // The token endpoint issues new tokens at once but answers only once
         // released, after the logout below (a fixed 8 s hold was seen too short
         // for the logout on a loaded CI machine).
@@ -353,10 +362,7 @@ struct RefreshTests {
 
     @Test("Should revoke the refresh token at the provider at logout")
     func revocationAtLogout() async throws {
-        let server = try TokenServer(["--lifetime", "600"])
-        let (fixture, _) = try start(server, revocation: true)
-        let user = uniqueName("bye")
-        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let (server, fixture, user) = try await loggedIn("bye", revocation: true)
         #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
         // Revocation runs after the logout is acknowledged: wait for it, bounded.
         let revoked = try await eventually({ try await server.revocations() }, until: { !$0.isEmpty })
@@ -365,10 +371,7 @@ struct RefreshTests {
 
     @Test("Should show when the refresh is due, right after login and after a restart")
     func refreshAtShownAfterLoginAndRestore() async throws {
-        let server = try TokenServer(["--lifetime", "3600"])
-        let (fixture, _) = try start(server)
-        let user = uniqueName("due")
-        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let (_, fixture, user) = try await loggedIn("due", lifetime: 3600)
         func refreshAt() throws -> Int64? {
             let status = try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user])
             return try JSON.parse(status.stdout)["session"]?["refreshAt"]?.integerValue

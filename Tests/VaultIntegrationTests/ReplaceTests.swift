@@ -142,8 +142,7 @@ struct ReportRejectedTests {
         "Should refresh once for eight clients reporting the current token at once, and answer a stale report at once")
     func reportersShareOneRefresh() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("rejected")
         let grant = try await server.grant()
         let access = try #require(try JSON.parse(grant)["access_token"]?.stringValue)

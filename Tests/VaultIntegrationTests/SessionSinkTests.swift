@@ -51,8 +51,7 @@ struct SessionSinkTests {
     @Test("Should give exec's command every field of the session, and --env NAME=FIELD under the program's names")
     func execVariables() async throws {
         let server = try TokenServer(["--lifetime", "3600", "--salesforce"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("sink")
         try expectSuccess(
             vaultctl(
@@ -87,8 +86,7 @@ struct SessionSinkTests {
     @Test("Should unset in exec's command the variables of fields the session lacks, not pass on the caller's")
     func execUnsetsMissingFields() async throws {
         let server = try TokenServer(["--lifetime", "3600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("bare")
         #expect(
             try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await grant(server, scope: nil))
@@ -111,8 +109,7 @@ struct SessionSinkTests {
     @Test("Should restart exec's command with the refreshed session's fields")
     func execFollowsRefresh() async throws {
         let server = try TokenServer(["--lifetime", "3600", "--salesforce"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("sinkr")
         #expect(
             try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await grant(server, scope: "api"))

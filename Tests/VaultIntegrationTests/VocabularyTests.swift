@@ -118,8 +118,7 @@ struct VocabularyTests {
     @Test("Should carry invalid_grant as ERR_GRANT_REVOKED with invalid_grant everywhere")
     func revokedGrant() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let expected = Pair(code: "ERR_GRANT_REVOKED", providerCode: "invalid_grant")
         var seen: [String: Pair] = [:]
         for (index, surface) in ["vaultctl", "swift", "python"].enumerated() {
@@ -136,8 +135,7 @@ struct VocabularyTests {
     @Test("Should carry a failing token endpoint as ERR_NETWORK_ERROR on every surface, the session kept")
     func networkFailure() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let expected = Pair(code: "ERR_NETWORK_ERROR")
         var seen: [String: Pair] = [:]
         // Every grant first, then the endpoint fails for good: a failure
