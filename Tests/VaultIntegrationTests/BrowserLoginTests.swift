@@ -228,8 +228,7 @@ struct BrowserLoginTests {
         let code = try #require(queryItems(location)["code"])
         let altered = replacingQuery(location, "state", with: "forged-state-0123456789abcdef")
         #expect(try login.deliver(altered) == 400)
-        let result = try login.finish()
-        #expect(result.status == 1)
+        let result = try expectFailure(login.finish())
         #expect(
             result.stderr.contains("ERR_AUTHORIZATION_FAILED") && result.stderr.contains("state"), "\(result.stderr)")
         #expect(try setup.server.codeExchanges().isEmpty, "no token request was made")
@@ -245,8 +244,7 @@ struct BrowserLoginTests {
         let location = try setup.authorize(login.url)
         #expect(queryItems(location)["error"] == "access_denied", "\(location)")
         #expect(try login.deliver(location) == 200)
-        let result = try login.finish()
-        #expect(result.status == 1)
+        let result = try expectFailure(login.finish())
         // The last line: the one before tells where to open the URL.
         let error = try JSON.parse(String(result.stderr.split(separator: "\n").last ?? ""))
         #expect(error["code"]?.stringValue == "ERR_AUTHORIZATION_FAILED", "\(result.stderr)")
@@ -265,9 +263,7 @@ struct BrowserLoginTests {
         let forged = base + "?error=access_denied&error_description=Open%20evil.example&state=forged-0123456789"
         #expect(queryItems(location)["error"] == "access_denied", "\(location)")
         #expect(try login.deliver(forged) == 400)
-        let result = try login.finish()
-        #expect(result.status == 1)
-        #expect(result.stderr.contains("state is not the one of this login"), "\(result.stderr)")
+        let result = try expectFailure(login.finish(), saying: "state is not the one of this login")
         #expect(!result.stderr.contains("evil.example"), "\(result.stderr)")
     }
 
@@ -280,8 +276,7 @@ struct BrowserLoginTests {
         let ownChallenge = base64url(VaultCore.SHA256.hash(Array(ownVerifier.utf8)))
         let location = try setup.authorize(replacingQuery(login.url, "code_challenge", with: ownChallenge))
         #expect(try login.deliver(location) == 200)
-        let result = try login.finish()
-        #expect(result.status == 1)
+        let result = try expectFailure(login.finish())
         #expect(
             result.stderr.contains("ERR_GRANT_REVOKED") && result.stderr.contains("invalid_grant"), "\(result.stderr)")
         #expect(result.stderr.contains("verifier"), "\(result.stderr)")
@@ -303,8 +298,7 @@ struct BrowserLoginTests {
         let second = try setup.start(uniqueName("second"))
         let stateOfSecond = try #require(queryItems(second.url)["state"])
         #expect(try second.deliver(second.redirectURI + "?code=\(code)&state=\(stateOfSecond)") == 200)
-        let result = try second.finish()
-        #expect(result.status == 1)
+        let result = try expectFailure(second.finish())
         #expect(
             result.stderr.contains("ERR_GRANT_REVOKED") && result.stderr.contains("invalid_grant"), "\(result.stderr)")
         let exchanges = try setup.server.codeExchanges()

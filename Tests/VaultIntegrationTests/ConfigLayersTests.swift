@@ -104,8 +104,7 @@ struct ConfigLayersTests {
         // The provider only the user's file declares.
         try expectSuccess(ctl(["login", "beta", first], input: token))
 
-        let unknown = try ctl(["login", "gamma", first], input: token)
-        #expect(unknown.status == 1)
+        let unknown = try expectFailure(ctl(["login", "gamma", first], input: token))
         #expect(
             unknown.stderr.contains(
                 "provider 'gamma' is not configured; add a [Provider gamma] section to one of: \(layers.systemFile), \(layers.userFile)"

@@ -346,9 +346,9 @@ struct DeviceLoginTests {
             config:
                 "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=\(AuthlibServer.publicClient.id)\n"
         )
-        let r = try vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("nodev"), "--device"])
-        #expect(r.status == 1)
-        #expect(r.stderr.contains("DeviceAuthorizationURL="), "\(r.stderr)")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("nodev"), "--device"]),
+            saying: "DeviceAuthorizationURL=")
         #expect(try server.requests().isEmpty)
         let mixed = try vaultctl(fixture.socketPath, ["login", "oauth", "x", "--device", "--from-provider"])
         #expect(mixed.status == 2, "\(mixed.stderr)")

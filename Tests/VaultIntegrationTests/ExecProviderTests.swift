@@ -54,9 +54,9 @@ struct ExecProviderTests {
         let second = try vaultctl(fixture.socketPath, ["token", "cometchat", "alice"]).stdout
         #expect(second.hasPrefix("cc_alice_") && second != token, "refresh forces a new auth token")
 
-        let deactivated = try vaultctl(fixture.socketPath, ["login", "cometchat", "carol", "--from-provider"])
-        #expect(deactivated.status == 1)
-        #expect(deactivated.stderr.contains("ERR_USER_DEACTIVATED"))
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "cometchat", "carol", "--from-provider"]),
+            saying: "ERR_USER_DEACTIVATED")
         let unknown = try vaultctl(fixture.socketPath, ["login", "cometchat", "zed", "--from-provider"])
         #expect(unknown.stderr.contains("ERR_UID_NOT_FOUND"))
         #expect(try vaultctl(fixture.socketPath, ["logout", "cometchat", "alice"]).status == 0)

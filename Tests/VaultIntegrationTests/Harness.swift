@@ -274,6 +274,17 @@ func checkConfigText(_ text: String, at path: String) throws -> CommandResult {
     return try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
 }
 
+/// Checks that `result` ended with status 1 and that its standard error
+/// says each of `words`; returns it.
+@discardableResult
+func expectFailure(_ result: CommandResult, saying words: String..., sourceLocation: SourceLocation = #_sourceLocation)
+    -> CommandResult
+{
+    #expect(result.status == 1, "\(result.stderr)", sourceLocation: sourceLocation)
+    for word in words { #expect(result.stderr.contains(word), "\(result.stderr)", sourceLocation: sourceLocation) }
+    return result
+}
+
 /// Runs vaultctl against `socket`.
 func vaultctl(_ socket: String, _ arguments: [String], input: String? = nil) throws -> CommandResult {
     try runCommand(Binaries.vaultctl, ["--socket", socket] + arguments, input: input)

@@ -140,8 +140,8 @@ struct HelperExpiryTests {
         let standIns = try ChatStandIns()
         let wrongKey = try fixture(standIns, apiKey: "wrong-key")
         try wrongKey.start()
-        let refused = try vaultctl(wrongKey.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(refused.status == 1)
+        let refused = try expectFailure(
+            vaultctl(wrongKey.socketPath, ["login", "cometchat", "alice", "--from-provider"]))
         #expect(
             refused.stderr.contains("(ERR_INVALID_CLIENT; provider: AUTH_ERR_APIKEY_NOT_FOUND)"), "\(refused.stderr)")
 
@@ -156,8 +156,8 @@ struct HelperExpiryTests {
             """, to: helper)
         let custom = try fixture(standIns, command: helper)
         try custom.start()
-        let failed = try vaultctl(custom.socketPath, ["--json", "login", "cometchat", "alice", "--from-provider"])
-        #expect(failed.status == 1)
+        let failed = try expectFailure(
+            vaultctl(custom.socketPath, ["--json", "login", "cometchat", "alice", "--from-provider"]))
         let error = try JSON.parse(Array(failed.stderr.utf8))
         #expect(error["code"]?.stringValue == "ERR_INVALID_CLIENT", "\(failed.stderr)")
         #expect(error["providerCode"]?.stringValue == "ERR_INVALID_API_KEY", "\(failed.stderr)")
@@ -207,9 +207,8 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns, command: helper)
         try fixture.start()
         try FileManager.default.removeItem(atPath: helper)
-        let failed = try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(failed.status == 1)
-        #expect(failed.stderr.contains("(ERR_HELPER_UNAVAILABLE)"), "\(failed.stderr)")
-        #expect(failed.stderr.contains("cannot be run"), "\(failed.stderr)")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"]),
+            saying: "(ERR_HELPER_UNAVAILABLE)", "cannot be run")
     }
 }

@@ -213,9 +213,8 @@ struct JWTBearerTests {
         let lines =
             bearer ? ["Grant=jwt-bearer"] : ["TokenEndpointAuthMethod=private_key_jwt"]
         let fixture = try server.daemon(client, lines: lines + ["JWTKeyFile=\(other.privateKey)"])
-        let login = try vaultctl(
-            fixture.socketPath, ["--json", "login", "oauth", uniqueName("wrong"), "--from-provider"])
-        #expect(login.status == 1)
+        let login = try expectFailure(
+            vaultctl(fixture.socketPath, ["--json", "login", "oauth", uniqueName("wrong"), "--from-provider"]))
         #expect(login.stdout.contains(code) || login.stderr.contains(code), "\(login.stdout) \(login.stderr)")
         #expect((login.stdout + login.stderr).contains(words), "\(login.stdout) \(login.stderr)")
         let seen = try server.requests("token")
@@ -265,9 +264,9 @@ struct JWTBearerTests {
         let client = bearerClient(key)
         let server = try AuthlibServer(directory: directory, extra: [client])
         let fixture = try server.daemon(client, lines: ["Grant=jwt-bearer", "JWTKeyFile=\(key.privateKey)"])
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("u"), "--from-provider"])
-        #expect(login.status == 1)
-        #expect(login.stderr.contains("is readable by others (mode 644)"), "\(login.stderr)")
+        let login = try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("u"), "--from-provider"]),
+            saying: "is readable by others (mode 644)")
         #expect(try server.requests("token").isEmpty, "nothing was sent")
         let daemon = try #require(fixture.daemon)
         try expectNoSecrets(daemon.allOutput + login.stdout + login.stderr, [key])

@@ -348,8 +348,8 @@ struct ServiceManagerTests {
         let check = try expectSuccess(runCommand(Binaries.vaultd, ["--check-config", "--config", config]))
         #expect(check.stdout.contains("2 provider(s)"))
         try "[Provider extra]\nWrong=1\n".write(toFile: config + ".d/30-bad.conf", atomically: true, encoding: .utf8)
-        let bad = try runCommand(Binaries.vaultd, ["--check-config", "--config", config])
-        #expect(bad.status == 1)
-        #expect(bad.stderr.contains("\(config).d/30-bad.conf:2: unknown key 'Wrong'"))
+        try expectFailure(
+            runCommand(Binaries.vaultd, ["--check-config", "--config", config]),
+            saying: "\(config).d/30-bad.conf:2: unknown key 'Wrong'")
     }
 }

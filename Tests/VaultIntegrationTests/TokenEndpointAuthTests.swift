@@ -276,8 +276,7 @@ struct TokenEndpointAuthTests {
         let server = try AuthlibServer(directory: directory)
         let fixture = try start(server, client, method: method)
         let user = uniqueName("wrong")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
-        #expect(login.status == 1)
+        let login = try expectFailure(vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]))
         let grants = try server.requests("token", grant: "client_credentials")
         #expect(grants.count == 1)
         for request in grants {

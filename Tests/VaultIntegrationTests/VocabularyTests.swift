@@ -101,8 +101,8 @@ struct VocabularyTests {
         try fixture.start()
         let expected = Pair(code: "ERR_INVALID_CLIENT", providerCode: "AUTH_ERR_APIKEY_NOT_FOUND")
         let watcher = try RecordedStream(fixture.socketPath, provider: "cometchat", user: "alice", timeoutSeconds: 30)
-        let refused = try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(refused.status == 1)
+        let refused = try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"]))
         #expect(Self.cli(refused.stderr) == expected, "vaultctl: \(refused.stderr)")
         #expect(try Self.event(.loginFailed, watcher) == expected, "the event")
         #expect(try Self.session(fixture.socketPath, "cometchat", "alice") == expected, "GetSession")
