@@ -149,8 +149,8 @@ struct RefreshTests {
         var stats = try await server.stats()
         #expect(stats["refresh_requests"]?.integerValue == 1, "one refresh, then the lifetime is known: \(stats)")
         // Within MinRefreshInterval= (60 s by default) an explicit refresh sends nothing either.
-        let again = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(again.status == 1 && again.stderr.contains("ERR_REFRESH_TOO_SOON"), "\(again.stderr)")
+        let again = try expectFailure(
+            vaultctl(fixture.socketPath, ["refresh", "oauth", user]), saying: "ERR_REFRESH_TOO_SOON")
         #expect(again.stderr.contains("MinRefreshInterval"))
         stats = try await server.stats()
         #expect(stats["refresh_requests"]?.integerValue == 1)
