@@ -24,6 +24,16 @@ struct UserLookupTests {
         return try body(path)
     }
 
+    /// A directory as `withDirectory`'s, holding `passwd` (the password
+    /// file) and an empty `userdb` (systemd's user database) directory.
+    static func withUserDatabase<T>(_ body: (_ passwd: String, _ userdb: String) throws -> T) throws -> T {
+        try withDirectory { dir in
+            try Self.passwd.write(toFile: dir + "/passwd", atomically: true, encoding: .utf8)
+            try FileManager.default.createDirectory(atPath: dir + "/userdb", withIntermediateDirectories: true)
+            return try body(dir + "/passwd", dir + "/userdb")
+        }
+    }
+
     @Test("Should read a uid from the password file by exact name")
     func passwdFile() {
         #expect(UserLookup.uid(named: "root", inPasswd: Self.passwd) == 0)
@@ -46,35 +56,29 @@ struct UserLookupTests {
 
     @Test("Should ask systemd's user database for a user the password file lacks (a DynamicUser)")
     func userDatabase() throws {
-        try Self.withDirectory { dir in
-            try Self.passwd.write(toFile: dir + "/passwd", atomically: true, encoding: .utf8)
-            let userdb = dir + "/userdb"
-            try FileManager.default.createDirectory(atPath: userdb, withIntermediateDirectories: true)
+        try Self.withUserDatabase { passwd, userdb in
             let server = try FakeUserDatabase(
                 path: userdb + "/io.systemd.DynamicUser", records: ["vaultd": 61234], connections: 2)
-            #expect(UserLookup.uid(named: "vaultd", passwd: dir + "/passwd", userDatabase: userdb) == 61234)
-            #expect(UserLookup.uid(named: "nosuchuser", passwd: dir + "/passwd", userDatabase: userdb) == nil)
+            #expect(UserLookup.uid(named: "vaultd", passwd: passwd, userDatabase: userdb) == 61234)
+            #expect(UserLookup.uid(named: "nosuchuser", passwd: passwd, userDatabase: userdb) == nil)
             let calls = server.finish()
             #expect(calls.count == 2)
             #expect(calls.first?.contains("\"method\":\"io.systemd.UserDatabase.GetUserRecord\"") == true, "\(calls)")
             #expect(calls.first?.contains("\"service\":\"io.systemd.DynamicUser\"") == true, "\(calls)")
             #expect(calls.first?.contains("\"userName\":\"vaultd\"") == true, "\(calls)")
             // Found in the password file: the user database is not asked.
-            #expect(UserLookup.uid(named: "alice", passwd: dir + "/passwd", userDatabase: userdb) == 1000)
+            #expect(UserLookup.uid(named: "alice", passwd: passwd, userDatabase: userdb) == 1000)
         }
     }
 
     @Test("Should name a uid from the password file, else from systemd's user database (a DynamicUser)")
     func nameOfUID() throws {
-        try Self.withDirectory { dir in
-            try Self.passwd.write(toFile: dir + "/passwd", atomically: true, encoding: .utf8)
-            let userdb = dir + "/userdb"
-            try FileManager.default.createDirectory(atPath: userdb, withIntermediateDirectories: true)
+        try Self.withUserDatabase { passwd, userdb in
             let server = try FakeUserDatabase(
                 path: userdb + "/io.systemd.DynamicUser", records: ["vaultd": 61234], connections: 2)
-            #expect(UserLookup.name(uid: 1000, passwd: dir + "/passwd", userDatabase: userdb) == "alice")
-            #expect(UserLookup.name(uid: 61234, passwd: dir + "/passwd", userDatabase: userdb) == "vaultd")
-            #expect(UserLookup.name(uid: 4321, passwd: dir + "/passwd", userDatabase: userdb) == nil)
+            #expect(UserLookup.name(uid: 1000, passwd: passwd, userDatabase: userdb) == "alice")
+            #expect(UserLookup.name(uid: 61234, passwd: passwd, userDatabase: userdb) == "vaultd")
+            #expect(UserLookup.name(uid: 4321, passwd: passwd, userDatabase: userdb) == nil)
             let calls = server.finish()
             #expect(calls.count == 2, "the password file answered for 1000: \(calls)")
             #expect(calls.first?.contains("\"uid\":61234") == true, "\(calls)")
@@ -83,15 +87,13 @@ struct UserLookupTests {
 
     @Test("Should ask only the multiplexer when systemd-userdbd runs")
     func multiplexerFirst() throws {
-        try Self.withDirectory { dir in
-            let userdb = dir + "/userdb"
-            try FileManager.default.createDirectory(atPath: userdb, withIntermediateDirectories: true)
+        try Self.withUserDatabase { _, userdb in
             // A service that would answer wrongly; the multiplexer answers right.
             let other = try FakeUserDatabase(
                 path: userdb + "/io.systemd.DynamicUser", records: ["carol": 1], connections: 0)
             let multiplexer = try FakeUserDatabase(
                 path: userdb + "/io.systemd.Multiplexer", records: ["carol": 4242], connections: 1)
-            #expect(UserLookup.uid(named: "carol", passwd: dir + "/no-passwd", userDatabase: userdb) == 4242)
+            #expect(UserLookup.uid(named: "carol", passwd: userdb + "/no-passwd", userDatabase: userdb) == 4242)
             #expect(multiplexer.finish().count == 1)
             #expect(other.finish().isEmpty)
         }

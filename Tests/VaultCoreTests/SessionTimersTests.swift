@@ -31,6 +31,14 @@ private func deadline(_ timer: SessionTimers.Timer, in actions: [SessionTimers.A
     return nil
 }
 
+/// A refresh that failed at `now` with a network error saying `message`.
+private func networkFailure(
+    _ message: String, now: UnixTime, expired: Bool = false, retryAfter: Int64? = nil, random: Double = 0
+) -> SessionTimers.Event {
+    .refreshFailed(
+        VaultError(.networkError, message), retryAfter: retryAfter, random: random, now: now, expired: expired)
+}
+
 private let expiredEnd = SessionTimers.Action.end(reason: "tokenExpired", kind: .tokenExpired)
 
 @Suite("SessionTimers: stored", .timeLimit(.minutes(5)))
@@ -197,10 +205,7 @@ struct SessionTimersDueTests {
         #expect(timers.expiredWhileRefreshing)
         _ = timers.handle(.refreshStarted)
         clock.advance(2)
-        let actions = timers.handle(
-            .refreshFailed(
-                VaultError(.networkError, "timeout"), retryAfter: nil, random: 0, now: clock.now, expired: true)
-        )
+        let actions = timers.handle(networkFailure("timeout", now: clock.now, expired: true))
         #expect(actions == [.connection(.connectFailed, failure: VaultError(.networkError, "timeout")), expiredEnd])
         #expect(!timers.expiredWhileRefreshing)
         #expect(!timers.refreshing)
@@ -216,10 +221,7 @@ struct SessionTimersDueTests {
         clock.advance(100)
         #expect(timers.handle(.due(.expire, now: clock.now, expired: true)).isEmpty)
         #expect(timers.expiredWhileRefreshing)
-        let actions = timers.handle(
-            .refreshFailed(
-                VaultError(.networkError, "HTTP 503"), retryAfter: nil, random: 0, now: clock.now, expired: true
-            ))
+        let actions = timers.handle(networkFailure("HTTP 503", now: clock.now, expired: true))
         #expect(actions.last == expiredEnd)
     }
 
@@ -236,10 +238,7 @@ struct SessionTimersDueTests {
         #expect(!timers.expiredWhileRefreshing)
         // A later failure is retried, not an end: the expiry that started it was answered.
         _ = timers.handle(.refreshStarted)
-        let failed = timers.handle(
-            .refreshFailed(
-                VaultError(.networkError, "timeout"), retryAfter: nil, random: 0, now: clock.now, expired: true)
-        )
+        let failed = timers.handle(networkFailure("timeout", now: clock.now, expired: true))
         #expect(!failed.contains(expiredEnd))
         #expect(deadline(.refresh, in: failed) != nil)
     }
@@ -250,10 +249,7 @@ struct SessionTimersDueTests {
         var timers = stored(facts(at: clock.now), clock)
         clock.advance(3600)
         _ = timers.handle(.refreshStarted)
-        let actions = timers.handle(
-            .refreshFailed(
-                VaultError(.networkError, "timeout"), retryAfter: nil, random: 0, now: clock.now, expired: true)
-        )
+        let actions = timers.handle(networkFailure("timeout", now: clock.now, expired: true))
         #expect(
             actions == [
                 .schedule(.refresh, at: clock.now.adding(seconds: 1)),
@@ -284,10 +280,7 @@ struct SessionTimersRefreshTests {
         clock.advance(3000)
         for attempt in 1...4 {
             _ = timers.handle(.refreshStarted)
-            let actions = timers.handle(
-                .refreshFailed(
-                    VaultError(.networkError, "HTTP 502"), retryAfter: nil, random: 0.999, now: clock.now,
-                    expired: false))
+            let actions = timers.handle(networkFailure("HTTP 502", now: clock.now, random: 0.999))
             let wait = RefreshPolicy.backoff(attempt: attempt, random: 0.999)
             #expect(
                 actions == [
@@ -312,10 +305,7 @@ struct SessionTimersRefreshTests {
         var last: [SessionTimers.Action] = []
         for _ in 1...20 {
             _ = timers.handle(.refreshStarted)
-            last = timers.handle(
-                .refreshFailed(
-                    VaultError(.networkError, "down"), retryAfter: nil, random: 0.999, now: clock.now,
-                    expired: false))
+            last = timers.handle(networkFailure("down", now: clock.now, random: 0.999))
         }
         #expect(timers.status.consecutiveFailures == 20)
         #expect(deadline(.refresh, in: last) == clock.now.adding(seconds: 300))
@@ -327,18 +317,12 @@ struct SessionTimersRefreshTests {
         var timers = stored(facts(at: clock.now), clock)
         clock.advance(3000)
         _ = timers.handle(.refreshStarted)
-        let polite = timers.handle(
-            .refreshFailed(
-                VaultError(.networkError, "HTTP 429"), retryAfter: 120, random: 0, now: clock.now,
-                expired: false))
+        let polite = timers.handle(networkFailure("HTTP 429", now: clock.now, retryAfter: 120))
         #expect(deadline(.refresh, in: polite) == clock.now.adding(seconds: 120))
         #expect(timers.status.nextRetryAt == clock.now.adding(seconds: 120))
 
         _ = timers.handle(.refreshStarted)
-        let greedy = timers.handle(
-            .refreshFailed(
-                VaultError(.networkError, "HTTP 429"), retryAfter: 86_400, random: 0, now: clock.now,
-                expired: false))
+        let greedy = timers.handle(networkFailure("HTTP 429", now: clock.now, retryAfter: 86_400))
         #expect(deadline(.refresh, in: greedy) == clock.now.adding(seconds: RefreshPolicy.longestRetryAfter))
     }
 
@@ -348,10 +332,7 @@ struct SessionTimersRefreshTests {
         var timers = stored(facts(at: clock.now), clock)
         clock.advance(3000)
         _ = timers.handle(.refreshStarted)
-        _ = timers.handle(
-            .refreshFailed(
-                VaultError(.networkError, "HTTP 500"), retryAfter: nil, random: 0, now: clock.now,
-                expired: false))
+        _ = timers.handle(networkFailure("HTTP 500", now: clock.now))
         clock.advance(1)
         _ = timers.handle(.refreshStarted)
         let actions = timers.handle(.refreshed(facts(at: clock.now), saved: true, now: clock.now))
@@ -395,10 +376,7 @@ struct SessionTimersRefreshTests {
         // A failure is: with vaultd's code and the provider's message.
         clock.advance(3000)
         #expect(told(timers.handle(.refreshStarted)).isEmpty)
-        let failed = timers.handle(
-            .refreshFailed(
-                VaultError(.networkError, "HTTP 503: down for maintenance"), retryAfter: nil, random: 0,
-                now: clock.now, expired: false))
+        let failed = timers.handle(networkFailure("HTTP 503: down for maintenance", now: clock.now))
         #expect(
             told(failed) == [
                 .connection(.connectFailed, failure: VaultError(.networkError, "HTTP 503: down for maintenance"))

@@ -115,8 +115,7 @@ struct AccessTests {
     init() throws { try TestUsers.ensure() }
 
     func loginAsRoot(_ d: ConfiguredDaemon, _ user: String) throws {
-        let r = try vaultctl(d.socketPath, ["login", "demo", user], input: AccessTests.token)
-        #expect(r.status == 0, "\(r.stderr)")
+        try expectSuccess(vaultctl(d.socketPath, ["login", "demo", user], input: AccessTests.token))
     }
 
     @Test("Should keep the socket 0600 unless SocketMode says 0666")
@@ -131,8 +130,7 @@ struct AccessTests {
         let open = try ConfiguredDaemon(config: AccessTests.open)
         #expect(stat(open.socketPath, &st) == 0)
         #expect(st.st_mode & 0o777 == 0o666)
-        let list = try vaultctl(as: TestUsers.a, open.socketPath, ["list"])
-        #expect(list.status == 0, "\(list.stderr)")
+        try expectSuccess(vaultctl(as: TestUsers.a, open.socketPath, ["list"]))
     }
 
     @Test("Should not show or hand out root's session to another uid: its own is meant, root's is AccessDenied")
@@ -141,8 +139,7 @@ struct AccessTests {
         let user = uniqueName("root")
         try loginAsRoot(d, user)
 
-        let list = try vaultctl(as: TestUsers.a, d.socketPath, ["--json", "list"])
-        #expect(list.status == 0, "\(list.stderr)")
+        let list = try expectSuccess(vaultctl(as: TestUsers.a, d.socketPath, ["--json", "list"]))
         let sessions = try JSON.parse(list.stdout)["sessions"]?.arrayValue ?? []
         #expect(!sessions.contains { $0["user"]?.stringValue == user }, "\(list.stdout)")
         for arguments in [
@@ -245,8 +242,7 @@ struct AccessTests {
         // Root's changes first, then one of the watcher's own: only that one arrives.
         #expect(try vaultctl(d.socketPath, ["kick", "demo", rootUser]).status == 0)
         try loginAsRoot(d, rootUser)
-        let own = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", mine], input: AccessTests.token)
-        #expect(own.status == 0, "\(own.stderr)")
+        try expectSuccess(vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", mine], input: AccessTests.token))
         #expect(lines.wait(for: mine), "\(lines.text) \(errors.text)")
         #expect(
             !lines.text.contains(rootUser), "root's session is neither in the snapshot nor in events: \(lines.text)")
@@ -265,8 +261,7 @@ struct AccessTests {
         let mine = uniqueName("own")
         let uidA = TestUsers.uid(TestUsers.a)!
         try loginAsRoot(d, rootUser)
-        let login = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", mine], input: AccessTests.token)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", mine], input: AccessTests.token))
 
         let list = try vaultctl(as: TestUsers.a, d.socketPath, ["--json", "list"])
         let listed = try JSON.parse(list.stdout)["sessions"]?.arrayValue ?? []
@@ -371,8 +366,7 @@ struct AccessTests {
         let d = try ConfiguredDaemon(config: config)
         for user in [byUser, byGroup, unlisted] { try loginAsRoot(d, user) }
 
-        let granted = try vaultctl(as: TestUsers.a, d.socketPath, ["token", "demo", byUser])
-        #expect(granted.status == 0, "\(granted.stderr)")
+        let granted = try expectSuccess(vaultctl(as: TestUsers.a, d.socketPath, ["token", "demo", byUser]))
         #expect(granted.stdout == AccessTests.token + "\n")
         for (name, user) in [
             (TestUsers.a, unlisted), (TestUsers.a, byGroup), (TestUsers.b, byUser), (TestUsers.b, unlisted),
@@ -382,8 +376,7 @@ struct AccessTests {
             #expect(r.status == 1, "\(name) \(user): \(r.stdout)")
             #expect(r.stderr.contains("ERR_ACCESS_DENIED"), "\(name) \(user): \(r.stderr)")
         }
-        let group = try vaultctl(as: TestUsers.b, d.socketPath, ["token", "demo", byGroup])
-        #expect(group.status == 0, "\(group.stderr)")
+        let group = try expectSuccess(vaultctl(as: TestUsers.b, d.socketPath, ["token", "demo", byGroup]))
         #expect(group.stdout == AccessTests.token + "\n")
         // Reading the token is all it grants: no logout, no kick.
         for arguments in [["logout", "demo", byUser], ["kick", "demo", byUser]] {
@@ -402,24 +395,21 @@ struct AccessTests {
         let user = uniqueName("adm")
         try loginAsRoot(d, user)
 
-        let list = try vaultctl(as: TestUsers.b, d.socketPath, ["--json", "list"])
-        #expect(list.status == 0, "\(list.stderr)")
+        let list = try expectSuccess(vaultctl(as: TestUsers.b, d.socketPath, ["--json", "list"]))
         let sessions = try JSON.parse(list.stdout)["sessions"]?.arrayValue ?? []
         #expect(sessions.contains { $0["user"]?.stringValue == user }, "\(list.stdout)")
         #expect(!list.stdout.contains(AccessTests.token))
 
-        let token = try vaultctl(as: TestUsers.b, d.socketPath, ["--owner", "0", "token", "demo", user])
-        #expect(token.status == 1)
-        #expect(token.stderr.contains("ERR_ACCESS_DENIED"), "\(token.stderr)")
+        try expectFailure(
+            vaultctl(as: TestUsers.b, d.socketPath, ["--owner", "0", "token", "demo", user]),
+            saying: "ERR_ACCESS_DENIED")
         // Not a member: no kick.
-        let notAdmin = try vaultctl(as: TestUsers.a, d.socketPath, ["--owner", "0", "kick", "demo", user])
-        #expect(notAdmin.status == 1 && notAdmin.stderr.contains("ERR_ACCESS_DENIED"), "\(notAdmin.stderr)")
+        try expectFailure(
+            vaultctl(as: TestUsers.a, d.socketPath, ["--owner", "0", "kick", "demo", user]), saying: "ERR_ACCESS_DENIED"
+        )
 
-        let kick = try vaultctl(as: TestUsers.b, d.socketPath, ["kick", "demo", user, "--reason", "admin"])
-        #expect(kick.status == 0, "\(kick.stderr)")
-        let gone = try vaultctl(d.socketPath, ["token", "demo", user])
-        #expect(gone.status == 1)
-        #expect(gone.stderr.contains("ERR_NOT_LOGGED_IN"))
+        try expectSuccess(vaultctl(as: TestUsers.b, d.socketPath, ["kick", "demo", user, "--reason", "admin"]))
+        try expectFailure(vaultctl(d.socketPath, ["token", "demo", user]), saying: "ERR_NOT_LOGGED_IN")
         #expect(try await d.store.holds(provider: "demo", user: user) == false)
     }
 

@@ -69,8 +69,7 @@ struct AuditTests {
         let client = try loggedIn(fixture, [user, other])
         // Three vaultctl processes: three pids, three lines written at once.
         for _ in 0..<3 {
-            let r = try vaultctl(fixture.socketPath, ["token", "demo", user])
-            #expect(r.status == 0, "\(r.stderr)")
+            try expectSuccess(vaultctl(fixture.socketPath, ["token", "demo", user]))
         }
         // One connection, two accounts: a line for each.
         _ = try client.token(provider: "demo", user: user)

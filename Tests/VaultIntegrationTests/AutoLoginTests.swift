@@ -11,9 +11,13 @@ import VaultProtocol
 @Suite("Automatic login and login backoff", .serialized, .requiresKeyring, .ownThreads, .timeLimit(.minutes(5)))
 struct AutoLoginTests {
     /// A fixture whose provider `oauth` logs in at `server` by client
-    /// credentials, and whose account `oauth USER` vaultd keeps logged in.
-    func fixture(_ server: TokenServer, user: String, extra: String = "") throws -> DaemonFixture {
-        try DaemonFixture(oauthServer: server, extra: "\n[Account oauth \(user)]\nAutoLogin=yes\n\(extra)\n")
+    /// credentials, and whose account `oauth USER` vaultd keeps logged in;
+    /// started unless `start` is false.
+    func fixture(_ server: TokenServer, user: String, extra: String = "", start: Bool = true) throws -> DaemonFixture {
+        let fixture = try DaemonFixture(
+            oauthServer: server, extra: "\n[Account oauth \(user)]\nAutoLogin=yes\n\(extra)\n")
+        if start { try fixture.start() }
+        return fixture
     }
 
     /// How many client-credentials requests the server took.
@@ -47,11 +51,7 @@ struct AutoLoginTests {
         let server = try TokenServer(["--lifetime", "600"])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
-        let token = try await eventually(
-            { try vaultctl(fixture.socketPath, ["token", "oauth", user]) }, until: { $0.status == 0 })
-        #expect(token.status == 0, "\(token.stderr)")
-        #expect(try await server.accepts(token.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
+        #expect(try await server.accepts(fixture.awaitToken("oauth", user)))
         #expect(try await logins(server) == 1)
         let session = try status(fixture, user)
         #expect(session["state"]?.stringValue == "logged")
@@ -70,15 +70,13 @@ struct AutoLoginTests {
         let server = try TokenServer(["--lifetime", "600"])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         let first = try await eventually(
             { try vaultctl(fixture.socketPath, ["token", "oauth", user]) }, until: { $0.status == 0 })
         let watcher = try subscribe(fixture.socketPath, user)
         try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 1)
         #expect(try kinds(3, on: watcher) == ["connectionChanged", "tokenInvalid", "loginSuccess"])
-        let second = try vaultctl(fixture.socketPath, ["token", "oauth", user])
-        #expect(second.status == 0, "\(second.stderr)")
+        let second = try expectSuccess(vaultctl(fixture.socketPath, ["token", "oauth", user]))
         #expect(second.stdout != first.stdout, "a new grant")
         #expect(try await logins(server) == 2)
         // A logout a client asks for is left alone.
@@ -95,7 +93,6 @@ struct AutoLoginTests {
         try await server.post("/control/mode", json: ["mode": "error429", "retry_after": 4])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         let started = Date()
         let failed = try await eventually(
             { try status(fixture, user) }, until: { $0["consecutiveFailures"]?.integerValue == 1 })
@@ -105,10 +102,9 @@ struct AutoLoginTests {
         let retryAt = try #require(failed["nextRetryAt"]?.integerValue)
         #expect(retryAt >= Int64(started.timeIntervalSince1970) + 4 - 1, "Retry-After: 4 is honoured")
         // A client's login during the backoff is refused without asking the server.
-        let refused = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
-        #expect(refused.status == 1)
-        #expect(refused.stderr.contains("ERR_LOGIN_BACKING_OFF"), "\(refused.stderr)")
-        #expect(refused.stderr.contains("the next login is allowed from"), "\(refused.stderr)")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]), saying: "ERR_LOGIN_BACKING_OFF",
+            "the next login is allowed from")
         let human = try vaultctl(fixture.socketPath, ["status", "oauth", user]).stdout
         #expect(human.contains("Next retry"), "\(human)")
         #expect(human.contains("ERR_NETWORK_ERROR"), "\(human)")
@@ -121,10 +117,7 @@ struct AutoLoginTests {
         #expect(again >= 2)
         #expect(waited >= 3, "the second login came after \(waited)s, before Retry-After")
         try await server.post("/control/mode", json: ["mode": "normal"])
-        let token = try await eventually(
-            tries: 600, interval: .milliseconds(50), { try vaultctl(fixture.socketPath, ["token", "oauth", user]) },
-            until: { $0.status == 0 })
-        #expect(token.status == 0, "\(token.stderr)")
+        _ = try await fixture.awaitToken("oauth", user, tries: 600, interval: .milliseconds(50))
         #expect(try await logins(server) >= again + 1)
         let logged = try status(fixture, user)
         #expect(logged["state"]?.stringValue == "logged")
@@ -138,7 +131,7 @@ struct AutoLoginTests {
     func backoffEndsWithNewCredentials() async throws {
         let server = try TokenServer(["--lifetime", "600"])
         let user = uniqueName("bot")
-        let fixture = try fixture(server, user: user)
+        let fixture = try fixture(server, user: user, start: false)
         for (round, change) in ["provider-secret", "reload"].enumerated() {
             // Ten minutes of Retry-After: only a change of credentials brings the next login sooner.
             try await server.post("/control/mode", json: ["mode": "error429", "count": 1, "retry_after": 600])
@@ -152,13 +145,11 @@ struct AutoLoginTests {
                 { try status(fixture, user) }, until: { $0["consecutiveFailures"]?.integerValue == 1 })
             let retryAt = try #require(parked["nextRetryAt"]?.integerValue, "\(change): \(parked)")
             #expect(retryAt >= Int64(Date().timeIntervalSince1970) + 500, "\(change): \(parked)")
-            let listed = try vaultctl(fixture.socketPath, ["--json", "list"])
-            #expect(listed.status == 0, "\(listed.stderr)")
+            let listed = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "list"]))
             #expect(!listed.stdout.contains(user), "a failed login is no session: \(listed.stdout)")
             let logins = try await logins(server)
             if change == "provider-secret" {
-                let stored = try vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "new-secret")
-                #expect(stored.status == 0, "\(stored.stderr)")
+                try expectSuccess(vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "new-secret"))
             } else {
                 kill(try #require(fixture.daemon).process.processIdentifier, SIGHUP)
             }
@@ -177,7 +168,6 @@ struct AutoLoginTests {
         try await server.post("/control/mode", json: ["mode": "error500"])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         let started = Date()
         _ = try await eventually({ try await logins(server) }, until: { $0 >= 1 })
         // Waits of 1..2, 1..4, 1..8 s: in 8 s at most 8 requests even at the
@@ -205,7 +195,6 @@ struct AutoLoginTests {
         try await server.post("/control/mode", json: ["mode": "slow", "count": 1, "hang_seconds": 3])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
         let asked = Date()
         let token = try vaultctl(fixture.socketPath, ["token", "oauth", user])
         let waited = Date().timeIntervalSince(asked)
@@ -227,9 +216,7 @@ struct AutoLoginTests {
         try await server.post("/control/mode", json: ["mode": "error500", "count": 1])
         let user = uniqueName("bot")
         let fixture = try fixture(server, user: user)
-        try fixture.start()
-        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user])
-        #expect(token.status == 0, "\(token.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["token", "oauth", user]))
         #expect(try await logins(server) == 2, "the failed login and its retry")
         let client = try fixture.client()
         // waitSeconds 0: no waiting (here there is a session, so it is served).
@@ -250,21 +237,18 @@ struct AutoLoginTests {
             .write(toFile: openim, atomically: true, encoding: .utf8)
         // The stand-in knows alice and bob; the fixture's own store scope keeps this bob apart.
         let user = "bob"
-        try """
-        [Provider openim]
-        Type=exec
-        Command=\(examples)/openim-helper --config \(openim)
-        Timeout=15s
+        try fixture.configure(
+            """
+            [Provider openim]
+            Type=exec
+            Command=\(examples)/openim-helper --config \(openim)
+            Timeout=15s
 
-        [Account openim \(user)]
-        AutoLogin=yes
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            [Account openim \(user)]
+            AutoLogin=yes
+            """)
         try fixture.start()
-        let token = try await eventually(
-            tries: 500, interval: .milliseconds(20), { try vaultctl(fixture.socketPath, ["token", "openim", user]) },
-            until: { $0.status == 0 })
-        #expect(token.status == 0, "\(token.stderr)")
-        #expect(!token.stdout.isEmpty)
+        #expect(try await !fixture.awaitToken("openim", user, tries: 500).isEmpty)
         _ = try vaultctl(fixture.socketPath, ["logout", "openim", user])
     }
 
@@ -272,9 +256,8 @@ struct AutoLoginTests {
     func checkConfigRefusesStatic() throws {
         let directory = try TemporaryDirectory()
         let path = directory.path("vaultd.conf")
-        try "[Provider demo]\nType=static\n\n[Account demo bot]\nAutoLogin=yes\n".write(
-            toFile: path, atomically: true, encoding: .utf8)
-        let result = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+        let result = try checkConfigText(
+            "[Provider demo]\nType=static\n\n[Account demo bot]\nAutoLogin=yes\n", at: path)
         #expect(result.status != 0)
         #expect(result.stderr.contains("\(path):5: key 'AutoLogin'"), "\(result.stderr)")
         #expect(result.stderr.contains("Type=static"), "\(result.stderr)")

@@ -94,7 +94,7 @@ struct BrowserLoginTests {
             }
             // client_secret_basic is the default with a secret.
             if client.method == "client_secret_post" { text += "TokenEndpointAuthMethod=client_secret_post\n" }
-            try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            try fixture.configure(text)
             if socketMode { chmod(fixture.directory.url.path, 0o755) }
             try fixture.start()
         }
@@ -193,8 +193,7 @@ struct BrowserLoginTests {
         #expect(verifier.count >= 43)
         #expect(base64url(VaultCore.SHA256.hash(Array(verifier.utf8))) == query["code_challenge"])
 
-        let token = try vaultctl(setup.fixture.socketPath, ["token", "corp", user]).stdout
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let token = try setup.fixture.token("corp", user)
         #expect(try setup.server.user(of: token) == user)
         let refreshTokens = try setup.server.liveRefreshTokens()
         #expect(refreshTokens.count == 1, "the token response's refresh token")
@@ -214,8 +213,7 @@ struct BrowserLoginTests {
             #expect(result.status == 0, "\(result.stderr)")
             #expect(result.stdout.contains(said + "\(user) @ corp"), "\(result.stdout)")
         }
-        let token = try vaultctl(setup.fixture.socketPath, ["token", "corp", user]).stdout
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let token = try setup.fixture.token("corp", user)
         let exchanges = try setup.server.codeExchanges()
         #expect(exchanges.count == 2)
         #expect(try setup.server.user(of: token) == user)
@@ -230,8 +228,7 @@ struct BrowserLoginTests {
         let code = try #require(queryItems(location)["code"])
         let altered = replacingQuery(location, "state", with: "forged-state-0123456789abcdef")
         #expect(try login.deliver(altered) == 400)
-        let result = try login.finish()
-        #expect(result.status == 1)
+        let result = try expectFailure(login.finish())
         #expect(
             result.stderr.contains("ERR_AUTHORIZATION_FAILED") && result.stderr.contains("state"), "\(result.stderr)")
         #expect(try setup.server.codeExchanges().isEmpty, "no token request was made")
@@ -247,8 +244,7 @@ struct BrowserLoginTests {
         let location = try setup.authorize(login.url)
         #expect(queryItems(location)["error"] == "access_denied", "\(location)")
         #expect(try login.deliver(location) == 200)
-        let result = try login.finish()
-        #expect(result.status == 1)
+        let result = try expectFailure(login.finish())
         // The last line: the one before tells where to open the URL.
         let error = try JSON.parse(String(result.stderr.split(separator: "\n").last ?? ""))
         #expect(error["code"]?.stringValue == "ERR_AUTHORIZATION_FAILED", "\(result.stderr)")
@@ -267,9 +263,7 @@ struct BrowserLoginTests {
         let forged = base + "?error=access_denied&error_description=Open%20evil.example&state=forged-0123456789"
         #expect(queryItems(location)["error"] == "access_denied", "\(location)")
         #expect(try login.deliver(forged) == 400)
-        let result = try login.finish()
-        #expect(result.status == 1)
-        #expect(result.stderr.contains("state is not the one of this login"), "\(result.stderr)")
+        let result = try expectFailure(login.finish(), saying: "state is not the one of this login")
         #expect(!result.stderr.contains("evil.example"), "\(result.stderr)")
     }
 
@@ -282,8 +276,7 @@ struct BrowserLoginTests {
         let ownChallenge = base64url(VaultCore.SHA256.hash(Array(ownVerifier.utf8)))
         let location = try setup.authorize(replacingQuery(login.url, "code_challenge", with: ownChallenge))
         #expect(try login.deliver(location) == 200)
-        let result = try login.finish()
-        #expect(result.status == 1)
+        let result = try expectFailure(login.finish())
         #expect(
             result.stderr.contains("ERR_GRANT_REVOKED") && result.stderr.contains("invalid_grant"), "\(result.stderr)")
         #expect(result.stderr.contains("verifier"), "\(result.stderr)")
@@ -305,8 +298,7 @@ struct BrowserLoginTests {
         let second = try setup.start(uniqueName("second"))
         let stateOfSecond = try #require(queryItems(second.url)["state"])
         #expect(try second.deliver(second.redirectURI + "?code=\(code)&state=\(stateOfSecond)") == 200)
-        let result = try second.finish()
-        #expect(result.status == 1)
+        let result = try expectFailure(second.finish())
         #expect(
             result.stderr.contains("ERR_GRANT_REVOKED") && result.stderr.contains("invalid_grant"), "\(result.stderr)")
         let exchanges = try setup.server.codeExchanges()
@@ -400,10 +392,9 @@ struct BrowserLoginTests {
     func checkConfig() throws {
         let directory = try TemporaryDirectory()
         let path = directory.path("vaultd.conf")
-        try
-            "[Provider corp]\nType=oauth2\nTokenURL=https://login.example.com/token\nClientID=c\nAuthorizationURL=http://login.example.com/authorize\n"
-            .write(toFile: path, atomically: true, encoding: .utf8)
-        let result = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+        let result = try checkConfigText(
+            "[Provider corp]\nType=oauth2\nTokenURL=https://login.example.com/token\nClientID=c\nAuthorizationURL=http://login.example.com/authorize\n",
+            at: path)
         #expect(result.status != 0)
         #expect(result.stderr.contains("\(path):5: key 'AuthorizationURL'"), "\(result.stderr)")
     }

@@ -61,18 +61,17 @@ struct ConfigLayersTests {
     @Test("Should list /etc's file, then the user's, in --check-config; root reads /etc only")
     func checkConfigListsFiles() throws {
         let layers = try Layers()
-        let check = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"), layers.asUser + [Binaries.vaultd.path, "--check-config"],
-            environment: layers.environment)
-        #expect(check.status == 0, "\(check.stderr)")
+        let check = try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/setpriv"), layers.asUser + [Binaries.vaultd.path, "--check-config"],
+                environment: layers.environment))
         let userLines: [String] = [
             "read: \(layers.systemFile)", "read: \(layers.userFile)", "store: secret-service (scope default)",
             "configuration is valid: 2 provider(s)",
         ]
         #expect(check.stdout.split(separator: "\n").map(String.init) == userLines, "\(check.stdout)")
 
-        let asRoot = try runCommand(Binaries.vaultd, ["--check-config"], environment: layers.environment)
-        #expect(asRoot.status == 0, "\(asRoot.stderr)")
+        let asRoot = try expectSuccess(runCommand(Binaries.vaultd, ["--check-config"], environment: layers.environment))
         let rootLines: [String] = [
             "read: \(layers.systemFile)", "store: secret-service (scope default)",
             "configuration is valid: 1 provider(s)",
@@ -99,16 +98,13 @@ struct ConfigLayersTests {
         }
         // SingleAccount=yes from the user's file: the second login switches accounts.
         #expect(try ctl(["login", "alpha", first], input: token).status == 0)
-        let switched = try ctl(["login", "alpha", second], input: token)
-        #expect(switched.status == 0, "\(switched.stderr)")
+        try expectSuccess(ctl(["login", "alpha", second], input: token))
         let gone = try ctl(["status", "alpha", first])
         #expect(gone.stderr.contains("ERR_NOT_LOGGED_IN"), "the user's SingleAccount=yes is in force: \(gone)")
         // The provider only the user's file declares.
-        let beta = try ctl(["login", "beta", first], input: token)
-        #expect(beta.status == 0, "\(beta.stderr)")
+        try expectSuccess(ctl(["login", "beta", first], input: token))
 
-        let unknown = try ctl(["login", "gamma", first], input: token)
-        #expect(unknown.status == 1)
+        let unknown = try expectFailure(ctl(["login", "gamma", first], input: token))
         #expect(
             unknown.stderr.contains(
                 "provider 'gamma' is not configured; add a [Provider gamma] section to one of: \(layers.systemFile), \(layers.userFile)"
@@ -120,10 +116,10 @@ struct ConfigLayersTests {
         let layers = try Layers()
         try FileManager.default.removeItem(atPath: layers.systemFile)
         try FileManager.default.removeItem(atPath: layers.userFile)
-        let check = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"), layers.asUser + [Binaries.vaultd.path, "--check-config"],
-            environment: layers.environment)
-        #expect(check.status == 0, "\(check.stderr)")
+        let check = try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/setpriv"), layers.asUser + [Binaries.vaultd.path, "--check-config"],
+                environment: layers.environment))
         #expect(check.stdout.hasPrefix("read: (built-in)\n"), "\(check.stdout)")
         #expect(
             check.stderr.contains("warning: no configuration file found")

@@ -54,8 +54,7 @@ struct ConfigTrustTests {
         let setup = try Setup()
         #expect(try setup.check().status == 0)
         #expect(chmod(setup.dropIns, 0o1777) == 0)
-        let written = try setup.asUser("umask 0; cat > \(setup.dropIns)/50-mine.conf", input: Self.grant)
-        #expect(written.status == 0, "\(written.stderr)")
+        try expectSuccess(setup.asUser("umask 0; cat > \(setup.dropIns)/50-mine.conf", input: Self.grant))
         let refused = try setup.check()
         #expect(refused.status == 1, "\(refused.stdout)")
         #expect(
@@ -66,8 +65,7 @@ struct ConfigTrustTests {
 
         // The directory put right, the file itself (0666, of the other user) is still refused.
         #expect(chmod(setup.dropIns, 0o755) == 0)
-        let file = try setup.check()
-        #expect(file.status == 1)
+        let file = try expectFailure(setup.check())
         #expect(
             file.stderr.contains(
                 "refusing to read the configuration \(setup.dropIns)/50-mine.conf: \(setup.dropIns)/50-mine.conf belongs to uid \(setup.uid)"
@@ -87,13 +85,10 @@ struct ConfigTrustTests {
         let setup = try Setup()
         let home = setup.directory.path("home")
         #expect(mkdir(home, 0o755) == 0 && chown(home, setup.uid, setup.gid) == 0)
-        let made = try setup.asUser("cat > \(home)/mine.conf", input: Self.grant)
-        #expect(made.status == 0, "\(made.stderr)")
+        try expectSuccess(setup.asUser("cat > \(home)/mine.conf", input: Self.grant))
         // Root's own symlink into the user's directory: the file is theirs.
         #expect(Glibc.symlink(home + "/mine.conf", setup.dropIns + "/50-link.conf") == 0)
-        let into = try setup.check()
-        #expect(into.status == 1)
-        #expect(into.stderr.contains("50-link.conf: \(home) belongs to uid \(setup.uid)"), "\(into.stderr)")
+        try expectFailure(setup.check(), saying: "50-link.conf: \(home) belongs to uid \(setup.uid)")
 
         // A symlink of theirs, to a file of root's: they could point it anywhere.
         #expect(unlink(setup.dropIns + "/50-link.conf") == 0)
@@ -101,8 +96,7 @@ struct ConfigTrustTests {
             toFile: setup.directory.path("roots.conf"), atomically: true, encoding: .utf8)
         #expect(Glibc.symlink(setup.directory.path("roots.conf"), setup.dropIns + "/50-link.conf") == 0)
         #expect(lchown(setup.dropIns + "/50-link.conf", setup.uid, setup.gid) == 0)
-        let theirs = try setup.check()
-        #expect(theirs.status == 1)
+        let theirs = try expectFailure(setup.check())
         #expect(
             theirs.stderr.contains(
                 "\(setup.dropIns)/50-link.conf is a symlink of uid \(setup.uid), who could point it elsewhere"),
@@ -110,8 +104,7 @@ struct ConfigTrustTests {
 
         // Root's symlink to root's file is followed.
         #expect(lchown(setup.dropIns + "/50-link.conf", 0, 0) == 0)
-        let roots = try setup.check()
-        #expect(roots.status == 0, "\(roots.stderr)")
+        let roots = try expectSuccess(setup.check())
         #expect(roots.stdout.contains("configuration is valid: 2 provider(s)"), "\(roots.stdout)")
     }
 
@@ -141,8 +134,8 @@ struct ConfigTrustTests {
             daemon.output.text.contains(
                 "refusing to read the configuration \(setup.dropIns): \(setup.dropIns) is writable"),
             "\(daemon.output.text)")
-        let theirs = try vaultctl(as: TestUsers.a, socket, ["token", "demo", user])
-        #expect(theirs.status == 1 && theirs.stderr.contains("ERR_ACCESS_DENIED"), "\(theirs.stdout)\(theirs.stderr)")
+        let theirs = try expectFailure(
+            vaultctl(as: TestUsers.a, socket, ["token", "demo", user]), saying: "ERR_ACCESS_DENIED")
         #expect(!theirs.stdout.contains(token))
     }
 
@@ -151,14 +144,16 @@ struct ConfigTrustTests {
         let setup = try Setup()
         let xdg = setup.directory.path("xdg")
         #expect(mkdir(xdg, 0o755) == 0 && chown(xdg, setup.uid, setup.gid) == 0)
-        let made = try setup.asUser(
-            "mkdir -m 700 \(xdg)/vaultd && printf '[Provider mine]\\nType=static\\n' > \(xdg)/vaultd/vaultd.conf")
-        #expect(made.status == 0, "\(made.stderr)")
-        let check = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"),
-            ["--reuid=\(setup.uid)", "--regid=\(setup.gid)", "--clear-groups", Binaries.vaultd.path, "--check-config"],
-            environment: ["VAULTD_SYSTEM_CONFIG_DIR": setup.directory.url.path, "XDG_CONFIG_HOME": xdg])
-        #expect(check.status == 0, "\(check.stderr)")
+        try expectSuccess(
+            setup.asUser(
+                "mkdir -m 700 \(xdg)/vaultd && printf '[Provider mine]\\nType=static\\n' > \(xdg)/vaultd/vaultd.conf"))
+        let check = try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/setpriv"),
+                [
+                    "--reuid=\(setup.uid)", "--regid=\(setup.gid)", "--clear-groups", Binaries.vaultd.path,
+                    "--check-config",
+                ], environment: ["VAULTD_SYSTEM_CONFIG_DIR": setup.directory.url.path, "XDG_CONFIG_HOME": xdg]))
         #expect(check.stdout.contains("read: \(xdg)/vaultd/vaultd.conf"), "\(check.stdout)")
     }
 }

@@ -16,8 +16,7 @@ struct ConnectionStateTests {
     func loggedIn(_ prefix: String) throws -> (ConfiguredDaemon, String) {
         let d = try ConfiguredDaemon(config: "[Provider demo]\nType=static\n")
         let user = uniqueName(prefix)
-        let login = try vaultctl(d.socketPath, ["login", "demo", user], input: ConnectionStateTests.token)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(d.socketPath, ["login", "demo", user], input: ConnectionStateTests.token))
         return (d, user)
     }
 
@@ -65,16 +64,13 @@ struct ConnectionStateTests {
     @Test("Should say a refresh's connectionChanged comes from vaultd and a client's from the client")
     func sourceOfConnectionChanged() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("source")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant())
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
-        let report = try vaultctl(
-            fixture.socketPath, ["connection-state", "oauth", user, "connectFailed", "--client", "sh-bot"])
-        #expect(report.status == 0, "\(report.stderr)")
+        try expectSuccess(
+            vaultctl(fixture.socketPath, ["connection-state", "oauth", user, "connectFailed", "--client", "sh-bot"]))
         var seen: [VaultEvent] = []
         for _ in 0..<10 where !seen.contains(where: { $0.source == .client && $0.reason == "clientGone" }) {
             seen.append(try watcher.event())
@@ -91,11 +87,9 @@ struct ConnectionStateTests {
     )
     func connectionChangedOnChangeOnly() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("change")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant())
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
         // The first refresh connects; the second finds the session connected.
         for _ in 0..<2 { #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0) }
@@ -222,14 +216,13 @@ struct ConnectionStateAccessTests {
             config: "[Vault]\nSocketMode=0666\nAdminGroup=\(TestUsers.admins)\n\n[Provider demo]\nType=static\n")
         let user = uniqueName("owner")
         #expect(try vaultctl(d.socketPath, ["login", "demo", user], input: ConnectionStateTests.token).status == 0)
-        let admin = try vaultctl(
-            as: TestUsers.b, d.socketPath, ["--owner", "0", "connection-state", "demo", user, "connected"])
-        #expect(admin.status == 1)
-        #expect(admin.stderr.contains("ERR_ACCESS_DENIED"), "\(admin.stderr)")
+        try expectFailure(
+            vaultctl(as: TestUsers.b, d.socketPath, ["--owner", "0", "connection-state", "demo", user, "connected"]),
+            saying: "ERR_ACCESS_DENIED")
         // Another user without a session of its own has nothing to report on.
-        let other = try vaultctl(as: TestUsers.a, d.socketPath, ["connection-state", "demo", user, "connected"])
-        #expect(other.status == 1)
-        #expect(other.stderr.contains("ERR_NOT_LOGGED_IN"), "\(other.stderr)")
+        try expectFailure(
+            vaultctl(as: TestUsers.a, d.socketPath, ["connection-state", "demo", user, "connected"]),
+            saying: "ERR_NOT_LOGGED_IN")
         // Root, the owner, may.
         #expect(try vaultctl(d.socketPath, ["connection-state", "demo", user, "connected"]).status == 0)
     }

@@ -24,8 +24,8 @@ struct DaemonTests {
     func loginRestartLogout() async throws {
         let fixture = try fixture()
         let user = uniqueName("alice")
-        let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token + "\n")
-        #expect(login.status == 0, "\(login.stderr)")
+        let login = try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token + "\n"))
         #expect(login.stdout.contains("logged in: \(user) @ demo"))
 
         let status = try vaultctl(fixture.socketPath, ["--json", "status", "demo", user])
@@ -36,8 +36,7 @@ struct DaemonTests {
 
         #expect(fixture.daemon?.stop() == 0)
         try fixture.start()
-        let after = try vaultctl(fixture.socketPath, ["--json", "status", "demo", user])
-        #expect(after.status == 0, "\(after.stderr)")
+        let after = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "status", "demo", user]))
         #expect(try JSON.parse(after.stdout)["session"]?["state"]?.stringValue == "logged")
         let token = try vaultctl(fixture.socketPath, ["token", "demo", user])
         #expect(token.stdout == DaemonTests.token + "\n")
@@ -48,12 +47,9 @@ struct DaemonTests {
             #expect(try secretToolSearch(provider: "demo", user: user).contains("label = vaultd: \(user) @ demo"))
         }
 
-        let logout = try vaultctl(fixture.socketPath, ["logout", "demo", user])
-        #expect(logout.status == 0, "\(logout.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["logout", "demo", user]))
         #expect(try await fixture.store.holds(provider: "demo", user: user) == false)
-        let gone = try vaultctl(fixture.socketPath, ["status", "demo", user])
-        #expect(gone.status == 1)
-        #expect(gone.stderr.contains("ERR_NOT_LOGGED_IN"))
+        try expectFailure(vaultctl(fixture.socketPath, ["status", "demo", user]), saying: "ERR_NOT_LOGGED_IN")
     }
 
     @Test("Should lose no acknowledged session when vaultd is killed", arguments: TestStore.crashEngines)
@@ -73,9 +69,7 @@ struct DaemonTests {
     func logoutWhenLoggedOut() throws {
         let fixture = try fixture()
         let user = uniqueName("nobody")
-        let result = try vaultctl(fixture.socketPath, ["logout", "demo", user])
-        #expect(result.status == 1)
-        #expect(result.stderr.contains("(ERR_NOT_LOGGED_IN)"))
+        try expectFailure(vaultctl(fixture.socketPath, ["logout", "demo", user]), saying: "(ERR_NOT_LOGGED_IN)")
         let reply = try fixture.client().call(
             VaultMethod.logout.rawValue, ["provider": "demo", "user": .string(user)])
         #expect(reply.error == "io.vaultd.Vault.NotLoggedIn")
@@ -144,8 +138,7 @@ struct DaemonTests {
             "instance_url":"https://example.my.salesforce.com","issued_at":"\(Int(Date().timeIntervalSince1970) * 1000)",\
             "expires_in":7200,"token_type":"Bearer","scope":"api refresh_token"}
             """
-        let login = try vaultctl(fixture.socketPath, ["--json", "login", "demo", user], input: response)
-        #expect(login.status == 0, "\(login.stderr)")
+        let login = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "login", "demo", user], input: response))
         let session = try JSON.parse(login.stdout)["session"]
         #expect(session?["hasRefreshToken"]?.boolValue == true)
         #expect(session?["instanceUrl"]?.stringValue == "https://example.my.salesforce.com")
@@ -162,17 +155,16 @@ struct DaemonTests {
         let fixture = try fixture()
         let user = uniqueName("exp")
         let now = Int64(Date().timeIntervalSince1970)
-        let expired = try vaultctl(
-            fixture.socketPath, ["login", "demo", user, "--expires-at", String(now - 10)], input: DaemonTests.token)
-        #expect(expired.status == 1)
-        #expect(expired.stderr.contains("ERR_TOKEN_EXPIRED"))
+        try expectFailure(
+            vaultctl(
+                fixture.socketPath, ["login", "demo", user, "--expires-at", String(now - 10)], input: DaemonTests.token),
+            saying: "ERR_TOKEN_EXPIRED")
         let ok = try vaultctl(
             fixture.socketPath, ["login", "demo", user, "--expires-at", String(now + 600)], input: DaemonTests.token)
         #expect(ok.status == 0)
         #expect(try vaultctl(fixture.socketPath, ["token", "demo", user, "--min-valid", "60"]).status == 0)
-        let short = try vaultctl(fixture.socketPath, ["token", "demo", user, "--min-valid", "3600"])
-        #expect(short.status == 1)
-        #expect(short.stderr.contains("ERR_TOKEN_EXPIRED"))
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["token", "demo", user, "--min-valid", "3600"]), saying: "ERR_TOKEN_EXPIRED")
         #expect(try vaultctl(fixture.socketPath, ["logout", "demo", user]).status == 0)
     }
 
@@ -185,18 +177,15 @@ struct DaemonTests {
         let fixture = try DaemonFixture(start: false)
         let good = uniqueName("good")
         let broken = uniqueName("broken")
-        let record = SessionRecord(
-            account: Account(provider: "demo", user: good), user: UserProfile(uid: good),
-            tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
-            expiresAt: nil, ownerUID: getuid())
+        let record = storedSession("demo", good, tokens: TokenSet(accessToken: Secret(DaemonTests.token)))
         #expect(try storeRecordWithSecretTool(record, scope: fixture.scope).status == 0)
-        let garbage = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/secret-tool"),
-            [
-                "store", "--label=vaultd: \(broken) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
-                "user", broken, "owner_uid", String(getuid()), "scope", fixture.scope,
-            ], input: "not a record")
-        #expect(garbage.status == 0, "\(garbage.stderr)")
+        try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/secret-tool"),
+                [
+                    "store", "--label=vaultd: \(broken) @ demo", "xdg:schema", "io.vaultd.Session", "provider", "demo",
+                    "user", broken, "owner_uid", String(getuid()), "scope", fixture.scope,
+                ], input: "not a record"))
         let daemon = try fixture.start()
         #expect(
             daemon.output.text.contains(
@@ -212,10 +201,7 @@ struct DaemonTests {
     func halfLoggedOutRecordIsFinished() async throws {
         let fixture = try fixture(start: false)
         let user = uniqueName("half")
-        var record = SessionRecord(
-            account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
-            tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
-            expiresAt: nil, ownerUID: getuid())
+        var record = storedSession("demo", user, tokens: TokenSet(accessToken: Secret(DaemonTests.token)))
         record.phase = .loggingOut
         try await fixture.store.seed(record)
         #expect(try await fixture.store.holds(provider: "demo", user: user))

@@ -44,18 +44,10 @@ struct DeviceLoginTests {
     func start(_ server: AuthlibServer, _ client: AuthlibServer.Registration, vault: String = "") throws
         -> DaemonFixture
     {
-        let fixture = try DaemonFixture(start: false)
-        var text = "[Vault]\nMinRefreshInterval=0\n\(vault)\n\n[Provider oauth]\nType=oauth2\n"
-        text += "TokenURL=\(server.url)/token\nDeviceAuthorizationURL=\(server.url)/device_authorization\n"
-        text += "ClientID=\(client.id)\n"
-        if let secret = client.secret {
-            let path = fixture.directory.path("client-secret")
-            try secret.write(toFile: path, atomically: true, encoding: .utf8)
-            text += "ClientSecretFile=\(path)\nTokenEndpointAuthMethod=\(client.method)\n"
-        }
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
-        return fixture
+        try server.daemon(
+            client, vault: vault, revocation: false,
+            lines: ["DeviceAuthorizationURL=\(server.url)/device_authorization"]
+                + (client.secret == nil ? [] : ["TokenEndpointAuthMethod=\(client.method)"]))
     }
 
     /// A `vaultctl login oauth USER --device` that waits, and what it showed.
@@ -141,8 +133,7 @@ struct DeviceLoginTests {
         #expect(status == 0, "\(out) \(err)")
         #expect(out.contains("logged in: \(user) @ oauth"), "\(out)")
 
-        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user])
-        #expect(token.status == 0, "\(token.stderr)")
+        let token = try expectSuccess(vaultctl(fixture.socketPath, ["token", "oauth", user]))
         let accessToken = token.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(try server.user(of: accessToken) == user, "the token is the approving user's")
 
@@ -337,15 +328,13 @@ struct DeviceLoginTests {
     func checkConfig(_ url: String) throws {
         let directory = try TemporaryDirectory()
         let path = directory.path("vaultd.conf")
-        try
-            "[Provider corp]\nType=oauth2\nTokenURL=https://idp.example/token\nClientID=c\nDeviceAuthorizationURL=\(url)\n"
-            .write(toFile: path, atomically: true, encoding: .utf8)
-        let result = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+        let result = try checkConfigText(
+            "[Provider corp]\nType=oauth2\nTokenURL=https://idp.example/token\nClientID=c\nDeviceAuthorizationURL=\(url)\n",
+            at: path)
         #expect(result.status != 0)
         #expect(result.stderr.contains("\(path):5: key 'DeviceAuthorizationURL'"), "\(result.stderr)")
-        try "[Provider corp]\nType=static\nDeviceAuthorizationURL=https://idp.example/device\n"
-            .write(toFile: path, atomically: true, encoding: .utf8)
-        let wrongType = try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+        let wrongType = try checkConfigText(
+            "[Provider corp]\nType=static\nDeviceAuthorizationURL=https://idp.example/device\n", at: path)
         #expect(wrongType.stderr.contains("is for Type=oauth2"), "\(wrongType.stderr)")
     }
 
@@ -353,13 +342,13 @@ struct DeviceLoginTests {
     func noDeviceEndpoint() throws {
         let directory = try TemporaryDirectory()
         let server = try AuthlibServer(directory: directory)
-        let fixture = try DaemonFixture(start: false)
-        try "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=\(AuthlibServer.publicClient.id)\n"
-            .write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
-        let r = try vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("nodev"), "--device"])
-        #expect(r.status == 1)
-        #expect(r.stderr.contains("DeviceAuthorizationURL="), "\(r.stderr)")
+        let fixture = try DaemonFixture(
+            config:
+                "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=\(AuthlibServer.publicClient.id)\n"
+        )
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("nodev"), "--device"]),
+            saying: "DeviceAuthorizationURL=")
         #expect(try server.requests().isEmpty)
         let mixed = try vaultctl(fixture.socketPath, ["login", "oauth", "x", "--device", "--from-provider"])
         #expect(mixed.status == 2, "\(mixed.stderr)")

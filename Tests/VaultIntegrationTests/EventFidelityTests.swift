@@ -13,8 +13,7 @@ import VaultProtocol
 struct EventFidelityTests {
     /// A daemon whose one provider, `oauth`, is an oauth2 provider at `server`.
     func start(_ server: TokenServer) throws -> DaemonFixture {
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         return fixture
     }
 
@@ -35,8 +34,7 @@ struct EventFidelityTests {
         let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
         let grant = try await server.grant()
         #expect(try vaultctl(fixture.socketPath, ["login", "oauth", user], input: grant).status == 0)
-        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let token = try fixture.token("oauth", user)
         try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 1)
         let event = try #require(try next(.tokenInvalid, on: watcher))
@@ -62,8 +60,7 @@ struct EventFidelityTests {
         let fixture = try start(server)
         let user = uniqueName("refused")
         let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 60)
-        let refused = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
-        #expect(refused.status == 1)
+        try expectFailure(vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]))
         let event = try #require(try next(.loginFailed, on: watcher))
         #expect(event.code == "ERR_INVALID_CLIENT", "vaultd's code")
         #expect(event.providerCode == "invalid_client", "the token endpoint's own code beside it")

@@ -27,17 +27,18 @@ struct ExecProviderTests {
         try
             #"{"api_url": "\#(standIns.url)/openim", "admin_user_id": "imAdmin", "secret": "openIM123", "platform_id": 5}"#
             .write(toFile: openim, atomically: true, encoding: .utf8)
-        try """
-        [Provider cometchat]
-        Type=exec
-        Command=\(examples)/cometchat-helper --config \(cometchat)
-        Timeout=15s
+        try fixture.configure(
+            """
+            [Provider cometchat]
+            Type=exec
+            Command=\(examples)/cometchat-helper --config \(cometchat)
+            Timeout=15s
 
-        [Provider openim]
-        Type=exec
-        Command=\(examples)/openim-helper --config \(openim)
-        Timeout=15s
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            [Provider openim]
+            Type=exec
+            Command=\(examples)/openim-helper --config \(openim)
+            Timeout=15s
+            """)
         try fixture.start()
         return fixture
     }
@@ -46,18 +47,16 @@ struct ExecProviderTests {
     func cometChat() throws {
         let standIns = try ChatStandIns()
         let fixture = try start(standIns)
-        let login = try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"]))
         let token = try vaultctl(fixture.socketPath, ["token", "cometchat", "alice"]).stdout
         #expect(token.hasPrefix("cc_alice_"))
-        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "cometchat", "alice"])
-        #expect(refreshed.status == 0, "\(refreshed.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["refresh", "cometchat", "alice"]))
         let second = try vaultctl(fixture.socketPath, ["token", "cometchat", "alice"]).stdout
         #expect(second.hasPrefix("cc_alice_") && second != token, "refresh forces a new auth token")
 
-        let deactivated = try vaultctl(fixture.socketPath, ["login", "cometchat", "carol", "--from-provider"])
-        #expect(deactivated.status == 1)
-        #expect(deactivated.stderr.contains("ERR_USER_DEACTIVATED"))
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "cometchat", "carol", "--from-provider"]),
+            saying: "ERR_USER_DEACTIVATED")
         let unknown = try vaultctl(fixture.socketPath, ["login", "cometchat", "zed", "--from-provider"])
         #expect(unknown.stderr.contains("ERR_UID_NOT_FOUND"))
         #expect(try vaultctl(fixture.socketPath, ["logout", "cometchat", "alice"]).status == 0)
@@ -71,8 +70,7 @@ struct ExecProviderTests {
         let standIns = try ChatStandIns()
         let fixture = try start(standIns)
         let watcher = try subscription(fixture.socketPath, provider: "openim", user: "bob").watcher
-        let login = try vaultctl(fixture.socketPath, ["login", "openim", "bob", "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "openim", "bob", "--from-provider"]))
         let first = try vaultctl(fixture.socketPath, ["token", "openim", "bob"]).stdout
         #expect(first.hasPrefix("oi_bob_"))
         var refreshed = false
@@ -98,13 +96,10 @@ struct ExecProviderTests {
         let fixture = try DaemonFixture(start: false)
         let helper = fixture.directory.path("\(name)-helper")
         try writeExecutable(script(fixture), to: helper)
-        try "[Provider \(name)]\nType=exec\nCommand=\(helper)\n\(extraConfig)".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure("[Provider \(name)]\nType=exec\nCommand=\(helper)\n\(extraConfig)")
         try fixture.start()
-        let login = try vaultctl(fixture.socketPath, ["login", name, "alice", "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
-        let token = try vaultctl(fixture.socketPath, ["token", name, "alice"]).stdout
-        return (fixture, token.trimmingCharacters(in: .whitespacesAndNewlines))
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", name, "alice", "--from-provider"]))
+        return (fixture, try fixture.token(name, "alice"))
     }
 
     @Test("Should start a helper with no signal blocked or ignored and only the documented environment")
@@ -193,8 +188,7 @@ struct ExecProviderTests {
         }
         #expect(minted == "minted_token_abcdefghijklmnop", "--from-provider has the helper mint")
         let held = "held_token_" + uniqueName("cc")
-        let login = try vaultctl(fixture.socketPath, ["login", "held", "bob"], input: held)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "held", "bob"], input: held))
         let token = try vaultctl(fixture.socketPath, ["token", "held", "bob"]).stdout
         #expect(token.trimmingCharacters(in: .whitespacesAndNewlines) == held, "the held token was replaced")
     }

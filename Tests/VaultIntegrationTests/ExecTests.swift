@@ -11,11 +11,9 @@ import VaultCore
 struct ExecTests {
     /// A daemon with one oauth2 provider, and a session logged in there.
     func start(_ server: TokenServer) async throws -> (DaemonFixture, String) {
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("exec")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         return (fixture, user)
     }
 
@@ -167,9 +165,10 @@ struct ExecTests {
         let (fixture, user) = try await start(server)
         let result = try vaultctl(fixture.socketPath, ["exec", "oauth", user, "--", "/bin/sh", "-c", "exit 7"])
         #expect(result.status == 7, "\(result.stderr)")
-        let missing = try vaultctl(fixture.socketPath, ["exec", "oauth", user, "--", "/nonexistent/program"])
-        #expect(missing.status == 1 && missing.stderr.contains("cannot run /nonexistent/program"), "\(missing.stderr)")
-        let nobody = try vaultctl(fixture.socketPath, ["exec", "oauth", "nobody-here", "--", "true"])
-        #expect(nobody.status == 1 && nobody.stderr.contains("ERR_NOT_LOGGED_IN"), "\(nobody.stderr)")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["exec", "oauth", user, "--", "/nonexistent/program"]),
+            saying: "cannot run /nonexistent/program")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["exec", "oauth", "nobody-here", "--", "true"]), saying: "ERR_NOT_LOGGED_IN")
     }
 }

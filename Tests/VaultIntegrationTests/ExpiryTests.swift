@@ -17,9 +17,10 @@ struct ExpiryTests {
         #expect(snapshot?.parameters["sessions"] != nil)
 
         let expiresAt = Int64(Date().timeIntervalSince1970) + 2
-        let login = try vaultctl(
-            fixture.socketPath, ["login", "demo", user, "--expires-at", String(expiresAt)], input: DaemonTests.token)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            vaultctl(
+                fixture.socketPath, ["login", "demo", user, "--expires-at", String(expiresAt)], input: DaemonTests.token
+            ))
         #expect(try watcher.nextReply()?.parameters["event"]?["kind"]?.stringValue == "loginSuccess")
 
         // The next event comes when the daemon's timer fires: bounded by the socket's 10 s receive timeout.
@@ -44,10 +45,9 @@ struct ExpiryTests {
     func expiredWhileDown() async throws {
         let fixture = try DaemonFixture(start: false)
         let user = uniqueName("stale")
-        let record = SessionRecord(
-            account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
-            tokens: TokenSet(accessToken: Secret(DaemonTests.token)), createdAt: UnixTime(seconds: 1),
-            expiresAt: UnixTime(seconds: Int64(Date().timeIntervalSince1970) - 60), ownerUID: getuid())
+        let record = storedSession(
+            "demo", user, tokens: TokenSet(accessToken: Secret(DaemonTests.token)),
+            expiresAt: UnixTime(seconds: Int64(Date().timeIntervalSince1970) - 60))
         try await fixture.store.seed(record)
         let daemon = try fixture.start()
         #expect(daemon.output.wait(for: "event=tokenExpired"), "\(daemon.output.text)")

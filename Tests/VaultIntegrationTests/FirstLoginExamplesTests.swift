@@ -127,12 +127,10 @@ struct FirstLoginExamplesTests {
             toFile: bin + "/xdg-open", atomically: true, encoding: .utf8)
         #expect(chmod(bin + "/xdg-open", 0o755) == 0)
 
-        let fixture = try DaemonFixture(start: false)
         let configuration = examples.flatMap(\.configuration).joined(separator: "\n")
-        try
-            ("[Provider demo]\nType=static\n\n" + Self.localized(configuration, server: server, keyFile: key.privateKey))
-            .write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
+        let fixture = try DaemonFixture(
+            config: "[Provider demo]\nType=static\n\n"
+                + Self.localized(configuration, server: server, keyFile: key.privateKey))
         var outputs: [String] = []
 
         let demo = try #require(examples.first { $0.name == "demo" })

@@ -258,6 +258,33 @@ func feed(_ handle: FileHandle, _ text: String) {
     try? handle.write(contentsOf: Data(text.utf8))
 }
 
+/// Checks that `result` ended with status 0, saying `comment` and its
+/// standard error when not; returns it.
+@discardableResult
+func expectSuccess(_ result: CommandResult, _ comment: String? = nil, sourceLocation: SourceLocation = #_sourceLocation)
+    -> CommandResult
+{
+    #expect(result.status == 0, "\(comment.map { $0 + ": " } ?? "")\(result.stderr)", sourceLocation: sourceLocation)
+    return result
+}
+
+/// `vaultd --config PATH --check-config` once `text` is written to `path`.
+func checkConfigText(_ text: String, at path: String) throws -> CommandResult {
+    try text.write(toFile: path, atomically: true, encoding: .utf8)
+    return try runCommand(Binaries.vaultd, ["--config", path, "--check-config"])
+}
+
+/// Checks that `result` ended with status 1 and that its standard error
+/// says each of `words`; returns it.
+@discardableResult
+func expectFailure(_ result: CommandResult, saying words: String..., sourceLocation: SourceLocation = #_sourceLocation)
+    -> CommandResult
+{
+    #expect(result.status == 1, "\(result.stderr)", sourceLocation: sourceLocation)
+    for word in words { #expect(result.stderr.contains(word), "\(result.stderr)", sourceLocation: sourceLocation) }
+    return result
+}
+
 /// Runs vaultctl against `socket`.
 func vaultctl(_ socket: String, _ arguments: [String], input: String? = nil) throws -> CommandResult {
     try runCommand(Binaries.vaultctl, ["--socket", socket] + arguments, input: input)
@@ -296,18 +323,30 @@ final class DaemonFixture {
         if start { try self.start() }
     }
 
-    /// A fixture (not started) whose one provider, `oauth`, refreshes at
-    /// `server` (and revokes there, with `revocation`), whose clients may
-    /// refresh as often as they ask (`MinRefreshInterval=0`), with `extra`
-    /// configuration after the provider's section.
+    /// A fixture (started only when `start`) whose one provider, `oauth`,
+    /// refreshes at `server` (and revokes there, with `revocation`), whose
+    /// clients may refresh as often as they ask (`MinRefreshInterval=0`),
+    /// with `extra` configuration after the provider's section.
     convenience init(
-        oauthServer server: TokenServer, revocation: Bool = false, extra: String = "",
+        oauthServer server: TokenServer, revocation: Bool = false, extra: String = "", start: Bool = false,
         engine: StoreEngine = TestStore.engine, dataKey: TestDataKey = .credential
     ) throws {
-        try self.init(start: false, engine: engine, dataKey: dataKey)
-        try ("[Vault]\nMinRefreshInterval=0\n\n" + server.providerSection(revocation: revocation) + extra)
-            .write(toFile: configPath, atomically: true, encoding: .utf8)
+        try self.init(
+            config: "[Vault]\nMinRefreshInterval=0\n\n" + server.providerSection(revocation: revocation) + extra,
+            start: start, engine: engine, dataKey: dataKey)
     }
+
+    /// A fixture whose configuration is `config`, started unless `start` is false.
+    convenience init(
+        config: String, start: Bool = true, engine: StoreEngine = TestStore.engine, dataKey: TestDataKey = .credential
+    ) throws {
+        try self.init(start: false, engine: engine, dataKey: dataKey)
+        try configure(config)
+        if start { try self.start() }
+    }
+
+    /// Writes `text` as this fixture's configuration, for its next start or reload.
+    func configure(_ text: String) throws { try text.write(toFile: configPath, atomically: true, encoding: .utf8) }
 
     @discardableResult
     func start() throws -> RunningDaemon {
@@ -317,6 +356,24 @@ final class DaemonFixture {
     }
 
     func client() throws -> VarlinkClient { try VarlinkClient(path: socketPath, timeoutSeconds: 60) }
+
+    /// The token `vaultctl token PROVIDER USER` prints, without its newline.
+    func token(_ provider: String, _ user: String) throws -> String {
+        try vaultctl(socketPath, ["token", provider, user]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// Waits (bounded) until `vaultctl token PROVIDER USER` succeeds, as for
+    /// a session vaultd logs in by itself; checks that it did, and returns the token.
+    func awaitToken(
+        _ provider: String, _ user: String, tries: Int = 200, interval: Duration = .milliseconds(20),
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws -> String {
+        let result = try await eventually(
+            tries: tries, interval: interval, { try vaultctl(socketPath, ["token", provider, user]) },
+            until: { $0.status == 0 })
+        #expect(result.status == 0, "\(result.stderr)", sourceLocation: sourceLocation)
+        return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
 
     /// The store scope of this fixture's daemons.
     var scope: String { RunningDaemon.scope(for: socketPath) }
@@ -415,6 +472,14 @@ final class PythonServer {
         kill(process.processIdentifier, SIGKILL)
         _ = try? reap(process)
     }
+}
+
+/// A session of `provider USER` owned by this process's uid, as a store
+/// holds it: created at 1 s, with `tokens`, expiring at `expiresAt`.
+func storedSession(_ provider: String, _ user: String, tokens: TokenSet, expiresAt: UnixTime? = nil) -> SessionRecord {
+    SessionRecord(
+        account: Account(provider: provider, user: user), user: UserProfile(uid: user), tokens: tokens,
+        createdAt: UnixTime(seconds: 1), expiresAt: expiresAt, ownerUID: getuid())
 }
 
 /// Writes `record` straight into the keyring with secret-tool, as vaultd would

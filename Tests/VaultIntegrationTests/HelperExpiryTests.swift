@@ -24,16 +24,17 @@ struct HelperExpiryTests {
         let settings = fixture.directory.path("cometchat.json")
         try #"{"base_url": "\#(standIns.url)/cometchat/v3", "api_key": "\#(apiKey)"}"#.write(
             toFile: settings, atomically: true, encoding: .utf8)
-        try """
-        [Vault]
-        MinRefreshInterval=0
+        try fixture.configure(
+            """
+            [Vault]
+            MinRefreshInterval=0
 
-        [Provider cometchat]
-        Type=exec
-        Command=\(command ?? "\(Self.examples)/cometchat-helper") --config \(settings)
-        Timeout=15s
-        \(extra)
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            [Provider cometchat]
+            Type=exec
+            Command=\(command ?? "\(Self.examples)/cometchat-helper") --config \(settings)
+            Timeout=15s
+            \(extra)
+            """)
         return fixture
     }
 
@@ -46,11 +47,6 @@ struct HelperExpiryTests {
         return data.compactMap { $0["authToken"]?.stringValue }
     }
 
-    func token(_ fixture: DaemonFixture, _ user: String) throws -> String {
-        try vaultctl(fixture.socketPath, ["token", "cometchat", user]).stdout.trimmingCharacters(
-            in: .whitespacesAndNewlines)
-    }
-
     func status(_ fixture: DaemonFixture, _ user: String) throws -> JSON {
         try JSON.parse(Array(vaultctl(fixture.socketPath, ["--json", "status", "cometchat", user]).stdout.utf8))
     }
@@ -61,12 +57,11 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns)
         try fixture.start()
         #expect(try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"]).status == 0)
-        let first = try token(fixture, "alice")
+        let first = try fixture.token("cometchat", "alice")
         #expect(try liveTokens(standIns, "alice") == [first])
 
-        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "cometchat", "alice"])
-        #expect(refreshed.status == 0, "\(refreshed.stderr)")
-        let second = try token(fixture, "alice")
+        try expectSuccess(vaultctl(fixture.socketPath, ["refresh", "cometchat", "alice"]))
+        let second = try fixture.token("cometchat", "alice")
         #expect(second != first && second.hasPrefix("cc_alice_"))
         // The replaced token is deleted in the background, right after the refresh.
         let live = try await eventually({ try liveTokens(standIns, "alice") }, until: { $0 == [second] })
@@ -90,7 +85,7 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns, extra: "DefaultLifetime=3s")
         try fixture.start()
         #expect(try vaultctl(fixture.socketPath, ["login", "cometchat", "bob", "--from-provider"]).status == 0)
-        let first = try token(fixture, "bob")
+        let first = try fixture.token("cometchat", "bob")
         #expect(try status(fixture, "bob")["session"]?["expiresAt"] != nil, "DefaultLifetime= gives an expiry")
         // A scheduled refresh (at 80-90% of 3 s), and its replaced token deleted: bounded at 20 s.
         let tokens = try await eventually(
@@ -124,9 +119,9 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns, command: wrapper)
         let daemon = try fixture.start()
         #expect(try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"]).status == 0)
-        let first = try token(fixture, "alice")
+        let first = try fixture.token("cometchat", "alice")
         #expect(try vaultctl(fixture.socketPath, ["refresh", "cometchat", "alice"]).status == 0)
-        let second = try token(fixture, "alice")
+        let second = try fixture.token("cometchat", "alice")
         // The first attempt failed (queued and retried with backoff); the process dies.
         #expect(daemon.output.wait(for: "revocations blocked by the test"), "\(daemon.output.text)")
         #expect(try liveTokens(standIns, "alice").sorted() == [first, second].sorted())
@@ -136,7 +131,7 @@ struct HelperExpiryTests {
         try fixture.start()
         let live = try await eventually({ try liveTokens(standIns, "alice") }, until: { $0 == [second] })
         #expect(live == [second], "the queued revocation of the replaced token ran after the restart")
-        #expect(try token(fixture, "alice") == second, "the session goes on with the new token")
+        #expect(try fixture.token("cometchat", "alice") == second, "the session goes on with the new token")
         #expect(try vaultctl(fixture.socketPath, ["logout", "cometchat", "alice"]).status == 0)
     }
 
@@ -145,8 +140,8 @@ struct HelperExpiryTests {
         let standIns = try ChatStandIns()
         let wrongKey = try fixture(standIns, apiKey: "wrong-key")
         try wrongKey.start()
-        let refused = try vaultctl(wrongKey.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(refused.status == 1)
+        let refused = try expectFailure(
+            vaultctl(wrongKey.socketPath, ["login", "cometchat", "alice", "--from-provider"]))
         #expect(
             refused.stderr.contains("(ERR_INVALID_CLIENT; provider: AUTH_ERR_APIKEY_NOT_FOUND)"), "\(refused.stderr)")
 
@@ -161,8 +156,8 @@ struct HelperExpiryTests {
             """, to: helper)
         let custom = try fixture(standIns, command: helper)
         try custom.start()
-        let failed = try vaultctl(custom.socketPath, ["--json", "login", "cometchat", "alice", "--from-provider"])
-        #expect(failed.status == 1)
+        let failed = try expectFailure(
+            vaultctl(custom.socketPath, ["--json", "login", "cometchat", "alice", "--from-provider"]))
         let error = try JSON.parse(Array(failed.stderr.utf8))
         #expect(error["code"]?.stringValue == "ERR_INVALID_CLIENT", "\(failed.stderr)")
         #expect(error["providerCode"]?.stringValue == "ERR_INVALID_API_KEY", "\(failed.stderr)")
@@ -194,8 +189,7 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns)
         let daemon = try fixture.start()
         let good = try String(contentsOfFile: fixture.configPath, encoding: .utf8)
-        try good.replacingOccurrences(of: "\(Self.examples)/cometchat-helper", with: missing).write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(good.replacingOccurrences(of: "\(Self.examples)/cometchat-helper", with: missing))
         kill(daemon.process.processIdentifier, SIGHUP)
         #expect(daemon.output.wait(for: "reload refused"), "\(daemon.output.text)")
         #expect(daemon.output.text.contains("the helper program cannot be found"))
@@ -213,9 +207,8 @@ struct HelperExpiryTests {
         let fixture = try fixture(standIns, command: helper)
         try fixture.start()
         try FileManager.default.removeItem(atPath: helper)
-        let failed = try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(failed.status == 1)
-        #expect(failed.stderr.contains("(ERR_HELPER_UNAVAILABLE)"), "\(failed.stderr)")
-        #expect(failed.stderr.contains("cannot be run"), "\(failed.stderr)")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"]),
+            saying: "(ERR_HELPER_UNAVAILABLE)", "cannot be run")
     }
 }

@@ -110,8 +110,7 @@ struct HelperOutageTests {
     /// Logs `user` in through the broken provider, then asks for a refresh;
     /// returns the refresh's result and how long it took.
     func failRefresh(_ fixture: HelperDaemon, _ user: String) throws -> (CommandResult, Double) {
-        let login = try vaultctl(fixture.socketPath, ["login", "broken", user, "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "broken", user, "--from-provider"]))
         let started = Date()
         let refresh = try vaultctl(fixture.socketPath, ["refresh", "broken", user])
         return (refresh, Date().timeIntervalSince(started))

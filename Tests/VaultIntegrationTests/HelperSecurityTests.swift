@@ -49,12 +49,9 @@ struct HelperSecurityTests {
             sys.exit(1)
             """)
         let fixture = try ConfiguredDaemon(config: "[Provider leaky]\nType=exec\nCommand=\(path)\n")
-        let login = try vaultctl(fixture.socketPath, ["login", "leaky", "alice", "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
-        let refresh = try vaultctl(fixture.socketPath, ["refresh", "leaky", "alice"])
-        #expect(refresh.status == 1)
-        let failedLogin = try vaultctl(fixture.socketPath, ["login", "leaky", "bob", "--from-provider"])
-        #expect(failedLogin.status == 1)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "leaky", "alice", "--from-provider"]))
+        let refresh = try expectFailure(vaultctl(fixture.socketPath, ["refresh", "leaky", "alice"]))
+        let failedLogin = try expectFailure(vaultctl(fixture.socketPath, ["login", "leaky", "bob", "--from-provider"]))
         let status = try vaultctl(fixture.socketPath, ["--json", "status", "leaky", "alice"])
         #expect(status.stdout.contains("lastError"), "the failed refresh is reported: \(status.stdout)")
         #expect(status.stdout.contains("bad token"), "the masked message is kept: \(status.stdout)")
@@ -145,13 +142,13 @@ struct HelperSecurityTests {
         guard let uid = TestUsers.uid(TestUsers.a), let gid = TestUsers.gid(TestUsers.a) else {
             throw HarnessError("no user \(TestUsers.a)")
         }
-        let login = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/setpriv"),
-            [
-                "--reuid=\(uid)", "--regid=\(gid)", "--init-groups", Binaries.vaultctl.path, "--socket",
-                fixture.socketPath, "login", "fast", "alice", "--from-provider",
-            ], seconds: 15)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/setpriv"),
+                [
+                    "--reuid=\(uid)", "--regid=\(gid)", "--init-groups", Binaries.vaultctl.path, "--socket",
+                    fixture.socketPath, "login", "fast", "alice", "--from-provider",
+                ], seconds: 15))
         #expect(slowLogins.allSatisfy { $0.isRunning }, "the slow logins are still in flight")
         #expect(started() == 4, "MaxConcurrentHelpers defaults to 4: \(started()) slow helpers started")
 

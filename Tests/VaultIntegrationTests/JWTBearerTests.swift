@@ -48,19 +48,6 @@ struct TestKeyPair {
 struct JWTBearerTests {
     static let grantType = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 
-    /// A running vaultd whose provider `oauth` is `client` at `server`, with `lines` added to its section.
-    func start(
-        _ server: AuthlibServer, _ client: AuthlibServer.Registration, _ lines: [String], accounts: String = ""
-    ) throws -> DaemonFixture {
-        let fixture = try DaemonFixture(start: false)
-        var text = "[Vault]\nMinRefreshInterval=0\n\n[Provider oauth]\nType=oauth2\n"
-        text += "TokenURL=\(server.url)/token\nRevocationURL=\(server.url)/revoke\nClientID=\(client.id)\n"
-        text += lines.map { $0 + "\n" }.joined() + accounts
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
-        return fixture
-    }
-
     /// A client that may use the JWT bearer grant with `key`.
     func bearerClient(_ key: TestKeyPair) -> AuthlibServer.Registration {
         AuthlibServer.Registration(
@@ -73,19 +60,6 @@ struct JWTBearerTests {
         AuthlibServer.Registration(
             id: "vaultd-pkjwt-\(key.type)", secret: nil, method: "private_key_jwt",
             publicKey: (key.publicKey, key.type))
-    }
-
-    /// The requests to `endpoint` the server took, with `grant_type` for the token endpoint.
-    func requests(_ server: AuthlibServer, _ endpoint: String, grant: String? = nil) throws -> [JSON] {
-        try server.requests().filter {
-            $0["endpoint"]?.stringValue == endpoint && (grant == nil || $0["grant_type"]?.stringValue == grant)
-        }
-    }
-
-    /// The token `vaultctl token` hands out for `user`.
-    func token(_ fixture: DaemonFixture, _ user: String) throws -> String {
-        try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout.trimmingCharacters(
-            in: .whitespacesAndNewlines)
     }
 
     /// Checks an assertion as the server saw it: `alg` by the key's kind,
@@ -132,20 +106,19 @@ struct JWTBearerTests {
         let key = try TestKeyPair(type, in: directory, name: "jwt")
         let client = bearerClient(key)
         let server = try AuthlibServer(directory: directory, extra: [client])
-        let fixture = try start(server, client, ["Grant=jwt-bearer", "JWTKeyFile=\(key.privateKey)"])
+        let fixture = try server.daemon(client, lines: ["Grant=jwt-bearer", "JWTKeyFile=\(key.privateKey)"])
         let users = [uniqueName("alice"), uniqueName("bob")]
         var outputs = ""
         var tokens: [String] = []
         for user in users {
-            let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
-            #expect(login.status == 0, "\(login.stderr)")
+            let login = try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]))
             outputs += login.stdout + login.stderr
-            let token = try token(fixture, user)
+            let token = try fixture.token("oauth", user)
             tokens.append(token)
             // The server issued the token to the session's user: the assertion's sub.
             #expect(try server.user(of: token) == user)
         }
-        let grants = try requests(server, "token", grant: JWTBearerTests.grantType)
+        let grants = try server.requests("token", grant: JWTBearerTests.grantType)
         #expect(grants.count == 2)
         var ids: Set<String> = []
         for (grant, user) in zip(grants, users) {
@@ -167,21 +140,17 @@ struct JWTBearerTests {
         let client = bearerClient(key)
         let server = try AuthlibServer(directory: directory, extra: [client])
         let user = uniqueName("robot")
-        let fixture = try start(
-            server, client, ["Grant=jwt-bearer", "JWTKeyFile=\(key.privateKey)"],
-            accounts: "\n[Account oauth \(user)]\nAutoLogin=yes\n")
-        let first = try await eventually(
-            { try vaultctl(fixture.socketPath, ["token", "oauth", user]) }, until: { $0.status == 0 })
-        #expect(first.status == 0, "\(first.stderr)")
-        let firstToken = first.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let fixture = try server.daemon(
+            client, lines: ["Grant=jwt-bearer", "JWTKeyFile=\(key.privateKey)"],
+            after: "\n[Account oauth \(user)]\nAutoLogin=yes\n")
+        let firstToken = try await fixture.awaitToken("oauth", user)
         #expect(try server.user(of: firstToken) == user)
         // No refresh token: the refresh is a new JWT bearer grant for the same user.
-        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(refreshed.status == 0, "\(refreshed.stderr)")
-        let secondToken = try token(fixture, user)
+        let refreshed = try expectSuccess(vaultctl(fixture.socketPath, ["refresh", "oauth", user]))
+        let secondToken = try fixture.token("oauth", user)
         #expect(secondToken != firstToken)
         #expect(try server.user(of: secondToken) == user)
-        let grants = try requests(server, "token", grant: JWTBearerTests.grantType)
+        let grants = try server.requests("token", grant: JWTBearerTests.grantType)
         #expect(grants.count == 2)
         let ids = grants.compactMap {
             expectAssertion($0["assertion"], key: key, iss: client.id, sub: user, aud: server.url)
@@ -200,31 +169,15 @@ struct JWTBearerTests {
         let key = try TestKeyPair(type, in: directory, name: "client")
         let client = keyClient(key)
         let server = try AuthlibServer(directory: directory, extra: [client])
-        let fixture = try start(
-            server, client, ["TokenEndpointAuthMethod=private_key_jwt", "JWTKeyFile=\(key.privateKey)"])
-        let user = uniqueName("pk")
-        let issued = try server.issue(client)
-        let firstRefresh = try #require(issued["refresh_token"]?.stringValue)
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: issued.text)
-        #expect(login.status == 0, "\(login.stderr)")
-        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(refreshed.status == 0, "\(refreshed.stderr)")
-        let token = try token(fixture, user)
-        #expect(try server.accepts(token))
-        let live = try server.liveRefreshTokens()
-        #expect(live.count == 1 && live.first != firstRefresh, "rotated: \(live.count) live")
-        let minted = uniqueName("cc")
-        let mint = try vaultctl(fixture.socketPath, ["login", "oauth", minted, "--from-provider"])
-        #expect(mint.status == 0, "\(mint.stderr)")
-        let logout = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
-        #expect(logout.status == 0, "\(logout.stderr)")
-        let revoked = try await eventually(tries: 250, { try requests(server, "revoke") }, until: { !$0.isEmpty })
-        #expect(revoked.count == 1)
-        #expect(try server.liveRefreshTokens().isEmpty, "the rotated refresh token was revoked")
+        let fixture = try server.daemon(
+            client, lines: ["TokenEndpointAuthMethod=private_key_jwt", "JWTKeyFile=\(key.privateKey)"])
+        let cycle = try await server.heldRefreshTokenCycle(fixture, client, user: uniqueName("pk"))
+        let mint = try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("cc"), "--from-provider"]))
         let seen =
-            try requests(server, "token", grant: "refresh_token")
-            + requests(server, "token", grant: "client_credentials")
-            + revoked
+            try server.requests("token", grant: "refresh_token")
+            + server.requests("token", grant: "client_credentials")
+            + cycle.revoked
         #expect(seen.count == 3)
         var ids: Set<String> = []
         for request in seen {
@@ -239,8 +192,8 @@ struct JWTBearerTests {
         #expect(ids.count == 3, "each client assertion has a jti of its own")
         let daemon = try #require(fixture.daemon)
         try expectNoSecrets(
-            daemon.allOutput + login.stdout + login.stderr + refreshed.stdout + refreshed.stderr + mint.stdout
-                + mint.stderr, [key], tokens: [firstRefresh, token] + live)
+            daemon.allOutput + cycle.output + mint.stdout + mint.stderr, [key],
+            tokens: [cycle.firstRefresh, cycle.token] + cycle.live)
     }
 
     @Test(
@@ -259,13 +212,12 @@ struct JWTBearerTests {
         let server = try AuthlibServer(directory: directory, extra: [client])
         let lines =
             bearer ? ["Grant=jwt-bearer"] : ["TokenEndpointAuthMethod=private_key_jwt"]
-        let fixture = try start(server, client, lines + ["JWTKeyFile=\(other.privateKey)"])
-        let login = try vaultctl(
-            fixture.socketPath, ["--json", "login", "oauth", uniqueName("wrong"), "--from-provider"])
-        #expect(login.status == 1)
+        let fixture = try server.daemon(client, lines: lines + ["JWTKeyFile=\(other.privateKey)"])
+        let login = try expectFailure(
+            vaultctl(fixture.socketPath, ["--json", "login", "oauth", uniqueName("wrong"), "--from-provider"]))
         #expect(login.stdout.contains(code) || login.stderr.contains(code), "\(login.stdout) \(login.stderr)")
         #expect((login.stdout + login.stderr).contains(words), "\(login.stdout) \(login.stderr)")
-        let seen = try requests(server, "token")
+        let seen = try server.requests("token")
         #expect(seen.count == 1)
         #expect(seen.first?["error"]?.stringValue == error, "\(seen.first?.text ?? "")")
         let daemon = try #require(fixture.daemon)
@@ -281,7 +233,7 @@ struct JWTBearerTests {
         let fixture = try DaemonFixture(start: false)
         var text = "[Provider oauth]\nType=oauth2\nTokenURL=\(server.url)/token\nClientID=\(client.id)\n"
         text += "Grant=jwt-bearer\nJWTKeyFile=salesforce.pem\n"
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(text)
         // The store's own credential directory (the SQLite data key) when it has one, else one of the test's.
         let store = try RunningDaemon.storeEnvironment(
             socketPath: fixture.socketPath, engine: fixture.engine, dataKey: fixture.dataKey)
@@ -297,9 +249,8 @@ struct JWTBearerTests {
             socketPath: fixture.socketPath, configPath: fixture.configPath,
             environment: ["CREDENTIALS_DIRECTORY": credentials], engine: fixture.engine, dataKey: fixture.dataKey)
         let user = uniqueName("sf")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
-        #expect(try server.user(of: token(fixture, user)) == user)
+        let login = try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]))
+        #expect(try server.user(of: fixture.token("oauth", user)) == user)
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
         let daemon = try #require(fixture.daemon)
         try expectNoSecrets(daemon.allOutput + login.stdout + login.stderr, [key])
@@ -312,11 +263,11 @@ struct JWTBearerTests {
         #expect(chmod(key.privateKey, 0o644) == 0)
         let client = bearerClient(key)
         let server = try AuthlibServer(directory: directory, extra: [client])
-        let fixture = try start(server, client, ["Grant=jwt-bearer", "JWTKeyFile=\(key.privateKey)"])
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("u"), "--from-provider"])
-        #expect(login.status == 1)
-        #expect(login.stderr.contains("is readable by others (mode 644)"), "\(login.stderr)")
-        #expect(try requests(server, "token").isEmpty, "nothing was sent")
+        let fixture = try server.daemon(client, lines: ["Grant=jwt-bearer", "JWTKeyFile=\(key.privateKey)"])
+        let login = try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "oauth", uniqueName("u"), "--from-provider"]),
+            saying: "is readable by others (mode 644)")
+        #expect(try server.requests("token").isEmpty, "nothing was sent")
         let daemon = try #require(fixture.daemon)
         try expectNoSecrets(daemon.allOutput + login.stdout + login.stderr, [key])
     }

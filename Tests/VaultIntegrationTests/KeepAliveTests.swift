@@ -25,12 +25,10 @@ struct KeepAliveTests {
         let refreshes = Soak.size(short: 4, long: 30)
         let server = try TokenServer(["--lifetime", "3", "--no-client-refresh-token"])
         let user = uniqueName("bot")
-        let fixture = try DaemonFixture(oauthServer: server, extra: "\n[Account oauth \(user)]\nAutoLogin=yes\n")
-        try fixture.start()
+        let fixture = try DaemonFixture(
+            oauthServer: server, extra: "\n[Account oauth \(user)]\nAutoLogin=yes\n", start: true)
         let socket = fixture.socketPath
-        let first = try await eventually(
-            { try vaultctl(socket, ["token", "oauth", user]) }, until: { $0.status == 0 })
-        #expect(first.status == 0, "\(first.stderr)")
+        _ = try await fixture.awaitToken("oauth", user)
         let watcher = try subscription(socket, provider: "oauth", user: user, timeoutSeconds: 30).watcher
 
         let out = fixture.directory.path("tokens")

@@ -103,8 +103,8 @@ struct MemoryStoreTests {
     func refreshAtAfterLogin() throws {
         let fixture = try DaemonFixture(start: false)
         // Port 9 (discard) on loopback: nothing answers, and no refresh falls due during the test.
-        try "[Provider oauth]\nType=oauth2\nTokenURL=http://127.0.0.1:9/token\nClientID=vaultd-test\n"
-            .write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(
+            "[Provider oauth]\nType=oauth2\nTokenURL=http://127.0.0.1:9/token\nClientID=vaultd-test\n")
         let daemon = try RunningDaemon(
             socketPath: fixture.socketPath, configPath: fixture.configPath, extraArguments: ["--memory-store"])
         defer { daemon.stop() }

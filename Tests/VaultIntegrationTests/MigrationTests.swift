@@ -213,8 +213,7 @@ struct MigrationTests {
     func bothWays() async throws {
         let fixture = try MigrationFixture()
         try await fixture.populate(on: "secret-service")
-        let there = try fixture.migrate("secret-service", "sqlite")
-        #expect(there.status == 0, "\(there.stderr)")
+        let there = try expectSuccess(fixture.migrate("secret-service", "sqlite"))
         #expect(there.stdout.contains("migrated 3 sessions, 1 queued revocations, 1 client secrets"), "\(there.stdout)")
         #expect(try fixture.isWhole("sqlite"), "\(fixture.state("sqlite"))")
         #expect(try fixture.isEmpty("secret-service"), "\(fixture.state("secret-service"))")
@@ -225,8 +224,7 @@ struct MigrationTests {
             again.status == 0 && again.stdout.contains("nothing to migrate"),
             "a finished migration run again: \(again.stderr)")
 
-        let back = try fixture.migrate("sqlite", "secret-service")
-        #expect(back.status == 0, "\(back.stderr)")
+        try expectSuccess(fixture.migrate("sqlite", "secret-service"))
         let backAgain = try fixture.migrate("sqlite", "secret-service")
         #expect(backAgain.status == 0 && backAgain.stdout.contains("nothing to migrate"), "\(backAgain.stderr)")
         #expect(try fixture.isWhole("secret-service"), "\(fixture.state("secret-service"))")
@@ -248,8 +246,7 @@ struct MigrationTests {
     func fromSQLite() async throws {
         let fixture = try MigrationFixture()
         try await fixture.populate(on: "sqlite")
-        let moved = try fixture.migrate("sqlite", "secret-service")
-        #expect(moved.status == 0, "\(moved.stderr)")
+        try expectSuccess(fixture.migrate("sqlite", "secret-service"))
         try await fixture.verifyServed(on: "secret-service")
     }
 
@@ -346,10 +343,8 @@ struct MigrationTests {
         daemon.stop()
         let before = try (fixture.keyringCounts(), fixture.databaseCounts())
 
-        let there = try fixture.migrate("secret-service", "sqlite")
-        #expect(there.status == 1 && there.stderr.contains("already holds 1 sessions"), "\(there.stderr)")
-        let back = try fixture.migrate("sqlite", "secret-service")
-        #expect(back.status == 1 && back.stderr.contains("already holds 3 sessions"), "\(back.stderr)")
+        try expectFailure(fixture.migrate("secret-service", "sqlite"), saying: "already holds 1 sessions")
+        try expectFailure(fixture.migrate("sqlite", "secret-service"), saying: "already holds 3 sessions")
         let after = try (fixture.keyringCounts(), fixture.databaseCounts())
         #expect(before == after, "nothing changed: \(before) → \(after)")
     }
@@ -364,10 +359,8 @@ struct MigrationTests {
             run.status == 1 && run.stderr.contains("pid \(daemon.process.processIdentifier)) serves"), "\(run.stderr)")
         // Named by another socket, the instance is still found by its database's lock.
         let elsewhere = fixture.directory.path("elsewhere.sock")
-        let run2 = try fixture.migrate("sqlite", "secret-service", socket: elsewhere)
-        #expect(run2.status == 1 && run2.stderr.contains("is in use"), "\(run2.stderr)")
-        let run3 = try fixture.migrate("secret-service", "sqlite", socket: elsewhere)
-        #expect(run3.status == 1 && run3.stderr.contains("is in use"), "\(run3.stderr)")
+        try expectFailure(fixture.migrate("sqlite", "secret-service", socket: elsewhere), saying: "is in use")
+        try expectFailure(fixture.migrate("secret-service", "sqlite", socket: elsewhere), saying: "is in use")
         #expect(try fixture.isWhole("sqlite") && fixture.isEmpty("secret-service"))
 
         let second = try RunningDaemon(

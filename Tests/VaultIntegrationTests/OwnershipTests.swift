@@ -31,9 +31,8 @@ struct OwnershipTests {
         let uidA = Int64(TestUsers.uid(TestUsers.a)!)
         let uidB = Int64(TestUsers.uid(TestUsers.b)!)
         // The attacker (a) logs the account in first.
-        let first = try vaultctl(
-            as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_attacker_a1b2c3d4e5")
-        #expect(first.status == 0, "\(first.stderr)")
+        try expectSuccess(
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_attacker_a1b2c3d4e5"))
         // The real user (b) and root still log in their own sessions of it.
         let second = try vaultctl(
             as: TestUsers.b, d.socketPath, ["login", "demo", user], input: "tok_victim_b1b2c3d4e5")
@@ -79,10 +78,11 @@ struct OwnershipTests {
             config: Self.open + "\n[Account demo \(user)]\nOwner=\(TestUsers.b)\nTokenReadUsers=\(TestUsers.a)\n")
         let uidB = Int64(TestUsers.uid(TestUsers.b)!)
         // a (a reader, not the owner) cannot squat it, before or after b logs in.
-        let squat = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_squatter_000000")
-        #expect(squat.status == 1 && squat.stderr.contains("ERR_ACCESS_DENIED"), "\(squat.stderr)")
-        let owner = try vaultctl(as: TestUsers.b, d.socketPath, ["login", "demo", user], input: "tok_owner_b_123456")
-        #expect(owner.status == 0, "\(owner.stderr)")
+        try expectFailure(
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_squatter_000000"),
+            saying: "ERR_ACCESS_DENIED")
+        try expectSuccess(
+            vaultctl(as: TestUsers.b, d.socketPath, ["login", "demo", user], input: "tok_owner_b_123456"))
         let (read, json) = try token(d, as: TestUsers.a, user)
         #expect(read.status == 0, "\(read.stderr)")
         #expect(json?["token"]?.stringValue == "tok_owner_b_123456")
@@ -92,8 +92,8 @@ struct OwnershipTests {
         #expect(root.status == 0 && root.stdout.hasPrefix("already logged in"), "\(root.stdout) \(root.stderr)")
         #expect(try token(d, as: TestUsers.a, user).1?["token"]?.stringValue == "tok_owner_b_123456")
         // A reader may not log it out.
-        let out = try vaultctl(as: TestUsers.a, d.socketPath, ["logout", "demo", user])
-        #expect(out.status == 1 && out.stderr.contains("ERR_ACCESS_DENIED"), "\(out.stderr)")
+        try expectFailure(
+            vaultctl(as: TestUsers.a, d.socketPath, ["logout", "demo", user]), saying: "ERR_ACCESS_DENIED")
         #expect(try vaultctl(as: TestUsers.b, d.socketPath, ["logout", "demo", user]).status == 0)
         let after = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_squatter_000000")
         #expect(after.status == 1 && after.stderr.contains("ERR_ACCESS_DENIED"), "not after the owner's logout either")
@@ -125,19 +125,17 @@ struct OwnershipTests {
                 Owner=\(TestUsers.a)
                 """)
         // a is neither root nor a minter: no token for any UID, with or without a credential.
-        let denied = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(denied.status == 1 && denied.stderr.contains("ERR_ACCESS_DENIED"), "\(denied.stderr)")
+        let denied = try expectFailure(
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "cometchat", "alice", "--from-provider"]),
+            saying: "ERR_ACCESS_DENIED")
         #expect(denied.stderr.contains("MintUsers"), "the error says how to get the right: \(denied.stderr)")
-        let withKey = try vaultctl(
-            as: TestUsers.a, d.socketPath, ["login", "cometchat", "alice"], input: "an-auth-key")
-        #expect(withKey.status == 1 && withKey.stderr.contains("ERR_ACCESS_DENIED"), "\(withKey.stderr)")
+        try expectFailure(
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "cometchat", "alice"], input: "an-auth-key"),
+            saying: "ERR_ACCESS_DENIED")
         // The declared owner mints its own account; the minter and root mint any.
-        let own = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "cometchat", owned, "--from-provider"])
-        #expect(own.status == 0, "\(own.stderr)")
-        let minter = try vaultctl(as: TestUsers.b, d.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(minter.status == 0, "\(minter.stderr)")
-        let root = try vaultctl(d.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(root.status == 0, "\(root.stderr)")
+        try expectSuccess(vaultctl(as: TestUsers.a, d.socketPath, ["login", "cometchat", owned, "--from-provider"]))
+        try expectSuccess(vaultctl(as: TestUsers.b, d.socketPath, ["login", "cometchat", "alice", "--from-provider"]))
+        try expectSuccess(vaultctl(d.socketPath, ["login", "cometchat", "alice", "--from-provider"]))
         let token = try vaultctl(as: TestUsers.b, d.socketPath, ["token", "cometchat", "alice"])
         #expect(token.stdout.hasPrefix("cc_alice_"), "\(token.stderr)")
     }
@@ -149,25 +147,23 @@ struct OwnershipTests {
                 "[Vault]\nSocketMode=0666\nMaxSessionsPerUser=2\nMaxSessionSize=2048\n\n[Provider demo]\nType=static\n")
         let names = (0..<3).map { _ in uniqueName("lim") }
         for name in names.prefix(2) {
-            let r = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", name], input: "tok_limit_123456789")
-            #expect(r.status == 0, "\(r.stderr)")
+            try expectSuccess(
+                vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", name], input: "tok_limit_123456789"))
         }
-        let third = try vaultctl(
-            as: TestUsers.a, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789")
-        #expect(third.status == 1 && third.stderr.contains("ERR_TOO_MANY_SESSIONS"), "\(third.stderr)")
+        let third = try expectFailure(
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789"),
+            saying: "ERR_TOO_MANY_SESSIONS")
         #expect(third.stderr.contains("MaxSessionsPerUser"))
         // Another user is not affected, nor root.
-        let other = try vaultctl(
-            as: TestUsers.b, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789")
-        #expect(other.status == 0, "\(other.stderr)")
+        try expectSuccess(
+            vaultctl(as: TestUsers.b, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789"))
         for name in names {
             #expect(try vaultctl(d.socketPath, ["login", "demo", name], input: "tok_limit_123456789").status == 0)
         }
         // After a logout there is room again.
         #expect(try vaultctl(as: TestUsers.a, d.socketPath, ["logout", "demo", names[0]]).status == 0)
-        let again = try vaultctl(
-            as: TestUsers.a, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789")
-        #expect(again.status == 0, "\(again.stderr)")
+        try expectSuccess(
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", names[2]], input: "tok_limit_123456789"))
 
         // A record past MaxSessionSize= (a big profile) is refused, for root too.
         let client = try d.client()

@@ -16,15 +16,13 @@ struct ProfileTests {
 
     /// What `--json status PROVIDER USER` (GetSession) answers: the session.
     func session(_ fixture: DaemonFixture, _ provider: String, _ user: String) throws -> JSON {
-        let result = try vaultctl(fixture.socketPath, ["--json", "status", provider, user])
-        #expect(result.status == 0, "\(result.stderr)")
+        let result = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "status", provider, user]))
         return try JSON.parse(result.stdout)["session"] ?? .null
     }
 
     /// The profile of `provider USER` in `vaultctl list --json`.
     func listed(_ fixture: DaemonFixture, _ provider: String, _ user: String) throws -> JSON? {
-        let result = try vaultctl(fixture.socketPath, ["--json", "list"])
-        #expect(result.status == 0, "\(result.stderr)")
+        let result = try expectSuccess(vaultctl(fixture.socketPath, ["--json", "list"]))
         let sessions = try JSON.parse(result.stdout)["sessions"]?.arrayValue ?? []
         return sessions.first {
             $0["provider"]?.stringValue == provider && $0["user"]?.stringValue == user
@@ -56,9 +54,8 @@ struct ProfileTests {
         try
             #"{"name": "Alice Liddell", "avatar": "https://example.com/alice.png", "role": "admin", "metadata": {"team": "red"}}"#
             .write(toFile: file, atomically: true, encoding: .utf8)
-        let login = try vaultctl(
-            fixture.socketPath, ["login", "demo", user, "--profile-file", file], input: "tok_\(user)")
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "demo", user, "--profile-file", file], input: "tok_\(user)"))
 
         let profile = try session(fixture, "demo", user)["profile"]
         #expect(profile?["uid"]?.stringValue == user, "a file without uid gets the user's")
@@ -101,18 +98,16 @@ struct ProfileTests {
         // Another user's uid is vaultd's to refuse: a profile belongs to its session.
         let other = fixture.directory.path("other.json")
         try #"{"uid": "mallory", "name": "Mallory"}"#.write(toFile: other, atomically: true, encoding: .utf8)
-        let foreign = try vaultctl(
-            fixture.socketPath, ["login", "demo", user, "--profile-file", other], input: "tok_x")
-        #expect(foreign.status == 1)
-        #expect(foreign.stderr.contains("differs from user"), "\(foreign.stderr)")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "demo", user, "--profile-file", other], input: "tok_x"),
+            saying: "differs from user")
         // Larger than MaxSessionSize= (32 KiB by default): refused, nothing stored.
         let huge = fixture.directory.path("huge.json")
         try #"{"name": "Big", "metadata": {"bio": "\#(String(repeating: "x", count: 40_000))"}}"#
             .write(toFile: huge, atomically: true, encoding: .utf8)
-        let tooLarge = try vaultctl(
-            fixture.socketPath, ["login", "demo", user, "--profile-file", huge], input: "tok_x")
-        #expect(tooLarge.status == 1)
-        #expect(tooLarge.stderr.contains("ERR_SESSION_TOO_LARGE"), "\(tooLarge.stderr)")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "demo", user, "--profile-file", huge], input: "tok_x"),
+            saying: "ERR_SESSION_TOO_LARGE")
         #expect(try vaultctl(fixture.socketPath, ["status", "demo", user]).status == 1)
     }
 
@@ -123,21 +118,19 @@ struct ProfileTests {
             dir,
             profile: #"{"name": "Bob Builder", "avatar": "https://example.com/bob.png", "metadata": {"team": "blue"}}"#)
         let bot = uniqueName("bot")
-        let fixture = try DaemonFixture(start: false)
-        try """
-        [Provider chat]
-        Type=exec
-        Command=\(command)
-        Timeout=15s
+        let fixture = try DaemonFixture(
+            config: """
+                [Provider chat]
+                Type=exec
+                Command=\(command)
+                Timeout=15s
 
-        [Account chat \(bot)]
-        AutoLogin=yes
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
+                [Account chat \(bot)]
+                AutoLogin=yes
+                """)
 
         let user = uniqueName("bob")
-        let login = try vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"]))
         let profile = try session(fixture, "chat", user)["profile"]
         #expect(profile?["uid"]?.stringValue == user)
         #expect(profile?["name"]?.stringValue == "Bob Builder")
@@ -157,8 +150,8 @@ struct ProfileTests {
         let other = uniqueName("carol")
         let file = dir.path("carol.json")
         try #"{"name": "Carol"}"#.write(toFile: file, atomically: true, encoding: .utf8)
-        let own = try vaultctl(fixture.socketPath, ["login", "chat", other, "--from-provider", "--profile-file", file])
-        #expect(own.status == 0, "\(own.stderr)")
+        try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "chat", other, "--from-provider", "--profile-file", file]))
         let carol = try session(fixture, "chat", other)["profile"]
         #expect(carol?["name"]?.stringValue == "Carol")
         #expect(carol?["avatar"] == nil)
@@ -168,13 +161,11 @@ struct ProfileTests {
     func malformedHelperProfile() throws {
         let dir = try TemporaryDirectory()
         let command = try helper(dir, profile: #"{"name": 42}"#)
-        let fixture = try DaemonFixture(start: false)
-        try "[Provider chat]\nType=exec\nCommand=\(command)\nTimeout=15s\n".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let fixture = try DaemonFixture(
+            config: "[Provider chat]\nType=exec\nCommand=\(command)\nTimeout=15s\n", start: false)
         let daemon = try fixture.start()
         let user = uniqueName("dave")
-        let login = try vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "chat", user, "--from-provider"]))
         let profile = try session(fixture, "chat", user)["profile"]
         #expect(profile == .object(["uid": .string(user)]))
         #expect(daemon.output.wait(for: "profile.name must be a string"), "\(daemon.output.text)")
@@ -183,15 +174,13 @@ struct ProfileTests {
     @Test("Should read an id_token's claims into the profile, from a client's token response and a minted one")
     func idTokenProfile() async throws {
         let server = try TokenServer(["--lifetime", "600", "--id-token", Self.claims])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
 
         // The client pipes the token endpoint's answer, id_token included.
         let user = uniqueName("jane")
         let response = try await server.grant()
         let idToken = try #require(try JSON.parse(response)["id_token"]?.stringValue)
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: response)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: response))
         let profile = try session(fixture, "oauth", user)["profile"]
         #expect(profile?["uid"]?.stringValue == user, "the uid is the session's user, not the token's sub")
         #expect(profile?["name"]?.stringValue == "Jane Doe")
@@ -212,8 +201,7 @@ struct ProfileTests {
 
         // vaultd mints by client credentials: the same claims.
         let minted = uniqueName("mint")
-        let fromProvider = try vaultctl(fixture.socketPath, ["login", "oauth", minted, "--from-provider"])
-        #expect(fromProvider.status == 0, "\(fromProvider.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", minted, "--from-provider"]))
         let mintedProfile = try session(fixture, "oauth", minted)["profile"]
         #expect(mintedProfile?["uid"]?.stringValue == minted)
         #expect(mintedProfile?["name"]?.stringValue == "Jane Doe")

@@ -56,8 +56,8 @@ struct ProviderTrafficTests {
 
     /// Logs `user` in as TestUsers.a with a token response of the test's own.
     func login(_ d: ConfiguredDaemon, _ server: TokenServer, _ user: String) async throws {
-        let r = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "oauth", user], input: try await server.grant())
-        #expect(r.status == 0, "\(r.stderr)")
+        try expectSuccess(
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "oauth", user], input: try await server.grant()))
     }
 
     /// The requests vaultd sent the token server (refreshes and

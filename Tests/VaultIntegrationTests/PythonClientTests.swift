@@ -50,10 +50,9 @@ struct PythonClientTests {
         // Debian's own python3 (Debian 12 is the target), whose python3-setuptools and
         // python3-wheel (scripts/deps test) the venv borrows through --system-site-packages:
         // the build needs no network (--no-build-isolation --no-index).
-        let created = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/python3"), ["-m", "venv", "--system-site-packages", venv],
-            seconds: 120)
-        #expect(created.status == 0, "\(created.stderr)")
+        try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/python3"), ["-m", "venv", "--system-site-packages", venv], seconds: 120))
         let installed = try runCommand(
             python,
             [
@@ -61,10 +60,10 @@ struct PythonClientTests {
                 "--no-deps", source.path,
             ], environment: ["PIP_ROOT_USER_ACTION": "ignore"], seconds: 120)
         #expect(installed.status == 0, "\(installed.stdout)\n\(installed.stderr)")
-        let imported = try runCommand(
-            python, ["-c", "import vaultd_client; print(vaultd_client.__file__, vaultd_client.__version__)"],
-            environment: ["PYTHONPATH": ""], seconds: 60)
-        #expect(imported.status == 0, "\(imported.stderr)")
+        let imported = try expectSuccess(
+            runCommand(
+                python, ["-c", "import vaultd_client; print(vaultd_client.__file__, vaultd_client.__version__)"],
+                environment: ["PYTHONPATH": ""], seconds: 60))
         #expect(imported.stdout.hasPrefix(venv + "/lib/"), "imported from the venv: \(imported.stdout)")
         #expect(imported.stdout.contains("0.1.0"))
     }

@@ -84,9 +84,9 @@ struct ReaderTests {
         let first = try await eventually(tries: 1000, { lines(out) }, until: { $0.count == 1 })
         #expect(first == ["tok_reader_exec_first_0001"], "\(stderr.text)")
 
-        let replace = try d.asOwner(
-            ["login", "--replace", "demo", d.shared], input: "tok_reader_exec_second_002")
-        #expect(replace.status == 0, "\(replace.stderr)")
+        try expectSuccess(
+            d.asOwner(
+                ["login", "--replace", "demo", d.shared], input: "tok_reader_exec_second_002"))
         let second = try await eventually(tries: 1000, { lines(out) }, until: { $0.count == 2 })
         #expect(second.last == "tok_reader_exec_second_002", "restarted with the new token: \(second) \(stderr.text)")
 

@@ -14,8 +14,7 @@ import VaultSystem
 struct ReconnectTests {
     /// Logs `user` in at `demo` through vaultctl.
     func login(_ fixture: DaemonFixture, _ user: String) throws {
-        let result = try vaultctl(fixture.socketPath, ["login", "demo", user], input: EventsTests.token)
-        #expect(result.status == 0, "\(result.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "demo", user], input: EventsTests.token))
     }
 
     @Test(

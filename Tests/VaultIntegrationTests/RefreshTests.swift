@@ -63,10 +63,23 @@ struct RefreshTests {
     func start(_ server: TokenServer, revocation: Bool = false, extra: String = "") throws -> (
         DaemonFixture, RunningDaemon
     ) {
-        let fixture = try DaemonFixture(start: false)
-        let text = server.providerSection(revocation: revocation) + extra
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        return (fixture, try fixture.start())
+        let fixture = try DaemonFixture(config: server.providerSection(revocation: revocation) + extra)
+        return (fixture, fixture.daemon!)
+    }
+
+    /// A server whose tokens live `lifetime` seconds, a daemon of `start`'s
+    /// on it, and a user named after `prefix` logged in there with a grant.
+    func loggedIn(
+        _ prefix: String, lifetime: Int = 600, revocation: Bool = false, extra: String = "",
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws -> (TokenServer, DaemonFixture, String) {
+        let server = try TokenServer(["--lifetime", String(lifetime)])
+        let (fixture, _) = try start(server, revocation: revocation, extra: extra)
+        let user = uniqueName(prefix)
+        try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()),
+            sourceLocation: sourceLocation)
+        return (server, fixture, user)
     }
 
     func subscribe(_ socket: String, _ user: String) throws -> VarlinkClient {
@@ -94,8 +107,7 @@ struct RefreshTests {
         let (fixture, _) = try start(server)
         let user = uniqueName("auto")
         let watcher = try subscribe(fixture.socketPath, user)
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant())
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let first = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
         let refreshed = try #require(try next("tokenRefreshed", on: watcher))
         #expect(refreshed["expiresAt"]?.integerValue != nil)
@@ -119,9 +131,10 @@ struct RefreshTests {
         let (fixture, _) = try start(server)
         let user = uniqueName("storm")
         let soon = Int64(Date().timeIntervalSince1970) + 120
-        let login = try vaultctl(
-            fixture.socketPath, ["login", "oauth", user, "--expires-at", String(soon)], input: try await server.grant())
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            vaultctl(
+                fixture.socketPath, ["login", "oauth", user, "--expires-at", String(soon)],
+                input: try await server.grant()))
         _ = try await server.post("/control/reset")
         // 200 calls asking for more than any token of this provider lives.
         let client = try VarlinkClient(path: fixture.socketPath, timeoutSeconds: 60)
@@ -136,8 +149,8 @@ struct RefreshTests {
         var stats = try await server.stats()
         #expect(stats["refresh_requests"]?.integerValue == 1, "one refresh, then the lifetime is known: \(stats)")
         // Within MinRefreshInterval= (60 s by default) an explicit refresh sends nothing either.
-        let again = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(again.status == 1 && again.stderr.contains("ERR_REFRESH_TOO_SOON"), "\(again.stderr)")
+        let again = try expectFailure(
+            vaultctl(fixture.socketPath, ["refresh", "oauth", user]), saying: "ERR_REFRESH_TOO_SOON")
         #expect(again.stderr.contains("MinRefreshInterval"))
         stats = try await server.stats()
         #expect(stats["refresh_requests"]?.integerValue == 1)
@@ -181,19 +194,16 @@ struct RefreshTests {
         let (fixture, _) = try start(server)
         let user = uniqueName("flaky")
         let watcher = try subscribe(fixture.socketPath, user)
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         // Retry-After: 20 leaves the eager call below a wide margin before the
         // scheduled retry, even on a loaded machine (2 s and 6 s were seen too short).
         try await server.post("/control/mode", json: ["mode": "error429", "count": 1, "retry_after": 20])
-        let failed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(failed.status == 1)
-        #expect(failed.stderr.contains("ERR_NETWORK_ERROR"))
+        try expectFailure(vaultctl(fixture.socketPath, ["refresh", "oauth", user]), saying: "ERR_NETWORK_ERROR")
         // A client asking for a fresher token than it has sends no request before the retry time.
         let requests = try await server.stats()["refresh_requests"]?.integerValue
-        let eager = try vaultctl(fixture.socketPath, ["token", "oauth", user, "--min-valid", "100000"])
-        #expect(eager.status == 1)
-        #expect(eager.stderr.contains("the next try is at"), "\(eager.stderr)")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["token", "oauth", user, "--min-valid", "100000"]),
+            saying: "the next try is at")
         #expect(try await server.stats()["refresh_requests"]?.integerValue == requests)
         let status = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)
         let session = try #require(status["session"])
@@ -201,8 +211,7 @@ struct RefreshTests {
         #expect(session["consecutiveFailures"]?.integerValue == 1)
         let retryAt = try #require(session["nextRetryAt"]?.integerValue)
         #expect(retryAt >= Int64(Date().timeIntervalSince1970) + 1, "Retry-After: 20 is honoured")
-        #expect(
-            try vaultctl(fixture.socketPath, ["token", "oauth", user]).status == 0, "the old token is still served")
+        try expectSuccess(vaultctl(fixture.socketPath, ["token", "oauth", user]), "the old token is still served")
         // The scheduled retry succeeds by itself.
         #expect(try next("tokenRefreshed", on: watcher) != nil)
         let after = try JSON.parse(try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user]).stdout)
@@ -212,17 +221,11 @@ struct RefreshTests {
 
     @Test("Should give up on a token endpoint that does not answer within Timeout=, keeping the session")
     func unansweredRequestTimesOut() async throws {
-        let server = try TokenServer(["--lifetime", "600"])
-        let (fixture, _) = try start(server, extra: "Timeout=1s\n")
-        let user = uniqueName("stalled")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        let (server, fixture, user) = try await loggedIn("stalled", extra: "Timeout=1s\n")
         try await server.post("/control/mode", json: ["mode": "hang", "count": 1, "hang_seconds": 30])
         let started = Date()
-        let failed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(failed.status == 1)
-        #expect(failed.stderr.contains("ERR_NETWORK_ERROR"), "\(failed.stderr)")
-        #expect(failed.stderr.contains("timed out"), "\(failed.stderr)")
+        try expectFailure(
+            vaultctl(fixture.socketPath, ["refresh", "oauth", user]), saying: "ERR_NETWORK_ERROR", "timed out")
         #expect(Date().timeIntervalSince(started) < 10, "the 1 s timeout ends the request, not the server's 30 s")
         #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).status == 0, "the session stays")
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
@@ -234,11 +237,9 @@ struct RefreshTests {
         let (fixture, _) = try start(server)
         let user = uniqueName("revoked")
         let watcher = try subscribe(fixture.socketPath, user)
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
-        let refused = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(refused.status == 1)
+        try expectFailure(vaultctl(fixture.socketPath, ["refresh", "oauth", user]))
         let event = try #require(try next("tokenInvalid", on: watcher))
         #expect(event["reason"]?.stringValue == "tokenInvalid")
         #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stderr.contains("ERR_NOT_LOGGED_IN"))
@@ -252,15 +253,12 @@ struct RefreshTests {
         let user = uniqueName("cc")
         let refused = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
         #expect(refused.status == 1, "no client secret yet: invalid_client")
-        let stored = try vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "s3cr3t-client\n")
-        #expect(stored.status == 0, "\(stored.stderr)")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["provider-secret", "oauth"], input: "s3cr3t-client\n"))
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]))
         // After a restart the secret comes back from the store: a refresh authenticates.
         fixture.daemon?.stop()
         let daemon = try fixture.start()
-        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(refreshed.status == 0, "\(refreshed.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["refresh", "oauth", user]))
         #expect(!daemon.allOutput.contains("s3cr3t-client"))
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
     }
@@ -271,8 +269,7 @@ struct RefreshTests {
         let (fixture, _) = try start(server, extra: "MaxSessionLifetime=2s\n")
         let user = uniqueName("capped")
         let watcher = try subscribe(fixture.socketPath, user)
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let ended = try #require(try next("tokenInvalid", on: watcher))
         #expect(ended["reason"]?.stringValue == "maxSessionLifetime")
         #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stderr.contains("ERR_NOT_LOGGED_IN"))
@@ -287,8 +284,7 @@ struct RefreshTests {
         try await server.post("/control/mode", json: ["mode": "error500", "target": "revoke"])
         // Two sessions of the same account end while the revocation endpoint fails.
         for cycle in 1...2 {
-            #expect(
-                try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+            try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
             #expect(
                 try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0,
                 "a failed revocation does not block")
@@ -310,23 +306,19 @@ struct RefreshTests {
         .secretServiceOnly)
     func legacyQueuedRevocation() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(start: false)
-        try server.providerSection(revocation: true).write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        let fixture = try DaemonFixture(config: server.providerSection(revocation: true), start: false)
         let user = uniqueName("legacy")
         var tokens = TokenSet(accessToken: Secret("legacy_access_abcdefghijklmnop"))
         tokens.refreshToken = Secret("lgcyrt_refresh_abcdefghijklmnop")
-        let record = SessionRecord(
-            account: Account(provider: "oauth", user: user), user: UserProfile(uid: user), tokens: tokens,
-            createdAt: UnixTime(seconds: 1), expiresAt: nil, ownerUID: getuid())
+        let record = storedSession("oauth", user, tokens: tokens)
         // As an earlier vaultd queued it: no revocation id, in its attributes or its document.
-        let stored = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/secret-tool"),
-            [
-                "store", "--label=vaultd: revocation pending", "xdg:schema", "io.vaultd.PendingRevocation",
-                "provider", "oauth", "user", user, "scope", fixture.scope,
-            ], input: record.storedJSON().text)
-        #expect(stored.status == 0, "\(stored.stderr)")
+        try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/secret-tool"),
+                [
+                    "store", "--label=vaultd: revocation pending", "xdg:schema", "io.vaultd.PendingRevocation",
+                    "provider", "oauth", "user", user, "scope", fixture.scope,
+                ], input: record.storedJSON().text))
         try fixture.start()
         let revoked = try await eventually({ try await server.revocations() }, until: { !$0.isEmpty })
         #expect(revoked.first?["token"]?.stringValue == "lgcyrt", "\(revoked)")
@@ -342,11 +334,7 @@ struct RefreshTests {
 
     @Test("Should revoke the tokens of a refresh that finished after its session was logged out")
     func refreshOutlivingItsSession() async throws {
-        let server = try TokenServer(["--lifetime", "600"])
-        let (fixture, _) = try start(server, revocation: true)
-        let user = uniqueName("orphan")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        let (server, fixture, user) = try await loggedIn("orphan", revocation: true)
         // The token endpoint issues new tokens at once but answers only once
         // released, after the logout below (a fixed 8 s hold was seen too short
         // for the logout on a loaded CI machine).
@@ -369,11 +357,7 @@ struct RefreshTests {
 
     @Test("Should revoke the refresh token at the provider at logout")
     func revocationAtLogout() async throws {
-        let server = try TokenServer(["--lifetime", "600"])
-        let (fixture, _) = try start(server, revocation: true)
-        let user = uniqueName("bye")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        let (server, fixture, user) = try await loggedIn("bye", revocation: true)
         #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
         // Revocation runs after the logout is acknowledged: wait for it, bounded.
         let revoked = try await eventually({ try await server.revocations() }, until: { !$0.isEmpty })
@@ -382,11 +366,7 @@ struct RefreshTests {
 
     @Test("Should show when the refresh is due, right after login and after a restart")
     func refreshAtShownAfterLoginAndRestore() async throws {
-        let server = try TokenServer(["--lifetime", "3600"])
-        let (fixture, _) = try start(server)
-        let user = uniqueName("due")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        let (_, fixture, user) = try await loggedIn("due", lifetime: 3600)
         func refreshAt() throws -> Int64? {
             let status = try vaultctl(fixture.socketPath, ["--json", "status", "oauth", user])
             return try JSON.parse(status.stdout)["session"]?["refreshAt"]?.integerValue

@@ -44,8 +44,8 @@ private func currentToken(_ socket: String, _ provider: String, _ user: String) 
 struct ReplaceTests {
     @Test("Should answer a plain login 'already logged in', and replace the token with --replace: served, stored, told")
     func replaceStatic() async throws {
-        let fixture = try DaemonFixture(start: false)
-        let daemon = try fixture.start()
+        let fixture = try DaemonFixture()
+        let daemon = fixture.daemon!
         let user = uniqueName("replace")
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: "tok_first_abcdefgh1234").status == 0)
         let watcher = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30).subscribe(
@@ -79,10 +79,7 @@ struct ReplaceTests {
     @Test("Should revoke the replaced refresh token at the provider and serve the new grant's token")
     func replaceRevokesOldGrant() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(start: false)
-        try server.providerSection(revocation: true).write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
+        let fixture = try DaemonFixture(config: server.providerSection(revocation: true))
         let user = uniqueName("replace-oauth")
         let first = try await server.grant()
         let firstJSON = try JSON.parse(first)
@@ -123,12 +120,12 @@ struct ReplaceTests {
         let d = try ConfiguredDaemon(config: "[Vault]\nSocketMode=0666\n\n[Provider demo]\nType=static\n")
         let user = uniqueName("replace-uid")
         let uidA = try #require(TestUsers.uid(TestUsers.a))
-        let login = try vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_owner_a1b2c3d4e5")
-        #expect(login.status == 0, "\(login.stderr)")
-        let r = try vaultctl(
-            as: TestUsers.b, d.socketPath, ["--owner", String(uidA), "login", "--replace", "demo", user],
-            input: "tok_intruder_b1b2c3d4")
-        #expect(r.status == 1 && r.stderr.contains("ERR_ACCESS_DENIED"), "\(r.stdout) \(r.stderr)")
+        try expectSuccess(
+            vaultctl(as: TestUsers.a, d.socketPath, ["login", "demo", user], input: "tok_owner_a1b2c3d4e5"))
+        try expectFailure(
+            vaultctl(
+                as: TestUsers.b, d.socketPath, ["--owner", String(uidA), "login", "--replace", "demo", user],
+                input: "tok_intruder_b1b2c3d4"), saying: "ERR_ACCESS_DENIED")
         let token = try vaultctl(as: TestUsers.a, d.socketPath, ["--json", "token", "demo", user])
         #expect((try? JSON.parse(token.stdout))?["token"]?.stringValue == "tok_owner_a1b2c3d4e5")
         // The owner may.
@@ -145,8 +142,7 @@ struct ReportRejectedTests {
         "Should refresh once for eight clients reporting the current token at once, and answer a stale report at once")
     func reportersShareOneRefresh() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("rejected")
         let grant = try await server.grant()
         let access = try #require(try JSON.parse(grant)["access_token"]?.stringValue)
@@ -185,8 +181,7 @@ struct ReportRejectedTests {
     func staticSessionEnds() async throws {
         let fixture = try DaemonFixture()
         let user = uniqueName("rejected-static")
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "demo", user], input: "tok_static_abcdefgh1234").status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "demo", user], input: "tok_static_abcdefgh1234"))
         let watcher = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30).subscribe(
             provider: "demo", user: user)
         let other = try vaultctl(
@@ -198,8 +193,7 @@ struct ReportRejectedTests {
         #expect(r.status == 0 && r.stdout.hasPrefix("ended"), "\(r.stdout) \(r.stderr)")
         let event = try watcher.next()
         #expect(event?.kind == .tokenInvalid && event?.reason == "rejected", "\(String(describing: event))")
-        let token = try vaultctl(fixture.socketPath, ["token", "demo", user])
-        #expect(token.status == 1 && token.stderr.contains("ERR_NOT_LOGGED_IN"), "\(token.stderr)")
+        try expectFailure(vaultctl(fixture.socketPath, ["token", "demo", user]), saying: "ERR_NOT_LOGGED_IN")
         #expect(try await fixture.store.holds(provider: "demo", user: user) == false)
     }
 

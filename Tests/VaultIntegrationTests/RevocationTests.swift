@@ -14,10 +14,8 @@ import VaultProtocol
 struct RevocationTests {
     /// A fixture whose one provider, `oauth`, revokes at `server`'s /revoke.
     func start(_ server: TokenServer, engine: StoreEngine) throws -> (DaemonFixture, RunningDaemon) {
-        let fixture = try DaemonFixture(start: false, engine: engine)
-        try server.providerSection(revocation: true).write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        return (fixture, try fixture.start())
+        let fixture = try DaemonFixture(config: server.providerSection(revocation: true), engine: engine)
+        return (fixture, fixture.daemon!)
     }
 
     /// Every item of one account in the keyring, whatever its schema (a

@@ -48,8 +48,7 @@ struct RotationTests {
         #expect(before.rows == [before.meta], "every row is under the database's key")
         #expect(try fixture.dataKeyIDs() == [before.meta])
 
-        let run = try rotate(fixture)
-        #expect(run.status == 0, "\(run.stderr)")
+        let run = try expectSuccess(rotate(fixture))
         let after = try keyIDs(fixture)
         #expect(after.meta != before.meta, "the key changed")
         #expect(after.rows == [after.meta], "every row is under the new key: \(after.rows)")
@@ -105,8 +104,7 @@ struct RotationTests {
 
         try writeKey("data-key.previous", old)
         try writeKey("data-key", (0..<32).map { _ in UInt8.random(in: 0...255) })
-        let run = try rotate(fixture, environment: environment)
-        #expect(run.status == 0, "\(run.stderr)")
+        let run = try expectSuccess(rotate(fixture, environment: environment))
         let after = try keyIDs(fixture)
         #expect(after.meta != before.meta && after.rows == [after.meta])
         #expect(run.stdout.contains("from data key \(before.meta)") && run.stdout.contains(after.meta), "\(run.stdout)")
@@ -118,16 +116,15 @@ struct RotationTests {
     @Test("Should refuse to rotate the Secret Service store, or while vaultd serves the database")
     func refusals() async throws {
         let fixture = try MigrationFixture()
-        let notSQLite = try runCommand(
-            Binaries.vaultd, ["--config", fixture.configPath, "--rotate-key"],
-            environment: fixture.environment("secret-service"))
-        #expect(notSQLite.status == 1 && notSQLite.stderr.contains("rotates the data key of the SQLite store"))
+        try expectFailure(
+            runCommand(
+                Binaries.vaultd, ["--config", fixture.configPath, "--rotate-key"],
+                environment: fixture.environment("secret-service")), saying: "rotates the data key of the SQLite store")
 
         try await fixture.populate(on: "sqlite")
         let before = try keyIDs(fixture)
         let daemon = try fixture.start("sqlite")
-        let run = try rotate(fixture)
-        #expect(run.status == 1 && run.stderr.contains("is in use"), "\(run.stderr)")
+        try expectFailure(rotate(fixture), saying: "is in use")
         daemon.stop()
         #expect(try keyIDs(fixture).meta == before.meta)
     }

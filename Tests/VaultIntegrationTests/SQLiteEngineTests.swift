@@ -90,13 +90,9 @@ struct SQLiteEngineTests {
         let broken = uniqueName("broken")
         for user in [good, broken] {
             try await fixture.store.seed(
-                SessionRecord(
-                    account: Account(provider: "demo", user: user), user: UserProfile(uid: user),
-                    tokens: TokenSet(accessToken: Secret(Self.token)), createdAt: UnixTime(seconds: 1),
-                    expiresAt: nil, ownerUID: getuid()))
+                storedSession("demo", user, tokens: TokenSet(accessToken: Secret(Self.token))))
         }
-        let damage = try damageRow(SQLiteFiles(socketPath: fixture.socketPath).database, user: broken)
-        #expect(damage.status == 0, "\(damage.stderr)")
+        try expectSuccess(damageRow(SQLiteFiles(socketPath: fixture.socketPath).database, user: broken))
         let daemon = try fixture.start()
         #expect(
             daemon.output.text.contains("a stored item could not be read as a session and is ignored"),
@@ -152,8 +148,7 @@ struct SQLiteEngineTests {
     )
     func lockedByAnotherProgram() async throws {
         let fixture = try DaemonFixture(start: false, engine: .sqlite)
-        try "[Vault]\nStoreTimeout=2\n\n[Provider demo]\nType=static\n".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure("[Vault]\nStoreTimeout=2\n\n[Provider demo]\nType=static\n")
         try fixture.start()
         let first = uniqueName("first")
         let second = uniqueName("second")
@@ -167,8 +162,7 @@ struct SQLiteEngineTests {
         #expect(!refused.stderr.contains(first), "\(refused.stderr)")
         #expect(refused.stderr.contains("another process holds the database"), "\(refused.stderr)")
         #expect(try vaultctl(fixture.socketPath, ["token", "demo", first]).stdout == Self.token + "\n")
-        let logout = try vaultctl(fixture.socketPath, ["logout", "demo", first])
-        #expect(logout.status == 1 && logout.stderr.contains(first), "\(logout.stderr)")
+        try expectFailure(vaultctl(fixture.socketPath, ["logout", "demo", first]), saying: first)
 
         try lock.release()
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", second], input: Self.token).status == 0)

@@ -249,14 +249,13 @@ struct ServiceManagerTests {
         let user = uniqueName("reload")
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token).status == 0)
 
-        try "[Provider second]\nType=static\n".write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure("[Provider second]\nType=static\n")
         kill(daemon.process.processIdentifier, SIGHUP)
         #expect(notify.wait(for: "RELOADING=1") != nil)
         #expect(notify.wait(for: "READY=1") != nil)
         #expect(daemon.output.wait(for: "configuration reloaded"))
 
-        let second = try vaultctl(fixture.socketPath, ["login", "second", user], input: DaemonTests.token)
-        #expect(second.status == 0, "\(second.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "second", user], input: DaemonTests.token))
         let gone = try vaultctl(fixture.socketPath, ["login", "demo", uniqueName("new")], input: DaemonTests.token)
         #expect(gone.stderr.contains("ERR_PROVIDER_NOT_FOUND"))
         let kept = try vaultctl(fixture.socketPath, ["token", "demo", user])
@@ -273,7 +272,7 @@ struct ServiceManagerTests {
         let declared = { (owner: String) in
             "[Provider demo]\nType=static\n\n[Account demo \(user)]\nOwner=\(owner)\n"
         }
-        try declared("root").write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(declared("root"))
         let (notify, daemon) = try startNotified(fixture)
         defer { daemon.stop() }
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: DaemonTests.token).status == 0)
@@ -285,7 +284,7 @@ struct ServiceManagerTests {
         }
         // The account now belongs to another user: root's calls address that
         // user's session, whose token is handed to its owner alone.
-        try declared("nobody").write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(declared("nobody"))
         kill(daemon.process.processIdentifier, SIGHUP)
         #expect(notify.wait(for: "RELOADING=1") != nil)
         #expect(notify.wait(for: "READY=1") != nil)
@@ -297,14 +296,12 @@ struct ServiceManagerTests {
 
         // Root may now read the other user's session: the same bytes get that
         // session's token, and the audit trail counts those handouts under it.
-        try (declared("nobody") + "TokenReadUsers=root\n").write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(declared("nobody") + "TokenReadUsers=root\n")
         kill(daemon.process.processIdentifier, SIGHUP)
         #expect(notify.wait(for: "RELOADING=1") != nil)
         #expect(notify.wait(for: "READY=1") != nil)
         let other = "tok_reload_other_owner_abcdefgh"
-        let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: other)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "demo", user], input: other))
         for _ in 0..<4 {
             try asker.send(getToken)
             #expect(try asker.nextReply()?.parameters["token"]?.stringValue == other)
@@ -325,8 +322,7 @@ struct ServiceManagerTests {
         let fixture = try DaemonFixture(start: false)
         let (notify, daemon) = try startNotified(fixture)
         defer { daemon.stop() }
-        try "[Provider demo]\nType=static\nBogus=1\n".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure("[Provider demo]\nType=static\nBogus=1\n")
         #expect(notify.wait(for: "READY=1") != nil)
         kill(daemon.process.processIdentifier, SIGHUP)
         #expect(notify.wait(for: "RELOADING=1") != nil)
@@ -349,12 +345,11 @@ struct ServiceManagerTests {
             toFile: config + ".d/10-extra.conf", atomically: true, encoding: .utf8)
         try "[Vault]\nStoreTimeout=7s\n".write(toFile: config + ".d/20-later.conf", atomically: true, encoding: .utf8)
         try "[Provider ignored]\n".write(toFile: config + ".d/README", atomically: true, encoding: .utf8)
-        let check = try runCommand(Binaries.vaultd, ["--check-config", "--config", config])
-        #expect(check.status == 0, "\(check.stderr)")
+        let check = try expectSuccess(runCommand(Binaries.vaultd, ["--check-config", "--config", config]))
         #expect(check.stdout.contains("2 provider(s)"))
         try "[Provider extra]\nWrong=1\n".write(toFile: config + ".d/30-bad.conf", atomically: true, encoding: .utf8)
-        let bad = try runCommand(Binaries.vaultd, ["--check-config", "--config", config])
-        #expect(bad.status == 1)
-        #expect(bad.stderr.contains("\(config).d/30-bad.conf:2: unknown key 'Wrong'"))
+        try expectFailure(
+            runCommand(Binaries.vaultd, ["--check-config", "--config", config]),
+            saying: "\(config).d/30-bad.conf:2: unknown key 'Wrong'")
     }
 }

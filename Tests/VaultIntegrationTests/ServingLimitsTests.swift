@@ -367,8 +367,7 @@ struct ServingLimitsIntegrationTests {
         #expect(page.parameters["sessions"]?.arrayValue?.count == 10)
         #expect(page.parameters["next"]?.stringValue != nil)
         // vaultctl asks for smaller pages and lists all 40.
-        let list = try vaultctl(d.socketPath, ["--json", "list"])
-        #expect(list.status == 0, "\(list.stderr)")
+        let list = try expectSuccess(vaultctl(d.socketPath, ["--json", "list"]))
         #expect(try JSON.parse(list.stdout)["sessions"]?.arrayValue?.count == 40)
     }
 

@@ -51,24 +51,24 @@ struct SessionSinkTests {
     @Test("Should give exec's command every field of the session, and --env NAME=FIELD under the program's names")
     func execVariables() async throws {
         let server = try TokenServer(["--lifetime", "3600", "--salesforce"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("sink")
-        let login = try vaultctl(
-            fixture.socketPath, ["login", "oauth", user], input: try await grant(server, scope: "api refresh_token"))
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(
+            vaultctl(
+                fixture.socketPath, ["login", "oauth", user], input: try await grant(server, scope: "api refresh_token")
+            ))
         let fields = try expected(fixture, user)
         #expect(fields["scope"] == "api refresh_token", "GetToken tells the scope: \(fields)")
         #expect(fields["instance_url"] == server.url && fields["type"] == "Bearer", "\(fields)")
         #expect(fields["expires_at"] != nil)
 
-        let run = try vaultctl(
-            fixture.socketPath,
-            [
-                "exec", "--env", "SF_URL=instance_url", "--env", "WHO=user", "--env", "BEARER=token", "oauth", user,
-                "--", "/usr/bin/env", "-0",
-            ])
-        #expect(run.status == 0, "\(run.stderr)")
+        let run = try expectSuccess(
+            vaultctl(
+                fixture.socketPath,
+                [
+                    "exec", "--env", "SF_URL=instance_url", "--env", "WHO=user", "--env", "BEARER=token", "oauth", user,
+                    "--", "/usr/bin/env", "-0",
+                ]))
         #expect(environment(run.stdout) == variables(fields), "\(run.stderr)")
         #expect(
             environment(run.stdout, ["SF_URL", "WHO", "BEARER"])
@@ -86,22 +86,21 @@ struct SessionSinkTests {
     @Test("Should unset in exec's command the variables of fields the session lacks, not pass on the caller's")
     func execUnsetsMissingFields() async throws {
         let server = try TokenServer(["--lifetime", "3600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("bare")
         #expect(
             try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await grant(server, scope: nil))
                 .status == 0)
         let fields = try expected(fixture, user)
         #expect(fields["instance_url"] == nil && fields["scope"] == nil, "\(fields)")
-        let run = try runCommand(
-            Binaries.vaultctl,
-            [
-                "--socket", fixture.socketPath, "exec", "--env", "URL=instance_url", "oauth", user, "--",
-                "/usr/bin/env", "-0",
-            ],
-            environment: ["VAULTD_INSTANCE_URL": "https://stale.example", "VAULTD_SCOPE": "stale", "URL": "stale"])
-        #expect(run.status == 0, "\(run.stderr)")
+        let run = try expectSuccess(
+            runCommand(
+                Binaries.vaultctl,
+                [
+                    "--socket", fixture.socketPath, "exec", "--env", "URL=instance_url", "oauth", user, "--",
+                    "/usr/bin/env", "-0",
+                ],
+                environment: ["VAULTD_INSTANCE_URL": "https://stale.example", "VAULTD_SCOPE": "stale", "URL": "stale"]))
         #expect(
             environment(run.stdout, SessionField.allCases.map(\.variable) + ["URL"]) == variables(fields),
             "\(run.stderr)")
@@ -110,8 +109,7 @@ struct SessionSinkTests {
     @Test("Should restart exec's command with the refreshed session's fields")
     func execFollowsRefresh() async throws {
         let server = try TokenServer(["--lifetime", "3600", "--salesforce"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let user = uniqueName("sinkr")
         #expect(
             try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await grant(server, scope: "api"))

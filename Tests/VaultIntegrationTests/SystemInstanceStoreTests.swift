@@ -41,8 +41,7 @@ struct SystemInstanceStoreTests {
         let keyID = try #require(SystemUnitRun.keyID(in: first.output.text), "\(first.output.text)")
         #expect(first.output.text.contains("SQLite database \(unit.database)"), "\(first.output.text)")
         #expect(first.output.text.contains("the credential data-key"), "\(first.output.text)")
-        let login = try vaultctl(unit.socket, ["login", "demo", user], input: token)
-        #expect(login.status == 0, "\(login.stderr)")
+        try expectSuccess(vaultctl(unit.socket, ["login", "demo", user], input: token))
         #expect(try vaultctl(unit.socket, ["token", "demo", user]).stdout == token + "\n")
         #expect(first.stop() == 0, "\(first.output.text)")
 
@@ -57,8 +56,7 @@ struct SystemInstanceStoreTests {
 
         let second = try unit.start()
         #expect(SystemUnitRun.keyID(in: second.output.text) == keyID, "\(second.output.text)")
-        let again = try vaultctl(unit.socket, ["token", "demo", user])
-        #expect(again.status == 0, "\(again.stderr)")
+        let again = try expectSuccess(vaultctl(unit.socket, ["token", "demo", user]))
         #expect(again.stdout == token + "\n")
         #expect(second.stop() == 0, "\(second.output.text)")
         #expect(!first.allOutput.contains(token) && !second.allOutput.contains(token))

@@ -105,8 +105,7 @@ struct SystemdUnitTests {
     @Test("Should rate the system service 2.0 or lower in systemd-analyze security, as its comment records")
     func securityExposure() throws {
         let unit = Self.root.appendingPathComponent("systemd/system/vaultd.service").path
-        let result = try runCommand(Self.analyze, ["security", "--offline=true", "--no-pager", unit])
-        #expect(result.status == 0, "\(result.stderr)")
+        let result = try expectSuccess(runCommand(Self.analyze, ["security", "--offline=true", "--no-pager", unit]))
         let score = try #require(Self.exposure(in: result.stdout), "no overall exposure in:\n\(result.stdout)")
         #expect(score <= 2.0, "\(result.stdout)")
         // The score written at the top of the unit is the one measured.
@@ -160,18 +159,17 @@ struct SystemdUnitTests {
         let etc = dir.path("etc")
         try FileManager.default.createDirectory(atPath: etc, withIntermediateDirectories: true)
         let environment = ["SYSTEMD_CREDENTIAL_SECRET": dir.path("credential.secret")]
-        let made = try runCommand(
-            URL(fileURLWithPath: "/bin/sh"), ["-c", command.replacingOccurrences(of: "/etc/vaultd/", with: "\(etc)/")],
-            environment: environment)
-        #expect(made.status == 0, "\(made.stderr)")
+        try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/bin/sh"),
+                ["-c", command.replacingOccurrences(of: "/etc/vaultd/", with: "\(etc)/")], environment: environment))
         let credential = "\(etc)/data-key.cred"
         let attributes = try FileManager.default.attributesOfItem(atPath: credential)
         #expect((attributes[.posixPermissions] as? Int) == 0o600, "\(attributes)")
         // systemd decrypts it (as LoadCredentialEncrypted= does) into exactly 32 bytes.
         let plain = dir.path("data-key")
-        let decrypted = try runCommand(
-            Self.creds, ["decrypt", "--name=data-key", credential, plain], environment: environment)
-        #expect(decrypted.status == 0, "\(decrypted.stderr)")
+        try expectSuccess(
+            runCommand(Self.creds, ["decrypt", "--name=data-key", credential, plain], environment: environment))
         #expect(FileManager.default.contents(atPath: plain)?.count == 32)
         // Under another name (the unit's ID must be data-key) it is refused.
         let renamed = try runCommand(

@@ -14,10 +14,8 @@ struct TokenCommandTests {
         ]
         for (index, token) in tokens.enumerated() {
             let user = "user\(index)"
-            let login = try vaultctl(fixture.socketPath, ["login", "demo", user], input: token)
-            #expect(login.status == 0, "\(login.stderr)")
-            let plain = try vaultctl(fixture.socketPath, ["token", "demo", user])
-            #expect(plain.status == 0, "\(plain.stderr)")
+            try expectSuccess(vaultctl(fixture.socketPath, ["login", "demo", user], input: token))
+            let plain = try expectSuccess(vaultctl(fixture.socketPath, ["token", "demo", user]))
             #expect(plain.stdout == token + "\n")
             let json = try vaultctl(fixture.socketPath, ["--json", "token", "demo", user])
             let object = try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any]
@@ -28,8 +26,7 @@ struct TokenCommandTests {
     @Test("Should report a session that is not logged in and an unreachable vaultd as the general path does")
     func reportsFailures() throws {
         let fixture = try DaemonFixture()
-        let missing = try vaultctl(fixture.socketPath, ["token", "demo", "nobody"])
-        #expect(missing.status == 1)
+        let missing = try expectFailure(vaultctl(fixture.socketPath, ["token", "demo", "nobody"]))
         #expect(missing.stdout.isEmpty)
         #expect(
             missing.stderr

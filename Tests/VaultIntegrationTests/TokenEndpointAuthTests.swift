@@ -74,6 +74,80 @@ final class AuthlibServer {
     /// Every token and revocation request the server took, oldest first.
     func requests() throws -> [JSON] { try stats()["requests"]?.arrayValue ?? [] }
 
+    /// The requests to `endpoint` the server took, with `grant_type` `grant` for the token endpoint.
+    func requests(_ endpoint: String, grant: String? = nil) throws -> [JSON] {
+        try requests().filter {
+            $0["endpoint"]?.stringValue == endpoint && (grant == nil || $0["grant_type"]?.stringValue == grant)
+        }
+    }
+
+    /// What `heldRefreshTokenCycle` went through.
+    struct HeldCycle {
+        /// The token response `vaultctl login` was handed, and its refresh token.
+        var issued: JSON
+        var firstRefresh: String
+        /// The access token after the refresh, and the refresh tokens live then.
+        var token: String
+        var live: [String]
+        /// The revocation requests the logout made.
+        var revoked: [JSON]
+        /// What vaultctl wrote at the login and the refresh.
+        var output: String
+    }
+
+    /// The steps of a refresh token a login brings: issues one for
+    /// `client`, logs `user` of provider `oauth` in with it, refreshes,
+    /// checks that the new access token works and that the refresh token
+    /// rotated, logs out and checks that the rotated one was revoked.
+    func heldRefreshTokenCycle(
+        _ fixture: DaemonFixture, _ client: Registration, user: String,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws -> HeldCycle {
+        let issued = try issue(client)
+        let firstRefresh = try #require(issued["refresh_token"]?.stringValue, sourceLocation: sourceLocation)
+        let login = try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "oauth", user], input: issued.text), sourceLocation: sourceLocation)
+        let refreshed = try expectSuccess(
+            vaultctl(fixture.socketPath, ["refresh", "oauth", user]), sourceLocation: sourceLocation)
+        let token = try fixture.token("oauth", user)
+        #expect(try accepts(token), sourceLocation: sourceLocation)
+        // Rotation: the held refresh token works no more, the new one does.
+        let live = try liveRefreshTokens()
+        #expect(
+            live.count == 1 && live.first != firstRefresh, "rotated: \(live.count) live", sourceLocation: sourceLocation
+        )
+        try expectSuccess(vaultctl(fixture.socketPath, ["logout", "oauth", user]), sourceLocation: sourceLocation)
+        let revoked = try await eventually(tries: 250, { try requests("revoke") }, until: { !$0.isEmpty })
+        #expect(revoked.count == 1, sourceLocation: sourceLocation)
+        #expect(
+            try liveRefreshTokens().isEmpty, "the rotated refresh token was revoked", sourceLocation: sourceLocation)
+        return HeldCycle(
+            issued: issued, firstRefresh: firstRefresh, token: token, live: live, revoked: revoked,
+            output: login.stdout + login.stderr + refreshed.stdout + refreshed.stderr)
+    }
+
+    /// A running vaultd whose provider `oauth` is `client` here, refreshing
+    /// as often as asked (`MinRefreshInterval=0`), with `vault` in its
+    /// `[Vault]` section, revoking here when `revocation`, the client's
+    /// secret in a `ClientSecretFile=` when it has one, `lines` added to the
+    /// provider's section, and `after` after it.
+    func daemon(
+        _ client: Registration, vault: String = "", revocation: Bool = true, lines: [String] = [], after: String = ""
+    ) throws -> DaemonFixture {
+        let fixture = try DaemonFixture(start: false)
+        var text = "[Vault]\nMinRefreshInterval=0\n\(vault)\n[Provider oauth]\nType=oauth2\n"
+        text += "TokenURL=\(url)/token\nClientID=\(client.id)\n" + (revocation ? "RevocationURL=\(url)/revoke\n" : "")
+        if let secret = client.secret {
+            let path = fixture.directory.path("client-secret")
+            try secret.write(toFile: path, atomically: true, encoding: .utf8)
+            text += "ClientSecretFile=\(path)\n"
+        }
+        text += lines.map { $0 + "\n" }.joined() + after
+        try fixture.configure(text)
+        try fixture.start()
+        return fixture
+    }
+
     /// The refresh tokens that still work.
     func liveRefreshTokens() throws -> [String] {
         try stats()["live_refresh_tokens"]?.arrayValue?.compactMap(\.stringValue) ?? []
@@ -118,25 +192,7 @@ struct TokenEndpointAuthTests {
     /// A running vaultd whose provider `oauth` is `client` at `server`,
     /// with `TokenEndpointAuthMethod=method` when given.
     func start(_ server: AuthlibServer, _ client: AuthlibServer.Registration, method: String?) throws -> DaemonFixture {
-        let fixture = try DaemonFixture(start: false)
-        var text = "[Vault]\nMinRefreshInterval=0\n\n[Provider oauth]\nType=oauth2\n"
-        text += "TokenURL=\(server.url)/token\nRevocationURL=\(server.url)/revoke\nClientID=\(client.id)\n"
-        if let secret = client.secret {
-            let path = fixture.directory.path("client-secret")
-            try secret.write(toFile: path, atomically: true, encoding: .utf8)
-            text += "ClientSecretFile=\(path)\n"
-        }
-        if let method { text += "TokenEndpointAuthMethod=\(method)\n" }
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
-        return fixture
-    }
-
-    /// The requests to `endpoint` the server took, with `grant_type` for the token endpoint.
-    func requests(_ server: AuthlibServer, _ endpoint: String, grant: String? = nil) throws -> [JSON] {
-        try server.requests().filter {
-            $0["endpoint"]?.stringValue == endpoint && (grant == nil || $0["grant_type"]?.stringValue == grant)
-        }
+        try server.daemon(client, lines: method.map { ["TokenEndpointAuthMethod=\($0)"] } ?? [])
     }
 
     /// Checks that every request of `seen` authenticated `client` by its method, on the wire too.
@@ -179,35 +235,14 @@ struct TokenEndpointAuthTests {
         let directory = try TemporaryDirectory()
         let server = try AuthlibServer(directory: directory)
         let fixture = try start(server, client, method: method)
-        let user = uniqueName("auth")
-        let issued = try server.issue(client)
-        let firstRefresh = try #require(issued["refresh_token"]?.stringValue)
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: issued.text)
-        #expect(login.status == 0, "\(login.stderr)")
-
-        let refreshed = try vaultctl(fixture.socketPath, ["refresh", "oauth", user])
-        #expect(refreshed.status == 0, "\(refreshed.stderr)")
-        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
-            .trimmingCharacters(in: .whitespacesAndNewlines)
-        #expect(token != issued["access_token"]?.stringValue, "the refresh gave a new access token")
-        #expect(try server.accepts(token))
-        let refreshes = try requests(server, "token", grant: "refresh_token")
+        let cycle = try await server.heldRefreshTokenCycle(fixture, client, user: uniqueName("auth"))
+        #expect(cycle.token != cycle.issued["access_token"]?.stringValue, "the refresh gave a new access token")
+        let refreshes = try server.requests("token", grant: "refresh_token")
         #expect(refreshes.count == 1)
         expectAuthenticated(refreshes, as: client)
-        // Rotation: the held refresh token works no more, the new one does.
-        let live = try server.liveRefreshTokens()
-        #expect(live.count == 1 && live.first != firstRefresh, "\(live.count) live")
-
-        let logout = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
-        #expect(logout.status == 0, "\(logout.stderr)")
-        let revoked = try await eventually(tries: 250, { try requests(server, "revoke") }, until: { !$0.isEmpty })
-        #expect(revoked.count == 1)
-        expectAuthenticated(revoked, as: client)
-        #expect(try server.liveRefreshTokens().isEmpty, "the rotated refresh token was revoked")
+        expectAuthenticated(cycle.revoked, as: client)
         let daemon = try #require(fixture.daemon)
-        expectNoSecrets(
-            daemon.allOutput + login.stdout + login.stderr + refreshed.stdout + refreshed.stderr, client,
-            tokens: [firstRefresh] + live)
+        expectNoSecrets(daemon.allOutput + cycle.output, client, tokens: [cycle.firstRefresh] + cycle.live)
     }
 
     @Test(
@@ -219,12 +254,10 @@ struct TokenEndpointAuthTests {
         let server = try AuthlibServer(directory: directory)
         let fixture = try start(server, client, method: method)
         let user = uniqueName("cc")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
-        #expect(login.status == 0, "\(login.stderr)")
-        let token = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let login = try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]))
+        let token = try fixture.token("oauth", user)
         #expect(try server.accepts(token))
-        let grants = try requests(server, "token", grant: "client_credentials")
+        let grants = try server.requests("token", grant: "client_credentials")
         #expect(grants.count == 1)
         expectAuthenticated(grants, as: client)
         _ = try vaultctl(fixture.socketPath, ["logout", "oauth", user])
@@ -243,9 +276,8 @@ struct TokenEndpointAuthTests {
         let server = try AuthlibServer(directory: directory)
         let fixture = try start(server, client, method: method)
         let user = uniqueName("wrong")
-        let login = try vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"])
-        #expect(login.status == 1)
-        let grants = try requests(server, "token", grant: "client_credentials")
+        let login = try expectFailure(vaultctl(fixture.socketPath, ["login", "oauth", user, "--from-provider"]))
+        let grants = try server.requests("token", grant: "client_credentials")
         #expect(grants.count == 1)
         for request in grants {
             #expect(request["status"]?.integerValue == 401, "\(request.text)")

@@ -103,13 +103,9 @@ struct TokenFileTests {
         var text = try String(contentsOfFile: fixture.configPath, encoding: .utf8)
         text += "\n\n[Provider demo]\nType=static\n"
         for (header, lines) in accounts { text += "\n[Account \(header)]\n\(lines)\n" }
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(text)
         try fixture.start()
         return fixture
-    }
-
-    func token(_ fixture: DaemonFixture, _ provider: String, _ user: String) throws -> String {
-        try vaultctl(fixture.socketPath, ["token", provider, user]).stdout.trimmingCharacters(in: .newlines)
     }
 
     /// Waits (bounded) until the file at `path` holds `expected` (nil: is gone).
@@ -129,9 +125,8 @@ struct TokenFileTests {
         let fixture = try start(server, [("oauth \(user)", "TokenFile=\(path)")])
         #expect(content(path) == nil)
 
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        var expected = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        var expected = try fixture.token("oauth", user)
         #expect(!expected.isEmpty)
         #expect(try await fileBecomes(path, expected) == expected, "\(fixture.daemon!.output.text)")
         let st = try #require(status(path))
@@ -142,17 +137,16 @@ struct TokenFileTests {
         var issued: Set<String> = [expected]
         for _ in 0..<15 {
             #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
-            let next = try token(fixture, "oauth", user)
+            let next = try fixture.token("oauth", user)
             #expect(next != expected, "the refresh gave a new token")
             expected = next
             issued.insert(next)
             #expect(try await fileBecomes(path, expected) == expected)
         }
         // A replacement by hand (login --replace) is a change like a refresh.
-        let replace = try vaultctl(
-            fixture.socketPath, ["login", "--replace", "oauth", user], input: try await server.grant())
-        #expect(replace.status == 0, "\(replace.stderr)")
-        let replaced = try token(fixture, "oauth", user)
+        try expectSuccess(
+            vaultctl(fixture.socketPath, ["login", "--replace", "oauth", user], input: try await server.grant()))
+        let replaced = try fixture.token("oauth", user)
         #expect(replaced != expected)
         issued.insert(replaced)
         expected = replaced
@@ -169,9 +163,8 @@ struct TokenFileTests {
         #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0)
         #expect(try await fileBecomes(path, nil) == nil, "removed at logout")
 
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        let again = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let again = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, again) == again)
         #expect(try vaultctl(fixture.socketPath, ["kick", "oauth", user]).status == 0)
         #expect(try await fileBecomes(path, nil) == nil, "removed at a kick")
@@ -189,8 +182,7 @@ struct TokenFileTests {
         let expiring = directory.file("expiring.token")
         let fixture = try start(
             server, [("oauth \(user)", "TokenFile=\(refused)"), ("demo \(user)", "TokenFile=\(expiring)")])
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
         let expiresAt = Int(Date().timeIntervalSince1970) + 3
         #expect(
             try vaultctl(
@@ -220,9 +212,8 @@ struct TokenFileTests {
         let stale = directory.file("stale.token")
         let fixture = try start(
             server, [("oauth \(user)", "TokenFile=\(path)"), ("oauth nobody-\(user)", "TokenFile=\(stale)")])
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        let live = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let live = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, live) == live)
 
         #expect(fixture.daemon!.stop() == 0)
@@ -236,7 +227,7 @@ struct TokenFileTests {
         let moved = directory.file("moved.token")
         var text = try String(contentsOfFile: fixture.configPath, encoding: .utf8)
         text = text.replacingOccurrences(of: "TokenFile=\(path)", with: "TokenFile=\(moved)")
-        try text.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure(text)
         kill(fixture.daemon!.process.processIdentifier, SIGHUP)
         _ = try await eventually({ (content(path), content(moved)) }, until: { $0.0 == nil && $0.1 == live })
         #expect(content(path) == nil && content(moved) == live, "\(fixture.daemon!.output.text)")
@@ -251,15 +242,14 @@ struct TokenFileTests {
         let user = uniqueName("tokenfile")
         let path = directory.file("t.token")
         let fixture = try start(server, [("oauth \(user)", "TokenFile=\(path)")])
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        let first = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let first = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, first) == first)
 
         // A directory others may write is refused before each write, as at the check.
         #expect(chmod(directory.path, 0o777) == 0)
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
-        let second = try token(fixture, "oauth", user)
+        let second = try fixture.token("oauth", user)
         let output = fixture.daemon!.output
         #expect(output.wait(for: "error: the token file could not be written"), "\(output.text)")
         #expect(content(path) == first, "the failed write left the old file as it was")
@@ -267,7 +257,7 @@ struct TokenFileTests {
 
         #expect(chmod(directory.path, 0o700) == 0)
         #expect(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).status == 0)
-        let third = try token(fixture, "oauth", user)
+        let third = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, third) == third, "written at the next change")
     }
 
@@ -285,17 +275,18 @@ struct TokenFileTests {
         let path = directory.file("t.token")
         let fixture = try DaemonFixture(start: false)
         #expect(chmod(fixture.directory.url.path, 0o755) == 0)
-        try """
-        [Vault]
-        SocketMode=0666
+        try fixture.configure(
+            """
+            [Vault]
+            SocketMode=0666
 
-        [Provider demo]
-        Type=static
+            [Provider demo]
+            Type=static
 
-        [Account demo \(user)]
-        Owner=\(TestUsers.a)
-        TokenFile=\(path)
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
+            [Account demo \(user)]
+            Owner=\(TestUsers.a)
+            TokenFile=\(path)
+            """)
         let notify = try NotifyListener(path: fixture.directory.path("notify"))
         let daemon = try RunningDaemon(
             socketPath: fixture.socketPath, configPath: fixture.configPath, environment: ["NOTIFY_SOCKET": notify.path])
@@ -355,9 +346,8 @@ struct TokenFileTests {
         let path = directory.file("t.token")
         let fixture = try start(
             server, [("oauth \(user)", "TokenFile=\(path)\nTokenFileOwner=65534\nTokenFileMode=0640")])
-        #expect(
-            try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
-        let live = try token(fixture, "oauth", user)
+        try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
+        let live = try fixture.token("oauth", user)
         #expect(try await fileBecomes(path, live) == live)
         let st = try #require(status(path))
         #expect(st.st_uid == 65534 && st.st_mode & 0o7777 == 0o640)
@@ -372,8 +362,7 @@ struct TokenFileTests {
         let fixture = try DaemonFixture(start: false)
         let user = uniqueName("tokenfile")
         let path = directory.file("t.token")
-        try "[Provider demo]\nType=static\n\n[Account demo \(user)]\nTokenFile=\(path)\n".write(
-            toFile: fixture.configPath, atomically: true, encoding: .utf8)
+        try fixture.configure("[Provider demo]\nType=static\n\n[Account demo \(user)]\nTokenFile=\(path)\n")
         let daemon = try fixture.start()
         let secret = MemoryWipeTests.randomToken("tokfile")
         #expect(try vaultctl(fixture.socketPath, ["login", "demo", user], input: secret).status == 0)
@@ -399,9 +388,8 @@ struct TokenFileTests {
         let directory = try TemporaryDirectory()
         let config = directory.path("vaultd.conf")
         func check(_ tokenFile: String) throws -> CommandResult {
-            try "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenFile)\n".write(
-                toFile: config, atomically: true, encoding: .utf8)
-            return try runCommand(Binaries.vaultd, ["--config", config, "--check-config"])
+            return try checkConfigText(
+                "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenFile)\n", at: config)
         }
         let shared = try check("/dev/shm/\(uniqueName("alice")).token")
         #expect(shared.status == 1, "\(shared.stdout)")
@@ -430,17 +418,16 @@ struct TokenFileTests {
         let directory = try TemporaryDirectory()
         let config = directory.path("vaultd.conf")
         let tokenPath = directory.path("alice.token")
-        try "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenPath)\n".write(
-            toFile: config, atomically: true, encoding: .utf8)
-        let refused = try runCommand(Binaries.vaultd, ["--config", config, "--check-config"])
+        let refused = try checkConfigText(
+            "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenPath)\n", at: config)
         #expect(refused.status == 1, "\(refused.stdout)\(refused.stderr)")
         #expect(refused.stderr.contains("\(config):5: key 'TokenFile': \(directory.url.path) is on a disk file system"))
         #expect(refused.stderr.contains("TokenFileOnDisk=yes"), "\(refused.stderr)")
 
-        try "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenPath)\nTokenFileOnDisk=yes\n"
-            .write(toFile: config, atomically: true, encoding: .utf8)
-        let accepted = try runCommand(Binaries.vaultd, ["--config", config, "--check-config"])
-        #expect(accepted.status == 0, "\(accepted.stderr)")
+        try expectSuccess(
+            checkConfigText(
+                "[Provider demo]\nType=static\n\n[Account demo alice]\nTokenFile=\(tokenPath)\nTokenFileOnDisk=yes\n",
+                at: config))
         #expect(status(tokenPath) == nil, "the check writes nothing")
     }
 }

@@ -17,10 +17,10 @@ struct VaultctlOutputTests {
         .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/script"), "needs script(1) for a terminal"))
     func helpWidth() throws {
         // script(1) gives vaultctl a terminal; stty sets its width first.
-        let wide = try runCommand(
-            URL(fileURLWithPath: "/usr/bin/script"),
-            ["-qec", "stty cols 150; \(Binaries.vaultctl.path) help exec", "/dev/null"])
-        #expect(wide.status == 0, "\(wide.stderr)")
+        let wide = try expectSuccess(
+            runCommand(
+                URL(fileURLWithPath: "/usr/bin/script"),
+                ["-qec", "stty cols 150; \(Binaries.vaultctl.path) help exec", "/dev/null"]))
         // The prose between the usage and the examples, which are not broken.
         let prose = wide.stdout.replacingOccurrences(of: "\r", with: "").components(separatedBy: "\n\n").dropFirst()
             .joined(separator: "\n\n").components(separatedBy: "\nExamples:\n")[0]

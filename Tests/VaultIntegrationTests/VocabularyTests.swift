@@ -70,6 +70,19 @@ struct VocabularyTests {
             code: session?["lastErrorCode"]?.stringValue, providerCode: session?["lastProviderCode"]?.stringValue)
     }
 
+    /// What refreshing `oauth USER` on `socket` answers through `surface`:
+    /// vaultctl, the Swift client library or the Python one.
+    static func refresh(_ user: String, on socket: String, through surface: String) throws -> Pair {
+        switch surface {
+        case "vaultctl": return cli(try vaultctl(socket, ["refresh", "oauth", user]).stderr)
+        case "swift":
+            return swift { () throws(VaultClientError) in
+                _ = try VaultConnection(path: socket, timeoutSeconds: 30).refresh(provider: "oauth", user: user)
+            }
+        default: return try python(socket, #"refresh("oauth", "\#(user)")"#)
+        }
+    }
+
     /// The first event of `kind` on `watcher`, bounded.
     static func event(_ kind: EventKind, _ watcher: RecordedStream, reason: String? = nil) throws -> Pair {
         for _ in 0..<20 {
@@ -88,8 +101,8 @@ struct VocabularyTests {
         try fixture.start()
         let expected = Pair(code: "ERR_INVALID_CLIENT", providerCode: "AUTH_ERR_APIKEY_NOT_FOUND")
         let watcher = try RecordedStream(fixture.socketPath, provider: "cometchat", user: "alice", timeoutSeconds: 30)
-        let refused = try vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"])
-        #expect(refused.status == 1)
+        let refused = try expectFailure(
+            vaultctl(fixture.socketPath, ["login", "cometchat", "alice", "--from-provider"]))
         #expect(Self.cli(refused.stderr) == expected, "vaultctl: \(refused.stderr)")
         #expect(try Self.event(.loginFailed, watcher) == expected, "the event")
         #expect(try Self.session(fixture.socketPath, "cometchat", "alice") == expected, "GetSession")
@@ -105,26 +118,15 @@ struct VocabularyTests {
     @Test("Should carry invalid_grant as ERR_GRANT_REVOKED with invalid_grant everywhere")
     func revokedGrant() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let expected = Pair(code: "ERR_GRANT_REVOKED", providerCode: "invalid_grant")
         var seen: [String: Pair] = [:]
         for (index, surface) in ["vaultctl", "swift", "python"].enumerated() {
             let user = uniqueName("revoked\(index)")
-            #expect(
-                try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+            try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
             let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 30)
             try await server.post("/control/mode", json: ["mode": "invalid_grant", "count": 1])
-            switch surface {
-            case "vaultctl":
-                seen[surface] = Self.cli(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).stderr)
-            case "swift":
-                seen[surface] = Self.swift { () throws(VaultClientError) in
-                    _ = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30).refresh(
-                        provider: "oauth", user: user)
-                }
-            default: seen[surface] = try Self.python(fixture.socketPath, #"refresh("oauth", "\#(user)")"#)
-            }
+            seen[surface] = try Self.refresh(user, on: fixture.socketPath, through: surface)
             seen["event \(surface)"] = try Self.event(.tokenInvalid, watcher)
         }
         for (surface, pair) in seen { #expect(pair == expected, "\(surface)") }
@@ -133,8 +135,7 @@ struct VocabularyTests {
     @Test("Should carry a failing token endpoint as ERR_NETWORK_ERROR on every surface, the session kept")
     func networkFailure() async throws {
         let server = try TokenServer(["--lifetime", "600"])
-        let fixture = try DaemonFixture(oauthServer: server)
-        try fixture.start()
+        let fixture = try DaemonFixture(oauthServer: server, start: true)
         let expected = Pair(code: "ERR_NETWORK_ERROR")
         var seen: [String: Pair] = [:]
         // Every grant first, then the endpoint fails for good: a failure
@@ -143,23 +144,13 @@ struct VocabularyTests {
         var users: [String] = []
         for index in 0..<3 {
             let user = uniqueName("down\(index)")
-            #expect(
-                try vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()).status == 0)
+            try expectSuccess(vaultctl(fixture.socketPath, ["login", "oauth", user], input: try await server.grant()))
             users.append(user)
         }
         try await server.post("/control/mode", json: ["mode": "error500"])
         for (user, surface) in zip(users, ["vaultctl", "swift", "python"]) {
             let watcher = try RecordedStream(fixture.socketPath, provider: "oauth", user: user, timeoutSeconds: 30)
-            switch surface {
-            case "vaultctl":
-                seen[surface] = Self.cli(try vaultctl(fixture.socketPath, ["refresh", "oauth", user]).stderr)
-            case "swift":
-                seen[surface] = Self.swift { () throws(VaultClientError) in
-                    _ = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 30).refresh(
-                        provider: "oauth", user: user)
-                }
-            default: seen[surface] = try Self.python(fixture.socketPath, #"refresh("oauth", "\#(user)")"#)
-            }
+            seen[surface] = try Self.refresh(user, on: fixture.socketPath, through: surface)
             seen["event \(surface)"] = try Self.event(.connectionChanged, watcher, reason: "connectFailed")
             seen["GetSession \(surface)"] = try Self.session(fixture.socketPath, "oauth", user)
         }
