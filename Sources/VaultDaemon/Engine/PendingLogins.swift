@@ -141,14 +141,7 @@ extension SessionManager {
         log.info(
             "an interactive login's tokens did not become the session; they are revoked",
             fields(record.key, event: "revokeUnused"))
-        let revocation = PendingRevocation(queueing: record)
-        do throws(VaultError) {
-            try await store.apply(.savePendingRevocation(revocation))
-        } catch {
-            log.warning(
-                "a revocation could not be queued in the store; it is attempted all the same",
-                fields(record.key, event: "revokeUnused", code: error.code))
-        }
-        startRevocation(revocation, provider: provider, chargedTo: chargedUID(.peer(caller), owner: owner))
+        await queueRevocation(
+            PendingRevocation(queueing: record), provider: provider, by: .peer(caller), event: "revokeUnused")
     }
 }

@@ -438,14 +438,6 @@ extension SessionManager {
         log.info(
             "a refresh finished after its session ended; the tokens it obtained are revoked",
             fields(snapshot.key, event: "revokeOrphaned"))
-        let revocation = PendingRevocation(queueing: orphan)
-        do throws(VaultError) {
-            try await store.apply(.savePendingRevocation(revocation))
-        } catch {
-            log.warning(
-                "a revocation could not be queued in the store; it is attempted all the same",
-                fields(snapshot.key, event: "revokeOrphaned", code: error.code))
-        }
-        startRevocation(revocation, provider: provider)
+        await queueRevocation(PendingRevocation(queueing: orphan), provider: provider, event: "revokeOrphaned")
     }
 }

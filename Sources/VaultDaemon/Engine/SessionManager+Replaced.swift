@@ -34,17 +34,11 @@ extension SessionManager {
     func revokeReplaced(_ records: [SessionRecord]) async {
         for old in records {
             guard let provider = client(for: old.account.provider) else { continue }
-            let revocation = PendingRevocation(replacing: old)
-            do throws(VaultError) {
-                try await store.apply(.savePendingRevocation(revocation))
-            } catch {
-                log.warning(
-                    "the revocation of a replaced token could not be queued in the store; it is attempted all the same",
-                    fields(old.key, event: "revokeReplaced", code: error.code))
-            }
             log.info(
                 "a refresh replaced the access token; the old one is revoked", fields(old.key, event: "revokeReplaced"))
-            startRevocation(revocation, provider: provider)
+            await queueRevocation(
+                PendingRevocation(replacing: old), provider: provider, event: "revokeReplaced",
+                what: "the revocation of a replaced token")
         }
     }
 }

@@ -69,6 +69,25 @@ extension SessionManager {
         traffic.workerWaiting = false
     }
 
+    /// Queues `revocation` in the store, then starts it, charged as a request
+    /// of `principal` on its owner's session. A store that cannot take it is
+    /// logged (`event`, naming `what` could not be queued), and the revocation
+    /// is attempted all the same.
+    func queueRevocation(
+        _ revocation: PendingRevocation, provider: any TokenProvider, by principal: Principal = .vaultd,
+        event: String, what: String = "a revocation"
+    ) async {
+        do throws(VaultError) {
+            try await store.apply(.savePendingRevocation(revocation))
+        } catch {
+            log.warning(
+                "\(what) could not be queued in the store; it is attempted all the same",
+                fields(revocation.record.key, event: event, code: error.code))
+        }
+        startRevocation(
+            revocation, provider: provider, chargedTo: chargedUID(principal, owner: revocation.record.ownerUID))
+    }
+
     /// `startRevocation` charged to the owner (vaultd's own, or restored at start).
     func startRevocation(_ revocation: PendingRevocation, provider: any TokenProvider) {
         startRevocation(
