@@ -131,7 +131,7 @@ extension SessionManager {
             return endFailed(key, reason: reason, kind: kind, error)
         }
         switch begun {
-        case .started(let task), .inFlight(let task):
+        case .underWay(let task):
             spawn(evenWhenStopping: true) {
                 if case .failure(let error) = await task.value {
                     await self.endFailed(key, reason: reason, kind: kind, error)

@@ -383,7 +383,7 @@ extension SessionManager {
         }
         for _ in 0..<64 {
             switch try beginLogout(key, by: principal, reason: reason, kind: kind, cause: cause) {
-            case .started(let task), .inFlight(let task): return try await task.value.get()
+            case .underWay(let task): return try await task.value.get()
             case .afterChangeInFlight: await waitForChangeInFlight(key)
             case .again: continue
             }
@@ -393,10 +393,9 @@ extension SessionManager {
 
     /// How `beginLogout` went.
     enum LogoutStart {
-        /// Begun by this call: the task ends once the store and the table agree.
-        case started(Task<Result<Void, VaultError>, Never>)
-        /// Another logout of the session is in flight: its task.
-        case inFlight(Task<Result<Void, VaultError>, Never>)
+        /// A logout is under way, begun by this call or joined: its task ends
+        /// once the store and the table agree.
+        case underWay(Task<Result<Void, VaultError>, Never>)
         /// A login or replace of the session is in flight: begin again after it.
         case afterChangeInFlight
         /// The session changed meanwhile: begin again now.
@@ -427,7 +426,7 @@ extension SessionManager {
             throw error
         case .joinInFlight:
             guard let task = entries[key]?.logout else { return .again }
-            return .inFlight(task)
+            return .underWay(task)
         case .waitThenRetry:
             return .afterChangeInFlight
         case .startLogout(let record):
@@ -441,7 +440,7 @@ extension SessionManager {
                 await self.commitLogout(record, by: principal, reason: reason, kind: kind)
             }
             entries[key]?.logout = task
-            return .started(task)
+            return .underWay(task)
         }
     }
 
