@@ -7,8 +7,12 @@ import VaultClient
 /// revoked at the provider, against Authlib.
 @Suite("Interactive logins' unused tokens", .requiresKeyring, .requiresAuthlib, .ownThreads, .timeLimit(.minutes(5)))
 struct UnusedGrantTests {
-    /// A device login of `user` through vaultctl, approved at `server`: its status and stdout.
-    func deviceLogin(_ fixture: DaemonFixture, _ server: AuthlibServer, _ user: String) throws -> (Int32, String) {
+    /// Logs `user` in with `vaultctl login --device`, approved at `server`,
+    /// and checks that vaultctl says so.
+    func deviceLogin(
+        _ fixture: DaemonFixture, _ server: AuthlibServer, _ user: String,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
         let (process, out, err) = try startInterruptible(
             Binaries.vaultctl.path, ["--socket", fixture.socketPath, "login", "oauth", user, "--device"])
         defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
@@ -19,23 +23,19 @@ struct UnusedGrantTests {
         let status = try reap(process, seconds: 30)
         _ = out.waitForEnd(seconds: 5)
         _ = err.waitForEnd(seconds: 5)
-        return (status, out.text + err.text)
+        #expect(
+            status == 0 && out.text.contains("logged in: \(user) @ oauth"), "\(out.text) \(err.text)",
+            sourceLocation: sourceLocation)
     }
 
-    /// A running vaultd whose provider `oauth` is Authlib's public client, with device logins and revocation.
+    /// A running vaultd whose provider `oauth` is Authlib's public client
+    /// at `server`, with device and browser logins and revocation.
     func start(_ server: AuthlibServer) throws -> DaemonFixture {
-        let fixture = try DaemonFixture(start: false)
-        try """
-        [Provider oauth]
-        Type=oauth2
-        TokenURL=\(server.url)/token
-        DeviceAuthorizationURL=\(server.url)/device_authorization
-        AuthorizationURL=\(server.url)/authorize
-        RevocationURL=\(server.url)/revoke
-        ClientID=\(AuthlibServer.publicClient.id)
-        """.write(toFile: fixture.configPath, atomically: true, encoding: .utf8)
-        try fixture.start()
-        return fixture
+        try server.daemon(
+            AuthlibServer.publicClient,
+            lines: [
+                "DeviceAuthorizationURL=\(server.url)/device_authorization", "AuthorizationURL=\(server.url)/authorize",
+            ])
     }
 
     @Test(
@@ -50,8 +50,7 @@ struct UnusedGrantTests {
         // account is logged in by another one.
         let vault = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 40)
         let late = try vault.startDeviceLogin(provider: "oauth", user: user)
-        let (first, firstOut) = try deviceLogin(fixture, server, user)
-        #expect(first == 0 && firstOut.contains("logged in: \(user) @ oauth"), "\(firstOut)")
+        try deviceLogin(fixture, server, user)
         let served = try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout
         let kept = try server.liveRefreshTokens()
         #expect(kept.count == 1, "the first login holds one grant")
@@ -65,7 +64,7 @@ struct UnusedGrantTests {
         // The late grant is revoked; the first, which the session holds, is not.
         let live = try await eventually(tries: 250, { try server.liveRefreshTokens() }, until: { $0.count == 1 })
         #expect(live == kept, "only the session's own refresh token is still live")
-        let revoked = try server.requests().filter { $0["endpoint"]?.stringValue == "revoke" }
+        let revoked = try server.requests("revoke")
         #expect(revoked.count == 1, "\(revoked.map(\.text))")
         #expect(try vaultctl(fixture.socketPath, ["token", "oauth", user]).stdout == served, "the session goes on")
     }
@@ -78,14 +77,13 @@ struct UnusedGrantTests {
         let server = try AuthlibServer(directory: directory, arguments: ["--device-interval", "1"])
         let fixture = try start(server)
         let user = uniqueName("twice")
-        let (first, firstOut) = try deviceLogin(fixture, server, user)
-        #expect(first == 0 && firstOut.contains("logged in: \(user) @ oauth"), "\(firstOut)")
+        try deviceLogin(fixture, server, user)
         for flags in [["--device"], ["--browser", "--no-open"]] {
             let again = try vaultctl(fixture.socketPath, ["login", "oauth", user] + flags)
             #expect(again.status == 0, "\(flags): \(again.stderr)")
             #expect(again.stdout.contains("already logged in: \(user) @ oauth"), "\(flags): \(again.stdout)")
         }
-        let starts = try server.requests().filter { $0["endpoint"]?.stringValue == "device_authorization" }
+        let starts = try server.requests("device_authorization")
         #expect(starts.count == 1, "only the first login asked for a device code")
     }
 }
