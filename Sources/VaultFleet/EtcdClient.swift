@@ -59,7 +59,7 @@ struct EtcdLease: Sendable, Equatable {
 
 /// etcd's v3 API through its JSON gateway (grpc-gateway: `POST /v3/...`, keys
 /// and values in base64, 64-bit numbers as strings), over vaultd's libcurl
-/// client on `BlockingExecutor.io` (never the cooperative pool).
+/// client on `WorkerPool`'s HTTP workers (never the cooperative pool).
 ///
 /// A call tries the endpoints in turn, starting at the last one that answered,
 /// and moves to the next when one cannot be reached, does not answer within

@@ -29,7 +29,7 @@ struct EtcdWatchEvent: Sendable, Equatable {
 /// gateway's streaming `/v3/watch`, from a given revision on.
 ///
 /// The transfer blocks a thread of the watch's own (`vaultd-watch`), never
-/// the cooperative pool nor `BlockingExecutor.io`. `onEvents` gets each batch
+/// the cooperative pool nor `WorkerPool`. `onEvents` gets each batch
 /// of changes in revision order, with the revision the watch has delivered
 /// up to; `onReset` is called once when the watch cannot go on (its revision
 /// was compacted away, or one message passed `maximumMessage`), and the

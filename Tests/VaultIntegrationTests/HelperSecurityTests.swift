@@ -175,7 +175,7 @@ struct HelperSecurityTests {
             echo '{"access_token":"late_token_abcdefghijklmnop"}'
             """)
         defer { FileManager.default.createFile(atPath: release, contents: nil) }
-        let pool = BlockingExecutor(workers: 2)
+        let pool = WorkerPool(workers: [.helper: 2])
         let holder = Task {
             await ExecProvider.spawn(
                 ExecSettings(command: [hanging], timeoutSeconds: 120, maxConcurrentHelpers: 1), provider: "p",

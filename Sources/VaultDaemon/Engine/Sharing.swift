@@ -88,7 +88,7 @@ final class SingleHost: StoreSharing {
                 }
             }
             let mustFollow = manager.entries[key]?.timers.status.unsaved == true
-            return .written(failure: mustFollow ? await write() : await BlockingExecutor.urgent(write))
+            return .written(failure: mustFollow ? await write() : await WorkerPool.urgent(write))
         }
     }
 

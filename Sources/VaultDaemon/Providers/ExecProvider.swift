@@ -222,14 +222,14 @@ public struct ExecProvider: TokenProvider {
     /// `provider` is free (`MaxConcurrentHelpers=`); the time spent waiting
     /// for it counts against `Timeout=`.
     static func spawn(
-        _ settings: ExecSettings, provider: String, input: [String: JSON], pool: BlockingExecutor = .helpers
+        _ settings: ExecSettings, provider: String, input: [String: JSON], pool: WorkerPool = .shared
     )
         async -> RunResult
     {
         let argv = settings.command
         let timeout = settings.timeoutSeconds
         let deadline = Monotonic.milliseconds() + UInt64(timeout) * 1000
-        let result = await pool.run(lane: provider, cap: settings.maxConcurrentHelpers, deadline: deadline) {
+        let result = await pool.run(.helper, lane: provider, cap: settings.maxConcurrentHelpers, deadline: deadline) {
             () -> RunResult? in
             guard Monotonic.milliseconds() < deadline else { return nil }
             // Serialized here, so that this is the only copy of the input and wiping it counts.

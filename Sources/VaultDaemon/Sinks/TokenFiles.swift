@@ -33,7 +33,7 @@ public struct TokenFilePlan: Sendable, Equatable {
 ///
 /// The files follow the `SessionTable`, the one place where the token
 /// served changes, through its observer: a change marks the account dirty
-/// and one job on `BlockingExecutor.files` (a thread of vaultd's own, never
+/// and one job on `WorkerPool`'s token-file worker (a thread of vaultd's own, never
 /// the serving loop or the cooperative pool) brings every dirty account's
 /// file in line with the table, coalescing changes that come while it
 /// works. A login never waits for a file. A failed write or removal is an
@@ -140,11 +140,11 @@ public final class TokenFiles: Sendable {
     }
 
     private func enqueue() {
-        BlockingExecutor.files.enqueue(
-            lane: "tokenfiles", cap: 1, deadline: Monotonic.milliseconds() + 3_600_000,
+        WorkerPool.shared.enqueue(
+            .file, lane: "tokenfiles", cap: 1, deadline: Monotonic.milliseconds() + 3_600_000,
             { [self] in work() },
             expired: { [self] in
-                // Never seen: one job at a time, on an executor of its own.
+                // Never seen: one job at a time, on a worker of its own.
                 let again = state.withLock { state in
                     state.scheduled = false
                     return takeSchedule(&state)

@@ -242,14 +242,14 @@ public final class LibsecretStore: SessionStore, @unchecked Sendable {
         return UnsafeMutablePointer<SecretService>(service)
     }
 
-    /// Runs `body` on the store's lane of `BlockingExecutor.store` (one call at
+    /// Runs `body` on `WorkerPool`'s store worker (one call at
     /// a time) with a cancellable that fires after the timeout; a call that
     /// waited the whole timeout for its turn never starts.
     func perform<T: Sendable>(
         _ what: String, _ body: @escaping @Sendable (Cancellable) throws(VaultError) -> T
     ) async throws(VaultError) -> T {
         let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
-        let result = await BlockingExecutor.store.run(lane: "secret-store", cap: 1, deadline: deadline) {
+        let result = await WorkerPool.shared.run(.store, lane: "secret-store", cap: 1, deadline: deadline) {
             () -> Result<T, VaultError> in
             let cancellable = Cancellable(timeoutSeconds: self.timeoutSeconds)
             do throws(VaultError) {

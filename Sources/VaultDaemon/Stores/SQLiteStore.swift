@@ -14,7 +14,7 @@ import VaultSystem
 /// The database is in WAL mode with `synchronous=FULL`: a write is on disk
 /// when its call returns, which is when vaultd acknowledges the change. Only
 /// sealed bytes are written; temporary tables stay in memory. Calls run one
-/// at a time on the store's lane of `BlockingExecutor.store`, never on the
+/// at a time on `WorkerPool`'s store worker, never on the
 /// cooperative pool.
 public final class SQLiteStore: SessionStore, @unchecked Sendable {
     /// The format of the tables, kept in `PRAGMA user_version`.
@@ -175,7 +175,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     {
         if callsInline { return try body() }
         let deadline = Monotonic.milliseconds() + UInt64(timeoutSeconds) * 1000
-        let result = await BlockingExecutor.store.run(lane: "sqlite", cap: 1, deadline: deadline) {
+        let result = await WorkerPool.shared.run(.store, lane: "sqlite", cap: 1, deadline: deadline) {
             () -> Result<T, VaultError> in
             do throws(VaultError) { return .success(try body()) } catch { return .failure(error) }
         }

@@ -87,7 +87,7 @@ package struct HTTPFailure: Error, Sendable, CustomStringConvertible {
 }
 
 /// Form POSTs to OAuth 2.0 endpoints through libcurl. Each request blocks a
-/// thread of `BlockingExecutor.io` (never one of the cooperative pool), at
+/// HTTP worker of `WorkerPool` (never one of the cooperative pool), at
 /// most `requestsPerHost` at once to one host, and ends by its timeout at the
 /// latest, the wait for a thread included.
 package enum HTTPClient {
@@ -96,7 +96,7 @@ package enum HTTPClient {
     /// larger), so a server sending megabytes costs vaultd no more than this.
     package static let maximumBody = 64 * 1024
     /// Requests to one host at once; more wait their turn (a hanging token
-    /// endpoint holds at most this many of the executor's threads).
+    /// endpoint holds at most this many of the pool's HTTP workers).
     package static let requestsPerHost = 2
 
     /// Loads libcurl now, so that a missing library is reported at start-up
@@ -122,7 +122,7 @@ package enum HTTPClient {
         }
     }
 
-    /// Runs `request` on `BlockingExecutor.io`, in the lane of `url`'s host,
+    /// Runs `request` on an HTTP worker of `WorkerPool`, in the lane of `url`'s host,
     /// at most `cap` at once, with the milliseconds left of `timeoutSeconds`
     /// (the wait for a thread included); a request that waited them all
     /// fails as timed out without being sent.
@@ -132,8 +132,8 @@ package enum HTTPClient {
     ) async throws(HTTPFailure) -> HTTPResponse {
         let timeout = UInt64(max(0, min(timeoutSeconds, 3600)) * 1000)
         let deadline = Monotonic.milliseconds() + timeout
-        let result = await BlockingExecutor.io.run(
-            lane: "http " + host(of: url), cap: cap, deadline: deadline
+        let result = await WorkerPool.shared.run(
+            .http, lane: "http " + host(of: url), cap: cap, deadline: deadline
         ) { () -> Result<HTTPResponse, HTTPFailure> in
             // A request admitted just before its deadline may start just after it:
             // the time left is checked before it is converted (a wrapped UInt64
@@ -164,7 +164,7 @@ package enum HTTPClient {
         return String(authority.split(separator: "@", omittingEmptySubsequences: false).last ?? authority)
     }
 
-    /// POSTs `body` (application/json) to `url` on `BlockingExecutor.io`, in
+    /// POSTs `body` (application/json) to `url` on an HTTP worker of `WorkerPool`, in
     /// the lane of its host, at most `cap` at once; ends by `timeoutSeconds`
     /// at the latest, the wait for a thread included. For etcd's JSON gateway.
     /// `maximumBody`: the largest answer read (etcd's pages of sessions are

@@ -19,7 +19,7 @@ package struct HTTPStreamEnd: Sendable {
 /// One streaming POST at a time whose answer is read as it arrives (etcd's
 /// `/v3/watch`, a long-lived answer of JSON objects), on libcurl. `post`
 /// blocks its thread for as long as the answer lasts: run it on a thread of
-/// its own, never on the cooperative pool or `BlockingExecutor.io` (whose
+/// its own, never on the cooperative pool or `WorkerPool` (whose
 /// few threads it would hold). `cancel()` ends it at once from any thread.
 package final class HTTPStream: @unchecked Sendable {
     // The C handle is thread-safe for cancel; post runs one at a time (the owner's thread).

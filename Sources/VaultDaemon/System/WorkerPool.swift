@@ -3,38 +3,44 @@ import Glibc
 import VaultCore
 import VaultSystem
 
-/// The one way vaultd runs blocking C calls (libsecret over D-Bus, libcurl,
-/// fork/exec/waitpid of helpers): a fixed number of threads of vaultd's own
-/// (never the cooperative pool, never libdispatch's global queues, which add
-/// a thread a second without a cap while calls hang), admitted by a
-/// `HelperAdmission`: at most `cap` runs of one lane at once, the others
-/// waiting in that lane's FIFO queue until their deadline, which a timer
-/// thread enforces. A run that waited past its deadline never starts.
+/// The one way vaultd runs blocking C calls (libsecret over D-Bus, SQLite,
+/// libcurl, fork/exec/waitpid of helpers, token-file writes): one pool of
+/// threads of vaultd's own (never the cooperative pool, never libdispatch's
+/// global queues, which add a thread a second without a cap while calls
+/// hang), admitted by a `WorkAdmission`. Each `Kind` of work has workers of
+/// its own, so that neither hanging helpers nor hanging token endpoints ever
+/// hold the thread the store needs; within a kind, at most `cap` runs of one
+/// lane at once, the others waiting in that lane's FIFO queue until their
+/// deadline, which a timer thread enforces. A run that waited past its
+/// deadline never starts.
 ///
-/// Three executors of this kind: `helpers` for exec helper runs (one lane
-/// per provider, `MaxConcurrentHelpers=`), `io` for HTTP requests (one lane
-/// per host), and `store` for the secret store (one lane, one call at a
-/// time), so that neither hanging helpers nor hanging token endpoints ever
-/// hold the thread the store needs.
+/// Threads start as runs need them, up to the workers of all kinds, and the
+/// timer thread when a run first has to wait: an idle vaultd has none.
 ///
-/// A run submitted inside `urgent(_:)` goes ahead of every waiting run but
-/// the urgent ones before it: the write of tokens a refresh got (the server
-/// has rotated the refresh token; until the write lands a crash loses it)
-/// waits for the store call in progress only.
-package final class BlockingExecutor: @unchecked Sendable {
-    /// The executor exec helpers run on, started on first use.
-    static let helpers = BlockingExecutor(workers: 8, name: "helpers")
-    /// The executor HTTP requests run on, started on first use.
-    package static let io = BlockingExecutor(workers: 4, name: "io")
-    /// The executor the secret store runs on (one call at a time), started on first use.
-    static let store = BlockingExecutor(workers: 1, name: "store")
-    /// The executor token files are written on (one write at a time), started on first use.
-    static let files = BlockingExecutor(workers: 1, name: "files")
+/// A run submitted inside `urgent(_:)` goes ahead of every waiting run of its
+/// kind but the urgent ones before it: the write of tokens a refresh got (the
+/// server has rotated the refresh token; until the write lands a crash loses
+/// it) waits for the store call in progress only.
+package final class WorkerPool: @unchecked Sendable {
+    /// What a run does; each kind has workers of its own.
+    package enum Kind: Hashable, Sendable {
+        /// Exec helper runs, a lane per provider (`MaxConcurrentHelpers=`).
+        case helper
+        /// HTTP requests (token endpoints, etcd), a lane per host.
+        case http
+        /// Secret store calls, one at a time.
+        case store
+        /// Token-file writes, one at a time.
+        case file
+    }
+
+    /// vaultd's pool: 8 helper workers, 4 for HTTP, 1 for the store, 1 for token files.
+    package static let shared = WorkerPool(workers: [.helper: 8, .http: 4, .store: 1, .file: 1])
 
     /// Set by `urgent(_:)` for the runs its body submits.
     @TaskLocal private static var isUrgent = false
 
-    /// Runs `body`, whose runs on any executor go ahead of the waiting ones
+    /// Runs `body`, whose runs go ahead of the waiting ones of their kind
     /// (behind earlier urgent ones). For a write that must not wait behind
     /// others; the caller makes sure no earlier write it must follow is queued.
     static func urgent<T: Sendable>(_ body: () async -> T) async -> T {
@@ -49,21 +55,27 @@ package final class BlockingExecutor: @unchecked Sendable {
     }
 
     // Guarded by `mutex`.
-    private var admission: HelperAdmission<UInt64>
+    private var admission: WorkAdmission<UInt64, Kind>
     private var jobs: [UInt64: Job] = [:]
     private var ready: [UInt64] = []
     private var lastTicket: UInt64 = 0
+    /// Worker threads started, and those of them running a job.
+    private var threads = 0
+    private var busy = 0
+    private var timerStarted = false
 
+    private let name: String
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     /// Signalled when a run is ready for a worker.
     private let readyCondition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
     /// Signalled when a run starts waiting (the timer's nearest deadline may be earlier).
     private let timerCondition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
 
-    /// A pool of `workers` threads and a timer thread, started now; `comm`
-    /// shows them as `name` with the worker's number, and `name-timer`.
-    init(workers: Int, name: String = "blocking") {
-        admission = HelperAdmission(workers: workers)
+    /// A pool with `workers` threads of each kind at most; `comm` shows them
+    /// as `name` with the worker's number, and `name-timer`.
+    init(workers: [Kind: Int], name: String = "pool") {
+        admission = WorkAdmission(workers: workers)
+        self.name = name
         pthread_mutex_init(mutex, nil)
         var attributes = pthread_condattr_t()
         pthread_condattr_init(&attributes)
@@ -72,51 +84,60 @@ package final class BlockingExecutor: @unchecked Sendable {
         pthread_cond_init(readyCondition, &attributes)
         pthread_cond_init(timerCondition, &attributes)
         pthread_condattr_destroy(&attributes)
-        for index in 0..<admission.workers {
-            BlockingExecutor.startThread("\(name)\(index)") { [self] in workerLoop() }
-        }
-        BlockingExecutor.startThread("\(name)-timer") { [self] in timerLoop() }
     }
 
-    /// Runs `work` on a worker once `lane` has fewer than `cap` runs going
-    /// and a worker is free; nil when `deadline` (CLOCK_MONOTONIC
-    /// milliseconds) passed first, the run never started.
-    package func run<T: Sendable>(lane: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> T) async
-        -> T?
-    {
-        let urgent = BlockingExecutor.isUrgent
+    /// Runs `work` on a worker of `kind` once `lane` has fewer than `cap`
+    /// runs going and a worker of `kind` is free; nil when `deadline`
+    /// (CLOCK_MONOTONIC milliseconds) passed first, the run never started.
+    package func run<T: Sendable>(
+        _ kind: Kind, lane: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> T
+    ) async -> T? {
+        let urgent = WorkerPool.isUrgent
         return await withCheckedContinuation { (continuation: CheckedContinuation<T?, Never>) in
             submit(
-                lane: lane, cap: cap, deadline: deadline, urgent: urgent,
+                kind, lane: lane, cap: cap, deadline: deadline, urgent: urgent,
                 Job(start: { continuation.resume(returning: work()) }, expire: { continuation.resume(returning: nil) }))
         }
     }
 
-    /// Runs `work` on a worker as `run(lane:cap:deadline:_:)` does, without
-    /// waiting for it: for a caller that must not wait (the session manager
+    /// Runs `work` as `run(_:lane:cap:deadline:_:)` does, without waiting
+    /// for it: for a caller that must not wait (the session manager
     /// publishing a change). `expired` is called instead when `deadline`
     /// passed while the run waited.
     func enqueue(
-        lane: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> Void,
+        _ kind: Kind, lane: String, cap: Int, deadline: UInt64, _ work: @escaping @Sendable () -> Void,
         expired: @escaping @Sendable () -> Void
     ) {
-        submit(lane: lane, cap: cap, deadline: deadline, urgent: false, Job(start: work, expire: expired))
+        submit(kind, lane: lane, cap: cap, deadline: deadline, urgent: false, Job(start: work, expire: expired))
     }
 
-    private func submit(lane: String, cap: Int, deadline: UInt64, urgent: Bool, _ job: Job) {
+    private func submit(_ kind: Kind, lane: String, cap: Int, deadline: UInt64, urgent: Bool, _ job: Job) {
         pthread_mutex_lock(mutex)
         lastTicket += 1
         let ticket = lastTicket
         jobs[ticket] = job
-        makeReady(admission.arrive(ticket, provider: lane, cap: cap, deadline: deadline, urgent: urgent))
-        pthread_cond_signal(timerCondition)
+        let started = admission.arrive(ticket, kind: kind, lane: lane, cap: cap, deadline: deadline, urgent: urgent)
+        makeReady(started)
+        if started.isEmpty {
+            if !timerStarted {
+                timerStarted = true
+                WorkerPool.startThread("\(name)-timer") { [self] in timerLoop() }
+            }
+            pthread_cond_signal(timerCondition)
+        }
         pthread_mutex_unlock(mutex)
     }
 
-    /// With the mutex held.
+    /// With the mutex held: hands `tickets` to the workers, starting threads
+    /// while fewer are free than runs are ready (never more than the
+    /// admission's workers: it starts no more runs than that).
     private func makeReady(_ tickets: [UInt64]) {
         guard !tickets.isEmpty else { return }
         ready.append(contentsOf: tickets)
+        while threads - busy < ready.count, threads < admission.totalWorkers {
+            threads += 1
+            WorkerPool.startThread("\(name)\(threads - 1)") { [self] in workerLoop() }
+        }
         pthread_cond_broadcast(readyCondition)
     }
 
@@ -126,9 +147,11 @@ package final class BlockingExecutor: @unchecked Sendable {
             while ready.isEmpty { pthread_cond_wait(readyCondition, mutex) }
             let ticket = ready.removeFirst()
             let job = jobs.removeValue(forKey: ticket)
+            busy += 1
             pthread_mutex_unlock(mutex)
             job?.start()
             pthread_mutex_lock(mutex)
+            busy -= 1
             makeReady(admission.finished(ticket))
         }
     }
