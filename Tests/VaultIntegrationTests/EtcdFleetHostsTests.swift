@@ -443,7 +443,12 @@ struct EtcdFleetHostsTests {
         }
         #expect(failed?.code == "ERR_NETWORK_ERROR", "\(String(describing: failed))")
         #expect(group.token(0, user) == first, "A still serves the token after the 5xx")
-        #expect(try lockKeys().isEmpty, "a failed refresh left its lock behind")
+        // Gone well before the lease (LockTTL=3) would end. Not at once: A's
+        // retry after its backoff (due at the next whole second, which may be
+        // milliseconds away) takes the lock again for its own refresh.
+        #expect(
+            try await fleetPoll(seconds: ttl / 2) { try lockKeys().isEmpty } != nil,
+            "a failed refresh left its lock behind")
         let unblocked = Date()
         group.refresh(1, user, "B's refresh after A's 5xx")
         let afterFiveHundred = elapsed(unblocked)
