@@ -16,13 +16,17 @@ public struct ServerHooks: Sendable {
     /// Whether a caller other than root may use the connections kept for
     /// privileged peers.
     public var privileged: @Sendable (Caller) -> Bool
+    /// Work of the program's own that runs on the loop's thread: when
+    /// `wakeFD` (an eventfd) becomes readable, the loop calls `run`.
+    public var ownWork: (wakeFD: Int32, run: @Sendable () -> Void)?
 
     /// Hooks that do nothing.
     public init(
         watchdogIntervalMilliseconds: Int? = nil, watchdogProbe: @escaping @Sendable () async -> Void = {},
         watchdog: @escaping @Sendable () -> Void = {}, stopping: @escaping @Sendable () -> Void = {},
         reload: @escaping @Sendable (VarlinkServer) -> Void = { _ in },
-        privileged: @escaping @Sendable (Caller) -> Bool = { _ in false }
+        privileged: @escaping @Sendable (Caller) -> Bool = { _ in false },
+        ownWork: (wakeFD: Int32, run: @Sendable () -> Void)? = nil
     ) {
         self.watchdogIntervalMilliseconds = watchdogIntervalMilliseconds
         self.watchdogProbe = watchdogProbe
@@ -30,6 +34,7 @@ public struct ServerHooks: Sendable {
         self.stopping = stopping
         self.reload = reload
         self.privileged = privileged
+        self.ownWork = ownWork
     }
 }
 

@@ -63,6 +63,7 @@ final class ServingLoop: @unchecked Sendable {
     static let listenerKey: UInt64 = 1
     private static let wakeKey: UInt64 = 2
     private static let signalKey: UInt64 = 3
+    private static let ownWorkKey: UInt64 = 4
 
     /// The loop of `server`, watching `listenFD` and `signalFD`.
     init(
@@ -88,7 +89,9 @@ final class ServingLoop: @unchecked Sendable {
         let flags = fcntl(listenFD, F_GETFL)
         _ = fcntl(listenFD, F_SETFL, flags | O_NONBLOCK)
         guard vaultd_epoll_add(epollFD, listenFD, VAULTD_EPOLLIN, ServingLoop.listenerKey) == 0,
-            vaultd_epoll_add(epollFD, signalFD, VAULTD_EPOLLIN, ServingLoop.signalKey) == 0
+            vaultd_epoll_add(epollFD, signalFD, VAULTD_EPOLLIN, ServingLoop.signalKey) == 0,
+            hooks.ownWork.map({ vaultd_epoll_add(epollFD, $0.wakeFD, VAULTD_EPOLLIN, ServingLoop.ownWorkKey) }) ?? 0
+                == 0
         else { throw SystemError("epoll_ctl") }
     }
 
@@ -131,6 +134,7 @@ final class ServingLoop: @unchecked Sendable {
                 case ServingLoop.listenerKey: acceptAll()
                 case ServingLoop.wakeKey: drainCompletions()
                 case ServingLoop.signalKey: signalReady = true
+                case ServingLoop.ownWorkKey: hooks.ownWork?.run()
                 default:
                     guard let connection = connections[event.data] else { continue }
                     serve(connection, events: event.events)

@@ -1,6 +1,7 @@
 import CShim
 import Dispatch
 import Glibc
+import Synchronization
 import VarlinkServer
 import VaultCore
 import VaultProtocol
@@ -189,7 +190,7 @@ public enum Daemon {
         guard signalFD >= 0 else { throw VaultError(.internalError, "signalfd failed: \(SystemError("signalfd"))") }
         let context = DaemonContext(
             options: options, config: config, tokenFilePlans: tokenFilePlans, signalFD: signalFD, startup: startup,
-            notifier: ServiceNotifier(), hub: SubscriptionHub(log: log), log: log)
+            notifier: ServiceNotifier(), hub: SubscriptionHub(log: log), engine: EngineThread(), log: log)
         let store = StoreService { () throws(VaultError) in
             try openStore(options, config: config, log: log, openShared: openShared)
         }
@@ -262,25 +263,31 @@ public enum Daemon {
                 notifier.ready(status: ServiceNotifier.statusLine(manager.table) + "; last reload failed")
                 return
             }
-            let change = try? blocking { () async throws(VaultError) in
-                await manager.apply(config, policy: policy)
+            // Put in force after the reload before it, so the last SIGHUP's file wins.
+            let previous = lastReload.withLock { $0 }
+            let reload = Task {
+                await previous?.value
+                let change = await manager.apply(config, policy: policy)
+                server.reload(config.serving)
+                tokenFiles.update(TokenFiles.targets(tokenFilePlans, policy: policy))
+                log.notice(
+                    "configuration reloaded",
+                    [
+                        "event": "reload", "providers": config.providers.keys.sorted().joined(separator: ","),
+                        "added": change.added.joined(separator: ","),
+                        "removed": change.removed.joined(separator: ","),
+                        "orphanedSessions": String(change.orphaned.count),
+                    ])
+                notifier.ready(status: ServiceNotifier.statusLine(manager.table))
             }
-            server.reload(config.serving)
-            tokenFiles.update(TokenFiles.targets(tokenFilePlans, policy: policy))
-            log.notice(
-                "configuration reloaded",
-                [
-                    "event": "reload", "providers": config.providers.keys.sorted().joined(separator: ","),
-                    "added": (change?.added ?? []).joined(separator: ","),
-                    "removed": (change?.removed ?? []).joined(separator: ","),
-                    "orphanedSessions": String(change?.orphaned.count ?? 0),
-                ])
-            notifier.ready(status: ServiceNotifier.statusLine(manager.table))
+            lastReload.withLock { $0 = reload }
         }
     }
 
-    /// Where reloads run, one at a time.
+    /// Where reloads read their files, one at a time.
     static let reloadQueue = DispatchQueue(label: "io.vaultd.reload")
+    /// The latest reload's putting in force, which the next one waits for.
+    private static let lastReload = Mutex<Task<Void, Never>?>(nil)
 
     /// Reads the configuration where `ConfigSearch` says: the given file
     /// (which must exist) and its drop-ins; else `/etc/vaultd/vaultd.conf`
@@ -398,30 +405,29 @@ public enum Daemon {
         }
     }
 
-    /// Runs async start-up work from the main thread (which is not part of
-    /// Swift's cooperative pool) and waits for it. The main thread stays
+    /// Runs async work from a thread outside Swift's cooperative pool (the
+    /// main thread) to its end, running the jobs of `engine` meanwhile: the
+    /// session manager's, when it is the main thread's engine, which the
+    /// start-up before serving and the shutdown after need; none, when it is
+    /// the default, an engine of this call's own. The main thread stays
     /// synchronous: it serves, and an async main resumes after its first
     /// await on a dispatch worker thread, not on the main thread (Linux).
-    static func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws(VaultError) -> T) throws(VaultError)
-        -> T
-    {
-        let box = ResultBox<T>()
-        let done = DispatchSemaphore(value: 0)
+    static func blocking<T: Sendable>(
+        on engine: EngineThread = EngineThread(), _ body: @escaping @Sendable () async throws(VaultError) -> T
+    ) throws(VaultError) -> T {
+        let outcome = Mutex<Result<T, VaultError>?>(nil)
         Task {
-            do throws(VaultError) { box.result = .success(try await body()) } catch { box.result = .failure(error) }
-            done.signal()
+            let result: Result<T, VaultError>
+            do throws(VaultError) { result = .success(try await body()) } catch { result = .failure(error) }
+            outcome.withLock { $0 = result }
+            engine.wake()
         }
-        done.wait()
-        return try box.result!.get()
+        engine.run(until: { outcome.withLock { $0 != nil } })
+        return try outcome.withLock { $0! }.get()
     }
 
     static func printError(_ text: String) {
         var bytes = Array((text + "\n").utf8)
         _ = bytes.withUnsafeMutableBytes { write(2, $0.baseAddress, $0.count) }
     }
-}
-
-/// Carries a result from a task to the thread that waits on a semaphore.
-private final class ResultBox<T: Sendable>: @unchecked Sendable {
-    var result: Result<T, VaultError>?
 }

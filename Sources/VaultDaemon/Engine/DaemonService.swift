@@ -9,8 +9,9 @@ import VaultSystem
 /// the socket, the server (`Daemon.run` lists them). The parts start in
 /// order, each from what the ones before it brought up, and stop in reverse:
 /// swift-service-lifecycle's shape, run by the main thread, which serves in
-/// between. A start may block that thread (a store slow to answer); its async
-/// work goes through `Daemon.blocking`.
+/// between and runs the session manager throughout (`EngineThread`). A start
+/// may block that thread (a store slow to answer); its async work goes
+/// through `Daemon.blocking`.
 protocol DaemonService: AnyObject {
     /// Brings the part up. When it throws, the parts started before it stop.
     func start() throws(VaultError)
@@ -44,6 +45,8 @@ struct DaemonContext {
     let startup: StartupSignals?
     let notifier: ServiceNotifier
     let hub: SubscriptionHub
+    /// The main thread's jobs: the session manager runs there.
+    let engine: EngineThread
     let log: Logger
 }
 
@@ -92,6 +95,7 @@ final class Sessions: DaemonService {
         let statusTable = Mutex<SessionTable?>(nil)
         let manager = SessionManager(
             store: store, config: context.config, clock: SystemWallClock(), log: context.log, policy: policy,
+            executor: context.engine,
             tableDidChange: { table in
                 if notifier.isActive {
                     notifier.status(ServiceNotifier.statusLine(table) + storeStatus.withLock { $0 })
@@ -107,7 +111,7 @@ final class Sessions: DaemonService {
             events: { event in hub.publish(event) })
         self.manager = manager
         statusTable.withLock { $0 = manager.table }
-        restored = try Daemon.blocking { () async throws(VaultError) in
+        restored = try Daemon.blocking(on: context.engine) { () async throws(VaultError) in
             try await manager.loadProviderSecrets()
             let restored = try await manager.restore()
             // A host of a fleet follows the others from what it restored on.
@@ -125,7 +129,9 @@ final class Sessions: DaemonService {
     /// left of the drain time; revocations are queued in the store already.
     func stop() {
         let manager = self.manager!
-        try? Daemon.blocking { () async throws(VaultError) in await manager.shutdown(graceSeconds: 5) }
+        try? Daemon.blocking(on: context.engine) { () async throws(VaultError) in
+            await manager.shutdown(graceSeconds: 5)
+        }
         tokenFiles.waitIdle(seconds: 2)
     }
 }
@@ -185,7 +191,8 @@ final class Server: DaemonService {
                     context.options, manager: manager, server: server, notifier: notifier, tokenFiles: tokenFiles,
                     log: context.log)
             },
-            privileged: { caller in manager.policy.policy.isAdmin(caller) })
+            privileged: { caller in manager.policy.policy.isAdmin(caller) },
+            ownWork: (context.engine.wakeFD, { [engine = context.engine] in engine.runQueued() }))
         do {
             server = try VarlinkServer(
                 listenFD: socket.fd, signalFD: context.signalFD,
