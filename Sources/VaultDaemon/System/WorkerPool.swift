@@ -15,7 +15,8 @@ import VaultSystem
 /// deadline never starts.
 ///
 /// Threads start as runs need them, up to the workers of all kinds, and the
-/// timer thread when a run first has to wait: an idle vaultd has none.
+/// timer thread when a run has to wait; each ends after 10 s with nothing to
+/// do, so an idle vaultd has none.
 ///
 /// A run submitted inside `urgent(_:)` goes ahead of every waiting run of its
 /// kind but the urgent ones before it: the write of tokens a refresh got (the
@@ -59,12 +60,14 @@ package final class WorkerPool: @unchecked Sendable {
     private var jobs: [UInt64: Job] = [:]
     private var ready: [UInt64] = []
     private var lastTicket: UInt64 = 0
-    /// Worker threads started, and those of them running a job.
+    /// Worker threads alive, and those of them running a job.
     private var threads = 0
     private var busy = 0
     private var timerStarted = false
 
     private let name: String
+    /// How long a thread with nothing to do waits before it ends.
+    private let lingerMilliseconds: UInt64
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     /// Signalled when a run is ready for a worker.
     private let readyCondition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
@@ -73,9 +76,10 @@ package final class WorkerPool: @unchecked Sendable {
 
     /// A pool with `workers` threads of each kind at most; `comm` shows them
     /// as `name` with the worker's number, and `name-timer`.
-    init(workers: [Kind: Int], name: String = "pool") {
+    init(workers: [Kind: Int], name: String = "pool", lingerMilliseconds: UInt64 = 10_000) {
         admission = WorkAdmission(workers: workers)
         self.name = name
+        self.lingerMilliseconds = lingerMilliseconds
         pthread_mutex_init(mutex, nil)
         var attributes = pthread_condattr_t()
         pthread_condattr_init(&attributes)
@@ -84,6 +88,13 @@ package final class WorkerPool: @unchecked Sendable {
         pthread_cond_init(readyCondition, &attributes)
         pthread_cond_init(timerCondition, &attributes)
         pthread_condattr_destroy(&attributes)
+    }
+
+    /// The threads alive: workers, and the timer when it runs.
+    var threadsAlive: Int {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return threads + (timerStarted ? 1 : 0)
     }
 
     /// Runs `work` on a worker of `kind` once `lane` has fewer than `cap`
@@ -144,7 +155,13 @@ package final class WorkerPool: @unchecked Sendable {
     private func workerLoop() {
         pthread_mutex_lock(mutex)
         while true {
-            while ready.isEmpty { pthread_cond_wait(readyCondition, mutex) }
+            while ready.isEmpty {
+                guard waitLingering(on: readyCondition) else {
+                    threads -= 1
+                    pthread_mutex_unlock(mutex)
+                    return
+                }
+            }
             let ticket = ready.removeFirst()
             let job = jobs.removeValue(forKey: ticket)
             busy += 1
@@ -167,12 +184,24 @@ package final class WorkerPool: @unchecked Sendable {
                 continue
             }
             guard let deadline = admission.nextDeadline else {
-                pthread_cond_wait(timerCondition, mutex)
+                if !waitLingering(on: timerCondition), admission.nextDeadline == nil {
+                    timerStarted = false
+                    pthread_mutex_unlock(mutex)
+                    return
+                }
                 continue
             }
             var until = timespec(tv_sec: Int(deadline / 1000), tv_nsec: Int(deadline % 1000) * 1_000_000)
             _ = pthread_cond_timedwait(timerCondition, mutex, &until)
         }
+    }
+
+    /// With the mutex held: waits on `condition` for at most
+    /// `lingerMilliseconds`; false when that time passed without a signal.
+    private func waitLingering(on condition: UnsafeMutablePointer<pthread_cond_t>) -> Bool {
+        let until = Monotonic.milliseconds() + lingerMilliseconds
+        var time = timespec(tv_sec: Int(until / 1000), tv_nsec: Int(until % 1000) * 1_000_000)
+        return pthread_cond_timedwait(condition, mutex, &time) != ETIMEDOUT
     }
 
     /// Starts a detached thread named `name` (at most 15 bytes) running `body`.

@@ -1,0 +1,53 @@
+import Glibc
+import Testing
+import VaultCore
+import VaultSystem
+
+@testable import VaultDaemon
+
+/// The one pool blocking calls run on: threads start as runs need them and
+/// end once idle, and kinds never share workers.
+@Suite("WorkerPool", .timeLimit(.minutes(1)))
+struct WorkerPoolTests {
+    /// Polls `condition` every 10 ms for at most `seconds`.
+    func eventually(seconds: Double, _ condition: () -> Bool) -> Bool {
+        for _ in 0..<Int(seconds * 100) {
+            if condition() { return true }
+            usleep(10_000)
+        }
+        return condition()
+    }
+
+    @Test("Should start no thread before a run, end its threads when idle, and start them again")
+    func threadsComeAndGo() async {
+        let pool = WorkerPool(workers: [.store: 1, .file: 1], name: "test-pool", lingerMilliseconds: 50)
+        #expect(pool.threadsAlive == 0)
+        let far = Monotonic.milliseconds() + 10_000
+        #expect(await pool.run(.store, lane: "s", cap: 1, deadline: far) { 1 } == 1)
+        #expect(eventually(seconds: 5) { pool.threadsAlive == 0 }, "\(pool.threadsAlive) threads left")
+        #expect(await pool.run(.file, lane: "f", cap: 1, deadline: far) { 2 } == 2, "runs after the threads ended")
+    }
+
+    @Test("Should run a store call while every helper worker hangs")
+    func kindsKeepTheirWorkers() async {
+        let pool = WorkerPool(workers: [.helper: 2, .store: 1], name: "test-pool", lingerMilliseconds: 50)
+        // Each hanging run reads until the pipe's write end is closed.
+        var pipeFDs: [Int32] = [-1, -1]
+        #expect(pipe(&pipeFDs) == 0)
+        let (readEnd, writeEnd) = (pipeFDs[0], pipeFDs[1])
+        let far = Monotonic.milliseconds() + 10_000
+        let hanging = (0..<4).map { index in
+            Task {
+                await pool.run(.helper, lane: "p\(index)", cap: 4, deadline: far) {
+                    var byte: UInt8 = 0
+                    _ = read(readEnd, &byte, 1)
+                }
+            }
+        }
+        #expect(eventually(seconds: 5) { pool.threadsAlive >= 2 })
+        #expect(await pool.run(.store, lane: "s", cap: 1, deadline: far) { 3 } == 3)
+        close(writeEnd)
+        for task in hanging { _ = await task.value }
+        close(readEnd)
+    }
+}
