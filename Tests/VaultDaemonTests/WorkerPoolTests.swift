@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import Testing
 import VaultCore
 import VaultSystem
@@ -9,11 +10,12 @@ import VaultSystem
 /// end once idle, and kinds never share workers.
 @Suite("WorkerPool", .timeLimit(.minutes(1)))
 struct WorkerPoolTests {
-    /// Polls `condition` every 10 ms for at most `seconds`.
-    func eventually(seconds: Double, _ condition: () -> Bool) -> Bool {
+    /// Polls `condition` every 10 ms for at most `seconds`, without holding
+    /// a thread of the cooperative pool meanwhile.
+    func eventually(seconds: Double, _ condition: () -> Bool) async -> Bool {
         for _ in 0..<Int(seconds * 100) {
             if condition() { return true }
-            usleep(10_000)
+            try? await Task.sleep(for: .milliseconds(10))
         }
         return condition()
     }
@@ -24,7 +26,7 @@ struct WorkerPoolTests {
         #expect(pool.threadsAlive == 0)
         let far = Monotonic.milliseconds() + 10_000
         #expect(await pool.run(.store, lane: "s", cap: 1, deadline: far) { 1 } == 1)
-        #expect(eventually(seconds: 5) { pool.threadsAlive == 0 }, "\(pool.threadsAlive) threads left")
+        #expect(await eventually(seconds: 5) { pool.threadsAlive == 0 }, "\(pool.threadsAlive) threads left")
         #expect(await pool.run(.file, lane: "f", cap: 1, deadline: far) { 2 } == 2, "runs after the threads ended")
     }
 
@@ -36,18 +38,23 @@ struct WorkerPoolTests {
         #expect(pipe(&pipeFDs) == 0)
         let (readEnd, writeEnd) = (pipeFDs[0], pipeFDs[1])
         let far = Monotonic.milliseconds() + 10_000
-        let hanging = (0..<4).map { index in
-            Task {
-                await pool.run(.helper, lane: "p\(index)", cap: 4, deadline: far) {
+        // Submitted as the session manager does, without a task that would
+        // need a thread of the cooperative pool to start.
+        final class Count: Sendable { let value = Mutex(0) }
+        let finished = Count()
+        for index in 0..<4 {
+            pool.enqueue(
+                .helper, lane: "p\(index)", cap: 4, deadline: far,
+                {
                     var byte: UInt8 = 0
                     _ = read(readEnd, &byte, 1)
-                }
-            }
+                    finished.value.withLock { $0 += 1 }
+                }, expired: {})
         }
-        #expect(eventually(seconds: 5) { pool.threadsAlive >= 2 })
+        #expect(await eventually(seconds: 5) { pool.threadsAlive >= 2 })
         #expect(await pool.run(.store, lane: "s", cap: 1, deadline: far) { 3 } == 3)
         close(writeEnd)
-        for task in hanging { _ = await task.value }
+        #expect(await eventually(seconds: 5) { finished.value.withLock { $0 } == 4 })
         close(readEnd)
     }
 }
