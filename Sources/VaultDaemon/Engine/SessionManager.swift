@@ -91,6 +91,9 @@ public actor SessionManager {
     /// the device flow's (DeviceLogins.swift), the browser login's (BrowserLogins.swift).
     var deviceLogins = PendingLogins<DeviceLogin>(kind: "device")
     var browserLogins = PendingLogins<BrowserLogin>(kind: "browser")
+    /// When `runDueWork` drops the pending logins past their expiry next (at
+    /// or before the nearest expiry of one); nil when none is pending.
+    var pendingLoginsExpire: UnixTime?
 
     /// A manager over `store`, reading time from `clock`; its work runs on
     /// `executor` when one is given (the simulation's), else on an ordinary
