@@ -105,7 +105,8 @@ final class ServingLoop: @unchecked Sendable {
 
     /// Serves until SIGTERM or SIGINT, then (for at most `drainSeconds`)
     /// answers every call clients already sent, deferred ones included, and
-    /// sends every queued reply, and returns the signal.
+    /// sends every queued reply, and returns the signal; work still running
+    /// at the drain's end (`offLoopWork`) is cancelled.
     func run(drainSeconds: Int) -> Int32 {
         var events = [vaultd_event](repeating: vaultd_event(), count: 256)
         var stopSignal: Int32 = 0
