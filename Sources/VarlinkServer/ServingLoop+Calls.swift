@@ -119,7 +119,7 @@ extension ServingLoop {
             connection.state = .waiting
             let id = connection.id
             let oneway = call.oneway
-            Task { [self] in
+            startWork(id) { [self] in
                 let reply = await work()
                 self.complete(id, oneway ? nil : reply)
             }
@@ -138,13 +138,16 @@ extension ServingLoop {
         startParseAside()
     }
 
+    /// The id of the large parse in `offLoopWork` (no connection's: those start at 16).
+    static let asideParseID: UInt64 = 4
+
     /// Starts the oldest waiting large parse, unless one runs.
     private func startParseAside() {
         guard !parsingAside, !asideParses.isEmpty else { return }
         parsingAside = true
         let (id, message) = asideParses.removeFirst()
         let methods = service.methodNames
-        Task.detached(priority: .low) { [self] in
+        offLoopWork[Self.asideParseID] = Task.detached(priority: .low) { [self] in
             var message = message
             let parsed = Result { () throws(VarlinkCall.DecodingFailure) in
                 try VarlinkCall(message: message[...], methods: methods)
@@ -159,6 +162,7 @@ extension ServingLoop {
     /// Answers a large call parsed off the loop, then what its connection
     /// sent after it, and starts the next large parse.
     private func parsedAside(_ id: UInt64, _ parsed: Result<VarlinkCall, VarlinkCall.DecodingFailure>, size: Int) {
+        offLoopWork[Self.asideParseID] = nil
         parsingAside = false
         startParseAside()
         guard let connection = connections[id], case .waiting = connection.state else { return }

@@ -96,6 +96,13 @@ extension ServingLoop {
         Glibc.close(connection.fd)
         connections[connection.id] = nil
         closedStream?(StreamID(connection: connection.id))
-        service.connectionClosed?(connection.caller)
+        guard let closedWork = service.connectionClosed?(connection.caller) else { return }
+        // Under an id of its own: the connection's may still have a deferred call in flight.
+        let id = nextID
+        nextID += 1
+        startWork(id) { [self] in
+            await closedWork()
+            self.complete(id, nil)
+        }
     }
 }

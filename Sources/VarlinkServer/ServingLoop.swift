@@ -54,6 +54,11 @@ final class ServingLoop: @unchecked Sendable {
     @exclusivity(unchecked) var parsingAside = false
     /// Work handed to the loop thread (writing to streams), in order.
     private let jobs = Mutex<[@Sendable (VarlinkServer.Streams) -> Void]>([])
+    /// The loop's work off the loop thread, by the id it reports back under:
+    /// deferred calls (their connection's id), the watchdog's probe, the large
+    /// parse, the work closed connections leave (`startWork`). Each is taken
+    /// out when it reports back; what is left when the loop ends is cancelled.
+    @exclusivity(unchecked) var offLoopWork: [UInt64: Task<Void, Never>] = [:]
     /// Streams written to by the job running now, settled after it.
     @exclusivity(unchecked) var touchedStreams: [Connection] = []
     /// What one `recv` reads into, zeroed after each (loop thread only).
@@ -103,7 +108,8 @@ final class ServingLoop: @unchecked Sendable {
 
     /// Serves until SIGTERM or SIGINT, then (for at most `drainSeconds`)
     /// answers every call clients already sent, deferred ones included, and
-    /// sends every queued reply, and returns the signal.
+    /// sends every queued reply, and returns the signal; work still running
+    /// at the drain's end (`offLoopWork`) is cancelled.
     func run(drainSeconds: Int) -> Int32 {
         var events = [vaultd_event](repeating: vaultd_event(), count: 256)
         var stopSignal: Int32 = 0
@@ -154,7 +160,17 @@ final class ServingLoop: @unchecked Sendable {
             }
         }
         for connection in connections.values { disconnect(connection) }
+        // The drain is over: what still runs has nobody to answer.
+        for task in offLoopWork.values { task.cancel() }
+        offLoopWork = [:]
         return stopSignal
+    }
+
+    /// Runs `body` off the loop as work of the loop, under `id`; `body` must
+    /// report back under that id (`complete`, or a job that takes it out of
+    /// `offLoopWork`), which ends it. Loop thread only.
+    func startWork(_ id: UInt64, _ body: @escaping @Sendable () async -> Void) {
+        offLoopWork[id] = Task { await body() }
     }
 
     /// Runs `job` on the loop thread, where it may write to this loop's
@@ -195,7 +211,7 @@ final class ServingLoop: @unchecked Sendable {
         guard !watchdogProbeInFlight else { return }
         watchdogProbeInFlight = true
         let probe = hooks.watchdogProbe
-        Task { [self] in
+        startWork(ServingLoop.watchdogProbeID) { [self] in
             await probe()
             self.complete(ServingLoop.watchdogProbeID, nil)
         }
@@ -246,6 +262,7 @@ final class ServingLoop: @unchecked Sendable {
             log.info("serving limits reloaded", ["maxConnectionsPerUser": String(reloaded.maxConnectionsPerUser)])
         }
         for (id, reply) in done {
+            offLoopWork[id] = nil
             if id == ServingLoop.watchdogProbeID {
                 watchdogProbeInFlight = false
                 hooks.watchdog()

@@ -39,7 +39,7 @@ public final class VarlinkServer: @unchecked Sendable {
     /// Serves until SIGTERM or SIGINT, then (for at most `drainSeconds`)
     /// answers every call clients already sent, deferred ones included, and
     /// sends every queued reply, and returns the signal. The loop runs on the
-    /// calling thread.
+    /// calling thread; deferred work still running when it returns is cancelled.
     @discardableResult
     public func run(drainSeconds: Int = 10) -> Int32 {
         loop.run(drainSeconds: drainSeconds)

@@ -75,8 +75,9 @@ public struct VarlinkService: Sendable {
     /// call of its connection is in flight is closed once that call's work
     /// has finished; only a send that fails, or the end of the drain at a
     /// stop, closes a connection with work still in flight. Must return at
-    /// once: hand anything slow to other work.
-    public var connectionClosed: (@Sendable (Caller) -> Void)?
+    /// once; what it returns (nil: nothing) runs off the loop as the server's
+    /// work, cancelled if it still runs when the server stops.
+    public var connectionClosed: (@Sendable (Caller) -> (@Sendable () async -> Void)?)?
 
     /// A service with the `org.varlink.service` methods bound.
     public init(vendor: String, product: String, version: String, url: String) {

@@ -18,6 +18,9 @@ struct FleetFeedState {
     var held: [UInt64: HeldRefreshLock] = [:]
     /// Set by `close()`: no watch starts after it.
     var closed = false
+    /// The work that starts the feed's watch (`startWatch`), the latest one:
+    /// cancelled when another replaces it and at `close()`.
+    var starting: Task<Void, Never>?
 }
 
 /// A refresh lock held here, and the task that stops renewing it once the
@@ -225,8 +228,18 @@ extension EtcdStore: SharedSessionStore {
             continuation.finish()
             return stream
         }
-        Task { await self.startWatch(after: from, thenReset: false) }
+        startWatchLater(after: from, thenReset: false)
         return stream
+    }
+
+    /// Starts the feed's watch (`startWatch`) off the caller, as the store's
+    /// own work: it replaces (cancels) one still starting; `close()` cancels it.
+    private func startWatchLater(after revision: Int64, thenReset: Bool) {
+        fleet.withLock { state in
+            guard !state.closed else { return }
+            state.starting?.cancel()
+            state.starting = Task { await self.startWatch(after: revision, thenReset: thenReset) }
+        }
     }
 
     /// Starts the feed's watch after `revision` (0: after the store's
@@ -237,7 +250,7 @@ extension EtcdStore: SharedSessionStore {
         var pause = Duration.milliseconds(50)
         // Bounded: about an hour of tries two seconds apart, the store away all along.
         for _ in 0..<2000 where from == 0 {
-            if fleet.withLock({ $0.closed }) { return }
+            if Task.isCancelled || fleet.withLock({ $0.closed }) { return }
             do throws(VaultError) {
                 from = try await client.range(bytes("meta/key-id")).revision
             } catch {
@@ -281,7 +294,7 @@ extension EtcdStore: SharedSessionStore {
     private func feedLost(_ error: VaultError) {
         log.warning(
             "the etcd watch lost changes (compacted); every session is read again", ["error": error.message])
-        Task { await self.startWatch(after: 0, thenReset: true) }
+        startWatchLater(after: 0, thenReset: true)
     }
 
     /// One batch of the watch as the feed's changes: puts and deletes of
@@ -336,10 +349,12 @@ extension EtcdStore: SharedSessionStore {
     public func close() async {
         let (watch, continuation, held) = fleet.withLock { state in
             state.closed = true
+            state.starting?.cancel()
             defer {
                 state.watch = nil
                 state.continuation = nil
                 state.held = [:]
+                state.starting = nil
             }
             return (state.watch, state.continuation, Array(state.held.values))
         }

@@ -285,6 +285,7 @@ private final class Harness: Sendable {
         service.connectionClosed = { caller in
             streams.closedConnections.withLock { $0.append(caller.connection ?? 0) }
             closed.signal()
+            return nil
         }
         let errors = TransportErrors(
             refused: { admission, _, _ in

@@ -87,23 +87,28 @@ struct PendingLogins<Flow: Sendable>: Sendable {
 
     /// Removes every login past its expiry.
     mutating func dropExpired(now: UnixTime) { logins = logins.filter { $0.value.expiresAt > now } }
+
+    /// The nearest expiry of a login held; nil when none is.
+    var nextExpiry: UnixTime? { logins.values.lazy.map(\.expiresAt).min() }
 }
 
 extension SessionManager {
-    /// Drops the pending logins past their expiry once `expiresAt` comes,
-    /// even when nobody continues them (their secrets go with them).
+    /// Has the manager's one timer drop the pending logins past their expiry
+    /// once `expiresAt` comes, even when nobody continues them (their secrets
+    /// go with them): `runDueWork` drops them (`dropExpiredLogins`).
     func dropPendingLogins(at expiresAt: UnixTime) {
-        Task { [weak self, clock] in
-            try? await clock.sleep(until: Double(expiresAt.seconds))
-            await self?.dropExpiredLogins()
-        }
+        if let next = pendingLoginsExpire, next <= expiresAt { return }
+        pendingLoginsExpire = expiresAt
+        rearmTimer()
     }
 
-    /// Removes the device and browser logins past their expiry.
+    /// Removes the device and browser logins past their expiry; the timer
+    /// then waits for the nearest expiry of those left.
     func dropExpiredLogins() {
         let now = clock.now()
         deviceLogins.dropExpired(now: now)
         browserLogins.dropExpired(now: now)
+        pendingLoginsExpire = [deviceLogins.nextExpiry, browserLogins.nextExpiry].compactMap { $0 }.min()
     }
 }
 

@@ -55,12 +55,15 @@ extension SessionManager {
     func rearmTimer() {
         guard armsTimer, !stopping, !runningDueWork, !restoring else { return }
         timer?.cancel()
-        guard let next = deadlines.next else {
+        // The nearest session deadline, or the pending logins' expiry when nearer.
+        var nearest = deadlines.next?.deadline
+        if let expire = pendingLoginsExpire, nearest.map({ expire < $0 }) ?? true { nearest = expire }
+        guard let nearest else {
             timer = nil
             return
         }
         let clock = self.clock
-        let deadline = Double(next.deadline.seconds)
+        let deadline = Double(nearest.seconds)
         timer = Task {
             do { try await clock.sleep(until: deadline) } catch { return }
             self.runDueWork()
@@ -69,7 +72,8 @@ extension SessionManager {
 
     /// Does what is due at the clock's now: ends sessions whose token expired
     /// (or whose maximum lifetime passed), starts refreshes, retries unsaved
-    /// writes. The timer calls it; the simulation calls it after moving its clock.
+    /// writes, drops the pending interactive logins past their expiry. The
+    /// timer calls it; the simulation calls it after moving its clock.
     public func runDueWork() {
         let now = clock.now()
         // The timer running this is not re-armed (cancelled) halfway through.
@@ -82,6 +86,7 @@ extension SessionManager {
             guard let record = entries[work.key]?.record else { continue }
             handle(work.key, .due(work.timer, now: now, expired: record.isExpired(at: now)))
         }
+        if let expire = pendingLoginsExpire, expire <= now { dropExpiredLogins() }
         runningDueWork = false
         rearmTimer()
     }

@@ -91,6 +91,9 @@ public actor SessionManager {
     /// the device flow's (DeviceLogins.swift), the browser login's (BrowserLogins.swift).
     var deviceLogins = PendingLogins<DeviceLogin>(kind: "device")
     var browserLogins = PendingLogins<BrowserLogin>(kind: "browser")
+    /// When `runDueWork` drops the pending logins past their expiry next (at
+    /// or before the nearest expiry of one); nil when none is pending.
+    var pendingLoginsExpire: UnixTime?
 
     /// A manager over `store`, reading time from `clock`; its work runs on
     /// `executor` when one is given (the simulation's), else on an ordinary
@@ -129,10 +132,8 @@ public actor SessionManager {
         let shared = store as? any SharedSessionStore
         self.sharing = shared.map(FleetHost.init) ?? SingleHost()
         self.isFleetHost = shared != nil
-        gate.onChange { [weak self] in
-            guard let self else { return }
-            Task { await self.storeHealthChanged() }
-        }
+        // The call that found the store gone or back reports it before it returns.
+        gate.onChange { [weak self] in await self?.storeHealthChanged() }
     }
 
     /// The OAuth 2.0 client or the exec helper a provider's configuration names.

@@ -26,8 +26,10 @@ public enum VaultMethods {
         }
         // A client's reports last as long as its connection.
         service.connectionClosed = { caller in
-            guard let connection = caller.connection, let keys = manager.reporting.closed(connection) else { return }
-            Task { await manager.clientGone(connection, from: keys) }
+            guard let connection = caller.connection, let keys = manager.reporting.closed(connection) else {
+                return nil
+            }
+            return { await manager.clientGone(connection, from: keys) }
         }
         service.add(VaultInterface.declaration, callSizeLimit: callSizeLimit) { declaration in
             guard let method = VaultMethod(rawValue: "\(VaultInterface.name).\(declaration.name)") else {
