@@ -132,8 +132,10 @@ public actor SessionManager {
         let shared = store as? any SharedSessionStore
         self.sharing = shared.map(FleetHost.init) ?? SingleHost()
         self.isFleetHost = shared != nil
-        // The call that found the store gone or back reports it before it returns.
-        gate.onChange { [weak self] in await self?.storeHealthChanged() }
+        gate.onChange { [weak self] in
+            guard let self else { return }
+            Task { await self.storeHealthChanged() }
+        }
     }
 
     /// The OAuth 2.0 client or the exec helper a provider's configuration names.

@@ -9,14 +9,13 @@ import VaultCore
 /// touching D-Bus, until a probe finds the store back.
 ///
 /// The health changes here, on whatever task made the failing call; what the
-/// change asks for (report, probe, write through) is queued, and that call
-/// awaits the owner's `onChange` before it throws: the owner takes the
-/// actions with `takeActions()`, and no task is left to do it later.
+/// change asks for (report, probe, write through) is queued and the owner is
+/// told through `onChange`, then takes the actions with `takeActions()`.
 final class StoreGate: SessionStore {
     private struct State {
         var health: StoreHealth
         var actions: [StoreHealth.Action] = []
-        var onChange: (@Sendable () async -> Void)?
+        var onChange: (@Sendable () -> Void)?
     }
 
     /// The store itself.
@@ -43,8 +42,8 @@ final class StoreGate: SessionStore {
     /// True while actions wait to be taken (the simulation waits for none).
     var hasPendingActions: Bool { state.withLock { !$0.actions.isEmpty } }
 
-    /// Runs `body` whenever actions are queued, awaited by the call that queued them.
-    func onChange(_ body: @escaping @Sendable () async -> Void) { state.withLock { $0.onChange = body } }
+    /// Runs `body` whenever actions are queued.
+    func onChange(_ body: @escaping @Sendable () -> Void) { state.withLock { $0.onChange = body } }
 
     /// The actions queued since the last call, in order.
     func takeActions() -> [StoreHealth.Action] {
@@ -55,22 +54,22 @@ final class StoreGate: SessionStore {
     }
 
     /// Feeds `event` to the health and queues what it returns; tells the
-    /// owner when `notify`, and returns once the owner is done.
-    private func record(_ event: StoreHealth.Event, notify: Bool = true) async {
-        let onChange = state.withLock { state -> (@Sendable () async -> Void)? in
+    /// owner when `notify`.
+    private func record(_ event: StoreHealth.Event, notify: Bool = true) {
+        let onChange = state.withLock { state -> (@Sendable () -> Void)? in
             let actions = state.health.handle(event)
             guard !actions.isEmpty else { return nil }
             state.actions += actions
             return notify ? state.onChange : nil
         }
-        await onChange?()
+        onChange?()
     }
 
     /// Probes the store (a new connection) and feeds the answer to the
     /// health; the caller takes the actions (`takeActions()`).
     func probeAndRecord(random: Double) async {
         let result = await inner.probe()
-        await record(.probed(result, now: clock.preciseNow(), random: random), notify: false)
+        record(.probed(result, now: clock.preciseNow(), random: random), notify: false)
     }
 
     /// Refused while the store is not available; a failure of the store as a
@@ -97,14 +96,14 @@ final class StoreGate: SessionStore {
                 !error.message.contains("was abandoned"),
                 state.withLock({ $0.health.state == .available }), await inner.probe() == .available
             else {
-                await record(.failed(error.code, reason: error.message, now: clock.preciseNow()))
+                record(.failed(error.code, reason: error.message, now: clock.preciseNow()))
                 throw error
             }
         }
         do throws(VaultError) {
             return try await body()
         } catch {
-            await record(.failed(error.code, reason: error.message, now: clock.preciseNow()))
+            record(.failed(error.code, reason: error.message, now: clock.preciseNow()))
             throw error
         }
     }
