@@ -156,7 +156,9 @@ package final class WorkerPool: @unchecked Sendable {
         pthread_mutex_lock(mutex)
         while true {
             while ready.isEmpty {
-                guard waitLingering(on: readyCondition) else {
+                // A run made ready as the wait timed out counted this worker
+                // as free: it is taken, not left without a thread.
+                if !waitLingering(on: readyCondition), ready.isEmpty {
                     threads -= 1
                     pthread_mutex_unlock(mutex)
                     return
@@ -191,7 +193,7 @@ package final class WorkerPool: @unchecked Sendable {
                 }
                 continue
             }
-            var until = timespec(tv_sec: Int(deadline / 1000), tv_nsec: Int(deadline % 1000) * 1_000_000)
+            var until = WorkerPool.time(deadline)
             _ = pthread_cond_timedwait(timerCondition, mutex, &until)
         }
     }
@@ -199,9 +201,13 @@ package final class WorkerPool: @unchecked Sendable {
     /// With the mutex held: waits on `condition` for at most
     /// `lingerMilliseconds`; false when that time passed without a signal.
     private func waitLingering(on condition: UnsafeMutablePointer<pthread_cond_t>) -> Bool {
-        let until = Monotonic.milliseconds() + lingerMilliseconds
-        var time = timespec(tv_sec: Int(until / 1000), tv_nsec: Int(until % 1000) * 1_000_000)
-        return pthread_cond_timedwait(condition, mutex, &time) != ETIMEDOUT
+        var until = WorkerPool.time(Monotonic.milliseconds() + lingerMilliseconds)
+        return pthread_cond_timedwait(condition, mutex, &until) != ETIMEDOUT
+    }
+
+    /// CLOCK_MONOTONIC `milliseconds` as the conditions' timed waits take them.
+    private static func time(_ milliseconds: UInt64) -> timespec {
+        timespec(tv_sec: Int(milliseconds / 1000), tv_nsec: Int(milliseconds % 1000) * 1_000_000)
     }
 
     /// Starts a detached thread named `name` (at most 15 bytes) running `body`.
