@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/vfs.h>
@@ -55,6 +56,16 @@ int vaultd_epoll_wait(int epfd, vaultd_event *out, int max, int timeout_ms) {
 int vaultd_accept_nonblocking(int fd) { return accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC); }
 
 int vaultd_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+
+int vaultd_timerfd(void) { return timerfd_create(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC); }
+
+int vaultd_timerfd_at(int fd, int64_t seconds) {
+    struct itimerspec spec = {0};
+    /* it_value 0 would disarm: a deadline at the epoch is at once all the same. */
+    if (seconds < 0) return timerfd_settime(fd, 0, &spec, NULL);
+    spec.it_value.tv_sec = seconds > 0 ? seconds : 1;
+    return timerfd_settime(fd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &spec, NULL);
+}
 
 int vaultd_signalfd_termination(void) {
     sigset_t mask;

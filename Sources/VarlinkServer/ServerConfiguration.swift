@@ -17,7 +17,8 @@ public struct ServerHooks: Sendable {
     /// privileged peers.
     public var privileged: @Sendable (Caller) -> Bool
     /// Work of the program's own that runs on the loop's thread: when
-    /// `wakeFD` (an eventfd) becomes readable, the loop calls `run`.
+    /// `wakeFD` (an eventfd, or an epoll set of its own) becomes readable,
+    /// the loop calls `run`.
     public var ownWork: (wakeFD: Int32, run: @Sendable () -> Void)?
 
     /// Hooks that do nothing.

@@ -27,7 +27,7 @@ final class FleetPair {
                 store: store.view(host: host, alive: Liveness()), config: config, clock: clock,
                 log: Logger(level: .debug, target: .discard),
                 providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
-                armsTimer: false, events: { events.append($0) })
+                events: { events.append($0) })
         }
         let eventsA = self.eventsA
         let eventsB = self.eventsB
@@ -281,7 +281,7 @@ struct FleetManagerTests {
     func singleHostIsNotAFleetHost() throws {
         let manager = SessionManager(
             store: FaultyStore(), config: try TestConfig.make(), clock: ManualClock(),
-            log: Logger(level: .debug, target: .discard), armsTimer: false)
+            log: Logger(level: .debug, target: .discard))
         #expect(!manager.isFleetHost)
     }
 }
@@ -375,8 +375,7 @@ struct FleetOwnWriteTests {
         let view = EchoingView(shared.view(host: "a", alive: Liveness()))
         let manager = SessionManager(
             store: view, config: try TestConfig.make(), clock: clock, log: Logger(level: .debug, target: .discard),
-            providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
-            armsTimer: false)
+            providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 })
         let caller = Caller(uid: 1000, gid: 1000, pid: 7)
         let (_, response) = provider.grant(lifetime: 300)
         let (login, _) = try await manager.login(
@@ -405,7 +404,7 @@ struct FleetOwnWriteTests {
         let manager = SessionManager(
             store: view, config: try TestConfig.make(), clock: clock, log: Logger(level: .debug, target: .discard),
             providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
-            armsTimer: false, events: { events.append($0) })
+            events: { events.append($0) })
         let caller = Caller(uid: 1000, gid: 1000, pid: 7)
         let (_, response) = provider.grant(lifetime: 300)
         let (login, _) = try await manager.login(

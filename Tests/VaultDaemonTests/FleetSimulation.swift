@@ -106,7 +106,7 @@ final class FleetSimulation {
             store: store.view(host: name, alive: alive), config: config, clock: clock,
             log: Logger(level: .debug, target: .discard),
             providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
-            armsTimer: false, executor: SimulationThread.shared,
+            executor: SimulationThread.shared,
             events: { event in if alive.isAlive { log.append(event) } })
     }
 

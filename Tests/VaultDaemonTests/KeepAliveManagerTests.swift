@@ -31,7 +31,7 @@ struct KeepAliveManagerTests {
             store: FaultyStore(), config: config, clock: clock, log: Logger(level: .debug, target: .discard),
             policy: AccessPolicy(vaultdUID: 0, declared: [Self.bot.account: DeclaredAccount(owner: 1000)]),
             providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
-            armsTimer: false, events: { event in events.append(event) })
+            events: { event in events.append(event) })
     }
 
     func kinds() -> [EventKind] { events.all.filter { $0.account == Self.bot.account }.map(\.kind) }

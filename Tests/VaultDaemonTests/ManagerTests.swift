@@ -24,7 +24,7 @@ struct ManagerHarness {
             store: store, config: try config ?? TestConfig.make(), clock: clock,
             log: Logger(level: .debug, target: .discard), policy: AccessPolicy(vaultdUID: 0),
             providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
-            armsTimer: false, events: { event in events.append(event) })
+            events: { event in events.append(event) })
     }
 
     func key(_ user: String, owner: UInt32 = 1000) -> SessionKey {
@@ -257,7 +257,6 @@ struct EventOrderTests {
             store: FaultyStore(), config: try TestConfig.make(), clock: clock,
             log: Logger(level: .debug, target: .discard), policy: AccessPolicy(vaultdUID: 0),
             providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil }, random: { 0.5 },
-            armsTimer: false,
             events: { event in
                 guard event.kind == .tokenRefreshed, let manager = observed.manager.withLock({ $0 }) else { return }
                 let key = SessionKey(owner: event.ownerUID, account: event.account)

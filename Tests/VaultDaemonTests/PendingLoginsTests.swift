@@ -81,7 +81,7 @@ struct PendingLoginsTests {
     }
 
     /// A manager with one oauth2 provider that has a browser login, on `clock`.
-    func manager(_ clock: ManualClock, armsTimer: Bool) throws -> SessionManager {
+    func manager(_ clock: ManualClock) throws -> SessionManager {
         let config = try ConfigParser.parse(
             """
             [Provider oauth]
@@ -92,13 +92,13 @@ struct PendingLoginsTests {
             """, file: "test.conf")
         return SessionManager(
             store: FaultyStore(), config: config, clock: clock, log: Logger(level: .debug, target: .discard),
-            policy: AccessPolicy(vaultdUID: 0), armsTimer: armsTimer)
+            policy: AccessPolicy(vaultdUID: 0))
     }
 
     @Test("Should drop a login nobody continues when the due work runs at its expiry, not before")
     func droppedByDueWork() async throws {
         let clock = ManualClock()
-        let manager = try manager(clock, armsTimer: false)
+        let manager = try manager(clock)
         _ = try await manager.beginBrowserLogin(request, redirectURI: "http://127.0.0.1:8400/", caller: caller(1000))
         clock.advance(by: Double(BrowserLogin.lifetimeSeconds - 1))
         await manager.runDueWork()
@@ -109,23 +109,17 @@ struct PendingLoginsTests {
         #expect(await manager.pendingLoginsExpire == nil)
     }
 
-    @Test("Should arm the manager's one timer for a login's expiry, and drop the login when it fires")
-    func droppedByTimer() async throws {
+    @Test("Should set the manager's one alarm for a login's expiry, the nearest deadline")
+    func alarmForTheExpiry() async throws {
         let clock = ManualClock()
-        let manager = try manager(clock, armsTimer: true)
+        let manager = try manager(clock)
+        #expect(await manager.alarmAt == nil, "nothing to wake for")
         _ = try await manager.beginBrowserLogin(request, redirectURI: "http://127.0.0.1:8400/", caller: caller(1000))
-        // Bounded: the timer's task starts, then sleeps on the clock.
-        for _ in 0..<10_000 where clock.sleeping == 0 { await Task.yield() }
-        #expect(clock.sleeping == 1, "the timer waits for the expiry")
-        clock.advance(by: Double(BrowserLogin.lifetimeSeconds - 1))
-        #expect(clock.sleeping == 1, "not due a second before the expiry")
-        clock.advance(by: 1)
-        // Bounded: the timer's task wakes and runs the due work on the manager.
-        for _ in 0..<10_000 {
-            if await manager.browserLogins.logins.isEmpty { break }
-            await Task.yield()
-        }
+        let expiry = clock.now().adding(seconds: BrowserLogin.lifetimeSeconds)
+        #expect(await manager.alarmAt == expiry)
+        clock.advance(by: Double(BrowserLogin.lifetimeSeconds))
+        await manager.runDueWork()
         #expect(await manager.browserLogins.logins.isEmpty)
-        await manager.shutdown(graceSeconds: 0)
+        #expect(await manager.alarmAt == nil, "nothing left to wake for")
     }
 }

@@ -94,7 +94,7 @@ struct MintingHarness {
         manager = SessionManager(
             store: store, config: config, clock: clock, log: Logger(level: .debug, target: .discard),
             policy: AccessPolicy(vaultdUID: 1000), providers: { _, _, _ in provider }, random: { 0.5 },
-            armsTimer: false, events: { _ in })
+            events: { _ in })
     }
 
     func login() async throws -> SessionRecord {

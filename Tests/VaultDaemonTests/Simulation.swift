@@ -173,7 +173,7 @@ final class Simulation {
             store: store, config: config, clock: clock, log: Logger(level: .debug, target: .discard),
             policy: AccessPolicy(vaultdUID: 0, declared: [bot.account: DeclaredAccount(owner: bot.owner)]),
             providers: { settings, _, _ in settings.type == .oauth2 ? provider : nil },
-            random: { 0.5 }, armsTimer: false, executor: SimulationThread.shared,
+            random: { 0.5 }, executor: SimulationThread.shared,
             events: { event in if alive.isAlive { events.append(event) } })
     }
 

@@ -54,7 +54,7 @@ struct StoreRetryTests {
     func manager(_ store: FlakyStore) throws -> SessionManager {
         SessionManager(
             store: store, config: try TestConfig.make(), clock: ManualClock(),
-            log: Logger(level: .error, target: .discard), random: { 0.5 }, armsTimer: false, events: { _ in })
+            log: Logger(level: .error, target: .discard), random: { 0.5 }, events: { _ in })
     }
 
     func login(_ manager: SessionManager) async throws(VaultError) {

@@ -35,6 +35,12 @@ int vaultd_accept_nonblocking(int fd);
 /* eventfd (non-blocking, close-on-exec) to wake the loop from other threads. */
 int vaultd_eventfd(void);
 
+/* timerfd on CLOCK_REALTIME (non-blocking, close-on-exec): the engine's alarm. */
+int vaultd_timerfd(void);
+/* Arms it to expire at `seconds` since the epoch (already past: at once), or
+ * disarms it when `seconds` is negative; cancelled when the clock is set. */
+int vaultd_timerfd_at(int fd, int64_t seconds);
+
 /* signalfd for SIGTERM, SIGINT and SIGHUP, which are blocked in every thread. */
 int vaultd_signalfd_termination(void);
 /* Reads one signal from a signalfd; returns the signal number or -1. */

@@ -192,7 +192,7 @@ final class Server: DaemonService {
                     log: context.log)
             },
             privileged: { caller in manager.policy.policy.isAdmin(caller) },
-            ownWork: (context.engine.wakeFD, { [engine = context.engine] in engine.runQueued() }))
+            ownWork: (context.engine.pollFD, { [engine = context.engine] in engine.runQueued() }))
         do {
             server = try VarlinkServer(
                 listenFD: socket.fd, signalFD: context.signalFD,

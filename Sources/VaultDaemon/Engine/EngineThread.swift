@@ -5,22 +5,42 @@ import Synchronization
 /// The thread that owns the session manager: vaultd's main thread, which
 /// also serves the socket. The manager (an actor) runs every job of its own
 /// here: a job is queued, the eventfd `wakeFD` becomes readable, and the main
-/// thread runs the queue, from the serving loop (the eventfd is one of its
+/// thread runs the queue, from the serving loop (`pollFD` is one of its
 /// epoll sources) or, before and after serving, from `run(until:)`. So the
 /// sessions' state has one owner thread, the same as the connections', and
 /// none of its work runs on the cooperative pool. Blocking calls never run
 /// here: they go to `WorkerPool`, and their completions come back as jobs.
+///
+/// The engine's alarm is a timerfd on the real-time clock, set to the
+/// manager's nearest deadline: when it expires, the owner thread runs the
+/// alarm's action (`runDueWork`), as it runs the queued jobs.
 final class EngineThread: SerialExecutor, @unchecked Sendable {
     private let jobs = Mutex<[UnownedJob]>([])
     /// Readable while jobs wait to run.
-    let wakeFD: Int32
+    private let wakeFD: Int32
+    /// Readable when the alarm expired or the clock was set.
+    private let alarmFD: Int32
+    /// An epoll set of the two: readable while there is something to run.
+    let pollFD: Int32
+    /// What the alarm runs; changed and run on the owner thread only.
+    private var alarmAction: (() -> Void)?
+    /// The thread running this engine's jobs now (0: none), for `checkIsolated`.
+    private let runningThread = Atomic<UInt>(0)
 
     init() {
         wakeFD = vaultd_eventfd()
-        precondition(wakeFD >= 0, "eventfd failed: errno \(errno)")
+        alarmFD = vaultd_timerfd()
+        pollFD = vaultd_epoll_create()
+        precondition(wakeFD >= 0 && alarmFD >= 0 && pollFD >= 0, "eventfd, timerfd or epoll failed: errno \(errno)")
+        _ = vaultd_epoll_add(pollFD, wakeFD, VAULTD_EPOLLIN, 0)
+        _ = vaultd_epoll_add(pollFD, alarmFD, VAULTD_EPOLLIN, 1)
     }
 
-    deinit { close(wakeFD) }
+    deinit {
+        close(pollFD)
+        close(alarmFD)
+        close(wakeFD)
+    }
 
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
@@ -31,26 +51,51 @@ final class EngineThread: SerialExecutor, @unchecked Sendable {
         if first { wake() }
     }
 
+    /// Traps unless the calling thread is running this engine's jobs: what
+    /// `assumeIsolated` asks of an executor outside a task.
+    func checkIsolated() {
+        precondition(runningThread.load(ordering: .relaxed) == UInt(pthread_self()), "not on the engine's thread")
+    }
+
     /// Makes `run(until:)` look at its condition again.
     func wake() {
         var one: UInt64 = 1
         _ = write(wakeFD, &one, 8)
     }
 
-    /// Runs the jobs queued now, in their order; on the owner thread only.
+    /// Sets the alarm to run `action` on the owner thread at `seconds` since
+    /// the epoch (at once when that is past), or clears it (nil). Called on
+    /// the owner thread.
+    func setAlarm(at seconds: Int64?, _ action: @escaping () -> Void) {
+        alarmAction = seconds == nil ? nil : action
+        _ = vaultd_timerfd_at(alarmFD, seconds ?? -1)
+    }
+
+    /// Runs the jobs queued now, in their order, then the alarm's action if
+    /// it expired; on the owner thread only.
     func runQueued() {
+        runningThread.store(UInt(pthread_self()), ordering: .relaxed)
+        defer { runningThread.store(0, ordering: .relaxed) }
         var count: UInt64 = 0
         _ = read(wakeFD, &count, 8)
         var batch: [UnownedJob] = []
         jobs.withLock { swap(&$0, &batch) }
         let executor = asUnownedSerialExecutor()
         for job in batch { job.runSynchronously(on: executor) }
+        // Expired (8 bytes) or cancelled by a change of the clock (ECANCELED):
+        // either way the alarm is cleared (a cancelled timerfd stays readable
+        // until it is set again) and the action looks at what is due now.
+        let expired = read(alarmFD, &count, 8)
+        guard expired == 8 || (expired < 0 && errno == ECANCELED) else { return }
+        let action = alarmAction
+        setAlarm(at: nil, {})
+        action?()
     }
 
     /// Runs jobs as they come until `done()` holds (whoever makes it hold
     /// calls `wake()`); on the owner thread, while it does not serve.
     func run(until done: () -> Bool) {
-        var ready = pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)
+        var ready = pollfd(fd: pollFD, events: Int16(POLLIN), revents: 0)
         while true {
             runQueued()
             if done() { return }

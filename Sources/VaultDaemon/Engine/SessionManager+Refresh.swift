@@ -49,34 +49,31 @@ extension SessionManager {
         if let ending { end(key, reason: ending.reason, kind: ending.kind) }
     }
 
-    /// Sleeps on the injected clock until the nearest deadline, then does
-    /// what is due. One timer for all sessions; re-armed whenever the
-    /// nearest deadline may have changed.
+    /// Sets the alarm for the nearest deadline: a session's, or the pending
+    /// logins' expiry when nearer; none once stopping. One alarm for all
+    /// sessions; set again whenever the nearest deadline may have changed.
     func rearmTimer() {
-        guard armsTimer, !stopping, !runningDueWork, !restoring else { return }
-        timer?.cancel()
-        // The nearest session deadline, or the pending logins' expiry when nearer.
-        var nearest = deadlines.next?.deadline
-        if let expire = pendingLoginsExpire, nearest.map({ expire < $0 }) ?? true { nearest = expire }
-        guard let nearest else {
-            timer = nil
-            return
-        }
-        let clock = self.clock
-        let deadline = Double(nearest.seconds)
-        timer = Task {
-            do { try await clock.sleep(until: deadline) } catch { return }
-            self.runDueWork()
+        guard !runningDueWork, !restoring else { return }
+        var nearest = stopping ? nil : deadlines.next?.deadline
+        if !stopping, let expire = pendingLoginsExpire, nearest.map({ expire < $0 }) ?? true { nearest = expire }
+        guard nearest != alarmAt else { return }
+        alarmAt = nearest
+        alarm?.setAlarm(at: nearest?.seconds) { [unowned self] in
+            // Run by the engine on its thread, this actor's executor.
+            self.assumeIsolated { manager in
+                manager.alarmAt = nil
+                manager.runDueWork()
+            }
         }
     }
 
     /// Does what is due at the clock's now: ends sessions whose token expired
     /// (or whose maximum lifetime passed), starts refreshes, retries unsaved
     /// writes, drops the pending interactive logins past their expiry. The
-    /// timer calls it; the simulation calls it after moving its clock.
+    /// alarm calls it; the tests call it after moving their clocks.
     public func runDueWork() {
         let now = clock.now()
-        // The timer running this is not re-armed (cancelled) halfway through.
+        // The alarm is set once, at the end, not at each session's change.
         runningDueWork = true
         for work in deadlines.popDue(at: now) {
             if work.timer == .login {

@@ -33,8 +33,11 @@ public actor SessionManager {
     let makeProvider: ProviderFactory
     /// A number in 0..<1 for backoff jitter; seeded in the simulation.
     let random: @Sendable () -> Double
-    /// False when the owner drives the deadlines itself (`runDueWork()`), as the simulation does.
-    let armsTimer: Bool
+    /// The engine whose timerfd wakes the manager at its nearest deadline
+    /// (`alarmAt`), when the manager runs on one (vaultd's main thread);
+    /// else nil, and the owner calls `runDueWork()` itself, as the tests and
+    /// the simulation do on their clocks.
+    nonisolated let alarm: EngineThread?
     /// The executor this actor's work runs on: an ordinary actor's own
     /// queue on the cooperative pool, or the one given to `init` (the
     /// simulation's single thread, so that a seed is one schedule).
@@ -57,9 +60,10 @@ public actor SessionManager {
     /// dictionary would keep up to twice that per entry in empty buckets).
     var entries = DenseTable<SessionKey, AccountEntry>()
     var nextEntryID: UInt64 = 0
-    /// Every session's deadlines; the nearest one arms `timer`.
+    /// Every session's deadlines; the nearest one sets the alarm.
     var deadlines = DeadlineQueue<TimedWork>()
-    var timer: Task<Void, Never>?
+    /// The nearest deadline, which the alarm is set for; nil: none.
+    var alarmAt: UnixTime?
     /// Where fresh tokens come from, per oauth2 or exec provider.
     var clients: [String: any TokenProvider] = [:]
     /// Client secrets kept in the secret store (`vaultctl provider-secret`).
@@ -96,12 +100,13 @@ public actor SessionManager {
     var pendingLoginsExpire: UnixTime?
 
     /// A manager over `store`, reading time from `clock`; its work runs on
-    /// `executor` when one is given (the simulation's), else on an ordinary
+    /// `executor` when one is given (vaultd's engine thread, whose alarm
+    /// then runs the due work; the simulation's thread), else on an ordinary
     /// actor's queue.
     public init(
         store: any SessionStore, config: VaultConfig, clock: any WallClock, log: Logger,
         policy: AccessPolicy = AccessPolicy(), providers: ProviderFactory? = nil,
-        random: (@Sendable () -> Double)? = nil, armsTimer: Bool = true,
+        random: (@Sendable () -> Double)? = nil,
         executor: (any SerialExecutor)? = nil,
         tableDidChange: @escaping @Sendable (SessionTable) -> Void = { _ in },
         storeDidChange: @escaping @Sendable (StoreState) -> Void = { _ in },
@@ -119,7 +124,7 @@ public actor SessionManager {
         self.events = events
         self.makeProvider = providers ?? SessionManager.realProviders
         self.random = random ?? { Double.random(in: 0..<1) }
-        self.armsTimer = armsTimer
+        self.alarm = executor as? EngineThread
         if let executor {
             self.executorOwner = executor
             self.executor = executor.asUnownedSerialExecutor()
@@ -283,8 +288,7 @@ public actor SessionManager {
     /// store's tokens at the next start.
     public func shutdown(graceSeconds: Double) async {
         stopping = true
-        timer?.cancel()
-        timer = nil
+        rearmTimer()
         wakeAllLoginWaiters()
         if let id = probeTask { background[id]?.cancel() }
         sharing.stopFollowing(self)
