@@ -289,6 +289,13 @@ public enum Daemon {
     /// The latest reload's putting in force, which the next one waits for.
     private static let lastReload = Mutex<Task<Void, Never>?>(nil)
 
+    /// Returns once every reload signalled so far is in force (or refused):
+    /// the sessions stop after it, not under it.
+    static func reloadsFinished() async {
+        await withCheckedContinuation { done in reloadQueue.async { done.resume() } }
+        await lastReload.withLock { $0 }?.value
+    }
+
     /// Reads the configuration where `ConfigSearch` says: the given file
     /// (which must exist) and its drop-ins; else `/etc/vaultd/vaultd.conf`
     /// and, for a user instance, the user's own file after it, each with its

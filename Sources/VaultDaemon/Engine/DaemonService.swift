@@ -125,11 +125,13 @@ final class Sessions: DaemonService {
         self.tokenFiles = tokenFiles
     }
 
-    /// Background work (refreshes, revocations, save retries) gets what is
-    /// left of the drain time; revocations are queued in the store already.
+    /// A reload under way ends first. Background work (refreshes,
+    /// revocations, save retries) gets what is left of the drain time;
+    /// revocations are queued in the store already.
     func stop() {
         let manager = self.manager!
         try? Daemon.blocking(on: context.engine) { () async throws(VaultError) in
+            await Daemon.reloadsFinished()
             await manager.shutdown(graceSeconds: 5)
         }
         tokenFiles.waitIdle(seconds: 2)

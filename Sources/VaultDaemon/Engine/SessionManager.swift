@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import Varlink
 import VaultCore
 import VaultSystem
@@ -78,6 +79,10 @@ public actor SessionManager {
     /// `restore` is publishing the stored sessions: the timer is armed once,
     /// when it ends, not once per session (a task made and cancelled each time).
     var restoring = false
+    /// The latest change of the store's health being acted on: the gate tells
+    /// of it from whichever task made the failing call; each change waits
+    /// for the one before, and shutdown cancels the last.
+    nonisolated let healthChanges = Mutex<Task<Void, Never>?>(nil)
     /// The background work that waits to probe the store, while it is not available.
     var probeTask: UInt64?
     /// `GetToken` calls waiting for the automatic login of their account, by id.
@@ -139,7 +144,13 @@ public actor SessionManager {
         self.isFleetHost = shared != nil
         gate.onChange { [weak self] in
             guard let self else { return }
-            Task { await self.storeHealthChanged() }
+            self.healthChanges.withLock { last in
+                let previous = last
+                last = Task {
+                    await previous?.value
+                    await self.storeHealthChanged()
+                }
+            }
         }
     }
 
@@ -313,6 +324,7 @@ public actor SessionManager {
         // Cancelled work that does not stop (a request blocked in libcurl or a
         // helper) is left behind: what it was doing is in the store already.
         for task in background.values { task.cancel() }
+        healthChanges.withLock { $0 }?.cancel()
     }
 
     /// Follows the other hosts' changes in the background until shutdown,
