@@ -59,11 +59,12 @@ int vaultd_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 
 int vaultd_timerfd(void) { return timerfd_create(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC); }
 
-int vaultd_timerfd_at(int fd, int64_t seconds) {
+int vaultd_timerfd_at(int fd, int64_t seconds, int64_t nanoseconds) {
     struct itimerspec spec = {0};
-    /* it_value 0 would disarm: a deadline at the epoch is at once all the same. */
     if (seconds < 0) return timerfd_settime(fd, 0, &spec, NULL);
-    spec.it_value.tv_sec = seconds > 0 ? seconds : 1;
+    /* it_value 0 would disarm: a deadline at the epoch is at once all the same. */
+    spec.it_value.tv_sec = seconds;
+    spec.it_value.tv_nsec = seconds == 0 && nanoseconds == 0 ? 1 : nanoseconds;
     return timerfd_settime(fd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &spec, NULL);
 }
 

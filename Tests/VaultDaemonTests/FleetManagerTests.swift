@@ -269,8 +269,9 @@ struct FleetManagerTests {
         try await pair.a.logout(pair.key, caller: pair.caller)
         pair.store.heal("b", compacted: true)
         await pair.deliver(to: pair.b, "b")
-        // Host b found the store gone: it reloads when its probe (on the clock) finds it back.
+        // Host b found the store gone: it reloads when its probe (a deadline) finds it back.
         pair.clock.advance(by: 2 * StoreHealth.longestProbeSeconds)
+        await pair.b.runDueWork()
         await yieldUntil { pair.b.table.view(of: pair.key)?.record == nil }
         #expect(pair.b.storeState == .available)
         #expect(pair.b.table.view(of: pair.key)?.record == nil)

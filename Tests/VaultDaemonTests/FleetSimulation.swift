@@ -330,9 +330,14 @@ final class FleetSimulation {
         trace.append("advance \(Int(seconds))s")
     }
 
-    /// Moves the clock to `upTo` (when ahead) and hands every host the changes due.
+    /// Moves the clock to `upTo` (when ahead), when each live host does its
+    /// due work (a probe of the store, a revocation), and hands every host
+    /// the changes due.
     func deliver(upTo: Double) async {
-        if upTo > clock.preciseNow() { clock.advance(by: upTo - clock.preciseNow()) }
+        if upTo > clock.preciseNow() {
+            clock.advance(by: upTo - clock.preciseNow())
+            for host in hosts where host.alive.isAlive { await host.manager.runDueWork() }
+        }
         for host in hosts {
             for change in store.due(for: host.name) { await host.manager.applySharedChange(change) }
         }
@@ -416,9 +421,12 @@ final class FleetSimulation {
     /// Every feed delivered (the clock moved past the last delivery), twice
     /// over for changes the deliveries caused; then the hosts must agree.
     func drain() async throws {
-        for _ in 0..<4 {
+        // Bounded: moving the clock to a delivery fires the hosts' due work,
+        // which may write (an expiry's logout) and so feed more changes.
+        for _ in 0..<32 {
             await deliver(upTo: max(clock.preciseNow(), store.lastDelivery ?? 0))
             await settle()
+            if store.lastDelivery == nil { break }
         }
         trace.append("drained")
         try collect()

@@ -141,6 +141,7 @@ struct ReplacedTokenTests {
 
         rig.provider.state.withLock { $0.revocationsFail = false }
         rig.clock.advance(by: 10)
+        await rig.manager.runDueWork()
         await rig.settle()
         #expect(rig.provider.state.withLock { $0.revokedReplaced } == [old])
         #expect(rig.provider.state.withLock { $0.revokedSessions }.isEmpty, "the session goes on")
@@ -182,6 +183,7 @@ struct ReplacedTokenTests {
         await rig.settle()
         // The queue sends one revocation per RevocationQueue.spacingSeconds.
         rig.clock.advance(by: RevocationQueue.spacingSeconds)
+        await rig.manager.runDueWork()
         await rig.settle()
         let state = rig.provider.state.withLock { $0 }
         #expect(state.revokedSessions == [first], "the logout revoked the session's token")

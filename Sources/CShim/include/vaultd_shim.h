@@ -37,9 +37,10 @@ int vaultd_eventfd(void);
 
 /* timerfd on CLOCK_REALTIME (non-blocking, close-on-exec): the engine's alarm. */
 int vaultd_timerfd(void);
-/* Arms it to expire at `seconds` since the epoch (already past: at once), or
- * disarms it when `seconds` is negative; cancelled when the clock is set. */
-int vaultd_timerfd_at(int fd, int64_t seconds);
+/* Arms it to expire at `seconds` + `nanoseconds` since the epoch (already
+ * past: at once), or disarms it when `seconds` is negative; cancelled when
+ * the clock is set. */
+int vaultd_timerfd_at(int fd, int64_t seconds, int64_t nanoseconds);
 
 /* signalfd for SIGTERM, SIGINT and SIGHUP, which are blocked in every thread. */
 int vaultd_signalfd_termination(void);

@@ -66,9 +66,14 @@ final class EngineThread: SerialExecutor, @unchecked Sendable {
     /// Sets the alarm to run `action` on the owner thread at `seconds` since
     /// the epoch (at once when that is past), or clears it (nil). Called on
     /// the owner thread.
-    func setAlarm(at seconds: Int64?, _ action: @escaping () -> Void) {
+    func setAlarm(at seconds: Double?, _ action: @escaping () -> Void) {
         alarmAction = seconds == nil ? nil : action
-        _ = vaultd_timerfd_at(alarmFD, seconds ?? -1)
+        guard let seconds else {
+            _ = vaultd_timerfd_at(alarmFD, -1, 0)
+            return
+        }
+        let whole = max(0, seconds.rounded(.down))
+        _ = vaultd_timerfd_at(alarmFD, Int64(whole), min(999_999_999, Int64((max(0, seconds) - whole) * 1e9)))
     }
 
     /// Runs the jobs queued now, in their order, then the alarm's action if

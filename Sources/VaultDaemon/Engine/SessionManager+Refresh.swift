@@ -49,16 +49,23 @@ extension SessionManager {
         if let ending { end(key, reason: ending.reason, kind: ending.kind) }
     }
 
-    /// Sets the alarm for the nearest deadline: a session's, or the pending
-    /// logins' expiry when nearer; none once stopping. One alarm for all
-    /// sessions; set again whenever the nearest deadline may have changed.
+    /// Sets the alarm for the nearest deadline: a session's, the pending
+    /// logins' expiry, the store's next probe or the next revocation's time;
+    /// none once stopping. One alarm for all; set again whenever the nearest
+    /// deadline may have changed.
     func rearmTimer() {
         guard !runningDueWork, !restoring else { return }
-        var nearest = stopping ? nil : deadlines.next?.deadline
-        if !stopping, let expire = pendingLoginsExpire, nearest.map({ expire < $0 }) ?? true { nearest = expire }
+        var nearest: Double?
+        for deadline in [
+            deadlines.next.map { Double($0.deadline.seconds) }, pendingLoginsExpire.map { Double($0.seconds) },
+            probeAt, traffic.wakeAt,
+        ] {
+            if let deadline, nearest.map({ deadline < $0 }) ?? true { nearest = deadline }
+        }
+        if stopping { nearest = nil }
         guard nearest != alarmAt else { return }
         alarmAt = nearest
-        alarm?.setAlarm(at: nearest?.seconds) { [unowned self] in
+        alarm?.setAlarm(at: nearest) { [unowned self] in
             // Run by the engine on its thread, this actor's executor.
             self.assumeIsolated { manager in
                 manager.alarmAt = nil
@@ -69,8 +76,9 @@ extension SessionManager {
 
     /// Does what is due at the clock's now: ends sessions whose token expired
     /// (or whose maximum lifetime passed), starts refreshes, retries unsaved
-    /// writes, drops the pending interactive logins past their expiry. The
-    /// alarm calls it; the tests call it after moving their clocks.
+    /// writes, drops the pending interactive logins past their expiry,
+    /// probes the store, sends the queued revocations. The alarm calls it;
+    /// the tests call it after moving their clocks.
     public func runDueWork() {
         let now = clock.now()
         // The alarm is set once, at the end, not at each session's change.
@@ -84,6 +92,12 @@ extension SessionManager {
             handle(work.key, .due(work.timer, now: now, expired: record.isExpired(at: now)))
         }
         if let expire = pendingLoginsExpire, expire <= now { dropExpiredLogins() }
+        let preciseNow = clock.preciseNow()
+        if let at = probeAt, at <= preciseNow {
+            probeAt = nil
+            spawn { await self.probeStore() }
+        }
+        if let at = traffic.wakeAt, at <= preciseNow, traffic.worker == nil { startRevocationWorker() }
         runningDueWork = false
         rearmTimer()
     }

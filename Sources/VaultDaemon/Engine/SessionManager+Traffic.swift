@@ -18,8 +18,9 @@ struct ProviderTraffic {
     var queued: [String: Queued] = [:]
     /// The background work sending the queued revocations, one at a time.
     var worker: UInt64?
-    /// The worker waits for the next revocation's time (and may be woken).
-    var workerWaiting = false
+    /// When the next revocation may go, while no worker sends: a deadline of
+    /// the manager's alarm, which starts the worker (`runDueWork`).
+    var wakeAt: Double?
 }
 
 /// Bounding the provider requests local users can cause (see issue 28):
@@ -60,13 +61,15 @@ extension SessionManager {
         var document = revocation.record.storedJSON().serialized()
         traffic.queue.add(revocation.id, owner: owner, bytes: document.count, now: clock.preciseNow())
         document.wipe()
-        if let worker = traffic.worker {
-            // Waiting for a later one: start again, so that this one is not held behind it.
-            guard traffic.workerWaiting else { return }
-            background[worker]?.cancel()
-        }
+        // A worker sending now takes it in turn; else one starts now, not at
+        // a later one's time.
+        if traffic.worker == nil { startRevocationWorker() }
+    }
+
+    /// Starts the background work that sends the queued revocations.
+    func startRevocationWorker() {
+        traffic.wakeAt = nil
         traffic.worker = spawn { await self.sendRevocations() }
-        traffic.workerWaiting = false
     }
 
     /// Queues `revocation` in the store, then starts it, charged as a request
@@ -96,17 +99,17 @@ extension SessionManager {
 
     /// Sends the queued revocations, one at a time, each when the queue says
     /// (`RevocationQueue.next`) and its uid's budget allows, until the queue
-    /// is empty or the worker is cancelled (woken for an earlier one, or
-    /// vaultd is stopping: every revocation is in the store already).
+    /// is empty, the next is not due yet (the alarm starts the worker again
+    /// then), or the worker is cancelled (vaultd is stopping: every
+    /// revocation is in the store already).
     func sendRevocations() async {
         let me = traffic.worker
-        // Bounded by the queue: every pass sends, postpones or waits for one.
+        // Bounded by the queue: every pass sends or postpones one, or ends.
         while !Task.isCancelled, let (id, at) = traffic.queue.next() {
             if at > clock.preciseNow() {
-                traffic.workerWaiting = true
-                do { try await clock.sleep(until: at) } catch { return }
-                traffic.workerWaiting = false
-                continue
+                traffic.wakeAt = at
+                rearmTimer()
+                break
             }
             guard let item = traffic.queued[id] else {
                 traffic.queue.remove(id)

@@ -63,8 +63,11 @@ public actor SessionManager {
     var nextEntryID: UInt64 = 0
     /// Every session's deadlines; the nearest one sets the alarm.
     var deadlines = DeadlineQueue<TimedWork>()
-    /// The nearest deadline, which the alarm is set for; nil: none.
-    var alarmAt: UnixTime?
+    /// The nearest deadline, in seconds since the epoch, which the alarm is
+    /// set for; nil: none.
+    var alarmAt: Double?
+    /// When the store is probed next, while it is not available.
+    var probeAt: Double?
     /// Where fresh tokens come from, per oauth2 or exec provider.
     var clients: [String: any TokenProvider] = [:]
     /// Client secrets kept in the secret store (`vaultctl provider-secret`).
@@ -83,8 +86,6 @@ public actor SessionManager {
     /// of it from whichever task made the failing call; each change waits
     /// for the one before, and shutdown cancels the last.
     nonisolated let healthChanges = Mutex<Task<Void, Never>?>(nil)
-    /// The background work that waits to probe the store, while it is not available.
-    var probeTask: UInt64?
     /// `GetToken` calls waiting for the automatic login of their account, by id.
     var loginWaiters: [UInt64: LoginWaiter] = [:]
     var nextWaiterID: UInt64 = 0
@@ -301,7 +302,7 @@ public actor SessionManager {
         stopping = true
         rearmTimer()
         wakeAllLoginWaiters()
-        if let id = probeTask { background[id]?.cancel() }
+        probeAt = nil
         sharing.stopFollowing(self)
         // Refreshed tokens held only in memory while the store is gone: one
         // last look whether it is back, so that they are not lost at the exit.

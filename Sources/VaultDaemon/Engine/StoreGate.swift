@@ -199,19 +199,15 @@ extension SessionManager {
         }
     }
 
-    /// Probes the store at `at` (replacing a probe scheduled before).
+    /// Probes the store at `at` (replacing a probe scheduled before): a
+    /// deadline of the manager's alarm (`runDueWork`).
     func scheduleProbe(at: Double) {
-        if let id = probeTask { background[id]?.cancel() }
-        let clock = self.clock
-        probeTask = spawn {
-            do { try await clock.sleep(until: at) } catch { return }
-            await self.probeStore()
-        }
+        probeAt = at
+        rearmTimer()
     }
 
     /// One probe: a new connection to the store and a look at its collection.
     func probeStore() async {
-        probeTask = nil
         await gate.probeAndRecord(random: random())
         await storeHealthChanged()
     }
