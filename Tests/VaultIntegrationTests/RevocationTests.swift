@@ -119,6 +119,27 @@ struct RevocationTests {
         #expect(try await fixture.store.holds(provider: "oauth", user: user) == false)
     }
 
+    @Test("Should send within SIGTERM's drain the revocations queued just before it, one per pacing interval")
+    func queuedRevocationsSentAtStop() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let (fixture, daemon) = try start(server, engine: .sqlite)
+        var prefixes: [String] = []
+        let users = (0..<3).map { uniqueName("revstop\($0)") }
+        for user in users {
+            let grant = try await server.grant()
+            let refreshToken = try #require(try JSON.parse(grant)["refresh_token"]?.stringValue)
+            prefixes.append(String(refreshToken.prefix(6)))
+            let login = try vaultctl(fixture.socketPath, ["login", "oauth", user], input: grant)
+            try #require(login.status == 0, "\(login.stderr)")
+        }
+        // Back to back: the queue sends one revocation every RevocationQueue.spacingSeconds,
+        // so the later ones are due after SIGTERM.
+        for user in users { #expect(try vaultctl(fixture.socketPath, ["logout", "oauth", user]).status == 0) }
+        #expect(daemon.stop() == 0)
+        let sent = Set(try await server.revocations().compactMap { $0["token"]?.stringValue })
+        #expect(Set(prefixes).isSubset(of: sent), "every logout's revocation went out before vaultd exited: \(sent)")
+    }
+
     @Test(
         "Should finish at the next start a revocation still hanging at the provider when vaultd got SIGTERM",
         arguments: TestStore.crashEngines)

@@ -66,10 +66,11 @@ extension SessionManager {
         if traffic.worker == nil { startRevocationWorker() }
     }
 
-    /// Starts the background work that sends the queued revocations.
-    func startRevocationWorker() {
+    /// Starts the background work that sends the queued revocations (in
+    /// shutdown's grace too, `evenWhenStopping`).
+    func startRevocationWorker(evenWhenStopping: Bool = false) {
         traffic.wakeAt = nil
-        traffic.worker = spawn { await self.sendRevocations() }
+        traffic.worker = spawn(evenWhenStopping: evenWhenStopping) { await self.sendRevocations() }
     }
 
     /// Queues `revocation` in the store, then starts it, charged as a request

@@ -118,7 +118,9 @@ public actor SessionManager {
         storeDidChange: @escaping @Sendable (StoreState) -> Void = { _ in },
         events: @escaping @Sendable (VaultEvent) -> Void = { _ in }
     ) {
-        let gate = StoreGate(store, clock: clock)
+        // A fleet's host: its own writes' revisions are kept (OwnWrites).
+        let ownWrites = (store as? any SharedSessionStore).map(OwnWrites.init)
+        let gate = StoreGate(ownWrites ?? store, clock: clock)
         self.gate = gate
         self.store = gate
         self.storeDidChange = storeDidChange
@@ -140,9 +142,8 @@ public actor SessionManager {
             self.executor = home.unownedExecutor
         }
         self.table = SessionTable(didChange: tableDidChange)
-        let shared = store as? any SharedSessionStore
-        self.sharing = shared.map(FleetHost.init) ?? SingleHost()
-        self.isFleetHost = shared != nil
+        self.sharing = ownWrites.map { FleetHost(FleetStore(gate: gate, writes: $0)) } ?? SingleHost()
+        self.isFleetHost = ownWrites != nil
         gate.onChange { [weak self] in
             guard let self else { return }
             self.healthChanges.withLock { last in
@@ -319,7 +320,11 @@ public actor SessionManager {
         }
         let deadline = clock.preciseNow() + graceSeconds
         for _ in 0..<100_000 {
-            guard !background.isEmpty, clock.preciseNow() < deadline else { break }
+            // Revocations queued before the stop still go out in the grace, paced as ever.
+            if let at = traffic.wakeAt, at <= clock.preciseNow(), traffic.worker == nil {
+                startRevocationWorker(evenWhenStopping: true)
+            }
+            guard !background.isEmpty || traffic.wakeAt != nil, clock.preciseNow() < deadline else { break }
             try? await clock.sleep(until: min(deadline, clock.preciseNow() + 0.05))
         }
         // Cancelled work that does not stop (a request blocked in libcurl or a

@@ -20,16 +20,11 @@ final class StoreGate: SessionStore {
 
     /// The store itself.
     let inner: any SessionStore
-    /// The store itself when a fleet shares it; nil on a single host (cast once, not per call).
-    let shared: (any SharedSessionStore)?
     private let clock: any WallClock
     private let state: Mutex<State>
-    /// Per session, the revision of this host's latest write to a shared store.
-    private let ownWrites = Mutex<[SessionKey: StoreRevision]>([:])
 
     init(_ inner: any SessionStore, clock: any WallClock) {
         self.inner = inner
-        self.shared = inner as? any SharedSessionStore
         self.clock = clock
         state = Mutex(State(health: StoreHealth(remedy: inner.profile.remedy)))
     }
@@ -112,24 +107,8 @@ final class StoreGate: SessionStore {
         try await pass { () async throws(VaultError) in try await inner.loadAll() }
     }
 
-    /// A shared store's save is noted with its revision (`lastOwnWrite`), so
-    /// that older changes the feed brings before the write itself (another
-    /// host's earlier login or logout) do not undo it.
     func apply(_ change: StoreChange) async throws(VaultError) {
-        guard let shared, case .save(let record) = change else {
-            return try await pass { () async throws(VaultError) in try await inner.apply(change) }
-        }
-        let answer = try await pass { () async throws(VaultError) in try await shared.save(record, ifRevision: nil) }
-        if case .saved(let revision) = answer { noteOwnWrite(record.key, revision) }
-    }
-
-    /// The revision of this host's latest write of `key` to a shared store
-    /// (0: none): a change of the feed at or below it is older than what
-    /// this host wrote, even before the feed brings the write itself.
-    func lastOwnWrite(_ key: SessionKey) -> StoreRevision { ownWrites.withLock { $0[key] ?? 0 } }
-
-    func noteOwnWrite(_ key: SessionKey, _ revision: StoreRevision) {
-        ownWrites.withLock { $0[key] = max($0[key] ?? 0, revision) }
+        try await pass { () async throws(VaultError) in try await inner.apply(change) }
     }
 
     func loadProviderSecret(_ provider: String) async throws(VaultError) -> Secret? {

@@ -42,7 +42,7 @@ extension FleetHost {
             let answer: RefreshLockAnswer
             let wakeupsBefore = wakeups[key] ?? 0
             do throws(VaultError) {
-                answer = try await manager.gate.acquireRefreshLock(key)
+                answer = try await store.acquireRefreshLock(key)
             } catch {
                 return refreshFailed(key, entryID, error, manager)
             }
@@ -57,20 +57,20 @@ extension FleetHost {
             case .granted(let lease):
                 let stored: SharedRecord?
                 do throws(VaultError) {
-                    stored = try await manager.gate.loadShared(key)
+                    stored = try await store.loadShared(key)
                 } catch {
-                    try? await manager.gate.releaseRefreshLock(key, lease: lease)
+                    try? await store.releaseRefreshLock(key, lease: lease)
                     return refreshFailed(key, entryID, error, manager)
                 }
                 guard let stored, stored.record.phase == .active else {
                     // Ended on another host: its delete reaches this one through the feed.
-                    try? await manager.gate.releaseRefreshLock(key, lease: lease)
+                    try? await store.releaseRefreshLock(key, lease: lease)
                     endRefresh(key, entryID, manager)
                     return .failure(.notLoggedIn(account))
                 }
                 if stored.record.tokens != current.tokens {
                     // Refreshed on another host, and the feed has not told this one yet.
-                    try? await manager.gate.releaseRefreshLock(key, lease: lease)
+                    try? await store.releaseRefreshLock(key, lease: lease)
                     applyPut(stored.record, revision: stored.revision, manager)
                     endRefresh(key, entryID, manager)
                     guard let served = manager.entries[key]?.record else { return .failure(.notLoggedIn(account)) }
@@ -80,7 +80,7 @@ extension FleetHost {
                     // The lease ended while the store was read (this process stalled):
                     // another host may hold the lock now. Released (a store that
                     // renews the lease may still hold it for this host) and asked for again.
-                    try? await manager.gate.releaseRefreshLock(key, lease: lease)
+                    try? await store.releaseRefreshLock(key, lease: lease)
                     continue
                 }
                 var unstored: VaultError?
@@ -109,7 +109,7 @@ extension FleetHost {
                 // Rotated tokens the store did not take keep the lock until its
                 // lease ends: no host may refresh from the stored, rotated-away token.
                 if !(manager.entries[key]?.id == entryID && manager.entries[key]?.timers.status.unsaved == true) {
-                    try? await manager.gate.releaseRefreshLock(key, lease: lease)
+                    try? await store.releaseRefreshLock(key, lease: lease)
                 }
                 if case .success = result, let unstored {
                     return .failure(
@@ -191,7 +191,7 @@ extension FleetHost {
         // Bounded: each pass follows one write that changed no token.
         for _ in 0..<4 {
             do throws(VaultError) {
-                switch try await manager.gate.saveShared(record, ifRevision: compared) {
+                switch try await store.saveShared(record, ifRevision: compared) {
                 case .saved(let revision):
                     if (revisions[record.key] ?? 0) < revision { revisions[record.key] = revision }
                     return .saved
@@ -227,7 +227,7 @@ extension FleetHost {
     func persist(_ key: SessionKey, entryID: UInt64, _ manager: isolated SessionManager) async {
         let stored: SharedRecord?
         do throws(VaultError) {
-            stored = try await manager.gate.loadShared(key)
+            stored = try await store.loadShared(key)
         } catch {
             manager.handle(key, .saveFailed(now: manager.clock.now()))
             return
@@ -275,43 +275,5 @@ extension FleetHost {
         }
         if manager.entries[key]?.id == entryID { manager.handle(key, .refreshAbandoned) }
         return .failure(.notLoggedIn(key.account))
-    }
-}
-
-extension StoreGate {
-    /// The shared store; an internal error on a single host (never called there).
-    private func requireShared() throws(VaultError) -> any SharedSessionStore {
-        guard let shared else {
-            throw VaultError(.internalError, "the session store is not shared by a fleet")
-        }
-        return shared
-    }
-
-    func loadShared() async throws(VaultError) -> SharedContents {
-        try await pass { () async throws(VaultError) in try await requireShared().loadShared(nil) }
-    }
-
-    func loadShared(_ key: SessionKey) async throws(VaultError) -> SharedRecord? {
-        try await pass { () async throws(VaultError) in try await requireShared().loadShared(key).records.first }
-    }
-
-    func saveShared(_ record: SessionRecord, ifRevision: StoreRevision) async throws(VaultError) -> ConditionalSave {
-        try await pass { () async throws(VaultError) in try await requireShared().save(record, ifRevision: ifRevision) }
-    }
-
-    func deleteShared(_ key: SessionKey, ending: SessionEnding) async throws(VaultError) {
-        let revision = try await pass { () async throws(VaultError) in
-            try await requireShared().delete(key, ending: ending)
-        }
-        noteOwnWrite(key, revision)
-    }
-
-    func acquireRefreshLock(_ key: SessionKey) async throws(VaultError) -> RefreshLockAnswer {
-        try await pass { () async throws(VaultError) in try await requireShared().acquireRefreshLock(key) }
-    }
-
-    func releaseRefreshLock(_ key: SessionKey, lease: RefreshLease) async throws(VaultError) {
-        try await pass { () async throws(VaultError) in try await requireShared().releaseRefreshLock(key, lease: lease)
-        }
     }
 }

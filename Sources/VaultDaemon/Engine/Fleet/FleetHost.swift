@@ -14,8 +14,9 @@ import VaultCore
 /// last change it applied (a change at or below it is one it has seen), and
 /// the refreshes waiting for another host's.
 final class FleetHost: StoreSharing {
-    /// The store the fleet shares (the gate's inner store).
-    let shared: any SharedSessionStore
+    /// The store the fleet shares, called through the manager's gate.
+    let store: FleetStore
+    var shared: any SharedSessionStore { store.shared }
     /// Per session, the revision of the last change applied here.
     var revisions: [SessionKey: StoreRevision] = [:]
     /// Refreshes waiting for another host's tokens, per session.
@@ -40,14 +41,14 @@ final class FleetHost: StoreSharing {
     /// answered "not logged in" by the once-a-second limit.
     var catchingUp: [SessionKey: Task<Void, any Error>] = [:]
 
-    init(_ shared: any SharedSessionStore) { self.shared = shared }
+    init(_ store: FleetStore) { self.store = store }
 
     var revokesSupersededTokens: Bool { false }
 
     func refreshDecided(_ key: SessionKey) { refreshing += 1 }
 
     func delete(_ key: SessionKey, ending: SessionEnding, _ manager: isolated SessionManager) async throws(VaultError) {
-        try await manager.gate.deleteShared(key, ending: ending)
+        try await store.deleteShared(key, ending: ending)
     }
 
     /// Catches up with the store first, then writes what this host could
@@ -179,7 +180,7 @@ final class FleetHost: StoreSharing {
     /// itself (a login's plain write is known before the feed brings it: an
     /// older change the feed brings first must not undo it).
     func knownRevision(_ key: SessionKey, _ manager: isolated SessionManager) -> StoreRevision {
-        max(revisions[key] ?? 0, manager.gate.lastOwnWrite(key))
+        max(revisions[key] ?? 0, store.writes.last(key))
     }
 
     /// A change of a session with a login, logout or replace in flight here
@@ -221,7 +222,7 @@ final class FleetHost: StoreSharing {
             defer { self.catchingUp[key] = nil }
             let stored: SharedRecord?
             do throws(VaultError) {
-                stored = try await manager.gate.loadShared(key)
+                stored = try await store.loadShared(key)
             } catch {
                 // Read again at the next ask, not a second later.
                 self.lookedUp[key] = nil
@@ -248,7 +249,7 @@ final class FleetHost: StoreSharing {
     func resync(_ key: SessionKey, ending: SessionEnding?, _ manager: isolated SessionManager) async {
         let stored: SharedRecord?
         do throws(VaultError) {
-            stored = try await manager.gate.loadShared(key)
+            stored = try await store.loadShared(key)
         } catch {
             // Gone: the store's return reloads everything.
             return
@@ -266,7 +267,7 @@ final class FleetHost: StoreSharing {
     func reload(_ manager: isolated SessionManager) async {
         let contents: SharedContents
         do throws(VaultError) {
-            contents = try await manager.gate.loadShared()
+            contents = try await store.loadShared()
         } catch {
             // Gone again: the gate probes, and this runs when it is back.
             return
