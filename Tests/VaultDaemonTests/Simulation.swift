@@ -195,9 +195,7 @@ final class Simulation {
         // pool that other tests' blocking calls hold (a loaded full run checked
         // the invariants before a write had landed), real pauses, up to 60 s.
         for attempt in 0..<(20_000 + 60_000) {
-            // Each waiting GetToken has a timeout asleep on the clock: not background work.
-            let sleepingWork = clock.sleeping - (await manager.waitingForLogin)
-            if await manager.backgroundWork <= sleepingWork, !manager.storeChangePending,
+            if await manager.backgroundWork <= clock.sleeping, !manager.storeChangePending,
                 !botReads.contains(where: { $0.deadline <= now && !$0.finished })
             {
                 return

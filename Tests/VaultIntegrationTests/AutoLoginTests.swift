@@ -46,6 +46,25 @@ struct AutoLoginTests {
         return kinds
     }
 
+    @Test("Should answer a GetToken that waits for a login still hanging at the provider when its wait ends")
+    func waitEndsWhileTheLoginHangs() async throws {
+        let server = try TokenServer(["--lifetime", "600"])
+        let user = uniqueName("bot")
+        let fixture = try fixture(server, user: user, start: false)
+        try await server.post("/control/mode", json: ["mode": "hang", "target": "token", "hang_seconds": 60])
+        try fixture.start()
+        let vault = try VaultConnection(path: fixture.socketPath, timeoutSeconds: 60)
+        let started = Date()
+        let refused = #expect(throws: VaultClientError.self) {
+            try vault.token(provider: "oauth", user: user, waitSeconds: 2)
+        }
+        let took = Date().timeIntervalSince(started)
+        #expect(refused?.vaultCode == .notLoggedIn, "\(String(describing: refused))")
+        // The login's request hangs far longer: the wait's own end answered.
+        #expect(took >= 1.5 && took < 10, "answered after \(took) s")
+        try await server.post("/control/mode", json: ["mode": "normal"])
+    }
+
     @Test("Should log an AutoLogin account in at start, with no client asking")
     func loggedInAtStart() async throws {
         let server = try TokenServer(["--lifetime", "600"])

@@ -6,7 +6,8 @@ import VaultCore
 struct LoginWaiter {
     var key: SessionKey
     var continuation: CheckedContinuation<Void, Never>
-    var timeout: Task<Void, Never>?
+    /// When it stops waiting (clock seconds): a deadline of the manager's alarm.
+    var deadline: Double
 }
 
 /// Accounts vaultd keeps logged in (`[Account PROVIDER USER] AutoLogin=yes`)
@@ -223,24 +224,24 @@ extension SessionManager {
     }
 
     /// Waits until a login of `key` ends (or `wakeLoginWaiters` is called
-    /// for it), or until `deadline` on the injected clock.
+    /// for it), or until `deadline`, which the alarm's due work keeps
+    /// (`wakeLoginWaiters(dueAt:)`).
     func waitForLogin(_ key: SessionKey, until deadline: Double) async {
         nextWaiterID += 1
         let id = nextWaiterID
-        let clock = self.clock
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let timeout = Task {
-                try? await clock.sleep(until: deadline)
-                self.wakeLoginWaiter(id)
-            }
-            loginWaiters[id] = LoginWaiter(key: key, continuation: continuation, timeout: timeout)
+            loginWaiters[id] = LoginWaiter(key: key, continuation: continuation, deadline: deadline)
+            rearmTimer()
         }
     }
 
     private func wakeLoginWaiter(_ id: UInt64) {
-        guard let waiter = loginWaiters.removeValue(forKey: id) else { return }
-        waiter.timeout?.cancel()
-        waiter.continuation.resume()
+        loginWaiters.removeValue(forKey: id)?.continuation.resume()
+    }
+
+    /// Wakes every `GetToken` whose wait ended by `now`: it looks again, and gives up.
+    func wakeLoginWaiters(dueAt now: Double) {
+        for (id, waiter) in loginWaiters where waiter.deadline <= now { wakeLoginWaiter(id) }
     }
 
     /// Wakes every `GetToken` waiting for a login of `key`: it looks again.

@@ -50,7 +50,8 @@ extension SessionManager {
     }
 
     /// Sets the alarm for the nearest deadline: a session's, the pending
-    /// logins' expiry, the store's next probe or the next revocation's time;
+    /// logins' expiry, the store's next probe, the next revocation's time or
+    /// the end of a GetToken's wait for an automatic login;
     /// none once stopping. One alarm for all; set again whenever the nearest
     /// deadline may have changed.
     func rearmTimer() {
@@ -58,7 +59,7 @@ extension SessionManager {
         var nearest: Double?
         for deadline in [
             deadlines.next.map { Double($0.deadline.seconds) }, pendingLoginsExpire.map { Double($0.seconds) },
-            probeAt, traffic.wakeAt,
+            probeAt, traffic.wakeAt, loginWaiters.values.lazy.map(\.deadline).min(),
         ] {
             if let deadline, nearest.map({ deadline < $0 }) ?? true { nearest = deadline }
         }
@@ -77,7 +78,8 @@ extension SessionManager {
     /// Does what is due at the clock's now: ends sessions whose token expired
     /// (or whose maximum lifetime passed), starts refreshes, retries unsaved
     /// writes, drops the pending interactive logins past their expiry,
-    /// probes the store, sends the queued revocations. The alarm calls it;
+    /// probes the store, sends the queued revocations, ends the waits of
+    /// GetToken calls for an automatic login. The alarm calls it;
     /// the tests call it after moving their clocks.
     public func runDueWork() {
         let now = clock.now()
@@ -98,6 +100,7 @@ extension SessionManager {
             spawn { await self.probeStore() }
         }
         if let at = traffic.wakeAt, at <= preciseNow, traffic.worker == nil { startRevocationWorker() }
+        wakeLoginWaiters(dueAt: preciseNow)
         runningDueWork = false
         rearmTimer()
     }
