@@ -244,6 +244,31 @@ struct FleetManagerTests {
         #expect(pair.provider.state.withLock { $0.reusedGrants }.isEmpty)
     }
 
+    @Test("Should refresh once the lease of a host that died holding the lock ends, with no release to wake it")
+    func lockOfADeadHost() async throws {
+        let pair = try FleetPair()
+        try await pair.loginOnA()
+        await pair.deliver(to: pair.b, "b")
+        // Host z takes the account's refresh lock and dies with it: no release comes.
+        pair.store.connect("z")
+        let taken = try await pair.store.view(host: "z", alive: Liveness()).acquireRefreshLock(pair.key)
+        guard case .granted = taken else { throw VaultError(.internalError, "host z did not get the lock: \(taken)") }
+        let (b, key, caller) = (pair.b, pair.key, pair.caller)
+        let refresh = Task { try await b.refresh(key, caller: caller, clientAsked: true) }
+        await yieldUntil { await b.waitingForOtherHosts.contains(key) }
+        #expect(await b.waitingForOtherHosts.contains(key), "host b waits for host z's refresh")
+        // The lease ends: the alarm's due work ends the wait, and host b takes the lock.
+        pair.clock.advance(by: pair.store.lockTTLSeconds)
+        await b.runDueWork()
+        await yieldUntil { await !b.waitingForOtherHosts.contains(key) }
+        #expect(await !b.waitingForOtherHosts.contains(key), "the wait ended with the lease")
+        // Bounded: a wait that did not end ends with the host.
+        if await b.waitingForOtherHosts.contains(key) { await b.shutdown(graceSeconds: 0) }
+        let refreshed = try await refresh.value
+        #expect(refreshed.tokens.accessToken.revealed != "")
+        #expect(pair.provider.state.withLock { $0.refreshCalls } == 1)
+    }
+
     @Test("Should serve its token but refuse login, logout and refresh on a host cut off from the store")
     func partitionedHostIsReadOnly() async throws {
         let pair = try FleetPair()

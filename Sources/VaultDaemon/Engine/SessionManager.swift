@@ -320,10 +320,12 @@ public actor SessionManager {
         }
         let deadline = clock.preciseNow() + graceSeconds
         for _ in 0..<100_000 {
-            // Revocations queued before the stop still go out in the grace, paced as ever.
+            // The alarm is off: revocations queued before the stop still go out
+            // in the grace, paced as ever, and waits for another host end.
             if let at = traffic.wakeAt, at <= clock.preciseNow(), traffic.worker == nil {
                 startRevocationWorker(evenWhenStopping: true)
             }
+            sharing.wakeDue(at: clock.preciseNow())
             guard !background.isEmpty || traffic.wakeAt != nil, clock.preciseNow() < deadline else { break }
             try? await clock.sleep(until: min(deadline, clock.preciseNow() + 0.05))
         }
@@ -331,6 +333,7 @@ public actor SessionManager {
         // helper) is left behind: what it was doing is in the store already.
         for task in background.values { task.cancel() }
         healthChanges.withLock { $0 }?.cancel()
+        sharing.wakeDue(at: .infinity)
     }
 
     /// Follows the other hosts' changes in the background until shutdown,

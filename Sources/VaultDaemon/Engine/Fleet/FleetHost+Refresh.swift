@@ -156,21 +156,15 @@ extension FleetHost {
     }
 
     /// Waits until a change of `key` is applied or `until` (the other host's
-    /// lease's end) passes on the clock.
+    /// lease's end) passes: a deadline of the manager's alarm (`wakeDue`).
     private func waitForOtherHost(_ key: SessionKey, until: Double, _ manager: isolated SessionManager) async {
-        let waiter = FleetWaiter()
+        guard !manager.stopping else { return }
+        let waiter = FleetWaiter(until: until)
         waiters[key, default: []].append(waiter)
-        let clock = manager.clock
-        guard
-            let timeout = manager.spawn({
-                try? await clock.sleep(until: until)
-                waiter.wake()
-            })
-        else { return wakeWaiters(key) }
+        manager.rearmTimer()
         refreshing -= 1
         await waiter.wait()
         refreshing += 1
-        manager.background[timeout]?.cancel()
         waiters[key]?.removeAll { $0 === waiter }
         if waiters[key]?.isEmpty == true { waiters[key] = nil }
     }

@@ -285,6 +285,14 @@ final class FleetHost: StoreSharing {
             ["event": "storeChanged", "revision": String(contents.revision), "sessions": String(stored.count)])
     }
 
+    /// The end of the nearest wait for another host (`FleetWaiter.until`).
+    var nextWake: Double? { waiters.values.lazy.flatMap { $0 }.filter { !$0.isWoken }.map(\.until).min() }
+
+    /// Wakes the waits for another host that ended by `now`.
+    func wakeDue(at now: Double) {
+        for waiter in waiters.values.joined() where waiter.until <= now { waiter.wake() }
+    }
+
     func wakeWaiters(_ key: SessionKey) {
         wakeups[key, default: 0] &+= 1
         guard let waiting = waiters[key] else { return }
@@ -329,6 +337,10 @@ extension SessionManager {
 /// session, or when the other host's lock lease ends.
 final class FleetWaiter: Sendable {
     private let state = Mutex<(woken: Bool, continuation: CheckedContinuation<Void, Never>?)>((false, nil))
+    /// When it stops waiting at the latest (clock seconds).
+    let until: Double
+
+    init(until: Double) { self.until = until }
 
     /// Returns once `wake()` was called (at once if it was already).
     func wait() async {
