@@ -1,10 +1,12 @@
 import Varlink
 import VaultCore
 
-/// A `GetToken` waiting for the automatic login of its account: resumed when
-/// that login ends one way or the other, or at its deadline.
-struct LoginWaiter {
-    var key: SessionKey
+/// A call waiting on the manager: a `GetToken` for the automatic login of
+/// its account (`key`), resumed when that login ends one way or the other,
+/// or a device login's poll for its next turn (no key); either at its
+/// deadline at the latest, or at shutdown.
+struct Waiter {
+    var key: SessionKey?
     var continuation: CheckedContinuation<Void, Never>
     /// When it stops waiting (clock seconds): a deadline of the manager's alarm.
     var deadline: Double
@@ -224,34 +226,37 @@ extension SessionManager {
     }
 
     /// Waits until a login of `key` ends (or `wakeLoginWaiters` is called
-    /// for it), or until `deadline`, which the alarm's due work keeps
-    /// (`wakeLoginWaiters(dueAt:)`).
-    func waitForLogin(_ key: SessionKey, until deadline: Double) async {
+    /// for it), or until `deadline`.
+    func waitForLogin(_ key: SessionKey, until deadline: Double) async { await wait(for: key, until: deadline) }
+
+    /// Waits until `deadline` (clock seconds), or shutdown: time kept by the
+    /// alarm's due work (`wakeWaiters(dueAt:)`), not a sleep on the clock.
+    func wait(for key: SessionKey? = nil, until deadline: Double) async {
         nextWaiterID += 1
         let id = nextWaiterID
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            loginWaiters[id] = LoginWaiter(key: key, continuation: continuation, deadline: deadline)
+            waiters[id] = Waiter(key: key, continuation: continuation, deadline: deadline)
             rearmTimer()
         }
     }
 
-    private func wakeLoginWaiter(_ id: UInt64) {
-        loginWaiters.removeValue(forKey: id)?.continuation.resume()
+    private func wake(_ id: UInt64) {
+        waiters.removeValue(forKey: id)?.continuation.resume()
     }
 
-    /// Wakes every `GetToken` whose wait ended by `now`: it looks again, and gives up.
-    func wakeLoginWaiters(dueAt now: Double) {
-        for (id, waiter) in loginWaiters where waiter.deadline <= now { wakeLoginWaiter(id) }
+    /// Wakes every call whose wait ended by `now`.
+    func wakeWaiters(dueAt now: Double) {
+        for (id, waiter) in waiters where waiter.deadline <= now { wake(id) }
     }
 
     /// Wakes every `GetToken` waiting for a login of `key`: it looks again.
     func wakeLoginWaiters(_ key: SessionKey) {
-        for (id, waiter) in loginWaiters where waiter.key == key { wakeLoginWaiter(id) }
+        for (id, waiter) in waiters where waiter.key == key { wake(id) }
     }
 
-    /// Wakes every waiting `GetToken` (shutdown).
-    func wakeAllLoginWaiters() {
-        for id in Array(loginWaiters.keys) { wakeLoginWaiter(id) }
+    /// Wakes every waiting call (shutdown).
+    func wakeAllWaiters() {
+        for id in Array(waiters.keys) { wake(id) }
     }
 }
 
@@ -263,5 +268,5 @@ extension SessionManager {
     }
 
     /// `GetToken` calls waiting for an automatic login now.
-    public var waitingForLogin: Int { loginWaiters.count }
+    public var waitingForLogin: Int { waiters.values.count { $0.key != nil } }
 }

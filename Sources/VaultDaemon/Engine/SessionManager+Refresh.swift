@@ -51,8 +51,8 @@ extension SessionManager {
 
     /// Sets the alarm for the nearest deadline: a session's, the pending
     /// logins' expiry, the store's next probe, the next revocation's time or
-    /// the end of a GetToken's wait for an automatic login or of a fleet
-    /// host's wait for another's refresh;
+    /// the end of a call's wait (for an automatic login, a device login's
+    /// next poll) or of a fleet host's wait for another's refresh;
     /// none once stopping. One alarm for all; set again whenever the nearest
     /// deadline may have changed.
     func rearmTimer() {
@@ -60,7 +60,7 @@ extension SessionManager {
         var nearest: Double?
         for deadline in [
             deadlines.next.map { Double($0.deadline.seconds) }, pendingLoginsExpire.map { Double($0.seconds) },
-            probeAt, traffic.wakeAt, loginWaiters.values.lazy.map(\.deadline).min(), sharing.nextWake,
+            probeAt, traffic.wakeAt, waiters.values.lazy.map(\.deadline).min(), sharing.nextWake,
         ] {
             if let deadline, nearest.map({ deadline < $0 }) ?? true { nearest = deadline }
         }
@@ -80,8 +80,7 @@ extension SessionManager {
     /// (or whose maximum lifetime passed), starts refreshes, retries unsaved
     /// writes, drops the pending interactive logins past their expiry,
     /// probes the store, sends the queued revocations, ends the waits of
-    /// GetToken calls for an automatic login and fleet hosts' waits for
-    /// another's refresh. The alarm calls it;
+    /// calls and of fleet hosts for another's refresh. The alarm calls it;
     /// the tests call it after moving their clocks.
     public func runDueWork() {
         let now = clock.now()
@@ -102,7 +101,7 @@ extension SessionManager {
             spawn { await self.probeStore() }
         }
         if let at = traffic.wakeAt, at <= preciseNow, traffic.worker == nil { startRevocationWorker() }
-        wakeLoginWaiters(dueAt: preciseNow)
+        wakeWaiters(dueAt: preciseNow)
         sharing.wakeDue(at: preciseNow)
         runningDueWork = false
         rearmTimer()

@@ -86,8 +86,8 @@ public actor SessionManager {
     /// of it from whichever task made the failing call; each change waits
     /// for the one before, and shutdown cancels the last.
     nonisolated let healthChanges = Mutex<Task<Void, Never>?>(nil)
-    /// `GetToken` calls waiting for the automatic login of their account, by id.
-    var loginWaiters: [UInt64: LoginWaiter] = [:]
+    /// Calls waiting on the manager (a login, a device login's next poll), by id.
+    var waiters: [UInt64: Waiter] = [:]
     var nextWaiterID: UInt64 = 0
     /// What a single host and a host of a fleet do differently (`SingleHost`,
     /// `FleetHost`), chosen once by the store.
@@ -302,7 +302,7 @@ public actor SessionManager {
     public func shutdown(graceSeconds: Double) async {
         stopping = true
         rearmTimer()
-        wakeAllLoginWaiters()
+        wakeAllWaiters()
         probeAt = nil
         sharing.stopFollowing(self)
         // Refreshed tokens held only in memory while the store is gone: one
