@@ -200,8 +200,10 @@ final class FleetSimulation {
                         .joined(separator: "\n"))
             }
             await settle()
-            try collect()
-            do { try await check() } catch {
+            do {
+                try collect()
+                try await check()
+            } catch {
                 throw Violation(
                     description:
                         "seed \(seed) step \(index): \(error)\n\(SimulationRun.replay(seed, suite: "FleetSimulationTests"))\n"
