@@ -67,13 +67,15 @@ final class EngineThread: SerialExecutor, @unchecked Sendable {
     /// the epoch (at once when that is past), or clears it (nil). Called on
     /// the owner thread.
     func setAlarm(at seconds: Double?, _ action: @escaping () -> Void) {
-        alarmAction = seconds == nil ? nil : action
-        guard let seconds else {
-            _ = vaultd_timerfd_at(alarmFD, -1, 0)
-            return
-        }
+        guard let seconds else { return clearAlarm() }
+        alarmAction = action
         let whole = max(0, seconds.rounded(.down))
         _ = vaultd_timerfd_at(alarmFD, Int64(whole), min(999_999_999, Int64((max(0, seconds) - whole) * 1e9)))
+    }
+
+    private func clearAlarm() {
+        alarmAction = nil
+        _ = vaultd_timerfd_at(alarmFD, -1, 0)
     }
 
     /// Runs the jobs queued now, in their order, then the alarm's action if
@@ -87,14 +89,15 @@ final class EngineThread: SerialExecutor, @unchecked Sendable {
         jobs.withLock { swap(&$0, &batch) }
         let executor = asUnownedSerialExecutor()
         for job in batch { job.runSynchronously(on: executor) }
+        // A cleared timerfd is never readable: no read while no alarm is set.
         // Expired (8 bytes) or cancelled by a change of the clock (ECANCELED):
         // either way the alarm is cleared (a cancelled timerfd stays readable
         // until it is set again) and the action looks at what is due now.
+        guard let action = alarmAction else { return }
         let expired = read(alarmFD, &count, 8)
         guard expired == 8 || (expired < 0 && errno == ECANCELED) else { return }
-        let action = alarmAction
-        setAlarm(at: nil, {})
-        action?()
+        clearAlarm()
+        action()
     }
 
     /// Runs jobs as they come until `done()` holds (whoever makes it hold

@@ -57,14 +57,13 @@ extension SessionManager {
     /// deadline may have changed.
     func rearmTimer() {
         guard !runningDueWork, !restoring else { return }
-        var nearest: Double?
-        for deadline in [
-            deadlines.next.map { Double($0.deadline.seconds) }, pendingLoginsExpire.map { Double($0.seconds) },
-            probeAt, traffic.wakeAt, waiters.values.lazy.map(\.deadline).min(), sharing.nextWake,
-        ] {
-            if let deadline, nearest.map({ deadline < $0 }) ?? true { nearest = deadline }
-        }
-        if stopping { nearest = nil }
+        let nearest =
+            stopping
+            ? nil
+            : [
+                deadlines.next.map { Double($0.deadline.seconds) }, pendingLoginsExpire.map { Double($0.seconds) },
+                probeAt, traffic.wakeAt, waiters.values.lazy.map(\.deadline).min(), sharing.nextWake,
+            ].compactMap { $0 }.min()
         guard nearest != alarmAt else { return }
         alarmAt = nearest
         alarm?.setAlarm(at: nearest) { [unowned self] in
