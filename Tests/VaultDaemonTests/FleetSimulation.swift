@@ -287,8 +287,13 @@ final class FleetSimulation {
         let store = self.store
         start(host, key, "token") { manager throws(VaultError) in
             let record = try await manager.freshToken(key, minValidSeconds: minValid, caller: caller)
-            // Another host's tokens may replace it at once; it must have been stored first.
-            return store.wasStored(record.tokens.accessToken.revealed) ? "ok" : "unstored"
+            // Another host's tokens may replace it at once; it must have been
+            // stored first, unless its write failed: then, as on a single host,
+            // the host serves it marked unsaved and writes it once the store
+            // answers (`checkConverged` sees that it does).
+            if store.wasStored(record.tokens.accessToken.revealed) { return "ok" }
+            let view = manager.table.view(of: key)
+            return view?.refresh?.unsaved == true && view?.record?.tokens == record.tokens ? "unsaved" : "unstored"
         }
         trace.append("\(host.name): token \(key) min \(minValid)")
     }
