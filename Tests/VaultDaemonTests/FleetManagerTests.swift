@@ -2,7 +2,8 @@ import Synchronization
 import Testing
 import Varlink
 import VaultCore
-import VaultDaemon
+
+@testable import VaultDaemon
 
 /// Two hosts over one `SimulatedSharedStore`, on one `ManualClock`, with the fake endpoint.
 final class FleetPair {
@@ -269,6 +270,38 @@ struct FleetManagerTests {
         #expect(pair.provider.state.withLock { $0.refreshCalls } == 1)
     }
 
+    @Test(
+        "Should end a refresh woken while a logout is out, so that the session refreshes again after that logout failed"
+    )
+    func refreshWokenDuringALogout() async throws {
+        let pair = try FleetPair()
+        try await pair.loginOnA()
+        await pair.deliver(to: pair.b, "b")
+        pair.store.connect("z")
+        let taken = try await pair.store.view(host: "z", alive: Liveness()).acquireRefreshLock(pair.key)
+        guard case .granted = taken else { throw VaultError(.internalError, "host z did not get the lock: \(taken)") }
+        let (b, key, caller) = (pair.b, pair.key, pair.caller)
+        let waiting = Task { try await b.refresh(key, caller: caller, clientAsked: true) }
+        await yieldUntil { await b.waitingForOtherHosts.contains(key) }
+        // Host z's lease ends, and a logout begins before the woken refresh runs
+        // again; host b is cut off meanwhile, so the logout fails and b serves alice again.
+        pair.clock.advance(by: pair.store.lockTTLSeconds)
+        pair.store.partition("b")
+        await b.wakeWaitersThenLogOut(key, caller)
+        await #expect(throws: VaultError(.notLoggedIn, "")) { try await waiting.value }
+        await yieldUntil { pair.eventsB.all.contains { $0.kind == .logoutFailed } }
+        #expect(pair.eventsB.all.contains { $0.kind == .logoutFailed })
+        pair.store.heal("b", compacted: false)
+        pair.clock.advance(by: 2 * StoreHealth.longestProbeSeconds)
+        await b.runDueWork()
+        await yieldUntil { b.storeState == .available }
+        // The refresh is over: the next one asks the provider, rather than
+        // joining the old one and answering "not logged in".
+        let refreshed = try await b.refresh(key, caller: caller, clientAsked: true)
+        #expect(pair.provider.state.withLock { $0.refreshCalls } == 1)
+        #expect(b.table.view(of: key)?.record?.tokens == refreshed.tokens)
+    }
+
     @Test("Should serve its token but refuse login, logout and refresh on a host cut off from the store")
     func partitionedHostIsReadOnly() async throws {
         let pair = try FleetPair()
@@ -444,5 +477,14 @@ struct FleetOwnWriteTests {
         #expect(manager.table.view(of: login.key)?.record?.tokens == refreshed.tokens)
         #expect(provider.state.withLock { $0.revokedGrants }.isEmpty, "the refreshing host revoked its own new tokens")
         #expect(events.all.filter { $0.kind == .tokenRefreshed }.count == 1)
+    }
+}
+
+extension SessionManager {
+    /// Ends the waits that came due and begins a logout of `key`, in one turn
+    /// of the actor: a refresh those waits held runs on only after the logout began.
+    fileprivate func wakeWaitersThenLogOut(_ key: SessionKey, _ caller: Caller) {
+        runDueWork()
+        _ = try? beginLogout(key, by: .peer(caller), reason: nil, kind: nil, cause: nil)
     }
 }

@@ -32,6 +32,10 @@ extension FleetHost {
         // Bounded: each pass waits at most one lease.
         for _ in 0..<16 {
             guard let entry = manager.entries[key], entry.id == entryID, let current = entry.record else {
+                // Ended, or a logout of it under way here (which may fail and
+                // serve the session again): this refresh is over, and the
+                // entry must not go on showing it in flight.
+                endRefresh(key, entryID, manager)
                 return .failure(.notLoggedIn(account))
             }
             if current.tokens != snapshot.tokens {
