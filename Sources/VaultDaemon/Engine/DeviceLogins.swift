@@ -97,7 +97,7 @@ extension SessionManager {
         login.polling = true
         deviceLogins.update(id, login)
         login.polling = false
-        await wait(until: min(login.nextPollAt, clock.preciseNow() + Double(Self.longestPollWait)))
+        await wait(.time, until: min(login.nextPollAt, clock.preciseNow() + Double(Self.longestPollWait)))
         guard pending.expiresAt > clock.now() else {
             deviceLogins.remove(id)
             throw VaultError(.loginExpired, "the device code expired before the user approved the login; start again")

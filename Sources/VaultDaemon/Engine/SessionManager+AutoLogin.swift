@@ -1,14 +1,26 @@
 import Varlink
 import VaultCore
 
-/// A call waiting on the manager: a `GetToken` for the automatic login of
-/// its account (`key`), resumed when that login ends one way or the other,
-/// or a device login's poll for its next turn (no key); either at its
-/// deadline at the latest, or at shutdown.
+/// A call waiting on the manager, woken by what it waits for or at its
+/// deadline at the latest (a deadline of the manager's alarm). Listed from
+/// when it begins to wait until its call runs on: a woken one is still
+/// under way (the fleet simulation moves its clock only when none is).
 struct Waiter {
-    var key: SessionKey?
-    var continuation: CheckedContinuation<Void, Never>
-    /// When it stops waiting (clock seconds): a deadline of the manager's alarm.
+    /// What a wait is for.
+    enum Purpose: Equatable {
+        /// A `GetToken` for the automatic login of its account, woken when
+        /// that login ends one way or the other (and at shutdown).
+        case login(SessionKey)
+        /// A fleet host's refresh for another host's tokens, woken by a change
+        /// of the session or when the other host's lock lease ends.
+        case otherHost(SessionKey)
+        /// A device login's poll for its next turn (and shutdown).
+        case time
+    }
+    var purpose: Purpose
+    /// Nil once woken.
+    var continuation: CheckedContinuation<Void, Never>?
+    /// When it stops waiting (clock seconds).
     var deadline: Double
 }
 
@@ -227,36 +239,51 @@ extension SessionManager {
 
     /// Waits until a login of `key` ends (or `wakeLoginWaiters` is called
     /// for it), or until `deadline`.
-    func waitForLogin(_ key: SessionKey, until deadline: Double) async { await wait(for: key, until: deadline) }
+    func waitForLogin(_ key: SessionKey, until deadline: Double) async { await wait(.login(key), until: deadline) }
 
-    /// Waits until `deadline` (clock seconds), or shutdown: time kept by the
-    /// alarm's due work (`wakeWaiters(dueAt:)`), not a sleep on the clock.
-    func wait(for key: SessionKey? = nil, until deadline: Double) async {
+    /// Waits for `purpose` until `deadline` (clock seconds) at the latest:
+    /// time kept by the alarm's due work (`wakeWaiters(dueAt:)`), not a
+    /// sleep on the clock. Returns at once once stopping.
+    func wait(_ purpose: Waiter.Purpose, until deadline: Double) async {
+        guard !stopping else { return }
         nextWaiterID += 1
         let id = nextWaiterID
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            waiters[id] = Waiter(key: key, continuation: continuation, deadline: deadline)
+            waiters[id] = Waiter(purpose: purpose, continuation: continuation, deadline: deadline)
             rearmTimer()
+        }
+        waiters[id] = nil
+    }
+
+    /// Wakes the waiting calls `which` picks, each once, in the order they began to wait.
+    private func wakeWaiters(where which: (Waiter) -> Bool) {
+        for id in waiters.keys.sorted() {
+            guard let waiter = waiters[id], let continuation = waiter.continuation, which(waiter) else { continue }
+            waiters[id]?.continuation = nil
+            continuation.resume()
         }
     }
 
-    private func wake(_ id: UInt64) {
-        waiters.removeValue(forKey: id)?.continuation.resume()
-    }
-
     /// Wakes every call whose wait ended by `now`.
-    func wakeWaiters(dueAt now: Double) {
-        for (id, waiter) in waiters where waiter.deadline <= now { wake(id) }
-    }
+    func wakeWaiters(dueAt now: Double) { wakeWaiters { $0.deadline <= now } }
+
+    /// Wakes every call waiting for `purpose`.
+    func wakeWaiters(for purpose: Waiter.Purpose) { wakeWaiters { $0.purpose == purpose } }
 
     /// Wakes every `GetToken` waiting for a login of `key`: it looks again.
-    func wakeLoginWaiters(_ key: SessionKey) {
-        for (id, waiter) in waiters where waiter.key == key { wake(id) }
+    func wakeLoginWaiters(_ key: SessionKey) { wakeWaiters(for: .login(key)) }
+
+    /// Wakes the calls of clients (shutdown): a fleet host's refresh waits
+    /// on for the other host's tokens, at most through the grace.
+    func wakeClientWaiters() {
+        wakeWaiters {
+            if case .otherHost = $0.purpose { false } else { true }
+        }
     }
 
-    /// Wakes every waiting call (shutdown).
-    func wakeAllWaiters() {
-        for id in Array(waiters.keys) { wake(id) }
+    /// The waits still waiting for `purpose`'s kind, as `pick` names them.
+    func waiting<T>(_ pick: (Waiter.Purpose) -> T?) -> [T] {
+        waiters.values.compactMap { $0.continuation == nil ? nil : pick($0.purpose) }
     }
 }
 
@@ -268,5 +295,9 @@ extension SessionManager {
     }
 
     /// `GetToken` calls waiting for an automatic login now.
-    public var waitingForLogin: Int { waiters.values.count { $0.key != nil } }
+    public var waitingForLogin: Int {
+        waiting {
+            if case .login(let key) = $0 { key } else { nil }
+        }.count
+    }
 }

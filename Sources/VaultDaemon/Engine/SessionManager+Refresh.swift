@@ -62,7 +62,7 @@ extension SessionManager {
             ? nil
             : [
                 deadlines.next.map { Double($0.deadline.seconds) }, pendingLoginsExpire.map { Double($0.seconds) },
-                probeAt, traffic.wakeAt, waiters.values.lazy.map(\.deadline).min(), sharing.nextWake,
+                probeAt, traffic.wakeAt, waiters.values.lazy.filter { $0.continuation != nil }.map(\.deadline).min(),
             ].compactMap { $0 }.min()
         guard nearest != alarmAt else { return }
         alarmAt = nearest
@@ -101,7 +101,6 @@ extension SessionManager {
         }
         if let at = traffic.wakeAt, at <= preciseNow, traffic.worker == nil { startRevocationWorker() }
         wakeWaiters(dueAt: preciseNow)
-        sharing.wakeDue(at: preciseNow)
         runningDueWork = false
         rearmTimer()
     }

@@ -86,7 +86,8 @@ public actor SessionManager {
     /// of it from whichever task made the failing call; each change waits
     /// for the one before, and shutdown cancels the last.
     nonisolated let healthChanges = Mutex<Task<Void, Never>?>(nil)
-    /// Calls waiting on the manager (a login, a device login's next poll), by id.
+    /// Calls waiting on the manager (a login, a device login's next poll,
+    /// another fleet host's refresh), by id.
     var waiters: [UInt64: Waiter] = [:]
     var nextWaiterID: UInt64 = 0
     /// What a single host and a host of a fleet do differently (`SingleHost`,
@@ -302,7 +303,7 @@ public actor SessionManager {
     public func shutdown(graceSeconds: Double) async {
         stopping = true
         rearmTimer()
-        wakeAllWaiters()
+        wakeClientWaiters()
         probeAt = nil
         sharing.stopFollowing(self)
         // Refreshed tokens held only in memory while the store is gone: one
@@ -325,7 +326,7 @@ public actor SessionManager {
             if let at = traffic.wakeAt, at <= clock.preciseNow(), traffic.worker == nil {
                 startRevocationWorker(evenWhenStopping: true)
             }
-            sharing.wakeDue(at: clock.preciseNow())
+            wakeWaiters(dueAt: clock.preciseNow())
             guard !background.isEmpty || traffic.wakeAt != nil, clock.preciseNow() < deadline else { break }
             try? await clock.sleep(until: min(deadline, clock.preciseNow() + 0.05))
         }
@@ -333,7 +334,7 @@ public actor SessionManager {
         // helper) is left behind: what it was doing is in the store already.
         for task in background.values { task.cancel() }
         healthChanges.withLock { $0 }?.cancel()
-        sharing.wakeDue(at: .infinity)
+        wakeWaiters(dueAt: .infinity)
     }
 
     /// Follows the other hosts' changes in the background until shutdown,

@@ -49,12 +49,6 @@ protocol StoreSharing: AnyObject {
 
     /// One last write, at shutdown, of refreshed tokens the store lacks.
     func saveBeforeStopping(_ key: SessionKey, entryID: UInt64, _ manager: isolated SessionManager) async
-
-    /// When the nearest wait for another host ends (a deadline of the manager's alarm); nil: none.
-    var nextWake: Double? { get }
-
-    /// Ends the waits for another host that ended by `now`.
-    func wakeDue(at now: Double)
 }
 
 /// How the refreshed tokens' write ended (`SessionManager.performRefresh`).
@@ -173,10 +167,6 @@ final class SingleHost: StoreSharing {
     }
 
     func follow(_ manager: isolated SessionManager) {}
-
-    var nextWake: Double? { nil }
-
-    func wakeDue(at now: Double) {}
 
     func stopFollowing(_ manager: isolated SessionManager) {}
 

@@ -160,17 +160,11 @@ extension FleetHost {
     }
 
     /// Waits until a change of `key` is applied or `until` (the other host's
-    /// lease's end) passes: a deadline of the manager's alarm (`wakeDue`).
+    /// lease's end) passes: a deadline of the manager's alarm.
     private func waitForOtherHost(_ key: SessionKey, until: Double, _ manager: isolated SessionManager) async {
-        guard !manager.stopping else { return }
-        let waiter = FleetWaiter(until: until)
-        waiters[key, default: []].append(waiter)
-        manager.rearmTimer()
         refreshing -= 1
-        await waiter.wait()
+        await manager.wait(.otherHost(key), until: until)
         refreshing += 1
-        waiters[key]?.removeAll { $0 === waiter }
-        if waiters[key]?.isEmpty == true { waiters[key] = nil }
     }
 
     /// Writes refreshed tokens over the revision read under the lock. A

@@ -11,16 +11,15 @@ import VaultCore
 /// refreshes, and reloads the store when it is back. See docs/LIFECYCLE.md, "Fleet".
 ///
 /// Besides the manager's entries it keeps the revision of each session's
-/// last change it applied (a change at or below it is one it has seen), and
-/// the refreshes waiting for another host's.
+/// last change it applied (a change at or below it is one it has seen); the
+/// refreshes waiting for another host's wait on the manager
+/// (`Waiter.Purpose.otherHost`).
 final class FleetHost: StoreSharing {
     /// The store the fleet shares, called through the manager's gate.
     let store: FleetStore
     var shared: any SharedSessionStore { store.shared }
     /// Per session, the revision of the last change applied here.
     var revisions: [SessionKey: StoreRevision] = [:]
-    /// Refreshes waiting for another host's tokens, per session.
-    var waiters: [SessionKey: [FleetWaiter]] = [:]
     /// Refreshes under way here and not waiting for another host.
     var refreshing = 0
     /// The background work that applies the feed (`follow`), stopped first at shutdown.
@@ -94,7 +93,7 @@ final class FleetHost: StoreSharing {
         case .put(let record, let revision): applyPut(record, revision: revision, manager)
         case .deleted(let key, let ending, let revision):
             applyDelete(key, ending: ending, revision: revision, manager)
-        case .unlocked(let key): wakeWaiters(key)
+        case .unlocked(let key): wakeWaiters(key, manager)
         case .reset: await reload(manager)
         }
     }
@@ -115,7 +114,7 @@ final class FleetHost: StoreSharing {
         }
         if deferWhileBusy(key, ending: nil, manager) { return }
         revisions[key] = max(revision, revisions[key] ?? 0)
-        defer { wakeWaiters(key) }
+        defer { wakeWaiters(key, manager) }
         guard record.phase == .active else { return }
         let entry = manager.entries[key]
         let now = manager.clock.now()
@@ -161,7 +160,7 @@ final class FleetHost: StoreSharing {
         if !force, revision <= knownRevision(key, manager) { return }
         if deferWhileBusy(key, ending: ending, manager) { return }
         revisions[key] = max(revision, revisions[key] ?? 0)
-        defer { wakeWaiters(key) }
+        defer { wakeWaiters(key, manager) }
         guard let entry = manager.entries[key], entry.record != nil else { return }
         let ending = ending ?? SessionEnding(kind: .logoutSuccess)
         manager.table.publish(key, SessionView(state: .logout, record: nil))
@@ -285,19 +284,11 @@ final class FleetHost: StoreSharing {
             ["event": "storeChanged", "revision": String(contents.revision), "sessions": String(stored.count)])
     }
 
-    /// The end of the nearest wait for another host (`FleetWaiter.until`).
-    var nextWake: Double? { waiters.values.lazy.flatMap { $0 }.filter { !$0.isWoken }.map(\.until).min() }
-
-    /// Wakes the waits for another host that ended by `now`.
-    func wakeDue(at now: Double) {
-        for waiter in waiters.values.joined() where waiter.until <= now { waiter.wake() }
-    }
-
-    func wakeWaiters(_ key: SessionKey) {
+    /// A change of `key` was applied: the refreshes waiting for another
+    /// host's tokens of it look again.
+    func wakeWaiters(_ key: SessionKey, _ manager: isolated SessionManager) {
         wakeups[key, default: 0] &+= 1
-        guard let waiting = waiters[key] else { return }
-        waiters[key] = nil
-        for waiter in waiting { waiter.wake() }
+        manager.wakeWaiters(for: .otherHost(key))
     }
 }
 
@@ -308,7 +299,10 @@ extension SessionManager {
 
     /// The sessions whose refresh waits for another host's tokens now (tests wait for them).
     public var waitingForOtherHosts: Set<SessionKey> {
-        Set((fleetHost?.waiters ?? [:]).filter { $0.value.contains { !$0.isWoken } }.keys)
+        Set(
+            waiting {
+                if case .otherHost(let key) = $0 { key } else { nil }
+            })
     }
 
     /// Refreshes under way on this host that do not wait for another host
@@ -318,7 +312,10 @@ extension SessionManager {
     /// lease with a refresh about to present the token.
     public var fleetRefreshesUnderWay: Int {
         guard let fleet = fleetHost else { return 0 }
-        return fleet.refreshing + fleet.waiters.values.reduce(0) { $0 + $1.count { $0.isWoken } }
+        let woken = waiters.values.count {
+            if case .otherHost = $0.purpose { $0.continuation == nil } else { false }
+        }
+        return fleet.refreshing + woken
     }
 
     /// Applies one change of the shared store's feed (the feed's task calls
@@ -330,42 +327,5 @@ extension SessionManager {
     /// Applies what the store holds of `key` now (`FleetHost.resync`).
     func resyncShared(_ key: SessionKey, ending: SessionEnding?) async {
         await fleetHost?.resync(key, ending: ending, self)
-    }
-}
-
-/// One refresh waiting for another host's tokens: woken by a change of its
-/// session, or when the other host's lock lease ends.
-final class FleetWaiter: Sendable {
-    private let state = Mutex<(woken: Bool, continuation: CheckedContinuation<Void, Never>?)>((false, nil))
-    /// When it stops waiting at the latest (clock seconds).
-    let until: Double
-
-    init(until: Double) { self.until = until }
-
-    /// Returns once `wake()` was called (at once if it was already).
-    func wait() async {
-        await withCheckedContinuation { continuation in
-            let now = state.withLock { state -> Bool in
-                if state.woken { return true }
-                state.continuation = continuation
-                return false
-            }
-            if now { continuation.resume() }
-        }
-    }
-
-    /// Whether `wake()` was called: the waiting refresh is under way again,
-    /// though its task may not have resumed yet.
-    var isWoken: Bool { state.withLock { $0.woken } }
-
-    /// Ends the wait; later calls do nothing.
-    func wake() {
-        let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
-            guard !state.woken else { return nil }
-            state.woken = true
-            defer { state.continuation = nil }
-            return state.continuation
-        }
-        continuation?.resume()
     }
 }
