@@ -28,27 +28,6 @@ public struct UnixTime: Sendable, Hashable, Comparable, CustomStringConvertible 
         UnixTime(seconds: min(max(seconds, 0), UnixTime.latestExpiry.seconds))
     }
 
-    /// The longest a deadline timer sleeps at once: a day. A later deadline
-    /// is armed again when the timer fires.
-    public static let longestTimerMilliseconds: Int64 = 86_400_000
-
-    /// The milliseconds a timer waits from `now` (seconds since the epoch,
-    /// with a fraction) until `deadline`, rounded up and kept in
-    /// 0...`longestTimerMilliseconds`, so that a deadline in year 9999 or at
-    /// `Int64.max` seconds never overflows the conversion.
-    public static func timerMilliseconds(until deadline: UnixTime, now: Double) -> Int64 {
-        timerMilliseconds(untilSeconds: Double(deadline.seconds), now: now)
-    }
-
-    /// `timerMilliseconds(until:now:)` of a deadline with a fraction of a
-    /// second (seconds since the epoch).
-    public static func timerMilliseconds(untilSeconds deadline: Double, now: Double) -> Int64 {
-        let delay = (deadline - now) * 1000
-        guard delay > 0 else { return 0 }  // also NaN
-        guard delay < Double(longestTimerMilliseconds) else { return longestTimerMilliseconds }
-        return Int64(delay.rounded(.up))
-    }
-
     /// The time as messages show it: ISO 8601 in UTC (`2026-11-30T19:02:37Z`),
     /// or `@SECONDS` outside years 1970 to 9999.
     public var description: String { iso8601 ?? "@\(seconds)" }
@@ -89,24 +68,9 @@ public protocol WallClock: Sendable {
     /// The current time in seconds with a fraction, for timers that must not
     /// wake up to a second late.
     func preciseNow() -> Double
-    /// Waits until `preciseNow()` reaches `deadline` (seconds since the epoch),
-    /// or throws `CancellationError` when the waiting task is cancelled. A
-    /// test clock returns when it is moved past the deadline.
-    func sleep(until deadline: Double) async throws
 }
 
 extension WallClock {
     /// Whole seconds, for clocks that know no better.
     public func preciseNow() -> Double { Double(now().seconds) }
-
-    /// Sleeps in real time, in steps of at most a day, until the deadline,
-    /// to the millisecond (a deadline rounded up to its second woke a 50 ms
-    /// wait up to a second late).
-    public func sleep(until deadline: Double) async throws {
-        for _ in 0..<4096 {
-            let milliseconds = UnixTime.timerMilliseconds(untilSeconds: deadline, now: preciseNow())
-            if milliseconds == 0 { return }
-            try await Task.sleep(for: .milliseconds(milliseconds))
-        }
-    }
 }

@@ -13,32 +13,6 @@ struct TimeClampTests {
         #expect(UnixTime(seconds: 10).adding(seconds: 5).seconds == 15)
     }
 
-    @Test(
-        "Should keep a timer's wait in 0 ms...1 day, rounded up, however far or odd the deadline",
-        arguments: [
-            (Int64.max, 1_700_000_000.0, UnixTime.longestTimerMilliseconds),
-            (UnixTime.latestExpiry.seconds, 1_700_000_000.0, UnixTime.longestTimerMilliseconds),
-            (Int64.min, 1_700_000_000.0, 0),
-            (1_700_000_000, 1_700_000_010.5, 0),
-            (1_700_000_002, 1_700_000_000.5, 1500),
-            (1_700_000_001, 1_700_000_000.9999, 1),
-            (1_700_000_000, Double.nan, 0),
-        ] as [(Int64, Double, Int64)])
-    func timerMilliseconds(deadline: Int64, now: Double, expected: Int64) {
-        #expect(UnixTime.timerMilliseconds(until: UnixTime(seconds: deadline), now: now) == expected)
-    }
-
-    @Test(
-        "Should wait to the millisecond for a deadline with a fraction, not to its next second",
-        arguments: [
-            (100.05, 100.0, 50), (100.0, 99.5, 500), (100.25, 100.25, 0),
-            (1e300, 0.0, UnixTime.longestTimerMilliseconds),
-            (-1e300, 0.0, 0), (Double.nan, 0.0, 0),
-        ] as [(Double, Double, Int64)])
-    func fractionalDeadline(deadline: Double, now: Double, expected: Int64) {
-        #expect(UnixTime.timerMilliseconds(untilSeconds: deadline, now: now) == expected)
-    }
-
     @Test("Should cap Retry-After at an hour in the backoff")
     func retryAfterCapped() {
         #expect(RefreshPolicy.backoff(attempt: 1, random: 0, retryAfter: .max) == RefreshPolicy.longestRetryAfter)

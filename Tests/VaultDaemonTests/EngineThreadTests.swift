@@ -39,4 +39,20 @@ struct EngineThreadTests {
         engine.runQueued()
         #expect(runs.withLock { $0 } == 0)
     }
+
+    @Test(
+        "Should take a deadline past any year, infinite or not a number without trapping",
+        arguments: [
+            Double.infinity, 1e300, Double(Int64.max), Double.nan, -Double.infinity,
+        ])
+    func farDeadlines(_ seconds: Double) {
+        let engine = EngineThread()
+        let runs = Mutex(0)
+        engine.setAlarm(at: seconds) { runs.withLock { $0 += 1 } }
+        // Kept to the year 9999; one below the epoch is past and expires at once.
+        if seconds > 0 { #expect(!ready(engine, within: 50)) }
+        engine.setAlarm(at: nil) { runs.withLock { $0 += 1 } }
+        engine.runQueued()
+        #expect(runs.withLock { $0 } == 0)
+    }
 }

@@ -21,59 +21,17 @@ func yieldUntil(seconds: Double = 60, _ condition: () async -> Bool) async -> Bo
     return true
 }
 
-/// A clock moved by hand. Sleepers wake when it is moved past their deadline
-/// (or when their task is cancelled).
+/// A clock moved by hand.
 final class ManualClock: WallClock, Sendable {
-    private struct State {
-        var now: Double
-        var sleepers: [(id: UInt64, deadline: Double, continuation: CheckedContinuation<Void, any Error>)] = []
-        var nextID: UInt64 = 0
-    }
-    private let state: Mutex<State>
+    private let seconds: Mutex<Double>
 
-    init(_ seconds: Int64 = 1_800_000_000) { state = Mutex(State(now: Double(seconds))) }
+    init(_ seconds: Int64 = 1_800_000_000) { self.seconds = Mutex(Double(seconds)) }
 
-    func now() -> UnixTime { UnixTime(seconds: Int64(state.withLock { $0.now }.rounded(.down))) }
-    func preciseNow() -> Double { state.withLock { $0.now } }
+    func now() -> UnixTime { UnixTime(seconds: Int64(preciseNow().rounded(.down))) }
+    func preciseNow() -> Double { seconds.withLock { $0 } }
 
-    /// Tasks waiting on this clock.
-    var sleeping: Int { state.withLock { $0.sleepers.count } }
-
-    func sleep(until deadline: Double) async throws {
-        let id = state.withLock { state -> UInt64 in
-            state.nextID += 1
-            return state.nextID
-        }
-        try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                let resumeNow = state.withLock { state -> Bool in
-                    if state.now >= deadline || Task.isCancelled { return true }
-                    state.sleepers.append((id, deadline, continuation))
-                    return false
-                }
-                if resumeNow { continuation.resume() }
-            }
-        } onCancel: {
-            let woken = state.withLock { state -> CheckedContinuation<Void, any Error>? in
-                guard let index = state.sleepers.firstIndex(where: { $0.id == id }) else { return nil }
-                return state.sleepers.remove(at: index).continuation
-            }
-            woken?.resume(throwing: CancellationError())
-        }
-        try Task.checkCancellation()
-    }
-
-    /// Moves the clock forward by `seconds` and wakes the sleepers now due.
-    func advance(by seconds: Double) {
-        let due = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
-            state.now += seconds
-            let now = state.now
-            let due = state.sleepers.filter { $0.deadline <= now }.map(\.continuation)
-            state.sleepers.removeAll { $0.deadline <= now }
-            return due
-        }
-        for continuation in due { continuation.resume() }
-    }
+    /// Moves the clock forward by `seconds`.
+    func advance(by seconds: Double) { self.seconds.withLock { $0 += seconds } }
 }
 
 /// What a `FaultyStore` holds, as the invariants read it.

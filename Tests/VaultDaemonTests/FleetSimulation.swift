@@ -120,16 +120,16 @@ final class FleetSimulation {
     var caller: Caller { Caller(uid: Self.owner, gid: Self.owner, pid: 7) }
 
     /// Waits (bounded) until nothing moves: no request at the endpoint, every
-    /// call still out waits for another host's tokens, every host's
-    /// background work sleeps on the clock or waits likewise, and all of
-    /// that stays the same over a run of yields.
+    /// call still out waits for another host's tokens, no host's refresh is
+    /// under way but waiting, and all of that stays the same over a run of
+    /// yields.
     func settle() async {
         var last: [Int] = []
         var stable = 0
         for attempt in 0..<60_000 {
             var quiet = !provider.state.withLock { $0.inFlight.values.contains { $0 > 0 } }
             var signature = [
-                clock.sleeping, operations.count { $0.finished != nil }, Int(store.state.withLock { $0.revision }),
+                operations.count { $0.finished != nil }, Int(store.state.withLock { $0.revision }),
                 provider.state.withLock { $0.refreshCalls }, Int(store.state.withLock { $0.nextLease }),
                 store.state.withLock { $0.locks.count },
             ]

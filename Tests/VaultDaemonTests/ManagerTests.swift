@@ -2,7 +2,8 @@ import Synchronization
 import Testing
 import Varlink
 import VaultCore
-import VaultDaemon
+
+@testable import VaultDaemon
 
 /// A session manager over a faulty in-memory store, a fake token endpoint and
 /// a manual clock: no processes, no real time.
@@ -50,10 +51,10 @@ struct ManagerHarness {
         await settle()
     }
 
-    /// Waits (bounded) until every background task is done or asleep on the clock.
+    /// Waits (bounded) until every background task is done.
     func settle() async {
         for _ in 0..<10_000 {
-            if await manager.backgroundWork <= clock.sleeping { return }
+            if await manager.backgroundWork == 0 { return }
             await Task.yield()
         }
     }
@@ -111,6 +112,34 @@ struct StoreFailureTests {
         #expect(h.store.contents.records.isEmpty)
         try await h.login("u")
         #expect(h.manager.table.view(of: h.key("u"))?.state == .logged)
+    }
+
+    @Test("Should end shutdown's grace once the background work in flight ends, not at the grace's end")
+    func graceEndsWithTheWork() async throws {
+        let h = try ManagerHarness()
+        try await h.login("u")
+        // The revocation goes out; its removal from the store's queue is held:
+        // background work in flight.
+        h.store.holdRevocationDeletes()
+        try await h.manager.logout(h.key("u"), caller: ManagerHarness.alice)
+        await yieldUntil { h.store.heldRevocationDeletes == 1 }
+        let manager = h.manager
+        // An hour's grace on a clock nobody moves: only the work's end ends it early.
+        let stop = Task { await manager.shutdown(graceSeconds: 3_600) }
+        await yieldUntil { await manager.waitsOutTheGrace }
+        #expect(await manager.waitsOutTheGrace)
+        h.store.releaseRevocationDeletes()
+        let workEnded = await yieldUntil(seconds: 10) { await manager.backgroundWork == 0 }
+        let graceOver = await yieldUntil(seconds: 10) { await !manager.waitsOutTheGrace }
+        let stopped = workEnded && graceOver
+        #expect(stopped, "the grace went on after its work ended")
+        if !stopped {
+            // Bounded: the grace's end ends it.
+            h.clock.advance(by: 3_600)
+            await manager.runDueWork()
+        }
+        await stop.value
+        #expect(h.store.contents.pending.isEmpty)
     }
 
     @Test("Should queue a revocation with the logout, before the first attempt, and finish it after a crash")
@@ -273,5 +302,12 @@ struct EventOrderTests {
             refreshedTokens.append(try await manager.refresh(key, caller: caller).tokens.accessToken.revealed)
         }
         #expect(observed.tokensAtEvent.withLock { $0 } == refreshedTokens)
+    }
+}
+
+extension SessionManager {
+    /// Shutdown's grace waits for background work to end.
+    fileprivate var waitsOutTheGrace: Bool {
+        waiters.values.contains { $0.purpose == .grace && $0.continuation != nil }
     }
 }

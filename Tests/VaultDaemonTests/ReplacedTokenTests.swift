@@ -103,7 +103,7 @@ struct MintingHarness {
 
     func settle() async {
         for _ in 0..<10_000 {
-            if await manager.backgroundWork <= clock.sleeping { return }
+            if await manager.backgroundWork == 0 { return }
             await Task.yield()
         }
     }

@@ -188,14 +188,14 @@ final class Simulation {
         SessionKey(owner: pick(Self.owners), account: Account(provider: "oauth", user: pick(Self.users)))
     }
 
-    /// Waits (bounded) until all background work is done or asleep on the clock.
+    /// Waits (bounded) until all background work is done.
     func settle() async {
         let now = clock.preciseNow()
         // Yields first; then, should the work need a thread of the cooperative
         // pool that other tests' blocking calls hold (a loaded full run checked
         // the invariants before a write had landed), real pauses, up to 60 s.
         for attempt in 0..<(20_000 + 60_000) {
-            if await manager.backgroundWork <= clock.sleeping, !manager.storeChangePending,
+            if await manager.backgroundWork == 0, !manager.storeChangePending,
                 !botReads.contains(where: { $0.deadline <= now && !$0.finished })
             {
                 return

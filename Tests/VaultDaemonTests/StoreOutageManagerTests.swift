@@ -7,7 +7,7 @@ extension ManagerHarness {
     /// store's availability waits to be acted on.
     func settleStore() async {
         for _ in 0..<10_000 {
-            if await manager.backgroundWork <= clock.sleeping, !manager.storeChangePending { return }
+            if await manager.backgroundWork == 0, !manager.storeChangePending { return }
             await Task.yield()
         }
     }

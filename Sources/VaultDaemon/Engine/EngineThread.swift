@@ -69,8 +69,10 @@ final class EngineThread: SerialExecutor, @unchecked Sendable {
     func setAlarm(at seconds: Double?, _ action: @escaping () -> Void) {
         guard let seconds else { return clearAlarm() }
         alarmAction = action
-        let whole = max(0, seconds.rounded(.down))
-        _ = vaultd_timerfd_at(alarmFD, Int64(whole), min(999_999_999, Int64((max(0, seconds) - whole) * 1e9)))
+        // Kept to the end of the year 9999, as vaultd's times are: Int64 takes no infinity.
+        let kept = max(0, min(seconds, 253_402_300_799))
+        let whole = kept.rounded(.down)
+        _ = vaultd_timerfd_at(alarmFD, Int64(whole), min(999_999_999, Int64((kept - whole) * 1e9)))
     }
 
     private func clearAlarm() {

@@ -16,6 +16,8 @@ struct Waiter {
         case otherHost(SessionKey)
         /// A device login's poll for its next turn (and shutdown).
         case time
+        /// Shutdown's grace, woken whenever background work ends.
+        case grace
     }
     var purpose: Purpose
     /// Nil once woken.
@@ -243,9 +245,9 @@ extension SessionManager {
 
     /// Waits for `purpose` until `deadline` (clock seconds) at the latest:
     /// time kept by the alarm's due work (`wakeWaiters(dueAt:)`), not a
-    /// sleep on the clock. Returns at once once stopping.
+    /// sleep on the clock. Returns at once once stopping, but for the grace.
     func wait(_ purpose: Waiter.Purpose, until deadline: Double) async {
-        guard !stopping else { return }
+        guard !stopping || purpose == .grace else { return }
         nextWaiterID += 1
         let id = nextWaiterID
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in

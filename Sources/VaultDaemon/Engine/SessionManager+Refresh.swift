@@ -51,19 +51,21 @@ extension SessionManager {
 
     /// Sets the alarm for the nearest deadline: a session's, the pending
     /// logins' expiry, the store's next probe, the next revocation's time or
-    /// the end of a call's wait (for an automatic login, a device login's
-    /// next poll) or of a fleet host's wait for another's refresh;
-    /// none once stopping. One alarm for all; set again whenever the nearest
+    /// the end of a wait (`Waiter`); in shutdown's grace only the last two,
+    /// and none after it. One alarm for all; set again whenever the nearest
     /// deadline may have changed.
     func rearmTimer() {
         guard !runningDueWork, !restoring else { return }
-        let nearest =
-            stopping
-            ? nil
-            : [
+        let waitsEnd = waiters.values.lazy.filter { $0.continuation != nil }.map(\.deadline).min()
+        let nearest: Double?
+        if !stopping {
+            nearest = [
                 deadlines.next.map { Double($0.deadline.seconds) }, pendingLoginsExpire.map { Double($0.seconds) },
-                probeAt, traffic.wakeAt, waiters.values.lazy.filter { $0.continuation != nil }.map(\.deadline).min(),
+                probeAt, traffic.wakeAt, waitsEnd,
             ].compactMap { $0 }.min()
+        } else {
+            nearest = graceEndsAt == nil ? nil : [traffic.wakeAt, waitsEnd].compactMap { $0 }.min()
+        }
         guard nearest != alarmAt else { return }
         alarmAt = nearest
         alarm?.setAlarm(at: nearest) { [unowned self] in
@@ -78,28 +80,34 @@ extension SessionManager {
     /// Does what is due at the clock's now: ends sessions whose token expired
     /// (or whose maximum lifetime passed), starts refreshes, retries unsaved
     /// writes, drops the pending interactive logins past their expiry,
-    /// probes the store, sends the queued revocations, ends the waits of
-    /// calls and of fleet hosts for another's refresh. The alarm calls it;
-    /// the tests call it after moving their clocks.
+    /// probes the store, sends the queued revocations, ends the waits that
+    /// are over (`Waiter`). In shutdown's grace only the last two, and
+    /// nothing after it. The alarm calls it; the tests call it after moving
+    /// their clocks.
     public func runDueWork() {
+        guard !stopping || graceEndsAt != nil else { return }
         let now = clock.now()
+        let preciseNow = clock.preciseNow()
         // The alarm is set once, at the end, not at each session's change.
         runningDueWork = true
-        for work in deadlines.popDue(at: now) {
-            if work.timer == .login {
-                autoLoginDue(work.key)
-                continue
+        if !stopping {
+            for work in deadlines.popDue(at: now) {
+                if work.timer == .login {
+                    autoLoginDue(work.key)
+                    continue
+                }
+                guard let record = entries[work.key]?.record else { continue }
+                handle(work.key, .due(work.timer, now: now, expired: record.isExpired(at: now)))
             }
-            guard let record = entries[work.key]?.record else { continue }
-            handle(work.key, .due(work.timer, now: now, expired: record.isExpired(at: now)))
+            if let expire = pendingLoginsExpire, expire <= now { dropExpiredLogins() }
+            if let at = probeAt, at <= preciseNow {
+                probeAt = nil
+                spawn { await self.probeStore() }
+            }
         }
-        if let expire = pendingLoginsExpire, expire <= now { dropExpiredLogins() }
-        let preciseNow = clock.preciseNow()
-        if let at = probeAt, at <= preciseNow {
-            probeAt = nil
-            spawn { await self.probeStore() }
+        if let at = traffic.wakeAt, at <= preciseNow, traffic.worker == nil {
+            startRevocationWorker(evenWhenStopping: true)
         }
-        if let at = traffic.wakeAt, at <= preciseNow, traffic.worker == nil { startRevocationWorker() }
         wakeWaiters(dueAt: preciseNow)
         runningDueWork = false
         rearmTimer()

@@ -77,6 +77,9 @@ public actor SessionManager {
     var nextBackgroundID: UInt64 = 0
     /// Set by `shutdown`: no new background work starts.
     var stopping = false
+    /// When shutdown's grace ends, while it runs: the alarm then keeps only
+    /// the revocations' pacing and the waits.
+    var graceEndsAt: Double?
     /// `runDueWork` is running: the timer is re-armed when it ends.
     var runningDueWork = false
     /// `restore` is publishing the stored sessions: the timer is armed once,
@@ -294,9 +297,11 @@ public actor SessionManager {
         }
     }
 
-    /// Stops the timer, lets background work (refreshes, revocations, save
-    /// retries) finish for at most `graceSeconds`, then cancels the rest and
-    /// returns without waiting for it.
+    /// Stops the sessions' timers, lets background work (refreshes,
+    /// revocations, save retries) finish for at most `graceSeconds` (the
+    /// alarm still paces the queued revocations; the grace ends as soon as
+    /// no work is left), then cancels the rest and returns without waiting
+    /// for it.
     /// Nothing is lost by the cancel: revocations are queued in the store
     /// before they are attempted, and an unsaved refresh is retried from the
     /// store's tokens at the next start.
@@ -319,17 +324,18 @@ public actor SessionManager {
             guard let entry = entries[key], entry.timers.status.unsaved, entry.record != nil else { continue }
             await sharing.saveBeforeStopping(key, entryID: entry.id, self)
         }
-        let deadline = clock.preciseNow() + graceSeconds
+        // Through the grace the alarm still sends the revocations queued
+        // before the stop, paced as ever, and ends the waits for another host;
+        // the grace looks again whenever background work ends.
+        let graceEnds = clock.preciseNow() + graceSeconds
+        graceEndsAt = graceEnds
         for _ in 0..<100_000 {
-            // The alarm is off: revocations queued before the stop still go out
-            // in the grace, paced as ever, and waits for another host end.
-            if let at = traffic.wakeAt, at <= clock.preciseNow(), traffic.worker == nil {
-                startRevocationWorker(evenWhenStopping: true)
-            }
-            wakeWaiters(dueAt: clock.preciseNow())
-            guard !background.isEmpty || traffic.wakeAt != nil, clock.preciseNow() < deadline else { break }
-            try? await clock.sleep(until: min(deadline, clock.preciseNow() + 0.05))
+            runDueWork()
+            guard !background.isEmpty || traffic.wakeAt != nil, clock.preciseNow() < graceEnds else { break }
+            await wait(.grace, until: graceEnds)
         }
+        graceEndsAt = nil
+        rearmTimer()
         // Cancelled work that does not stop (a request blocked in libcurl or a
         // helper) is left behind: what it was doing is in the store already.
         for task in background.values { task.cancel() }
@@ -361,7 +367,11 @@ public actor SessionManager {
         return id
     }
 
-    private func finished(_ id: UInt64) { background[id] = nil }
+    private func finished(_ id: UInt64) {
+        background[id] = nil
+        // Shutdown's grace looks again whenever a piece of work ends.
+        if stopping { wakeWaiters(for: .grace) }
+    }
 
     /// Background work still in flight (the simulation waits for none).
     public var backgroundWork: Int { background.count }
