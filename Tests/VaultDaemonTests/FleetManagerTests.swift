@@ -43,6 +43,21 @@ final class FleetPair {
         for change in store.due(for: host) { await manager.applySharedChange(change) }
     }
 
+    /// Logs alice in on host a and lets host b hear of it; host z takes her
+    /// refresh lock and dies with it (no release comes); then a refresh on
+    /// host b begins, which waits for z's tokens. Returns that refresh.
+    func refreshWaitingForADeadHost() async throws -> Task<SessionRecord, any Error> {
+        try await loginOnA()
+        await deliver(to: b, "b")
+        store.connect("z")
+        let taken = try await store.view(host: "z", alive: Liveness()).acquireRefreshLock(key)
+        guard case .granted = taken else { throw VaultError(.internalError, "host z did not get the lock: \(taken)") }
+        let (b, key, caller) = (self.b, self.key, self.caller)
+        let refresh = Task { try await b.refresh(key, caller: caller, clientAsked: true) }
+        await yieldUntil { await b.waitingForOtherHosts.contains(key) }
+        return refresh
+    }
+
     /// Logs alice in on host a with a new grant (tokens valid `lifetime` seconds).
     @discardableResult
     func loginOnA(lifetime: Int64 = 300) async throws -> SessionRecord {
@@ -248,15 +263,8 @@ struct FleetManagerTests {
     @Test("Should refresh once the lease of a host that died holding the lock ends, with no release to wake it")
     func lockOfADeadHost() async throws {
         let pair = try FleetPair()
-        try await pair.loginOnA()
-        await pair.deliver(to: pair.b, "b")
-        // Host z takes the account's refresh lock and dies with it: no release comes.
-        pair.store.connect("z")
-        let taken = try await pair.store.view(host: "z", alive: Liveness()).acquireRefreshLock(pair.key)
-        guard case .granted = taken else { throw VaultError(.internalError, "host z did not get the lock: \(taken)") }
-        let (b, key, caller) = (pair.b, pair.key, pair.caller)
-        let refresh = Task { try await b.refresh(key, caller: caller, clientAsked: true) }
-        await yieldUntil { await b.waitingForOtherHosts.contains(key) }
+        let refresh = try await pair.refreshWaitingForADeadHost()
+        let (b, key) = (pair.b, pair.key)
         #expect(await b.waitingForOtherHosts.contains(key), "host b waits for host z's refresh")
         // The lease ends: the alarm's due work ends the wait, and host b takes the lock.
         pair.clock.advance(by: pair.store.lockTTLSeconds)
@@ -275,14 +283,8 @@ struct FleetManagerTests {
     )
     func refreshWokenDuringALogout() async throws {
         let pair = try FleetPair()
-        try await pair.loginOnA()
-        await pair.deliver(to: pair.b, "b")
-        pair.store.connect("z")
-        let taken = try await pair.store.view(host: "z", alive: Liveness()).acquireRefreshLock(pair.key)
-        guard case .granted = taken else { throw VaultError(.internalError, "host z did not get the lock: \(taken)") }
+        let waiting = try await pair.refreshWaitingForADeadHost()
         let (b, key, caller) = (pair.b, pair.key, pair.caller)
-        let waiting = Task { try await b.refresh(key, caller: caller, clientAsked: true) }
-        await yieldUntil { await b.waitingForOtherHosts.contains(key) }
         // Host z's lease ends, and a logout begins before the woken refresh runs
         // again; host b is cut off meanwhile, so the logout fails and b serves alice again.
         pair.clock.advance(by: pair.store.lockTTLSeconds)
