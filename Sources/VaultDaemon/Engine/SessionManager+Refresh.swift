@@ -241,7 +241,22 @@ extension SessionManager {
             await self.sharing.refresh(key, entryID: id, provider: provider, snapshot: record, self)
         }
         entries[key]?.refresh = task
-        return try await task.value.get()
+        let result = await task.value
+        refreshEnded(key, entryID: id, task)
+        return try result.get()
+    }
+
+    /// The refresh `task` of the entry `entryID` is over: the entry must not
+    /// go on showing it in flight (later refreshes and GetTokens would join
+    /// a task that ended), nor its timers wait for it. Each way a refresh
+    /// ends says so itself; one that did not is ended here, by the call
+    /// that started it.
+    private func refreshEnded(
+        _ key: SessionKey, entryID: UInt64, _ task: Task<Result<SessionRecord, VaultError>, Never>
+    ) {
+        guard entries[key]?.id == entryID, entries[key]?.refresh == task else { return }
+        entries[key]?.refresh = nil
+        if entries[key]?.timers.refreshing == true { handle(key, .refreshAbandoned) }
     }
 
     /// The token source that renews the session of `record` ahead of its
