@@ -63,7 +63,9 @@ public struct SessionTimers: Sendable, Equatable {
         case refreshed(Facts, saved: Bool, now: UnixTime)
         /// The refresh failed in a way worth retrying (`failure`: vaultd's
         /// code and message, the provider's code and message); `random` in
-        /// 0..<1 picks the backoff.
+        /// 0..<1 picks the backoff, counted from `now` (when it failed,
+        /// rounded up: `WallClock.nextSecond()`, so that the retry waits at
+        /// least the backoff and a server's Retry-After).
         case refreshFailed(VaultError, retryAfter: Int64?, random: Double, now: UnixTime, expired: Bool)
         /// The provider refused for good (invalid_grant, 401, ...).
         case refreshRefused(code: String, reason: String)

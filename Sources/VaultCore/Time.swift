@@ -73,4 +73,9 @@ public protocol WallClock: Sendable {
 extension WallClock {
     /// Whole seconds, for clocks that know no better.
     public func preciseNow() -> Double { Double(now().seconds) }
+
+    /// Now rounded up to a whole second: the start of a wait that must last
+    /// at least its seconds. Deadlines count whole seconds, so one counted
+    /// from `now()`, rounded down, could come up to a second early.
+    public func nextSecond() -> UnixTime { UnixTime(seconds: Int64(preciseNow().rounded(.up))) }
 }

@@ -212,6 +212,22 @@ struct StoreFailureTests {
 
 @Suite("SessionManager: the timed lifecycle on a manual clock", .timeLimit(.minutes(5)))
 struct TimedLifecycleTests {
+    @Test("Should retry a failed refresh no sooner than its backoff, though it failed late in a second")
+    func retryWaitsItsBackoff() async throws {
+        let h = try ManagerHarness()
+        try await h.login("u")
+        h.clock.advance(by: 0.9)
+        h.provider.state.withLock { $0.mode = .transient }
+        let failedAt = h.clock.preciseNow()
+        await #expect(throws: VaultError.self) {
+            try await h.manager.refresh(h.key("u"), caller: ManagerHarness.alice)
+        }
+        // The first backoff is 1 s here (random 0.5); counted from the failure's
+        // second rounded down, the retry would come 0.1 s later.
+        let retryAt = try #require(h.manager.table.view(of: h.key("u"))?.refresh?.nextRetryAt)
+        #expect(Double(retryAt.seconds) >= failedAt + 1, "failed at \(failedAt), retried at \(retryAt.seconds)")
+    }
+
     @Test("Should refresh ahead of expiry on its own, once, and end a session whose refresh keeps failing past expiry")
     func refreshThenExpire() async throws {
         let h = try ManagerHarness()

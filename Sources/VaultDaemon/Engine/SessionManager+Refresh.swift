@@ -412,7 +412,8 @@ extension SessionManager {
             handle(
                 key,
                 .refreshFailed(
-                    failure, retryAfter: retryAfter, random: random(), now: now, expired: current.isExpired(at: now)))
+                    failure, retryAfter: retryAfter, random: random(), now: clock.nextSecond(),
+                    expired: current.isExpired(at: now)))
             let retryAt = entries[key]?.timers.status.nextRetryAt
             log.warning(
                 "refresh failed; the current token is still served and the refresh retried",

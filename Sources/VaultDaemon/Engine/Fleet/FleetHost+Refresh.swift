@@ -155,7 +155,8 @@ extension FleetHost {
         manager.handle(
             key,
             .refreshFailed(
-                error, retryAfter: nil, random: manager.random(), now: now, expired: record.isExpired(at: now)))
+                error, retryAfter: nil, random: manager.random(), now: manager.clock.nextSecond(),
+                expired: record.isExpired(at: now)))
         return .failure(error)
     }
 
