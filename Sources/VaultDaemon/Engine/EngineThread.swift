@@ -1,6 +1,7 @@
 import CShim
 import Glibc
 import Synchronization
+import VaultCore
 
 /// The thread that owns the session manager: vaultd's main thread, which
 /// also serves the socket. The manager (an actor) runs every job of its own
@@ -69,8 +70,8 @@ final class EngineThread: SerialExecutor, @unchecked Sendable {
     func setAlarm(at seconds: Double?, _ action: @escaping () -> Void) {
         guard let seconds else { return clearAlarm() }
         alarmAction = action
-        // Kept to the end of the year 9999, as vaultd's times are: Int64 takes no infinity.
-        let kept = max(0, min(seconds, 253_402_300_799))
+        // Kept to the years vaultd keeps times in: Int64 takes no infinity.
+        let kept = max(0, min(seconds, Double(UnixTime.latestExpiry.seconds)))
         let whole = kept.rounded(.down)
         _ = vaultd_timerfd_at(alarmFD, Int64(whole), min(999_999_999, Int64((kept - whole) * 1e9)))
     }
