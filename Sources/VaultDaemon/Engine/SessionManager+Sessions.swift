@@ -444,41 +444,42 @@ extension SessionManager {
         }
     }
 
-    /// Marks the stored record logging-out, with the revocation it needs,
-    /// queues that revocation and deletes the record, then publishes the
-    /// outcome and starts the revocation; the task that runs this ends only
-    /// after the state changed. The revocation is in the store before the
-    /// provider is asked, so a SIGTERM or a crash at any point loses it not.
+    /// The store's part of a logout (`LogoutWrite`), then its outcome taken
+    /// in one step, then the revocations of the tokens refreshes replaced;
+    /// the task that runs this ends only after the state changed. The
+    /// revocation is in the store before the provider is asked, so a SIGTERM
+    /// or a crash at any point loses it not.
     func commitLogout(_ record: SessionRecord, by principal: Principal, reason: String?, kind: EventKind?) async
         -> Result<Void, VaultError>
     {
-        let key = record.key
         let what = LogoutKind(reason: reason, kind: kind)
-        defer { entries[key]?.logout = nil }
         let provider = client(for: record.account.provider)
-        let revocation = provider?.revokes(record) == true ? PendingRevocation(queueing: record) : nil
-        var marked = record
-        marked.phase = .loggingOut
-        marked.revocationID = revocation?.id
-        do throws(VaultError) {
-            try await store.apply(.save(marked))
-            if let revocation { try await store.apply(.savePendingRevocation(revocation)) }
-            try await sharing.delete(key, ending: SessionEnding(kind: what.event, reason: reason), self)
-        } catch {
-            // Served again: put the store back as it was. Should it not let us, the
-            // record is written again until it does (a mark left in the store would
-            // end the session at the next start).
-            var stillQueued: PendingRevocation?
-            if let revocation, (try? await store.apply(.deletePendingRevocation(revocation))) == nil {
-                stillQueued = revocation
-            }
-            let restored: Bool
-            do throws(VaultError) {
-                try await store.apply(.save(record))
-                restored = true
-            } catch {
-                restored = false
-            }
+        let write = LogoutWrite(
+            record: record, revocation: provider?.revokes(record) == true ? PendingRevocation(queueing: record) : nil,
+            ending: SessionEnding(kind: what.event, reason: reason))
+        let outcome = await write.perform(on: store, delete: sharing.deleteRecord)
+        switch logoutWritten(write, outcome, provider: provider, by: principal, what) {
+        case .failure(let error): return .failure(error)
+        case .success(let replaced):
+            // Replaced tokens whose successor's write was still pending: the store holds neither now.
+            await revokeReplaced(replaced)
+            return .success(())
+        }
+    }
+
+    /// Takes the outcome of a logout's write: the session ends (and an
+    /// automatic account's next login is scheduled, the revocation started),
+    /// or, the write failed, it is served again, scheduled anew, and written
+    /// again where the store was not put back. Answers the access tokens
+    /// refreshes replaced, for the caller to revoke.
+    func logoutWritten(
+        _ write: LogoutWrite, _ outcome: LogoutWrite.Outcome, provider: (any TokenProvider)?,
+        by principal: Principal, _ what: LogoutKind
+    ) -> Result<[SessionRecord], VaultError> {
+        let record = write.record
+        let key = record.key
+        entries[key]?.logout = nil
+        if case .failed(let error, let restored, let stillQueued) = outcome {
             entries[key]?.machine.logoutFinished(succeeded: false)
             entries[key]?.unqueue = stillQueued
             // Deadlines that came due while the logout was out were dropped: schedule anew.
@@ -486,25 +487,23 @@ extension SessionManager {
                 key, .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
             if !restored || stillQueued != nil { handle(key, .storeStale(now: clock.now())) }
             log.error("logout failed", fields(key, event: "logoutFailed", by: principal, code: error.code))
-            emit(.logoutFailed, key, reason: reason, cause: EndCause(error))
+            emit(.logoutFailed, key, reason: write.ending.reason, cause: EndCause(error))
             Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)
             return .failure(error)
         }
-        // Replaced tokens whose successor's write was still pending: the store holds neither now.
         let replaced = entries[key]?.replacedAwaitingSave ?? []
         entries[key]?.machine.logoutFinished(succeeded: true)
         let again = entries[key]?.machine.sessionEnded(what.event, now: clock.now()) ?? []
         forget(key)
         performAutoLogin(again, key)
         rearmTimer()
-        if let revocation, let provider {
+        if let revocation = write.revocation, let provider {
             startRevocation(revocation, provider: provider, chargedTo: chargedUID(principal, owner: key.owner))
         }
-        await revokeReplaced(replaced)
         var logFields = fields(key, event: what.event.rawValue, by: principal)
-        logFields["reason"] = reason
+        logFields["reason"] = write.ending.reason
         log.info("logged out", logFields)
         Audit.log(log, what.auditAction, key, by: principal, result: "ok")
-        return .success(())
+        return .success(replaced)
     }
 }

@@ -146,7 +146,7 @@ public actor SessionManager {
             self.executor = home.unownedExecutor
         }
         self.table = SessionTable(didChange: tableDidChange)
-        self.sharing = ownWrites.map { FleetHost(FleetStore(gate: gate, writes: $0)) } ?? SingleHost()
+        self.sharing = ownWrites.map { FleetHost(FleetStore(gate: gate, writes: $0)) } ?? SingleHost(gate)
         self.isFleetHost = ownWrites != nil
         gate.onChange { [weak self] in
             guard let self else { return }

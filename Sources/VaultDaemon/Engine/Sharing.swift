@@ -35,8 +35,9 @@ protocol StoreSharing: AnyObject {
     /// may lack, then tells its timers whether that worked.
     func persist(_ key: SessionKey, entryID: UInt64, _ manager: isolated SessionManager) async
 
-    /// Deletes the record of a session logged out here.
-    func delete(_ key: SessionKey, ending: SessionEnding, _ manager: isolated SessionManager) async throws(VaultError)
+    /// Deletes the record of a session logged out here (`LogoutWrite`),
+    /// off the manager: it reads nothing of it.
+    var deleteRecord: @Sendable (SessionKey, SessionEnding) async throws(VaultError) -> Void { get }
 
     /// The store is back after an outage: makes it hold what is served.
     func writeThrough(_ manager: isolated SessionManager) async
@@ -63,6 +64,11 @@ enum RefreshWrite {
 
 /// A single host: its store holds only what this process wrote.
 final class SingleHost: StoreSharing {
+    /// The manager's store, behind its gate.
+    let store: any SessionStore
+
+    init(_ store: any SessionStore) { self.store = store }
+
     var revokesSupersededTokens: Bool { true }
 
     func catchUp(_ key: SessionKey, _ manager: isolated SessionManager) async throws(VaultError) {}
@@ -119,8 +125,8 @@ final class SingleHost: StoreSharing {
         manager.handle(key, .saveFailed(now: manager.clock.now()))
     }
 
-    func delete(_ key: SessionKey, ending: SessionEnding, _ manager: isolated SessionManager) async throws(VaultError) {
-        try await manager.store.apply(.delete(key))
+    var deleteRecord: @Sendable (SessionKey, SessionEnding) async throws(VaultError) -> Void {
+        { [store] key, _ throws(VaultError) in try await store.apply(.delete(key)) }
     }
 
     /// Records written while the store was gone (refreshed tokens, a failed

@@ -46,8 +46,8 @@ final class FleetHost: StoreSharing {
 
     func refreshDecided(_ key: SessionKey) { refreshing += 1 }
 
-    func delete(_ key: SessionKey, ending: SessionEnding, _ manager: isolated SessionManager) async throws(VaultError) {
-        try await store.deleteShared(key, ending: ending)
+    var deleteRecord: @Sendable (SessionKey, SessionEnding) async throws(VaultError) -> Void {
+        { [store] key, ending throws(VaultError) in try await store.deleteShared(key, ending: ending) }
     }
 
     /// Catches up with the store first, then writes what this host could
