@@ -97,7 +97,7 @@ let package = Package(
         // vaultctl in-process: parsing, help, usage errors, completion scripts; no daemon.
         .testTarget(name: "VaultCLITests", dependencies: ["VaultCLI", "Varlink", "CProcessSpawnFix"]),
         // The session manager without processes: fakes, a manual clock, the simulation.
-        .testTarget(name: "VaultDaemonTests", dependencies: ["VaultDaemon", "Varlink", "VaultCore"]),
+        .testTarget(name: "VaultDaemonTests", dependencies: ["VaultDaemon", "Varlink", "VaultCore", "VaultProtocol"]),
         .testTarget(
             name: "VaultIntegrationTests",
             dependencies: [

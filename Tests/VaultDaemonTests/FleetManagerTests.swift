@@ -2,6 +2,7 @@ import Synchronization
 import Testing
 import Varlink
 import VaultCore
+import VaultProtocol
 
 @testable import VaultDaemon
 
@@ -112,6 +113,46 @@ struct FleetManagerTests {
         await #expect(throws: VaultError(.notLoggedIn, "")) {
             try await pair.b.logout(other, caller: pair.caller)
         }
+    }
+
+    @Test(
+        "Should answer GetToken and GetSession on host b for a session logged in on host a before b's feed brings it",
+        arguments: [0, 30] as [Int64])
+    func clientMissReadsTheStore(waitSeconds: Int64) async throws {
+        let pair = try FleetPair()
+        let record = try await pair.loginOnA()
+        let handlers = VaultMethods.Handlers(
+            manager: pair.b, table: pair.b.table, policy: pair.b.policy, clock: pair.clock,
+            hub: SubscriptionHub(log: Logger(level: .debug, target: .discard)))
+        let account: [String: JSON] = [
+            "provider": .string("oauth"), "user": .string("alice"), "waitSeconds": .int(waitSeconds),
+        ]
+        guard case .deferred(let session) = try handlers.getSession(ParameterReader(account), pair.caller) else {
+            Issue.record("GetSession of a session the table lacks was answered at once")
+            return
+        }
+        #expect(await session().error == nil)
+        #expect(pair.b.table.view(of: pair.key)?.record?.tokens == record.tokens)
+        #expect(try await pair.b.freshToken(pair.key, minValidSeconds: 0, caller: pair.caller).tokens == record.tokens)
+        let other: [String: JSON] = [
+            "provider": .string("oauth"), "user": .string("bob"), "waitSeconds": .int(waitSeconds),
+        ]
+        guard case .deferred(let token) = try handlers.getToken(ParameterReader(other), pair.caller) else {
+            Issue.record("GetToken of a session the table lacks was answered at once")
+            return
+        }
+        let bob = SessionKey(owner: 1000, account: Account(provider: "oauth", user: "bob"))
+        #expect(await token().error == VaultError.notLoggedIn(bob.account).varlinkReply.error)
+        // Logged in on a since: b reads the store again, once its second is over.
+        let (_, response) = pair.provider.grant(lifetime: 300)
+        let (bobs, _) = try await pair.a.login(
+            LoginRequest(provider: "oauth", user: "bob", tokenResponse: response), caller: pair.caller)
+        pair.clock.advance(by: 1)
+        guard case .deferred(let again) = try handlers.getToken(ParameterReader(other), pair.caller) else {
+            Issue.record("GetToken of a session the table lacks was answered at once")
+            return
+        }
+        #expect(await again().parameters["token"] == .string(bobs.tokens.accessToken.revealed))
     }
 
     @Test("Should answer a miss on a host cut off from the store with the store's error, not 'not logged in'")
@@ -336,14 +377,6 @@ struct FleetManagerTests {
         #expect(pair.b.storeState == .available)
         #expect(pair.b.table.view(of: pair.key)?.record == nil)
         #expect(pair.eventsB.all.last?.kind == .logoutSuccess)
-    }
-
-    @Test("Should not be a fleet host over a store that is not shared")
-    func singleHostIsNotAFleetHost() throws {
-        let manager = SessionManager(
-            store: FaultyStore(), config: try TestConfig.make(), clock: ManualClock(),
-            log: Logger(level: .debug, target: .discard))
-        #expect(!manager.isFleetHost)
     }
 }
 

@@ -96,8 +96,6 @@ public actor SessionManager {
     /// What a single host and a host of a fleet do differently (`SingleHost`,
     /// `FleetHost`), chosen once by the store.
     let sharing: any StoreSharing
-    /// True when this manager is one host of a fleet.
-    public nonisolated let isFleetHost: Bool
     /// The provider requests each user may still cause, and the queued
     /// revocations (see SessionManager+Traffic.swift).
     var traffic: ProviderTraffic
@@ -147,7 +145,6 @@ public actor SessionManager {
         }
         self.table = SessionTable(didChange: tableDidChange)
         self.sharing = ownWrites.map { FleetHost(FleetStore(gate: gate, writes: $0)) } ?? SingleHost(gate)
-        self.isFleetHost = ownWrites != nil
         gate.onChange { [weak self] in
             guard let self else { return }
             self.healthChanges.withLock { last in

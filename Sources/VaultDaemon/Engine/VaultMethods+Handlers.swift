@@ -39,8 +39,9 @@ extension VaultMethods {
             }
         }
 
-        /// `GetSession`: the session as the table shows it; on a fleet host, one
-        /// the table lacks is looked for in the shared store first.
+        /// `GetSession`: the session as the table shows it. One the table
+        /// lacks is the manager's to look for: on a fleet's host, another host
+        /// may have logged it in a moment ago, and the shared store says.
         func getSession(_ p: ParameterReader, _ caller: Caller) throws(ParameterReader.Invalid) -> HandlerOutcome {
             let (account, requested) = try addressed(p)
             let access = policy.policy
@@ -51,19 +52,15 @@ extension VaultMethods {
             guard access.maySee(caller, ownerUID: key.owner) else {
                 return .reply(AccessPolicy.notYours(key).varlinkReply)
             }
-            let view = table.view(of: key)
-            if view == nil, manager.isFleetHost {
-                // Another host may have logged it in a moment ago: the store says.
-                return .deferred {
-                    do throws(VaultError) {
-                        try await manager.catchUpShared(key)
-                    } catch {
-                        return error.varlinkReply
-                    }
-                    return Self.sessionReply(table.view(of: key), key)
+            if let view = table.view(of: key) { return .reply(Self.sessionReply(view, key)) }
+            return .deferred {
+                do throws(VaultError) {
+                    try await manager.catchUpShared(key)
+                } catch {
+                    return error.varlinkReply
                 }
+                return Self.sessionReply(table.view(of: key), key)
             }
-            return .reply(Self.sessionReply(view, key))
         }
 
         /// The GetSession reply of the session `view` shows: the session, or
@@ -124,26 +121,24 @@ extension VaultMethods {
         }
 
         /// A GetToken of a session the table has no token of (none, or a
-        /// login in flight): a fleet host asks the shared store first, a
-        /// declared account may be waited for; else `NotLoggedIn`.
+        /// login in flight). A declared account may be waited for; a session
+        /// the table lacks is the manager's to look for (on a fleet's host,
+        /// another host may have logged it in a moment ago); else `NotLoggedIn`.
         private func tokenNotInTable(
             _ r: GetTokenRequest, _ key: SessionKey, _ caller: Caller, _ access: AccessPolicy, sessionInTable: Bool
         ) -> HandlerOutcome {
-            if !sessionInTable, manager.isFleetHost, r.waitSeconds == 0 {
-                // Another host may have logged it in a moment ago: the store says.
+            if access.declared[key.account] != nil, r.waitSeconds > 0 {
+                // A declared account may be one vaultd keeps logged in
+                // (AutoLogin=yes): the manager waits for its login.
                 return deferredToken(key, caller) { () async throws(VaultError) in
-                    try await manager.catchUpShared(key)
-                    return try await manager.freshToken(key, minValidSeconds: r.minValidSeconds, caller: caller)
+                    try await manager.autoLoginToken(
+                        key, minValidSeconds: r.minValidSeconds, waitSeconds: r.waitSeconds, caller: caller)
                 }
             }
-            guard access.declared[key.account] != nil, r.waitSeconds > 0 else {
-                return refuseToken(.notLoggedIn(key.account), key, caller)
-            }
-            // A declared account may be one vaultd keeps logged in
-            // (AutoLogin=yes): the manager waits for its login.
+            guard !sessionInTable else { return refuseToken(.notLoggedIn(key.account), key, caller) }
             return deferredToken(key, caller) { () async throws(VaultError) in
-                try await manager.autoLoginToken(
-                    key, minValidSeconds: r.minValidSeconds, waitSeconds: r.waitSeconds, caller: caller)
+                try await manager.catchUpShared(key)
+                return try await manager.freshToken(key, minValidSeconds: r.minValidSeconds, caller: caller)
             }
         }
 
