@@ -335,25 +335,77 @@ extension SessionManager {
     /// feeds the outcome to the session's `SessionTimers`. Tokens obtained for
     /// a session that ended (or was replaced) meanwhile are revoked.
     /// `write` stores the new record as a single host or a fleet's host
-    /// does (`StoreSharing.refresh`).
+    /// does (`StoreSharing.refresh`). Between the two awaits, and after the
+    /// second, one step each takes what came back (`refreshAnswered`,
+    /// `refreshWritten`); the revocations and writes they ask for follow.
     func performRefresh(
         _ key: SessionKey, entryID: UInt64, provider: any TokenProvider, snapshot: SessionRecord,
         write: (SessionRecord) async -> RefreshWrite
     ) async -> Result<SessionRecord, VaultError> {
-        let account = key.account
         let outcome = await provider.refresh(snapshot)
         // From here until the new tokens are written, a rotated refresh token
         // exists only in this process: a crash loses it (see docs/reliability/crash.md).
-        let answeredAt = clock.preciseNow()
-        defer { if entries[key]?.id == entryID { entries[key]?.refresh = nil } }
-        func stillCurrent() -> SessionRecord? {
-            guard let entry = entries[key], entry.id == entryID, let current = entry.record,
-                current.tokens == snapshot.tokens
-            else { return nil }
-            return current
+        let refreshed: RefreshedTokens
+        switch refreshAnswered(key, entryID: entryID, outcome, snapshot: snapshot) {
+        case .over(let result, let effects):
+            await perform(effects)
+            return result
+        case .write(let tokens):
+            refreshed = tokens
         }
-        guard let current = stillCurrent() else {
-            return await refreshSuperseded(key, entryID: entryID, outcome: outcome, snapshot: snapshot)
+        let written = await write(refreshed.record)
+        let (result, effects) = refreshWritten(key, entryID: entryID, refreshed, written, provider: provider)
+        await perform(effects)
+        return result
+    }
+
+    /// Tokens a refresh obtained, to be written before anyone gets them.
+    struct RefreshedTokens {
+        /// The session's record with the new tokens.
+        var record: SessionRecord
+        /// The record they replace, as served when the provider answered.
+        var current: SessionRecord
+        /// The record the refresh started from.
+        var snapshot: SessionRecord
+        /// When the provider answered.
+        var answeredAt: Double
+        var now: UnixTime
+    }
+
+    /// How `refreshAnswered` went.
+    enum RefreshStep {
+        /// The refresh is over with `result`; `effects` follow.
+        case over(Result<SessionRecord, VaultError>, [StoreEffect])
+        /// New tokens: write them.
+        case write(RefreshedTokens)
+    }
+
+    /// The record of the session `entryID` of `key` when it still holds the
+    /// tokens `snapshot` holds: the refresh from `snapshot` is still its.
+    private func stillCurrent(_ key: SessionKey, entryID: UInt64, snapshot: SessionRecord) -> SessionRecord? {
+        guard let entry = entries[key], entry.id == entryID, let current = entry.record,
+            current.tokens == snapshot.tokens
+        else { return nil }
+        return current
+    }
+
+    /// The refresh's entry no longer shows it in flight.
+    private func refreshOver(_ key: SessionKey, entryID: UInt64) {
+        if entries[key]?.id == entryID { entries[key]?.refresh = nil }
+    }
+
+    /// Takes the provider's answer to a refresh from `snapshot`, in one step:
+    /// new tokens are to be written; a failure goes to the session's
+    /// timers (a backoff, or, refused, the session's end).
+    func refreshAnswered(_ key: SessionKey, entryID: UInt64, _ outcome: RefreshOutcome, snapshot: SessionRecord)
+        -> RefreshStep
+    {
+        let account = key.account
+        let answeredAt = clock.preciseNow()
+        guard let current = stillCurrent(key, entryID: entryID, snapshot: snapshot) else {
+            let (result, effects) = refreshSuperseded(key, entryID: entryID, outcome: outcome, snapshot: snapshot)
+            refreshOver(key, entryID: entryID)
+            return .over(result, effects)
         }
         let now = clock.now()
         switch outcome {
@@ -372,40 +424,9 @@ extension SessionManager {
                 defaultLifetime: config.providers[account.provider]?.defaultLifetime)
             // Write-through before anyone gets the new access token: a rotated
             // refresh token that is not stored would be lost at a crash.
-            let failure: VaultError?
-            switch await write(updated) {
-            case .written(let outcome): failure = outcome
-            case .superseded(let answer): return answer
-            }
-            let saved = failure == nil
-            if let failure {
-                log.error(
-                    "refreshed tokens could not be stored; kept in memory and retried",
-                    fields(key, event: "tokenRefreshed", code: failure.code))
-            }
-            guard stillCurrent() != nil else {
-                // The session ended or was replaced while the write was out: put the
-                // current record back if it is another session's.
-                if let again = entries[key]?.record { try? await store.apply(.save(again)) }
-                await revokeOrphaned(tokens, of: snapshot)
-                if entries[key]?.id == entryID { handle(key, .refreshAbandoned) }
-                return .failure(.notLoggedIn(account))
-            }
-            entries[key]?.machine.refreshed(updated)
-            // Served before it is announced: a subscriber that reads the token
-            // on tokenRefreshed gets the new one.
-            publishView(key)
-            var logFields = fields(key, event: "tokenRefreshed")
-            // How long the new tokens were in memory only: the crash window of rotation.
-            logFields["storedAfterMs"] = String(Int(((clock.preciseNow() - answeredAt) * 1000).rounded()))
-            log.info("token refreshed", logFields)
-            events(
-                VaultEvent(
-                    kind: .tokenRefreshed, account: account, ownerUID: key.owner, time: now,
-                    expiresAt: updated.expiresAt))
-            handle(key, .refreshed(facts(updated, refreshedAt: now), saved: saved, now: now))
-            await noteReplaced(key, old: current, new: tokens, saved: saved, provider: provider)
-            return .success(updated)
+            return .write(
+                RefreshedTokens(record: updated, current: current, snapshot: snapshot, answeredAt: answeredAt, now: now)
+            )
         case .transient(let reason, let retryAfter, let code):
             let failure = ProviderFailure.transient(
                 code: code, reason: reason, message: "refreshing \(account) failed: \(reason)")
@@ -422,7 +443,8 @@ extension SessionManager {
                 ]) { a, _ in a })
             var told = failure
             told.message += "; retrying at \(retryAt.map { "\($0)" } ?? "-")"
-            return .failure(told)
+            refreshOver(key, entryID: entryID)
+            return .over(.failure(told), [])
         case .permanent(let code, let reason):
             log.error(
                 "refresh refused; the session is logged out",
@@ -431,18 +453,58 @@ extension SessionManager {
                 code: code, reason: reason, message: "the provider refused to refresh \(account); log in again")
             entries[key]?.endCause = EndCause(refusal)
             handle(key, .refreshRefused(code: code, reason: reason))
-            return .failure(refusal)
+            refreshOver(key, entryID: entryID)
+            return .over(.failure(refusal), [])
         }
     }
 
-    /// Revokes tokens a refresh obtained for a session that ended (or was
-    /// replaced) while the request was out: nobody will use them, and they
-    /// would stay valid at the provider. A new refresh token needs it (an
-    /// unrotated one is the ended session's, which its logout revokes), and
-    /// so does a new access token that stays valid until it is revoked (an
-    /// exec helper's, `revokesReplaced`): that one alone, as a replaced token,
-    /// so that a session of the account that began meanwhile is not signed
-    /// out with it. Queued in the store before it is attempted.
+    /// Takes how the write of refreshed tokens went, in one step: the
+    /// tokens are served (unsaved ones retried later) and announced; or the
+    /// session ended or was replaced while the write was out, and they are
+    /// revoked; or the fleet's store held a newer change, which answers.
+    func refreshWritten(
+        _ key: SessionKey, entryID: UInt64, _ refreshed: RefreshedTokens, _ written: RefreshWrite,
+        provider: any TokenProvider
+    ) -> (Result<SessionRecord, VaultError>, [StoreEffect]) {
+        defer { refreshOver(key, entryID: entryID) }
+        let account = key.account
+        let (updated, now) = (refreshed.record, refreshed.now)
+        let failure: VaultError?
+        switch written {
+        case .written(let outcome): failure = outcome
+        case .superseded(let answer): return (answer, [])
+        }
+        let saved = failure == nil
+        if let failure {
+            log.error(
+                "refreshed tokens could not be stored; kept in memory and retried",
+                fields(key, event: "tokenRefreshed", code: failure.code))
+        }
+        guard stillCurrent(key, entryID: entryID, snapshot: refreshed.snapshot) != nil else {
+            // The session ended or was replaced while the write was out: put the
+            // current record back if it is another session's.
+            let restore = entries[key]?.record.map { [StoreEffect.restore($0)] } ?? []
+            let revocations = orphanedRevocations(updated.tokens, of: refreshed.snapshot)
+            if entries[key]?.id == entryID { handle(key, .refreshAbandoned) }
+            return (.failure(.notLoggedIn(account)), restore + revocations)
+        }
+        entries[key]?.machine.refreshed(updated)
+        // Served before it is announced: a subscriber that reads the token
+        // on tokenRefreshed gets the new one.
+        publishView(key)
+        var logFields = fields(key, event: "tokenRefreshed")
+        // How long the new tokens were in memory only: the crash window of rotation.
+        logFields["storedAfterMs"] = String(Int(((clock.preciseNow() - refreshed.answeredAt) * 1000).rounded()))
+        log.info("token refreshed", logFields)
+        events(
+            VaultEvent(
+                kind: .tokenRefreshed, account: account, ownerUID: key.owner, time: now, expiresAt: updated.expiresAt))
+        handle(key, .refreshed(facts(updated, refreshedAt: now), saved: saved, now: now))
+        let effects = noteReplaced(
+            key, old: refreshed.current, new: updated.tokens, saved: saved, provider: provider)
+        return (.success(updated), effects)
+    }
+
     /// The refresh's session changed while the provider answered. Ended (or
     /// logged in anew): the refresh is over and its tokens are revoked. Still
     /// the same session with newer tokens (a replace here, or another host's
@@ -453,34 +515,45 @@ extension SessionManager {
     /// token may revoke its whole grant (RFC 7009 2.1).
     private func refreshSuperseded(
         _ key: SessionKey, entryID: UInt64, outcome: RefreshOutcome, snapshot: SessionRecord
-    ) async -> Result<SessionRecord, VaultError> {
+    ) -> (Result<SessionRecord, VaultError>, [StoreEffect]) {
         let sameSession = entries[key]?.id == entryID
         let newer = sameSession ? entries[key]?.record : nil
+        var effects: [StoreEffect] = []
         if case .refreshed(let tokens, _, _) = outcome, newer == nil || sharing.revokesSupersededTokens {
-            await revokeOrphaned(tokens, of: snapshot)
+            effects = orphanedRevocations(tokens, of: snapshot)
         }
         if sameSession { handle(key, .refreshAbandoned) }
-        if let newer { return .success(newer) }
-        return .failure(.notLoggedIn(key.account))
+        if let newer { return (.success(newer), effects) }
+        return (.failure(.notLoggedIn(key.account)), effects)
     }
 
-    func revokeOrphaned(_ issued: TokenSet, of snapshot: SessionRecord) async {
-        guard let provider = client(for: snapshot.account.provider) else { return }
+    /// The revocation of tokens a refresh obtained for a session that ended
+    /// (or was replaced) while the request was out: nobody will use them,
+    /// and they would stay valid at the provider. A new refresh token needs
+    /// it (an unrotated one is the ended session's, which its logout
+    /// revokes), and so does a new access token that stays valid until it is
+    /// revoked (an exec helper's, `revokesReplaced`): that one alone, as a
+    /// replaced token, so that a session of the account that began meanwhile
+    /// is not signed out with it. Queued in the store before it is attempted.
+    func orphanedRevocations(_ issued: TokenSet, of snapshot: SessionRecord) -> [StoreEffect] {
+        guard let provider = client(for: snapshot.account.provider) else { return [] }
         var orphan = snapshot
         orphan.tokens = issued
         guard let rotated = issued.refreshToken, rotated != snapshot.tokens.refreshToken else {
-            if provider.revokesReplaced(snapshot, by: issued) {
-                if orphan.tokens.refreshToken == snapshot.tokens.refreshToken { orphan.tokens.refreshToken = nil }
-                log.info(
-                    "a refresh finished after its session ended; the token it obtained is revoked",
-                    fields(snapshot.key, event: "revokeOrphaned"))
-                await revokeReplaced([orphan])
-            }
-            return
+            guard provider.revokesReplaced(snapshot, by: issued) else { return [] }
+            if orphan.tokens.refreshToken == snapshot.tokens.refreshToken { orphan.tokens.refreshToken = nil }
+            log.info(
+                "a refresh finished after its session ended; the token it obtained is revoked",
+                fields(snapshot.key, event: "revokeOrphaned"))
+            return revocations(ofReplaced: [orphan])
         }
         log.info(
             "a refresh finished after its session ended; the tokens it obtained are revoked",
             fields(snapshot.key, event: "revokeOrphaned"))
-        await queueRevocation(PendingRevocation(queueing: orphan), provider: provider, event: "revokeOrphaned")
+        return [
+            .queueRevocation(
+                PendingRevocation(queueing: orphan), provider: provider,
+                chargedTo: chargedUID(.vaultd, owner: orphan.ownerUID), event: "revokeOrphaned", what: "a revocation")
+        ]
     }
 }

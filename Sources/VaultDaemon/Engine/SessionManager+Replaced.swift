@@ -8,37 +8,38 @@ import VaultCore
 /// only once the store holds the token that replaced it.
 extension SessionManager {
     /// Remembers the access token of `old`, which a refresh replaced with
-    /// `new`, when the provider keeps it valid; revokes it now when the new
-    /// tokens are `saved`, else after their write succeeded.
+    /// `new`, when the provider keeps it valid. Answers its revocation now
+    /// when the new tokens are `saved`; else it waits for their write.
     func noteReplaced(_ key: SessionKey, old: SessionRecord, new: TokenSet, saved: Bool, provider: any TokenProvider)
-        async
+        -> [StoreEffect]
     {
-        guard provider.revokesReplaced(old, by: new), entries[key] != nil else { return }
+        guard provider.revokesReplaced(old, by: new), entries[key] != nil else { return [] }
         var replaced = old
         // Only the access token goes: a refresh token the new tokens kept is the session's.
         if replaced.tokens.refreshToken == new.refreshToken { replaced.tokens.refreshToken = nil }
         entries[key]?.replacedAwaitingSave.append(replaced)
-        if saved { await revokeReplacedTokens(key) }
+        return saved ? replacedRevocations(of: key) : []
     }
 
-    /// Queues in the store, then starts, the revocation of every replaced
-    /// access token of the session `key` waiting for its successor's write.
-    /// Called once the store holds the session's current tokens.
-    func revokeReplacedTokens(_ key: SessionKey) async {
-        guard let waiting = entries[key]?.replacedAwaitingSave, !waiting.isEmpty else { return }
+    /// Takes the replaced access tokens of the session `key` that waited for
+    /// their successor's write, and answers their revocations. Called once
+    /// the store holds the session's current tokens.
+    func replacedRevocations(of key: SessionKey) -> [StoreEffect] {
+        guard let waiting = entries[key]?.replacedAwaitingSave, !waiting.isEmpty else { return [] }
         entries[key]?.replacedAwaitingSave = []
-        await revokeReplaced(waiting)
+        return revocations(ofReplaced: waiting)
     }
 
-    /// Queues and starts the revocation of each of `records`' access tokens.
-    func revokeReplaced(_ records: [SessionRecord]) async {
-        for old in records {
-            guard let provider = client(for: old.account.provider) else { continue }
+    /// The revocation of each of `records`' access tokens.
+    func revocations(ofReplaced records: [SessionRecord]) -> [StoreEffect] {
+        records.compactMap { old in
+            guard let provider = client(for: old.account.provider) else { return nil }
             log.info(
                 "a refresh replaced the access token; the old one is revoked", fields(old.key, event: "revokeReplaced"))
-            await queueRevocation(
-                PendingRevocation(replacing: old), provider: provider, event: "revokeReplaced",
-                what: "the revocation of a replaced token")
+            return .queueRevocation(
+                PendingRevocation(replacing: old), provider: provider,
+                chargedTo: chargedUID(.vaultd, owner: old.ownerUID),
+                event: "revokeReplaced", what: "the revocation of a replaced token")
         }
     }
 }

@@ -460,9 +460,8 @@ extension SessionManager {
         let outcome = await write.perform(on: store, delete: sharing.deleteRecord)
         switch logoutWritten(write, outcome, provider: provider, by: principal, what) {
         case .failure(let error): return .failure(error)
-        case .success(let replaced):
-            // Replaced tokens whose successor's write was still pending: the store holds neither now.
-            await revokeReplaced(replaced)
+        case .success(let effects):
+            await perform(effects)
             return .success(())
         }
     }
@@ -470,12 +469,12 @@ extension SessionManager {
     /// Takes the outcome of a logout's write: the session ends (and an
     /// automatic account's next login is scheduled, the revocation started),
     /// or, the write failed, it is served again, scheduled anew, and written
-    /// again where the store was not put back. Answers the access tokens
-    /// refreshes replaced, for the caller to revoke.
+    /// again where the store was not put back. Answers the revocations of
+    /// the access tokens refreshes replaced, for the caller to queue.
     func logoutWritten(
         _ write: LogoutWrite, _ outcome: LogoutWrite.Outcome, provider: (any TokenProvider)?,
         by principal: Principal, _ what: LogoutKind
-    ) -> Result<[SessionRecord], VaultError> {
+    ) -> Result<[StoreEffect], VaultError> {
         let record = write.record
         let key = record.key
         entries[key]?.logout = nil
@@ -491,7 +490,8 @@ extension SessionManager {
             Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)
             return .failure(error)
         }
-        let replaced = entries[key]?.replacedAwaitingSave ?? []
+        // Replaced tokens whose successor's write was still pending: the store holds neither now.
+        let replaced = revocations(ofReplaced: entries[key]?.replacedAwaitingSave ?? [])
         entries[key]?.machine.logoutFinished(succeeded: true)
         let again = entries[key]?.machine.sessionEnded(what.event, now: clock.now()) ?? []
         forget(key)

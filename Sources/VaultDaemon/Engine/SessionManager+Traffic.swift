@@ -23,6 +23,20 @@ struct ProviderTraffic {
     var wakeAt: Double?
 }
 
+/// What a step of the manager leaves for the store once it made its
+/// change of state: performed in order by `perform(_:)`, after the step,
+/// so that the step itself waits for nothing.
+enum StoreEffect {
+    /// Queue `revocation` in the store (a store that cannot take it is
+    /// logged as `event`, naming `what`), then start it, charged to
+    /// `chargedTo`'s budget.
+    case queueRevocation(
+        PendingRevocation, provider: any TokenProvider, chargedTo: UInt32?, event: String, what: String)
+    /// Write `record` again, as the store held it before a write that
+    /// turned out to belong to no session (best effort).
+    case restore(SessionRecord)
+}
+
 /// Bounding the provider requests local users can cause (see issue 28):
 /// each uid's requests come out of its `ProviderBudget`, and revocations go
 /// out one at a time from one queue, paced and backed off.
@@ -81,15 +95,30 @@ extension SessionManager {
         _ revocation: PendingRevocation, provider: any TokenProvider, by principal: Principal = .vaultd,
         event: String, what: String = "a revocation"
     ) async {
-        do throws(VaultError) {
-            try await store.apply(.savePendingRevocation(revocation))
-        } catch {
-            log.warning(
-                "\(what) could not be queued in the store; it is attempted all the same",
-                fields(revocation.record.key, event: event, code: error.code))
+        await perform([
+            .queueRevocation(
+                revocation, provider: provider, chargedTo: chargedUID(principal, owner: revocation.record.ownerUID),
+                event: event, what: what)
+        ])
+    }
+
+    /// Performs, in order, what steps left for the store (`StoreEffect`).
+    func perform(_ effects: [StoreEffect]) async {
+        for effect in effects {
+            switch effect {
+            case .queueRevocation(let revocation, let provider, let chargedTo, let event, let what):
+                do throws(VaultError) {
+                    try await store.apply(.savePendingRevocation(revocation))
+                } catch {
+                    log.warning(
+                        "\(what) could not be queued in the store; it is attempted all the same",
+                        fields(revocation.record.key, event: event, code: error.code))
+                }
+                startRevocation(revocation, provider: provider, chargedTo: chargedTo)
+            case .restore(let record):
+                try? await store.apply(.save(record))
+            }
         }
-        startRevocation(
-            revocation, provider: provider, chargedTo: chargedUID(principal, owner: revocation.record.ownerUID))
     }
 
     /// `startRevocation` charged to the owner (vaultd's own, or restored at start).

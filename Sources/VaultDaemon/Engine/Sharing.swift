@@ -116,7 +116,7 @@ final class SingleHost: StoreSharing {
             guard let served = manager.entries[key]?.record, manager.entries[key]?.id == entryID else { return }
             if served.tokens == record.tokens {
                 manager.handle(key, .saved)
-                await manager.revokeReplacedTokens(key)
+                await manager.perform(manager.replacedRevocations(of: key))
                 return
             }
             record = served

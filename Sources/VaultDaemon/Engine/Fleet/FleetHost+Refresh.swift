@@ -238,7 +238,7 @@ extension FleetHost {
         switch await save(served, ifRevision: stored.revision, refreshedFrom: stored.record.tokens, manager) {
         case .saved:
             manager.handle(key, .saved)
-            await manager.revokeReplacedTokens(key)
+            await manager.perform(manager.replacedRevocations(of: key))
         case .conflict:
             await resync(key, ending: nil, manager)
         case .failed:
