@@ -60,41 +60,49 @@ extension SessionManager {
     }
 
     /// Builds the new record, queues the revocation of a replaced refresh
-    /// token, writes the new record over the old one, and only then serves it
-    /// and tells subscribers (`tokenRefreshed`, reason "replaced"); then asks
-    /// the provider to revoke. Should the store fail, the old session is
-    /// served again, as it was, and the store put back as far as it lets.
+    /// token, writes the new record over the old one (`SessionWrite`), and
+    /// only then serves it and tells subscribers (`tokenRefreshed`, reason
+    /// "replaced"); then asks the provider to revoke. Should the store fail,
+    /// the old session is served again, as it was, and the store put back
+    /// as far as it lets.
     func performReplace(_ request: LoginRequest, key: SessionKey, replacing old: SessionRecord, caller: Caller)
         async -> Result<SessionRecord, VaultError>
     {
-        defer { entries[key]?.replace = nil }
         var new: SessionRecord
         do throws(VaultError) {
             new = try await replacementRecord(request, key: key)
         } catch {
-            entries[key]?.machine.replaceFinished(nil)
-            // Deadlines that came due while the provider was asked were dropped: schedule anew.
-            handle(
-                key, .stored(facts(old, refreshedAt: old.tokens.issuedAt ?? old.createdAt), now: clock.now()))
-            return failReplace(key, old, caller, error)
+            return replaceWritten(old, nil, .failed(error, restored: true, stillQueued: nil), caller: caller)
         }
         if request.profile == nil { new.user = old.user }
-        let provider = client(for: key.account.provider)
         let replacedRefreshToken =
             old.tokens.refreshToken != nil && old.tokens.refreshToken != new.tokens.refreshToken
         let revocation =
-            replacedRefreshToken && provider?.revokes(old) == true ? PendingRevocation(queueing: old) : nil
-        do throws(VaultError) {
-            // Queued first: once the new record is in the store, nothing else remembers the old tokens.
-            if let revocation { try await store.apply(.savePendingRevocation(revocation)) }
-            try await store.apply(.save(new))
-        } catch {
-            var stillQueued: PendingRevocation?
-            if let revocation, (try? await store.apply(.deletePendingRevocation(revocation))) == nil {
-                stillQueued = revocation
+            replacedRefreshToken && client(for: key.account.provider)?.revokes(old) == true
+            ? PendingRevocation(queueing: old) : nil
+        // Queued first: once the new record is in the store, nothing else remembers the old tokens.
+        let write = SessionWrite(key: key, before: old, steps: (revocation.map { [.queue($0)] } ?? []) + [.save(new)])
+        return replaceWritten(
+            old, new, await write.perform(on: store, delete: sharing.deleteRecord), revocation: revocation,
+            caller: caller)
+    }
+
+    /// Takes the outcome of a replace's write of `new` (nil: none was
+    /// made, the provider gave no tokens), in one step: the new tokens are
+    /// served and announced, and the revocation of the old ones started; or
+    /// the session goes on with `old`, scheduled anew, and written again
+    /// where the store was not put back.
+    func replaceWritten(
+        _ old: SessionRecord, _ new: SessionRecord?, _ outcome: SessionWrite.Outcome,
+        revocation: PendingRevocation? = nil, caller: Caller
+    ) -> Result<SessionRecord, VaultError> {
+        let key = old.key
+        defer { entries[key]?.replace = nil }
+        let provider = client(for: key.account.provider)
+        guard case .written = outcome, let new else {
+            guard case .failed(let error, let restored, let stillQueued) = outcome else {
+                preconditionFailure("a replace written without a record")
             }
-            // A write abandoned at its timeout may still land: put the old record back.
-            let restored = (try? await store.apply(.save(old))) != nil
             entries[key]?.machine.replaceFinished(nil)
             if let stillQueued, entries[key]?.unqueue == nil { entries[key]?.unqueue = stillQueued }
             let now = clock.now()
@@ -102,7 +110,8 @@ extension SessionManager {
             handle(key, .stored(facts(old, refreshedAt: old.tokens.issuedAt ?? old.createdAt), now: now))
             if !restored || stillQueued != nil {
                 handle(key, .storeStale(now: now))
-            } else if entries[key]?.timers.status.unsaved == true {
+            } else if new != nil, entries[key]?.timers.status.unsaved == true {
+                // `old` was written back: the store holds what is served.
                 handle(key, .saved)
             }
             return failReplace(key, old, caller, error)

@@ -261,16 +261,20 @@ extension SessionManager {
         return .failure(error)
     }
 
+    /// Writes the new session's record, then takes the outcome in one step.
     func commitLogin(_ record: SessionRecord, by principal: Principal) async -> Result<SessionRecord, VaultError> {
+        let write = SessionWrite(key: record.key, before: nil, steps: [.save(record)])
+        return loginWritten(record, await write.perform(on: store, delete: sharing.deleteRecord), by: principal)
+    }
+
+    /// Takes the outcome of a login's write: the session is served,
+    /// scheduled and announced, or the login failed.
+    func loginWritten(_ record: SessionRecord, _ outcome: SessionWrite.Outcome, by principal: Principal) -> Result<
+        SessionRecord, VaultError
+    > {
         let key = record.key
         defer { entries[key]?.login = nil }
-        do throws(VaultError) {
-            try await store.apply(.save(record))
-        } catch {
-            // A write abandoned at the timeout may still land in the keyring: remove it.
-            try? await store.apply(.delete(key))
-            return failLogin(key, principal, error)
-        }
+        if case .failed(let error, _, _) = outcome { return failLogin(key, principal, error) }
         entries[key]?.machine.loginSucceeded(record)
         renewParkedEntry(key)
         // Scheduled before it is published, so that the view shows when the refresh is due.
@@ -444,21 +448,28 @@ extension SessionManager {
         }
     }
 
-    /// The store's part of a logout (`LogoutWrite`), then its outcome taken
-    /// in one step, then the revocations of the tokens refreshes replaced;
-    /// the task that runs this ends only after the state changed. The
-    /// revocation is in the store before the provider is asked, so a SIGTERM
-    /// or a crash at any point loses it not.
+    /// The store's part of a logout, then its outcome taken in one step,
+    /// then the revocations of the tokens refreshes replaced; the task that
+    /// runs this ends only after the state changed. The stored record is
+    /// marked logging-out with the revocation it needs, that revocation
+    /// queued and the record deleted (`SessionWrite`): a SIGTERM or a crash
+    /// at any point finishes the logout at the next start and loses no
+    /// revocation.
     func commitLogout(_ record: SessionRecord, by principal: Principal, reason: String?, kind: EventKind?) async
         -> Result<Void, VaultError>
     {
         let what = LogoutKind(reason: reason, kind: kind)
         let provider = client(for: record.account.provider)
-        let write = LogoutWrite(
-            record: record, revocation: provider?.revokes(record) == true ? PendingRevocation(queueing: record) : nil,
-            ending: SessionEnding(kind: what.event, reason: reason))
+        let revocation = provider?.revokes(record) == true ? PendingRevocation(queueing: record) : nil
+        var marked = record
+        marked.phase = .loggingOut
+        marked.revocationID = revocation?.id
+        let write = SessionWrite(
+            key: record.key, before: record,
+            steps: [.save(marked)] + (revocation.map { [.queue($0)] } ?? [])
+                + [.delete(SessionEnding(kind: what.event, reason: reason))])
         let outcome = await write.perform(on: store, delete: sharing.deleteRecord)
-        switch logoutWritten(write, outcome, provider: provider, by: principal, what) {
+        switch logoutWritten(record, outcome, revocation: revocation, provider: provider, by: principal, what, reason) {
         case .failure(let error): return .failure(error)
         case .success(let effects):
             await perform(effects)
@@ -472,10 +483,9 @@ extension SessionManager {
     /// again where the store was not put back. Answers the revocations of
     /// the access tokens refreshes replaced, for the caller to queue.
     func logoutWritten(
-        _ write: LogoutWrite, _ outcome: LogoutWrite.Outcome, provider: (any TokenProvider)?,
-        by principal: Principal, _ what: LogoutKind
+        _ record: SessionRecord, _ outcome: SessionWrite.Outcome, revocation: PendingRevocation?,
+        provider: (any TokenProvider)?, by principal: Principal, _ what: LogoutKind, _ reason: String?
     ) -> Result<[StoreEffect], VaultError> {
-        let record = write.record
         let key = record.key
         entries[key]?.logout = nil
         if case .failed(let error, let restored, let stillQueued) = outcome {
@@ -486,7 +496,7 @@ extension SessionManager {
                 key, .stored(facts(record, refreshedAt: record.tokens.issuedAt ?? record.createdAt), now: clock.now()))
             if !restored || stillQueued != nil { handle(key, .storeStale(now: clock.now())) }
             log.error("logout failed", fields(key, event: "logoutFailed", by: principal, code: error.code))
-            emit(.logoutFailed, key, reason: write.ending.reason, cause: EndCause(error))
+            emit(.logoutFailed, key, reason: reason, cause: EndCause(error))
             Audit.log(log, what.auditAction, key, by: principal, result: error.code.seedCode)
             return .failure(error)
         }
@@ -497,11 +507,11 @@ extension SessionManager {
         forget(key)
         performAutoLogin(again, key)
         rearmTimer()
-        if let revocation = write.revocation, let provider {
+        if let revocation, let provider {
             startRevocation(revocation, provider: provider, chargedTo: chargedUID(principal, owner: key.owner))
         }
         var logFields = fields(key, event: what.event.rawValue, by: principal)
-        logFields["reason"] = write.ending.reason
+        logFields["reason"] = reason
         log.info("logged out", logFields)
         Audit.log(log, what.auditAction, key, by: principal, result: "ok")
         return .success(replaced)
