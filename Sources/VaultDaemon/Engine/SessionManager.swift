@@ -85,10 +85,11 @@ public actor SessionManager {
     /// `restore` is publishing the stored sessions: the timer is armed once,
     /// when it ends, not once per session (a task made and cancelled each time).
     var restoring = false
-    /// The latest change of the store's health being acted on: the gate tells
-    /// of it from whichever task made the failing call; each change waits
-    /// for the one before, and shutdown cancels the last.
-    nonisolated let healthChanges = Mutex<Task<Void, Never>?>(nil)
+    /// The write-through in flight after the store came back, as background
+    /// work; `writeThroughAgain`: it came back once more meanwhile, and
+    /// another follows this one.
+    var writingThrough: UInt64?
+    var writeThroughAgain = false
     /// Calls waiting on the manager (a login, a device login's next poll,
     /// another fleet host's refresh), by id.
     var waiters: [UInt64: Waiter] = [:]
@@ -147,13 +148,9 @@ public actor SessionManager {
         self.sharing = ownWrites.map { FleetHost(FleetStore(gate: gate, writes: $0)) } ?? SingleHost(gate)
         gate.onChange { [weak self] in
             guard let self else { return }
-            self.healthChanges.withLock { last in
-                let previous = last
-                last = Task {
-                    await previous?.value
-                    await self.storeHealthChanged()
-                }
-            }
+            // Told on whichever task made the failing call: a hop onto the
+            // manager, whose step waits for nothing.
+            Task { await self.storeHealthChanged() }
         }
     }
 
@@ -336,7 +333,6 @@ public actor SessionManager {
         // Cancelled work that does not stop (a request blocked in libcurl or a
         // helper) is left behind: what it was doing is in the store already.
         for task in background.values { task.cancel() }
-        healthChanges.withLock { $0 }?.cancel()
         wakeWaiters(dueAt: .infinity)
     }
 

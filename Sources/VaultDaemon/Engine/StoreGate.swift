@@ -131,8 +131,10 @@ extension SessionManager {
     /// True while a change of the store's availability waits to be acted on.
     public nonisolated var storeChangePending: Bool { gate.hasPendingActions }
 
-    /// Takes the actions the store's health queued and performs them.
-    func storeHealthChanged() async {
+    /// Takes the actions the store's health queued and performs them, in
+    /// one step: the write-through the store's return asks for runs as
+    /// background work, one at a time.
+    func storeHealthChanged() {
         let actions = gate.takeActions()
         // Stopping: nothing more is reported, probed or written through.
         guard !stopping else { return }
@@ -144,8 +146,26 @@ extension SessionManager {
                 scheduleProbe(at: at)
             case .writeThrough:
                 // The store is back: make it hold what vaultd serves.
-                await sharing.writeThrough(self)
+                writeThrough()
             }
+        }
+    }
+
+    /// Starts the write-through, or, while one runs, has another follow it.
+    private func writeThrough() {
+        guard writingThrough == nil else {
+            writeThroughAgain = true
+            return
+        }
+        writingThrough = spawn { await self.performWriteThrough() }
+    }
+
+    private func performWriteThrough() async {
+        await sharing.writeThrough(self)
+        writingThrough = nil
+        if writeThroughAgain {
+            writeThroughAgain = false
+            writeThrough()
         }
     }
 
@@ -188,6 +208,6 @@ extension SessionManager {
     /// One probe: a new connection to the store and a look at its collection.
     func probeStore() async {
         await gate.probeAndRecord(random: random())
-        await storeHealthChanged()
+        storeHealthChanged()
     }
 }
