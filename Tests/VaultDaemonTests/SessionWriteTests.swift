@@ -9,7 +9,7 @@ struct SessionWriteTests {
     var key: SessionKey { record.key }
 
     /// A logout's writes: the mark, the revocation, the delete.
-    func logout(_ store: FaultyStore) -> (SessionWrite, PendingRevocation) {
+    func logout() -> (SessionWrite, PendingRevocation) {
         let revocation = PendingRevocation(queueing: record)
         var marked = record
         marked.phase = .loggingOut
@@ -27,7 +27,7 @@ struct SessionWriteTests {
     @Test("Should make every step, in order, when the store takes them")
     func written() async throws {
         let store = FaultyStore(StoreSnapshot(records: [key: record]))
-        let (write, revocation) = logout(store)
+        let (write, revocation) = logout()
         guard case .written = await write.perform(on: store, delete: delete(store)) else {
             Issue.record("the write failed")
             return
@@ -40,7 +40,7 @@ struct SessionWriteTests {
     @Test("Should take the revocation back and put the record back when a later step fails", arguments: [0, 1, 2])
     func undone(failingStep: Int) async throws {
         let store = FaultyStore(StoreSnapshot(records: [key: record]))
-        let (write, revocation) = logout(store)
+        let (write, revocation) = logout()
         store.failWrites(1, after: failingStep)
         guard case .failed(_, let restored, let stillQueued) = await write.perform(on: store, delete: delete(store))
         else {
@@ -56,7 +56,7 @@ struct SessionWriteTests {
     @Test("Should say what it could not undo")
     func notUndone() async throws {
         let store = FaultyStore(StoreSnapshot(records: [key: record]))
-        let (write, revocation) = logout(store)
+        let (write, revocation) = logout()
         // The delete fails, and so do both writes that would undo the others.
         store.failWrites(3, after: 2)
         guard case .failed(_, let restored, let stillQueued) = await write.perform(on: store, delete: delete(store))
