@@ -263,11 +263,9 @@ public enum Daemon {
                 notifier.ready(status: ServiceNotifier.statusLine(manager.table) + "; last reload failed")
                 return
             }
-            // Put in force after the reload before it, so the last SIGHUP's file wins.
-            let previous = lastReload.withLock { $0 }
-            let reload = Task {
-                await previous?.value
-                let change = await manager.apply(config, policy: policy)
+            // Put in force on the manager's thread, in the order read, so the last SIGHUP's file wins.
+            manager.post { manager in
+                let change = manager.apply(config, policy: policy)
                 server.reload(config.serving)
                 tokenFiles.update(TokenFiles.targets(tokenFilePlans, policy: policy))
                 log.notice(
@@ -280,20 +278,18 @@ public enum Daemon {
                     ])
                 notifier.ready(status: ServiceNotifier.statusLine(manager.table))
             }
-            lastReload.withLock { $0 = reload }
         }
     }
 
     /// Where reloads read their files, one at a time.
     static let reloadQueue = DispatchQueue(label: "io.vaultd.reload")
-    /// The latest reload's putting in force, which the next one waits for.
-    private static let lastReload = Mutex<Task<Void, Never>?>(nil)
 
     /// Returns once every reload signalled so far is in force (or refused):
     /// the sessions stop after it, not under it.
-    static func reloadsFinished() async {
+    static func reloadsFinished(_ manager: SessionManager) async {
         await withCheckedContinuation { done in reloadQueue.async { done.resume() } }
-        await lastReload.withLock { $0 }?.value
+        // Every reload read is posted to the manager by now: this runs after them.
+        await withCheckedContinuation { done in manager.post { _ in done.resume() } }
     }
 
     /// Reads the configuration where `ConfigSearch` says: the given file

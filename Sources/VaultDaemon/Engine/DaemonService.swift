@@ -131,7 +131,7 @@ final class Sessions: DaemonService {
     func stop() {
         let manager = self.manager!
         try? Daemon.blocking(on: context.engine) { () async throws(VaultError) in
-            await Daemon.reloadsFinished()
+            await Daemon.reloadsFinished(manager)
             await manager.shutdown(graceSeconds: 5)
         }
         tokenFiles.waitIdle(seconds: 2)

@@ -11,12 +11,19 @@ import VaultCore
 /// sessions' state has one owner thread, the same as the connections', and
 /// none of its work runs on the cooperative pool. Blocking calls never run
 /// here: they go to `WorkerPool`, and their completions come back as jobs.
+/// Other threads hand the manager a step with `post` (a reload read off
+/// this thread, the store's health recorded by a failing call).
 ///
 /// The engine's alarm is a timerfd on the real-time clock, set to the
 /// manager's nearest deadline: when it expires, the owner thread runs the
 /// alarm's action (`runDueWork`), as it runs the queued jobs.
 final class EngineThread: SerialExecutor, @unchecked Sendable {
-    private let jobs = Mutex<[UnownedJob]>([])
+    /// What waits to run: the actor's jobs, and steps posted from other threads.
+    private enum Work {
+        case job(UnownedJob)
+        case step(@Sendable () -> Void)
+    }
+    private let jobs = Mutex<[Work]>([])
     /// Readable while jobs wait to run.
     private let wakeFD: Int32
     /// Readable when the alarm expired or the clock was set.
@@ -43,10 +50,15 @@ final class EngineThread: SerialExecutor, @unchecked Sendable {
         close(wakeFD)
     }
 
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
+    func enqueue(_ job: consuming ExecutorJob) { queue(.job(UnownedJob(job))) }
+
+    /// Runs `step` on the owner thread, after the jobs and steps queued
+    /// before it. Thread-safe.
+    func post(_ step: @escaping @Sendable () -> Void) { queue(.step(step)) }
+
+    private func queue(_ work: Work) {
         let first = jobs.withLock { jobs -> Bool in
-            jobs.append(job)
+            jobs.append(work)
             return jobs.count == 1
         }
         if first { wake() }
@@ -88,10 +100,15 @@ final class EngineThread: SerialExecutor, @unchecked Sendable {
         defer { runningThread.store(0, ordering: .relaxed) }
         var count: UInt64 = 0
         _ = read(wakeFD, &count, 8)
-        var batch: [UnownedJob] = []
+        var batch: [Work] = []
         jobs.withLock { swap(&$0, &batch) }
         let executor = asUnownedSerialExecutor()
-        for job in batch { job.runSynchronously(on: executor) }
+        for work in batch {
+            switch work {
+            case .job(let job): job.runSynchronously(on: executor)
+            case .step(let step): step()
+            }
+        }
         // A cleared timerfd is never readable: no read while no alarm is set.
         // Expired (8 bytes) or cancelled by a change of the clock (ECANCELED):
         // either way the alarm is cleared (a cancelled timerfd stays readable

@@ -148,9 +148,8 @@ public actor SessionManager {
         self.sharing = ownWrites.map { FleetHost(FleetStore(gate: gate, writes: $0)) } ?? SingleHost(gate)
         gate.onChange { [weak self] in
             guard let self else { return }
-            // Told on whichever task made the failing call: a hop onto the
-            // manager, whose step waits for nothing.
-            Task { await self.storeHealthChanged() }
+            // Told on whichever task made the failing call: taken on the manager.
+            self.post { $0.storeHealthChanged() }
         }
     }
 
@@ -164,6 +163,19 @@ public actor SessionManager {
         if let settings = provider.exec { return ExecProvider(settings: settings, log: log) }
         return nil
     }
+
+    /// Runs `step` on the manager, from any thread: on the engine's thread
+    /// after what was queued there before it; without an engine (the tests),
+    /// as a task of its own.
+    public nonisolated func post(_ step: @escaping @Sendable (isolated SessionManager) -> Void) {
+        guard let alarm else {
+            Task { await self.run(step) }
+            return
+        }
+        alarm.post { self.assumeIsolated { step($0) } }
+    }
+
+    private func run(_ step: (isolated SessionManager) -> Void) { step(self) }
 
     /// Returns at once when the manager is not stuck: the watchdog's probe.
     public func ping() {}
