@@ -80,7 +80,9 @@ struct MintingHarness {
     static let alice = Caller(uid: 1000, gid: 1000, pid: 42)
     let key = SessionKey(owner: 1000, account: Account(provider: "mint", user: "alice"))
 
-    init() throws {
+    /// `autoLogin`: alice's account is declared hers, `AutoLogin=yes`, and
+    /// its entry outlives a logout.
+    init(autoLogin: Bool = false) throws {
         let provider = self.provider
         let config = try ConfigParser.parse(
             """
@@ -90,11 +92,13 @@ struct MintingHarness {
             [Provider mint]
             Type=exec
             Command=/bin/true
+            \(autoLogin ? "\n[Account mint alice]\nOwner=1000\nAutoLogin=yes\n" : "")
             """, file: "test.conf")
+        let declared = autoLogin ? [key.account: DeclaredAccount(owner: 1000)] : [:]
         manager = SessionManager(
             store: store, config: config, clock: clock, log: Logger(level: .debug, target: .discard),
-            policy: AccessPolicy(vaultdUID: 1000), providers: { _, _, _ in provider }, random: { 0.5 },
-            events: { _ in })
+            policy: AccessPolicy(vaultdUID: 1000, declared: declared), providers: { _, _, _ in provider },
+            random: { 0.5 }, events: { _ in })
     }
 
     func login() async throws -> SessionRecord {
@@ -165,6 +169,30 @@ struct ReplacedTokenTests {
         await rig.settle()
         #expect(rig.store.contents.records[rig.key]?.tokens.accessToken.revealed == rig.current)
         #expect(rig.provider.state.withLock { $0.revokedReplaced } == [old])
+    }
+
+    @Test("Should revoke a replaced token once, even where the account's entry outlives the logout")
+    func replacedToken_revokedOnceAcrossSessions() async throws {
+        let rig = try MintingHarness(autoLogin: true)
+        let first = try await rig.login().tokens.accessToken.revealed
+        // The refreshed tokens' write fails: the first token waits for it, and the logout takes it along.
+        rig.store.failWrites(1)
+        _ = try await rig.manager.refresh(rig.key, caller: MintingHarness.alice, clientAsked: true)
+        await rig.settle()
+        try await rig.manager.logout(rig.key, caller: MintingHarness.alice)
+        await rig.settle()
+        // A new session in the entry the automatic account kept, refreshed and saved.
+        _ = try await rig.login()
+        _ = try await rig.manager.refresh(rig.key, caller: MintingHarness.alice, clientAsked: true)
+        await rig.settle()
+        for _ in 0..<6 {
+            rig.clock.advance(by: RevocationQueue.spacingSeconds)
+            await rig.manager.runDueWork()
+            await rig.settle()
+        }
+        let revoked = rig.provider.state.withLock { $0.revokedReplaced }
+        #expect(revoked.filter { $0 == first }.count == 1, "\(revoked)")
+        #expect(revoked.count == 2, "the first token and the second session's replaced one: \(revoked)")
     }
 
     @Test("Should revoke alone the token a refresh minted for a session that ended meanwhile")

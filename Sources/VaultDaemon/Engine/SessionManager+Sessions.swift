@@ -501,7 +501,7 @@ extension SessionManager {
             return .failure(error)
         }
         // Replaced tokens whose successor's write was still pending: the store holds neither now.
-        let replaced = revocations(ofReplaced: entries[key]?.replacedAwaitingSave ?? [])
+        let replaced = replacedRevocations(of: key)
         entries[key]?.machine.logoutFinished(succeeded: true)
         let again = entries[key]?.machine.sessionEnded(what.event, now: clock.now()) ?? []
         forget(key)
