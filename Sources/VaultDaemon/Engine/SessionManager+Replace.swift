@@ -75,30 +75,30 @@ extension SessionManager {
             return replaceWritten(old, nil, .failed(error, restored: true, stillQueued: nil), caller: caller)
         }
         if request.profile == nil { new.user = old.user }
+        let provider = client(for: key.account.provider)
         let replacedRefreshToken =
             old.tokens.refreshToken != nil && old.tokens.refreshToken != new.tokens.refreshToken
         let revocation =
-            replacedRefreshToken && client(for: key.account.provider)?.revokes(old) == true
-            ? PendingRevocation(queueing: old) : nil
+            replacedRefreshToken && provider?.revokes(old) == true ? PendingRevocation(queueing: old) : nil
         // Queued first: once the new record is in the store, nothing else remembers the old tokens.
         let write = SessionWrite(key: key, before: old, steps: (revocation.map { [.queue($0)] } ?? []) + [.save(new)])
         return replaceWritten(
             old, new, await write.perform(on: store, delete: sharing.deleteRecord), revocation: revocation,
-            caller: caller)
+            provider: provider, caller: caller)
     }
 
     /// Takes the outcome of a replace's write of `new` (nil: none was
     /// made, the provider gave no tokens), in one step: the new tokens are
-    /// served and announced, and the revocation of the old ones started; or
+    /// served and announced, and the revocation of the old ones started
+    /// through `provider`, the one that decided it; or
     /// the session goes on with `old`, scheduled anew, and written again
     /// where the store was not put back.
     func replaceWritten(
         _ old: SessionRecord, _ new: SessionRecord?, _ outcome: SessionWrite.Outcome,
-        revocation: PendingRevocation? = nil, caller: Caller
+        revocation: PendingRevocation? = nil, provider: (any TokenProvider)? = nil, caller: Caller
     ) -> Result<SessionRecord, VaultError> {
         let key = old.key
         defer { entries[key]?.replace = nil }
-        let provider = client(for: key.account.provider)
         guard case .written = outcome, let new else {
             guard case .failed(let error, let restored, let stillQueued) = outcome else {
                 preconditionFailure("a replace written without a record")

@@ -35,7 +35,7 @@ protocol StoreSharing: AnyObject {
     /// may lack, then tells its timers whether that worked.
     func persist(_ key: SessionKey, entryID: UInt64, _ manager: isolated SessionManager) async
 
-    /// Deletes the record of a session logged out here (`LogoutWrite`),
+    /// Deletes the record of a session logged out here (`SessionWrite`),
     /// off the manager: it reads nothing of it.
     var deleteRecord: @Sendable (SessionKey, SessionEnding) async throws(VaultError) -> Void { get }
 
