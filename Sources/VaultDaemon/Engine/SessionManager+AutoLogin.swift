@@ -134,12 +134,7 @@ extension SessionManager {
             failure = refusal
         } else if config.providers[account.provider] == nil {
             failure = .unknownProvider(account.provider, in: config)
-        } else if config.providers[account.provider]?.singleAccount == true,
-            entries.contains(where: {
-                $0.key.owner == key.owner && $0.key.account.provider == account.provider && $0.key != key
-                    && $0.value.machine.state != .loggedOut
-            })
-        {
+        } else if config.providers[account.provider]?.singleAccount == true, otherSession(of: key) != nil {
             failure = VaultError(
                 .invalidParameter,
                 "[Provider \(account.provider)] is SingleAccount=yes and uid \(key.owner) holds another session of it; vaultd does not switch accounts on its own: log that one out"

@@ -101,43 +101,15 @@ extension SessionManager {
             case .startReplace(let old):
                 return (try await startReplace(request, key: key, replacing: old, caller: caller), .replaced)
             case .startLogin:
-                if let refusal = gate.health.refusal {
-                    // Refused before the provider is asked: tokens minted now could not be kept.
-                    abandonLogin(key)
-                    forget(key)
-                    Audit.log(log, "Login", key, by: .peer(caller), result: refusal.code.seedCode)
-                    throw refusal
-                }
-                if let refusal = revocationRefusal(owner: key.owner) {
-                    // Each session's tokens are revoked at its end: the owner's
-                    // revocations the provider has not taken yet hold places too.
-                    abandonLogin(key)
-                    forget(key)
-                    Audit.log(log, "Login", key, by: .peer(caller), result: refusal.code.seedCode)
-                    throw refusal
-                }
-                if key.owner != 0, table.sessionCount(of: key.owner) >= config.limits.sessionsPerUser {
-                    abandonLogin(key)
-                    forget(key)
-                    Audit.log(log, "Login", key, by: .peer(caller), result: VaultError.Code.tooManySessions.seedCode)
-                    throw VaultError(
-                        .tooManySessions,
-                        "uid \(key.owner) already holds \(config.limits.sessionsPerUser) sessions, the most one user may (MaxSessionsPerUser=); log one out first"
-                    )
-                }
-                if provider.singleAccount,
-                    let other = entries.first(where: {
-                        $0.key.owner == key.owner && $0.key.account.provider == account.provider && $0.key != key
-                            && $0.value.machine.state != .loggedOut
-                    })
-                {
+                if let refusal = newLoginRefusal(key) { throw refuseNewLogin(key, refusal, caller) }
+                if provider.singleAccount, let other = otherSession(of: key) {
                     // Account switching (OpenIM), within one owner's sessions: the old
                     // session is logged out first.
                     entries[key]?.machine.loginFailed()
                     forget(key)
-                    log.info("switching accounts", fields(other.key, event: "switch", by: .peer(caller)))
+                    log.info("switching accounts", fields(other, event: "switch", by: .peer(caller)))
                     do throws(VaultError) {
-                        try await performLogout(other.key, by: .peer(caller), reason: "switched")
+                        try await performLogout(other, by: .peer(caller), reason: "switched")
                     } catch  where error.code == .notLoggedIn {
                         // Gone meanwhile: nothing to switch from.
                     }
@@ -149,10 +121,7 @@ extension SessionManager {
                         try chargeProviderRequest(
                             chargedUID(.peer(caller), owner: key.owner), "the login of \(account) at the provider")
                     } catch {
-                        abandonLogin(key)
-                        forget(key)
-                        Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
-                        throw error
+                        throw refuseNewLogin(key, error, caller)
                     }
                 }
                 table.publish(key, SessionView(state: .logging, record: nil))
@@ -166,6 +135,41 @@ extension SessionManager {
             }
         }
         throw VaultError(.loginInProgress, "\(account) kept changing while logging in; try again")
+    }
+
+    /// Why a new session of `key` may not begin now, before the provider is
+    /// asked: the store cannot keep what it would mint; the owner's
+    /// revocations the provider has not taken yet hold places (each
+    /// session's tokens are revoked at its end); the owner holds the most
+    /// sessions one user may.
+    func newLoginRefusal(_ key: SessionKey) -> VaultError? {
+        if let refusal = gate.health.refusal { return refusal }
+        if let refusal = revocationRefusal(owner: key.owner) { return refusal }
+        if key.owner != 0, table.sessionCount(of: key.owner) >= config.limits.sessionsPerUser {
+            return VaultError(
+                .tooManySessions,
+                "uid \(key.owner) already holds \(config.limits.sessionsPerUser) sessions, the most one user may (MaxSessionsPerUser=); log one out first"
+            )
+        }
+        return nil
+    }
+
+    /// A login about to start is refused with `error`: the account is
+    /// logged out again (an automatic one logged in later), and the refusal
+    /// audited.
+    func refuseNewLogin(_ key: SessionKey, _ error: VaultError, _ caller: Caller) -> VaultError {
+        abandonLogin(key)
+        forget(key)
+        Audit.log(log, "Login", key, by: .peer(caller), result: error.code.seedCode)
+        return error
+    }
+
+    /// Another session of the owner of `key` at the same provider, not logged out.
+    func otherSession(of key: SessionKey) -> SessionKey? {
+        entries.first(where: {
+            $0.key.owner == key.owner && $0.key.account.provider == key.account.provider && $0.key != key
+                && $0.value.machine.state != .loggedOut
+        })?.key
     }
 
     /// True when `request` has the provider issue tokens with its own
