@@ -59,76 +59,93 @@ extension FleetHost {
                 if (wakeups[key] ?? 0) != wakeupsBefore { continue }
                 await waitForOtherHost(key, until: until, manager)
             case .granted(let lease):
-                let stored: SharedRecord?
-                do throws(VaultError) {
-                    stored = try await store.loadShared(key)
-                } catch {
-                    try? await store.releaseRefreshLock(key, lease: lease)
-                    return refreshFailed(key, entryID, error, manager)
+                if let result = await underLock(
+                    key, entryID: entryID, lease: lease, provider: provider, current: current, manager)
+                {
+                    return result
                 }
-                guard let stored, stored.record.phase == .active else {
-                    // Ended on another host: its delete reaches this one through the feed.
-                    try? await store.releaseRefreshLock(key, lease: lease)
-                    endRefresh(key, entryID, manager)
-                    return .failure(.notLoggedIn(account))
-                }
-                if stored.record.tokens != current.tokens {
-                    // Refreshed on another host, and the feed has not told this one yet.
-                    try? await store.releaseRefreshLock(key, lease: lease)
-                    applyPut(stored.record, revision: stored.revision, manager)
-                    endRefresh(key, entryID, manager)
-                    guard let served = manager.entries[key]?.record else { return .failure(.notLoggedIn(account)) }
-                    return .success(served)
-                }
-                if !shared.stillHolds(lease, at: manager.clock.preciseNow()) {
-                    // The lease ended while the store was read (this process stalled):
-                    // another host may hold the lock now. Released (a store that
-                    // renews the lease may still hold it for this host) and asked for again.
-                    try? await store.releaseRefreshLock(key, lease: lease)
-                    continue
-                }
-                var unstored: VaultError?
-                let result = await manager.performRefresh(
-                    key, entryID: entryID, provider: provider, snapshot: current
-                ) { record in
-                    switch await self.save(
-                        record, ifRevision: stored.revision, refreshedFrom: current.tokens, manager)
-                    {
-                    case .saved: return .written(failure: nil)
-                    case .conflict(let stored, let revision):
-                        return .superseded(
-                            await self.refreshConflicted(
-                                key, entryID: entryID, stored: stored, revision: revision, manager))
-                    case .failed(let error):
-                        unstored = error
-                        return .written(failure: error)
-                    }
-                }
-                // A refresh that ended the session (refused, or expired meanwhile)
-                // holds the lock until the logout reached the store: no host may
-                // refresh from the record still stored.
-                if manager.entries[key]?.id == entryID, let logout = manager.entries[key]?.logout {
-                    _ = await logout.value
-                }
-                // Rotated tokens the store did not take keep the lock until its
-                // lease ends: no host may refresh from the stored, rotated-away token.
-                if !(manager.entries[key]?.id == entryID && manager.entries[key]?.timers.status.unsaved == true) {
-                    try? await store.releaseRefreshLock(key, lease: lease)
-                }
-                if case .success = result, let unstored {
-                    return .failure(
-                        VaultError(
-                            unstored.code,
-                            "\(account) was refreshed, but the new tokens could not be written to the shared store (\(unstored.message)); this host serves them and writes them once the store answers"
-                        ))
-                }
-                return result
             }
         }
         return refreshFailed(
             key, entryID,
             VaultError(.networkError, "refreshing \(account) waited for other hosts too long; it is tried again"),
             manager)
+    }
+
+    /// The part of a refresh under the account's lock (`lease`): reads the
+    /// stored record, then serves tokens another host stored meanwhile, or
+    /// asks the provider and writes the new tokens over the revision read,
+    /// then releases the lock. Nil: the lease ended while the store was
+    /// read, and the lock is asked for again.
+    private func underLock(
+        _ key: SessionKey, entryID: UInt64, lease: RefreshLease, provider: any TokenProvider,
+        current: SessionRecord, _ manager: isolated SessionManager
+    ) async -> Result<SessionRecord, VaultError>? {
+        let account = key.account
+        let stored: SharedRecord?
+        do throws(VaultError) {
+            stored = try await store.loadShared(key)
+        } catch {
+            try? await store.releaseRefreshLock(key, lease: lease)
+            return refreshFailed(key, entryID, error, manager)
+        }
+        guard let stored, stored.record.phase == .active else {
+            // Ended on another host: its delete reaches this one through the feed.
+            try? await store.releaseRefreshLock(key, lease: lease)
+            endRefresh(key, entryID, manager)
+            return .failure(.notLoggedIn(account))
+        }
+        if stored.record.tokens != current.tokens {
+            // Refreshed on another host, and the feed has not told this one yet.
+            try? await store.releaseRefreshLock(key, lease: lease)
+            applyPut(stored.record, revision: stored.revision, manager)
+            endRefresh(key, entryID, manager)
+            guard let served = manager.entries[key]?.record else { return .failure(.notLoggedIn(account)) }
+            return .success(served)
+        }
+        if !shared.stillHolds(lease, at: manager.clock.preciseNow()) {
+            // The lease ended while the store was read (this process stalled):
+            // another host may hold the lock now. Released (a store that
+            // renews the lease may still hold it for this host) and asked for again.
+            try? await store.releaseRefreshLock(key, lease: lease)
+            return nil
+        }
+        var unstored: VaultError?
+        let result = await manager.performRefresh(
+            key, entryID: entryID, provider: provider, snapshot: current
+        ) { record in
+            switch await self.save(
+                record, ifRevision: stored.revision, refreshedFrom: current.tokens, manager)
+            {
+            case .saved: return .written(failure: nil)
+            case .conflict(let stored, let revision):
+                return .superseded(
+                    await self.refreshConflicted(
+                        key, entryID: entryID, stored: stored, revision: revision, manager))
+            case .failed(let error):
+                unstored = error
+                return .written(failure: error)
+            }
+        }
+        // A refresh that ended the session (refused, or expired meanwhile)
+        // holds the lock until the logout reached the store: no host may
+        // refresh from the record still stored.
+        if manager.entries[key]?.id == entryID, let logout = manager.entries[key]?.logout {
+            _ = await logout.value
+        }
+        // Rotated tokens the store did not take keep the lock until its
+        // lease ends: no host may refresh from the stored, rotated-away token.
+        if !(manager.entries[key]?.id == entryID && manager.entries[key]?.timers.status.unsaved == true) {
+            try? await store.releaseRefreshLock(key, lease: lease)
+        }
+        if case .success = result, let unstored {
+            return .failure(
+                VaultError(
+                    unstored.code,
+                    "\(account) was refreshed, but the new tokens could not be written to the shared store (\(unstored.message)); this host serves them and writes them once the store answers"
+                ))
+        }
+        return result
     }
 
     /// The refresh in flight of this entry is over, without tokens of its
