@@ -192,6 +192,21 @@ struct SQLiteStoreTests {
         #expect(try await reopened.loadProviderSecret("sf")?.revealed == "cs-\(Rows.marker)-sf-2")
     }
 
+    @Test("Should hold no connection after closeConnection, while still referenced: the file can leave WAL mode")
+    func closedConnectionLetsTheFileLeaveWAL() async throws {
+        let scratch = try ScratchDatabase()
+        try scratch.credential("data-key", keyMaterial(1))
+        let store = try await scratch.open()
+        try await Rows.fill(store)
+        // A migration seals the file it just wrote; its store may outlive that a moment on the store's worker.
+        await store.closeConnection()
+        try MigrationTarget.seal(scratch.path, timeoutSeconds: 1, rows: [:])
+        #expect(scratch.bytes("sessions.db-wal") == nil)
+        withExtendedLifetime(store) {}
+        let reopened = try await scratch.open()
+        #expect(try await reopened.loadAll().records == Rows.filled)
+    }
+
     @Test("Should read a large store in parts, in key order, naming each damaged row whichever part read it")
     func largeStoreReadInParts() async throws {
         let scratch = try ScratchDatabase()

@@ -14,6 +14,8 @@ final class SQLiteDatabase {
     let path: String
     private let handle: OpaquePointer
     private var statements: [String: Statement] = [:]
+    /// `close()` closed the connection.
+    private var closed = false
 
     /// Opens (or creates) the database at `path`; `timeoutSeconds` bounds the
     /// wait for a lock another process holds.
@@ -34,7 +36,15 @@ final class SQLiteDatabase {
         sqlite3_busy_timeout(handle, Int32(clamping: timeoutSeconds * 1000))
     }
 
-    deinit {
+    deinit { close() }
+
+    /// Closes the connection now, its statements first; nothing may use it
+    /// after. For an owner that must know the file has no connection left
+    /// (another connection then changes its journal mode), not only that
+    /// its last reference went, which may be on another thread later.
+    func close() {
+        guard !closed else { return }
+        closed = true
         statements.removeAll()
         sqlite3_close_v2(handle)
     }

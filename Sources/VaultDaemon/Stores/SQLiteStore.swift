@@ -331,4 +331,11 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
             try self.database.execute("PRAGMA wal_checkpoint(TRUNCATE)", "checkpointing the database")
         }
     }
+
+    /// Closes the connection, on the store's lane, once the calls before it
+    /// ended: a migration opens the file again at once and leaves WAL mode,
+    /// which no other connection may hold open. The store takes no call after.
+    func closeConnection() async {
+        _ = try? await perform("closing the database") { () throws(VaultError) in self.database.close() }
+    }
 }
