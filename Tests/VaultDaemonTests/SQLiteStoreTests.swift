@@ -199,9 +199,11 @@ struct SQLiteStoreTests {
         let store = try await scratch.open()
         try await Rows.fill(store)
         // A migration seals the file it just wrote; its store may outlive that a moment on the store's worker.
-        await store.closeConnection()
+        try await store.closeConnection()
         try MigrationTarget.seal(scratch.path, timeoutSeconds: 1, rows: [:])
         #expect(scratch.bytes("sessions.db-wal") == nil)
+        // Closed for good: a later call fails, naming it, and touches no freed connection.
+        await #expect(throws: VaultError(.storeFailed, "")) { try await store.loadAll() }
         withExtendedLifetime(store) {}
         let reopened = try await scratch.open()
         #expect(try await reopened.loadAll().records == Rows.filled)

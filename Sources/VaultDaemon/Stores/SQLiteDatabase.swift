@@ -49,6 +49,13 @@ final class SQLiteDatabase {
         sqlite3_close_v2(handle)
     }
 
+    /// Throws once `close()` closed the connection: nothing reaches SQLite
+    /// through a closed handle.
+    private func checkOpen(_ what: String) throws(VaultError) {
+        guard closed else { return }
+        throw VaultError(.storeFailed, "\(what) in the session database \(path) failed: its connection is closed")
+    }
+
     /// The error of a failed call: the database, `what`, SQLite's message.
     /// A full disk, a read-only or vanished file and a lock held too long are
     /// `StoreFailed` like any other: the call may be tried again.
@@ -69,6 +76,7 @@ final class SQLiteDatabase {
 
     /// Runs one or more statements that take no values and return no rows.
     func execute(_ sql: String, _ what: String) throws(VaultError) {
+        try checkOpen(what)
         let result = sqlite3_exec(handle, sql, nil, nil, nil)
         guard result == SQLITE_OK else { throw failure(what, result) }
     }
@@ -77,6 +85,7 @@ final class SQLiteDatabase {
     /// reset for each use; its errors name `what`, this use's (a cached
     /// statement must not name the account of the call that prepared it).
     func statement(_ sql: String, _ what: String) throws(VaultError) -> Statement {
+        try checkOpen(what)
         if let cached = statements[sql] {
             cached.reset()
             cached.what = what

@@ -335,7 +335,7 @@ public final class SQLiteStore: SessionStore, @unchecked Sendable {
     /// Closes the connection, on the store's lane, once the calls before it
     /// ended: a migration opens the file again at once and leaves WAL mode,
     /// which no other connection may hold open. The store takes no call after.
-    func closeConnection() async {
-        _ = try? await perform("closing the database") { () throws(VaultError) in self.database.close() }
+    func closeConnection() async throws(VaultError) {
+        try await perform("closing the database") { () throws(VaultError) in self.database.close() }
     }
 }

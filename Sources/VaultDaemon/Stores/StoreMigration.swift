@@ -164,7 +164,7 @@ public enum StoreMigration {
             try await store.importContents(
                 records: source.records, revocations: source.revocations, providerSecrets: source.secrets)
             // Closed now, not when its last reference goes (the store's worker may hold it a moment longer).
-            await store.closeConnection()
+            try await store.closeConnection()
         }
         KillPoint.reached("target-written")
         try MigrationTarget.seal(
@@ -277,7 +277,7 @@ public enum StoreMigration {
                 path: path, keys: keys, timeoutSeconds: selection.timeoutSeconds, log: log, lock: lock)
             location = store.location
             source = try await readSQLite(store, path: path, timeoutSeconds: selection.timeoutSeconds)
-            await store.closeConnection()
+            try await store.closeConnection()
         }
         KillPoint.reached("source-read")
 
