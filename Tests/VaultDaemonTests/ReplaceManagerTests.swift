@@ -63,6 +63,28 @@ struct ReplaceManagerTests {
         #expect(h.events.all.allSatisfy { $0.reason != "replaced" })
     }
 
+    @Test("Should go on with the old session, unchanged, when the replace brings tokens that cannot be used")
+    func replaceRefusedBeforeTheWrite() async throws {
+        let h = try ManagerHarness()
+        let old = try await h.login("u")
+        let writes = h.store.writes
+        // Expired already: refused before anything is written.
+        let expired = LoginRequest(
+            provider: "oauth", user: "u", token: "expired-" + String(repeating: "x", count: 16),
+            expiresAt: h.clock.now().seconds - 1, replace: true)
+        await #expect(throws: VaultError(.tokenExpired, "")) {
+            _ = try await h.manager.login(expired, caller: ManagerHarness.alice)
+        }
+        #expect(h.store.writes == writes, "nothing was written")
+        #expect(served(h, "u") == old.tokens.accessToken.revealed)
+        #expect(h.manager.table.view(of: h.key("u"))?.state == .logged)
+        // The session is not left mid-replace: the next replace and a logout go ahead.
+        let (access, _) = try await replace(h, "u")
+        #expect(served(h, "u") == access)
+        try await h.manager.logout(h.key("u"), caller: ManagerHarness.alice)
+        #expect(h.manager.table.view(of: h.key("u"))?.record == nil)
+    }
+
     @Test(
         "Should store the tokens served now, not those read before, when a write retry waited on a revocation's removal while a refresh stored newer ones"
     )

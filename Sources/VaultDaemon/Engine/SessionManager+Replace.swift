@@ -72,7 +72,9 @@ extension SessionManager {
         do throws(VaultError) {
             new = try await replacementRecord(request, key: key)
         } catch {
-            return replaceWritten(old, nil, .failed(error, restored: true, stillQueued: nil), caller: caller)
+            defer { entries[key]?.replace = nil }
+            replaceFailed(old)
+            return failReplace(key, old, caller, error)
         }
         if request.profile == nil { new.user = old.user }
         let provider = client(for: key.account.provider)
@@ -87,30 +89,23 @@ extension SessionManager {
             provider: provider, caller: caller)
     }
 
-    /// Takes the outcome of a replace's write of `new` (nil: none was
-    /// made, the provider gave no tokens), in one step: the new tokens are
-    /// served and announced, and the revocation of the old ones started
-    /// through `provider`, the one that decided it; or
-    /// the session goes on with `old`, scheduled anew, and written again
-    /// where the store was not put back.
+    /// Takes the outcome of a replace's write of `new`, in one step: the
+    /// new tokens are served and announced, and the revocation of the old
+    /// ones started through `provider`, the one that decided it; or the
+    /// session goes on with `old`, written again where the store was not
+    /// put back.
     func replaceWritten(
-        _ old: SessionRecord, _ new: SessionRecord?, _ outcome: SessionWrite.Outcome,
-        revocation: PendingRevocation? = nil, provider: (any TokenProvider)? = nil, caller: Caller
+        _ old: SessionRecord, _ new: SessionRecord, _ outcome: SessionWrite.Outcome,
+        revocation: PendingRevocation?, provider: (any TokenProvider)?, caller: Caller
     ) -> Result<SessionRecord, VaultError> {
         let key = old.key
         defer { entries[key]?.replace = nil }
-        guard case .written = outcome, let new else {
-            guard case .failed(let error, let restored, let stillQueued) = outcome else {
-                preconditionFailure("a replace written without a record")
-            }
-            entries[key]?.machine.replaceFinished(nil)
+        if case .failed(let error, let restored, let stillQueued) = outcome {
             if let stillQueued, entries[key]?.unqueue == nil { entries[key]?.unqueue = stillQueued }
-            let now = clock.now()
-            // Deadlines that came due during the replace were dropped: schedule anew.
-            handle(key, .stored(facts(old, refreshedAt: old.tokens.issuedAt ?? old.createdAt), now: now))
+            let now = replaceFailed(old)
             if !restored || stillQueued != nil {
                 handle(key, .storeStale(now: now))
-            } else if new != nil, entries[key]?.timers.status.unsaved == true {
+            } else if entries[key]?.timers.status.unsaved == true {
                 // `old` was written back: the store holds what is served.
                 handle(key, .saved)
             }
@@ -139,6 +134,17 @@ extension SessionManager {
             startRevocation(revocation, provider: provider, chargedTo: chargedUID(.peer(caller), owner: key.owner))
         }
         return .success(new)
+    }
+
+    /// A replace failed: the session goes on with `old`, its deadlines
+    /// scheduled anew (those that came due during the replace were
+    /// dropped). Answers the time it was scheduled at.
+    @discardableResult
+    private func replaceFailed(_ old: SessionRecord) -> UnixTime {
+        entries[old.key]?.machine.replaceFinished(nil)
+        let now = clock.now()
+        handle(old.key, .stored(facts(old, refreshedAt: old.tokens.issuedAt ?? old.createdAt), now: now))
+        return now
     }
 
     /// Logs and audits a failed replace (the session is back in `loggedIn`, with its old tokens).
