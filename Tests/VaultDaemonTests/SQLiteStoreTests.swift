@@ -18,6 +18,16 @@ final class ScratchDatabase {
 
     init() throws { temporary = try TemporaryDirectory("vaultd-sqlite") }
 
+    /// A scratch database with a data key (`keyMaterial(1)`) and its store,
+    /// holding every kind of row (`Rows.fill`).
+    static func filled() async throws -> (ScratchDatabase, SQLiteStore) {
+        let scratch = try ScratchDatabase()
+        try scratch.credential("data-key", keyMaterial(1))
+        let store = try await scratch.open()
+        try await Rows.fill(store)
+        return (scratch, store)
+    }
+
     /// Writes `bytes` as the credential `name` (`data-key`, `data-key.previous`).
     func credential(_ name: String, _ bytes: [UInt8]) throws {
         try FileManager.default.createDirectory(atPath: credentials, withIntermediateDirectories: true)
@@ -162,10 +172,7 @@ struct SQLiteStoreTests {
 
     @Test("Should read back every kind of row it wrote, after a reopen too, with updates and deletes applied")
     func roundTrip() async throws {
-        let scratch = try ScratchDatabase()
-        try scratch.credential("data-key", keyMaterial(1))
-        let store = try await scratch.open()
-        try await Rows.fill(store)
+        let (scratch, store) = try await ScratchDatabase.filled()
         #expect(try await store.loadAll().records == Rows.filled)
         #expect(try await store.loadPendingRevocations() == Rows.revocations)
         #expect(try await store.loadProviderSecrets() == Rows.secrets)
@@ -194,10 +201,7 @@ struct SQLiteStoreTests {
 
     @Test("Should hold no connection after closeConnection, while still referenced: the file can leave WAL mode")
     func closedConnectionLetsTheFileLeaveWAL() async throws {
-        let scratch = try ScratchDatabase()
-        try scratch.credential("data-key", keyMaterial(1))
-        let store = try await scratch.open()
-        try await Rows.fill(store)
+        let (scratch, store) = try await ScratchDatabase.filled()
         // A migration seals the file it just wrote; its store may outlive that a moment on the store's worker.
         try await store.closeConnection()
         try MigrationTarget.seal(scratch.path, timeoutSeconds: 1, rows: [:])
@@ -286,10 +290,7 @@ struct SQLiteStoreTests {
 
     @Test("Should write no token byte to the database, its WAL or its shared memory file")
     func rowsAreSealed() async throws {
-        let scratch = try ScratchDatabase()
-        try scratch.credential("data-key", keyMaterial(1))
-        let store = try await scratch.open()
-        try await Rows.fill(store)
+        let (scratch, store) = try await ScratchDatabase.filled()
         let marker = Array(Rows.marker.utf8)
         let names = ["sessions.db", "sessions.db-wal", "sessions.db-shm"]
         // While the store is open the rows are in the WAL; the account names are there in clear.
@@ -309,6 +310,7 @@ struct SQLiteStoreTests {
         // The lock file (DatabaseLock) is empty: only its flock matters.
         #expect(scratch.bytes("sessions.db.lock") == [])
         #expect(Set(files).subtracting(names + ["sessions.db.lock", "credentials"]).isEmpty, "no other file: \(files)")
+        withExtendedLifetime(store) {}
     }
 
     @Test("Should create the file 0600 in directories 0700, and tighten a file that is wider")
@@ -371,10 +373,7 @@ struct SQLiteStoreTests {
 
     @Test("Should not open a row whose sealed bytes were copied from another account's row, and open the others")
     func associatedDataBindsRows() async throws {
-        let scratch = try ScratchDatabase()
-        try scratch.credential("data-key", keyMaterial(1))
-        let store = try await scratch.open()
-        try await Rows.fill(store)
+        let (scratch, _) = try await ScratchDatabase.filled()
         let other = try scratch.connection()
         // alice's row (uid 1000) onto bob's (another account), and onto alice of uid 1001 (another owner).
         try other.execute(
@@ -402,10 +401,7 @@ struct SQLiteStoreTests {
 
     @Test("Should report a damaged row as unreadable and leave it in place, byte for byte")
     func damagedRow() async throws {
-        let scratch = try ScratchDatabase()
-        try scratch.credential("data-key", keyMaterial(1))
-        let store = try await scratch.open()
-        try await Rows.fill(store)
+        let (scratch, _) = try await ScratchDatabase.filled()
         let other = try scratch.connection()
         let select = "SELECT sealed FROM sessions WHERE user = 'carol'"
         var damaged = try #require(
@@ -426,10 +422,7 @@ struct SQLiteStoreTests {
 
     @Test("Should refuse to load when no session row opens, rather than start empty")
     func allRowsUnreadable() async throws {
-        let scratch = try ScratchDatabase()
-        try scratch.credential("data-key", keyMaterial(1))
-        let store = try await scratch.open()
-        try await Rows.fill(store)
+        let (scratch, store) = try await ScratchDatabase.filled()
         try scratch.connection().execute(
             "UPDATE sessions SET sealed = zeroblob(length(sealed))", "damaging every row")
         let error = await #expect(throws: VaultError.self) { _ = try await store.loadAll() }
